@@ -1,0 +1,30 @@
+# `make train` and `make test` set everything up on a fresh machine (idempotent), then run.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NGPU   ?= 2
+DUMP   ?= outputs/llama3_debug
+
+.PHONY: train test test-slow venv clean
+
+venv: $(STAMP)
+
+# Re-install only when the package definition changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	NGPU=$(NGPU) PATH=$(CURDIR)/$(VENV)/bin:$$PATH ./run_train.sh --job.dump_folder=$(DUMP) $(ARGS)
+	$(PY) scripts/plot_loss.py $(DUMP)/metrics.jsonl --out $(DUMP)/loss.png
+
+test: $(STAMP)
+	$(PY) -m pytest -q -x $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Launch training with torchrun.
+#   NGPU=8 CONFIG_FILE=train_configs/llama3_8b.toml ./run_train.sh --parallelism.tensor_parallel_degree=2
+# NGPU      processes (default: number of CUDA devices, else 2 CPU ranks)
+# CONFIG_FILE  TOML file (default: train_configs/llama3_debug.toml)
+# LOG_RANK  whose console output to show (default 0; comma-separated list allowed)
+# Extra arguments are config overrides (--section.key=value); --help lists every key.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+if [[ -z "${NGPU:-}" ]]; then
+  NGPU=0
+  if command -v nvidia-smi >/dev/null 2>&1; then NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+  [[ "$NGPU" -gt 0 ]] || NGPU=2
+fi
+CONFIG_FILE="${CONFIG_FILE:-$ROOT/train_configs/llama3_debug.toml}"
+# A relative config path may be given from the repo root while running elsewhere.
+[[ -f "$CONFIG_FILE" || ! -f "$ROOT/$CONFIG_FILE" ]] || CONFIG_FILE="$ROOT/$CONFIG_FILE"
+LOG_RANK="${LOG_RANK:-0}"
+
+# Fail fast, in one process and without importing torch, on any config problem (or --help).
+NGPU="$NGPU" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@"
+for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && exit 0; done
+
+# On CPU, share the cores between ranks instead of letting every rank use all of them.
+if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+  cores=$(nproc 2>/dev/null || echo 1)
+  threads=$(( cores / NGPU )); [[ $threads -ge 1 ]] || threads=1
+  export OMP_NUM_THREADS=$threads
+fi
+
+exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
+  --local-ranks-filter "$LOG_RANK" \
+  -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

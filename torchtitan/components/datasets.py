@@ -1,0 +1,140 @@
+"""Text datasets -> packed (input, label) windows, laid out so that every parallel layout
+sees the same global batches.
+
+The global batch has `G = global_batch_size` rows. Row i of every step is drawn from its
+own *slot stream*: documents i, i+G, i+2G, ... of the source (HF `split_dataset_by_node`
+with G "nodes"), tokenised with BOS/EOS and packed into windows of seq_len + 1 tokens. A
+data-parallel rank owns a contiguous range of slots (its rows of all its gradient
+accumulation micro-steps), so ranks read disjoint documents, and 1 rank with gradient
+accumulation trains on exactly the same rows as N ranks without it: losses are comparable
+across layouts, and the per-slot state can be re-split when a checkpoint is loaded into
+another layout.
+"""
+
+import os
+from typing import Callable, Iterator
+
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset
+
+from torchtitan.components.corpus import pydoc_documents
+from torchtitan.components.tokenizer import Tokenizer
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
+
+
+def hf_source(dataset: str, split: str, config_name: str = ""):
+    """A streaming HF IterableDataset for 'pydoc', a local file/folder, or a hub name."""
+    import datasets
+
+    if dataset == "pydoc":
+        docs = pydoc_documents()
+        return datasets.Dataset.from_dict({"text": docs}).to_iterable_dataset()
+    path = os.path.expanduser(dataset)
+    if os.path.isfile(path):
+        ext = os.path.splitext(path)[1]
+        if ext not in _BUILDERS:
+            raise ValueError(f"--training.dataset: unsupported file type '{ext}' of '{path}'")
+        return datasets.load_dataset(_BUILDERS[ext], data_files=path, split=split, streaming=True)
+    if os.path.isdir(path):
+        return datasets.load_dataset(path, split=split, streaming=True)
+    return datasets.load_dataset(dataset, config_name or None, split=split, streaming=True)
+
+
+class _SlotStream:
+    """Documents slot, slot + num_slots, ... of the source, packed into fixed windows."""
+
+    def __init__(self, make_source: Callable, slot: int, num_slots: int, tokenizer, window: int, text_field: str):
+        self.make_source, self.slot, self.num_slots = make_source, slot, num_slots
+        self.tokenizer, self.window, self.text_field = tokenizer, window, text_field
+        self.buffer: list[int] = []
+        self.epoch = 0
+        self._source_state = None
+        self._open()
+
+    def _open(self, state=None):
+        from datasets.distributed import split_dataset_by_node
+
+        self.source = split_dataset_by_node(self.make_source(), rank=self.slot, world_size=self.num_slots)
+        if state is not None:
+            self.source.load_state_dict(state)
+        self.iterator = iter(self.source)
+
+    def next_window(self) -> list[int]:
+        empty_epochs = 0
+        while len(self.buffer) < self.window:
+            try:
+                doc = next(self.iterator)
+                empty_epochs = 0
+            except StopIteration:
+                empty_epochs += 1
+                if empty_epochs > 1:
+                    raise RuntimeError(
+                        f"dataset slot {self.slot} of {self.num_slots} holds no documents: the dataset"
+                        " has fewer documents than global_batch_size rows"
+                    ) from None
+                self.epoch += 1
+                self._open()
+                continue
+            self.buffer.extend(self.tokenizer.encode(doc[self.text_field]))
+        out, self.buffer = self.buffer[: self.window], self.buffer[self.window :]
+        return out
+
+    def state_dict(self) -> dict:
+        return {"source": self.source.state_dict(), "buffer": list(self.buffer), "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer, self.epoch = list(state["buffer"]), state["epoch"]
+        self._open(state["source"])
+
+
+class PackedSlotDataset(IterableDataset, Stateful):
+    """Yields (input_ids, labels) for slots [first_slot, first_slot + n_slots), cycling."""
+
+    def __init__(
+        self,
+        make_source: Callable,
+        tokenizer: Tokenizer,
+        seq_len: int,
+        first_slot: int,
+        n_slots: int,
+        num_slots: int,
+        text_field: str = "text",
+    ):
+        self.make_source, self.tokenizer, self.seq_len = make_source, tokenizer, seq_len
+        self.slots = list(range(first_slot, first_slot + n_slots))
+        self.num_slots, self.text_field = num_slots, text_field
+        self._streams: dict[int, _SlotStream] | None = None
+        self._pending: dict | None = None
+        self.next_index = 0
+
+    def _ensure_streams(self) -> dict[int, _SlotStream]:
+        if self._streams is None:
+            self._streams = {
+                s: _SlotStream(self.make_source, s, self.num_slots, self.tokenizer, self.seq_len + 1, self.text_field)
+                for s in self.slots
+            }
+            if self._pending is not None:
+                for s, state in self._pending.items():
+                    self._streams[s].load_state_dict(state)
+                self._pending = None
+        return self._streams
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        streams = self._ensure_streams()
+        while True:
+            slot = self.slots[self.next_index]
+            tokens = torch.tensor(streams[slot].next_window(), dtype=torch.long)
+            self.next_index = (self.next_index + 1) % len(self.slots)
+            yield tokens[:-1], tokens[1:]
+
+    # State is keyed by global slot id, so another layout can pick out its own slots.
+    def state_dict(self) -> dict:
+        streams = self._ensure_streams()
+        return {"next_index": self.next_index, "slots": {str(s): st.state_dict() for s, st in streams.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_index = state["next_index"]
+        self._pending = {int(s): st for s, st in state["slots"].items() if int(s) in self.slots}
+        self._streams = None

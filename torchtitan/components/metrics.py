@@ -1,0 +1,93 @@
+"""Per-step metrics: the console line (with ETA), TensorBoard scalars and metrics.jsonl.
+
+Only the logging rank writes files. metrics.jsonl holds one JSON object per logged step;
+scripts/plot_loss.py and the tests read its keys (step, loss, grad_norm, lr, tokens_per_sec).
+"""
+
+import json
+import os
+import resource
+import time
+
+import torch
+
+# Dense bf16 peak TFLOPS per device, by a substring of torch.cuda.get_device_name().
+_PEAK_TFLOPS = {"H200": 989.5, "H100": 989.5, "H800": 989.5, "A100": 312.0, "A800": 312.0,
+                "B200": 2250.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+
+
+def peak_tflops(device: torch.device, configured: float) -> float | None:
+    if configured > 0:
+        return configured
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in _PEAK_TFLOPS.items() if k in name), None)
+
+
+def flops_per_token(n_params: int, n_embedding_params: int, n_layers: int, dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per non-embedding weight (forward + backward) plus causal
+    attention scores and values (6 x layers x seq x dim)."""
+    return 6.0 * (n_params - n_embedding_params) + 6.0 * n_layers * seq_len * dim
+
+
+def memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (peak RSS)
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class MetricsLogger:
+    def __init__(self, dump_folder: str, enabled: bool, tensorboard: bool, total_steps: int, append: bool = False):
+        self.enabled, self.total_steps = enabled, total_steps
+        self.start = time.perf_counter()
+        self._step_times: list[float] = []
+        self.jsonl = self.tb = None
+        if not enabled:
+            return
+        os.makedirs(dump_folder, exist_ok=True)
+        self.jsonl_path = os.path.join(dump_folder, "metrics.jsonl")
+        self.jsonl = open(self.jsonl_path, "a" if append else "w")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(os.path.join(dump_folder, "tb"))
+
+    def eta(self, step: int, step_time: float) -> float:
+        # Skip the first step (compilation, warm-up) once there are others to average.
+        self._step_times.append(step_time)
+        recent = self._step_times[1:][-20:] or self._step_times
+        return (self.total_steps - step) * sum(recent) / len(recent)
+
+    def log(self, step: int, values: dict) -> None:
+        """values: loss, grad_norm, lr, tokens_per_sec, mfu (or None), memory_gib, step_time."""
+        eta = self.eta(step, values["step_time"])
+        if not self.enabled:
+            return
+        record = {"step": step, **values, "elapsed_sec": round(time.perf_counter() - self.start, 3), "eta_sec": round(eta, 1)}
+        mfu = values.get("mfu")
+        print(
+            f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}"
+            f"  loss {values['loss']:.4f}  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
+            f"  tok/s {values['tokens_per_sec']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
+            f"  mem {values['memory_gib']:.2f}GiB  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}",
+            flush=True,
+        )
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self.tb.add_scalar(key, value, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()

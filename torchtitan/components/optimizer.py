@@ -1,0 +1,38 @@
+"""AdamW over the model's (possibly sharded) parameters, and the warmup + decay schedule."""
+
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def build_optimizer(params, opt_cfg, device_type: str) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        params,
+        lr=opt_cfg.lr,
+        betas=(opt_cfg.beta1, opt_cfg.beta2),
+        eps=opt_cfg.eps,
+        weight_decay=opt_cfg.weight_decay,
+        foreach=True,
+    )
+
+
+def lr_factor(step: int, total_steps: int, cfg) -> float:
+    """Multiplier of the peak lr before optimizer step `step` (0-based)."""
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    decay_steps = max(1, round((total_steps - warmup) * cfg.decay_ratio))
+    decay_start = total_steps - decay_steps
+    if step < decay_start:
+        return 1.0
+    progress = min(1.0, (step - decay_start) / decay_steps)
+    if cfg.decay_type == "cosine":
+        shape = 0.5 * (1 + math.cos(math.pi * progress))
+    else:
+        shape = 1.0 - progress
+    return cfg.min_lr_factor + (1 - cfg.min_lr_factor) * shape
+
+
+def build_lr_scheduler(optimizer, total_steps: int, cfg) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))

@@ -1,0 +1,194 @@
+"""Every configuration key of a training job, with its default and its meaning.
+
+The string literal under each field is its documentation: `--help` prints it, and the
+config manager uses the annotations to check types and enum choices. This module must
+not import torch so that config errors are reported in a fraction of a second.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Job:
+    config_file: str = ""
+    """TOML file to load; CLI overrides are applied on top of it."""
+
+    dump_folder: str = "./outputs"
+    """Folder for everything a run writes: metrics.jsonl, TensorBoard logs, plan, checkpoints."""
+
+    description: str = ""
+    """Free text shown in the first log line."""
+
+    print_config: bool = False
+    """Print the fully resolved configuration at start-up."""
+
+
+@dataclass
+class Model:
+    name: str = "llama3"
+    """Model family, a key of the train spec registry (e.g. llama3)."""
+
+    flavor: str = "debugmodel"
+    """Size preset of the model family (e.g. debugmodel, 8B, 70B, 405B for llama3)."""
+
+    tokenizer_path: str = ""
+    """HF tokenizer.json file (or a folder holding one). Empty = the small BPE tokenizer
+    bundled in torchtitan/assets (built by scripts/build_tokenizer.py)."""
+
+
+@dataclass
+class Training:
+    steps: int = 10
+    """Number of optimizer steps to train."""
+
+    local_batch_size: int = 8
+    """Sequences per data-parallel rank per forward/backward (micro-step)."""
+
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all data-parallel ranks. -1 = local_batch_size x
+    data-parallel degree; a multiple of that enables gradient accumulation."""
+
+    seq_len: int = 256
+    """Tokens per sequence."""
+
+    max_norm: float = 1.0
+    """Gradient-norm clipping threshold (over all shards and stages); 0 disables clipping."""
+
+    seed: int = 0
+    """Seed for weight init and data order. Weight init is layout independent: every
+    parallel layout starts from the same weights."""
+
+    deterministic: bool = False
+    """Use deterministic algorithms (slower) so that reruns give bitwise-identical losses."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto picks CUDA + NCCL when a GPU is present, else CPU + gloo."""
+
+    mixed_precision_param: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Dtype of parameters in forward/backward (FSDP all-gathers in it). auto = bfloat16 on
+    CUDA, float32 on CPU."""
+
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of gradient reduction across data-parallel ranks."""
+
+    dataset: str = "pydoc"
+    """Dataset: 'pydoc' (embedded, Python's own documentation, no download), a local
+    .json/.jsonl/.parquet/.txt file or folder, or a Hugging Face hub name (streamed)."""
+
+    dataset_split: str = "train"
+    """Split of an HF dataset to read."""
+
+    dataset_text_field: str = "text"
+    """Column holding the document text in an HF dataset."""
+
+    dataset_config_name: str = ""
+    """Config (subset) name of an HF hub dataset, if it has several."""
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """Replicas of the model (DDP, or HSDP's outer dimension when data_parallel_shard_degree > 1)."""
+
+    data_parallel_shard_degree: int = -1
+    """Ranks the parameters are sharded over (FSDP). -1 = whatever the other degrees leave."""
+
+    tensor_parallel_degree: int = 1
+    """Ranks each layer's matrices are split over (Megatron-style TP)."""
+
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages the layers are split over."""
+
+    expert_parallel_degree: int = 1
+    """Ranks the MoE experts are split over (models with experts only)."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW"] = "AdamW"
+    """Optimizer class."""
+
+    lr: float = 8e-4
+    """Peak learning rate."""
+
+    eps: float = 1e-8
+    """AdamW epsilon."""
+
+    beta1: float = 0.9
+    """AdamW beta1."""
+
+    beta2: float = 0.95
+    """AdamW beta2."""
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 2
+    """Steps of linear warmup from near zero up to the peak lr."""
+
+    decay_ratio: float = 1.0
+    """Fraction of the steps after warmup spent decaying (the rest stays at peak lr)."""
+
+    decay_type: Literal["linear", "cosine"] = "linear"
+    """Shape of the decay."""
+
+    min_lr_factor: float = 0.0
+    """Final lr as a fraction of the peak lr."""
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in backward: none, full (every block), selective."""
+
+    selective_ac_option: str = "op"
+    """For mode=selective: 'op' (save compute-heavy ops, recompute the rest) or an integer
+    n (checkpoint every n-th block)."""
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """Compile each transformer block with torch.compile."""
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints (torch.distributed.checkpoint) and resume from the latest one."""
+
+    folder: str = "checkpoint"
+    """Checkpoint folder, relative to job.dump_folder."""
+
+    interval: int = 500
+    """Save every this many steps (and at the last step)."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 1
+    """Log every this many steps (console, TensorBoard, metrics.jsonl)."""
+
+    enable_tensorboard: bool = True
+    """Write TensorBoard event files under <dump_folder>/tb."""
+
+    peak_tflops: float = 0.0
+    """Peak dense TFLOPS of one device for the MFU estimate; 0 = known GPU table, none on CPU."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    metrics: Metrics = field(default_factory=Metrics)

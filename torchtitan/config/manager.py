@@ -1,0 +1,223 @@
+"""TOML + command-line overrides -> a validated JobConfig.
+
+Precedence: CLI > TOML > dataclass defaults. Every problem is reported as one
+`ConfigError` line that names the key, the bad value and how to fix it. Nothing here
+imports torch or touches the file system beyond reading, so a bad config fails fast and
+before any process group exists.
+"""
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import sys
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+from torchtitan.config.job_config import JobConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; its message is one line meant for the user."""
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def sections() -> dict[str, type]:
+    hints = typing.get_type_hints(JobConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+
+
+def field_types(section_cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+
+
+def field_docs(section_cls: type) -> dict[str, str]:
+    """The string literal under each field of a dataclass (attribute docstrings)."""
+    tree = ast.parse(inspect.getsource(section_cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _type_name(tp) -> str:
+    if get_origin(tp) is Literal:
+        return "|".join(str(a) for a in get_args(tp))
+    if get_origin(tp) is list:
+        return f"list[{_type_name(get_args(tp)[0])}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def convert(key: str, tp, value: Any) -> Any:
+    """Convert a TOML or CLI value to the field's type; raise ConfigError naming the key."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            shown = ", ".join(repr(c) for c in choices)
+            raise ConfigError(
+                f"--{key}: invalid value {value!r}; choose one of {shown}"
+                f"{_suggest(str(value), [str(c) for c in choices])}"
+            )
+        return value
+    if origin is list:
+        (item_tp,) = get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"--{key}: expected a list ({_type_name(tp)}), got {value!r}")
+        return [convert(key, item_tp, v) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"--{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"--{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value), 0)
+        except ValueError:
+            raise ConfigError(f"--{key}: expected an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(str(value))
+        except ValueError:
+            raise ConfigError(f"--{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"--{key}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"--{key}: unsupported type {tp}")  # pragma: no cover
+
+
+def _lookup(section: str, key: str) -> tuple[type, Any]:
+    secs = sections()
+    if section not in secs:
+        raise ConfigError(
+            f"unknown config section '{section}' in '{section}.{key}'{_suggest(section, secs)};"
+            f" sections: {', '.join(secs)}"
+        )
+    types = field_types(secs[section])
+    if key not in types:
+        full = [f"{section}.{k}" for k in types]
+        all_keys = [f"{s}.{k}" for s, c in secs.items() for k in field_types(c)]
+        hint = _suggest(f"{section}.{key}", all_keys) or _suggest(f"{section}.{key}", full)
+        raise ConfigError(f"unknown config key '{section}.{key}'{hint}; see --help for all keys")
+    return secs[section], types[key]
+
+
+# TOML keys written for torchtitan that we accept under another name:
+# (section, old key) -> (new key, value map or None, warning).
+DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {}
+
+
+def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[str]) -> None:
+    if dotted.count(".") != 1:
+        raise ConfigError(f"config key '{dotted}' ({origin}) must look like section.key")
+    section, key = dotted.split(".")
+    if (section, key) in DEPRECATED_KEYS:
+        new_key, mapping, note = DEPRECATED_KEYS[(section, key)]
+        if mapping is not None and isinstance(value, str):
+            value = mapping.get(value, value)
+        warnings.append(f"'{section}.{key}' is deprecated: {note}")
+        key = new_key
+    _, tp = _lookup(section, key)
+    setattr(getattr(cfg, section), key, convert(f"{section}.{key}", tp, value))
+
+
+def parse_cli(argv: list[str]) -> tuple[list[tuple[str, str]], bool]:
+    """`--a.b=c`, `--a.b c`, and a bare `--a.b` for true -> [(key, value)], help flag."""
+    pairs, want_help, i = [], False, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            want_help = True
+            i += 1
+            continue
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument '{arg}': overrides look like --section.key=value")
+        body = arg[2:]
+        if "=" in body:
+            key, value = body.split("=", 1)
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            key, value = body, argv[i + 1]
+            i += 2
+        else:
+            key, value = body, "true"
+            i += 1
+        pairs.append((key, value))
+    return pairs, want_help
+
+
+def help_text() -> str:
+    lines = ["usage: run_train.sh [--section.key=value ...]   (CLI > TOML > defaults)", ""]
+    for name, cls in sections().items():
+        lines.append(f"[{name}]")
+        docs, types = field_docs(cls), field_types(cls)
+        defaults = cls()
+        for key, tp in types.items():
+            lines.append(f"  --{name}.{key} ({_type_name(tp)}, default {getattr(defaults, key)!r})")
+            lines.append(f"      {docs.get(key, '')}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def load_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--job.config_file: file '{path}' not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--job.config_file: '{path}' is a folder, not a TOML file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--job.config_file: '{path}' is not valid TOML: {e}") from None
+
+
+def build_config(argv: list[str]) -> tuple[JobConfig, list[str]]:
+    """argv (without the program name) -> (JobConfig, deprecation warnings). Raises ConfigError."""
+    pairs, want_help = parse_cli(argv)
+    if want_help:
+        print(help_text())
+        raise SystemExit(0)
+    cfg, warnings = JobConfig(), []
+    config_file = next((v for k, v in pairs if k == "job.config_file"), "")
+    if config_file:
+        data = load_toml(config_file)
+        for section, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(
+                    f"{config_file}: top-level key '{section}' must be a [section] table"
+                )
+            for key, value in table.items():
+                _set(cfg, f"{section}.{key}", value, config_file, warnings)
+    for key, value in pairs:
+        _set(cfg, key, value, "command line", warnings)
+    return cfg, warnings

@@ -1,0 +1,155 @@
+"""Checks that need no process group: degrees vs world size, shapes, batch sizes, paths.
+
+Each failure is one `ConfigError` line naming the key and the fix. Runs before torchrun
+starts workers (run_train.sh) and again at the top of every worker.
+"""
+
+import os
+
+from torchtitan.config.job_config import JobConfig
+from torchtitan.config.manager import ConfigError, _suggest
+from torchtitan.models.flavors import MODEL_FLAVORS
+
+HF_DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".txt", ".csv", ".arrow")
+
+
+def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
+    p = cfg.parallelism
+    degrees = {
+        "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "tensor_parallel_degree": p.tensor_parallel_degree,
+        "pipeline_parallel_degree": p.pipeline_parallel_degree,
+        "expert_parallel_degree": p.expert_parallel_degree,
+    }
+    for key, value in degrees.items():
+        if value < 1:
+            raise ConfigError(f"--parallelism.{key}={value}: must be >= 1")
+    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        if world_size % others:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by data_parallel_replicate_degree x "
+                f"tensor_parallel_degree x pipeline_parallel_degree = {others}; change the degrees or NGPU"
+            )
+        return world_size // others
+    if shard < 1:
+        raise ConfigError(f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or -1 (the rest)")
+    if shard * others != world_size:
+        raise ConfigError(
+            f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
+            f" x shard {shard} x tp {p.tensor_parallel_degree} x pp {p.pipeline_parallel_degree})"
+            f" but the world size is {world_size}; make them multiply to {world_size}"
+            f" or set --parallelism.data_parallel_shard_degree=-1"
+        )
+    return shard
+
+
+def _check_path_like_dataset(dataset: str) -> None:
+    if dataset == "pydoc":
+        return
+    looks_local = (
+        dataset.startswith((".", "/", "~"))
+        or dataset.endswith(HF_DATA_EXTENSIONS)
+        or os.path.exists(dataset)
+    )
+    if looks_local and not os.path.exists(os.path.expanduser(dataset)):
+        raise ConfigError(
+            f"--training.dataset: local dataset path '{dataset}' does not exist; give an existing"
+            " .json/.jsonl/.parquet/.txt file or folder, 'pydoc', or an HF hub name"
+        )
+
+
+def _check_tokenizer(path: str) -> None:
+    if not path:
+        return
+    full = os.path.expanduser(path)
+    if os.path.isdir(full):
+        full = os.path.join(full, "tokenizer.json")
+    if not os.path.isfile(full):
+        raise ConfigError(
+            f"--model.tokenizer_path: '{full}' not found; give an HF tokenizer.json file (or its"
+            " folder), or leave it empty for the bundled tokenizer"
+        )
+
+
+def validate(cfg: JobConfig, world_size: int) -> None:
+    """Raise ConfigError for the first problem found."""
+    m, t, p = cfg.model, cfg.training, cfg.parallelism
+    if m.name not in MODEL_FLAVORS:
+        raise ConfigError(
+            f"--model.name: unknown model '{m.name}'{_suggest(m.name, MODEL_FLAVORS)};"
+            f" choose one of {', '.join(MODEL_FLAVORS)}"
+        )
+    flavors = MODEL_FLAVORS[m.name]
+    if m.flavor not in flavors:
+        raise ConfigError(
+            f"--model.flavor: unknown flavor '{m.flavor}' of {m.name}{_suggest(m.flavor, flavors)};"
+            f" choose one of {', '.join(flavors)}"
+        )
+    args = flavors[m.flavor]
+
+    dp_shard = resolve_dp_shard(cfg, world_size)
+    if p.expert_parallel_degree > 1 and not getattr(args, "n_routed_experts", 0):
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={p.expert_parallel_degree}: model {m.name} has"
+            " no experts; set it to 1"
+        )
+    tp = p.tensor_parallel_degree
+    for key in ("n_heads", "n_kv_heads"):
+        heads = getattr(args, key, None)
+        if heads and heads % tp:
+            raise ConfigError(
+                f"--parallelism.tensor_parallel_degree={tp} does not divide {m.name} {m.flavor}"
+                f" {key}={heads}; pick a divisor of {heads}"
+            )
+    if p.pipeline_parallel_degree > 1:
+        raise ConfigError(
+            "--parallelism.pipeline_parallel_degree > 1 is not supported yet; set it to 1"
+        )
+    if tp > 1:
+        raise ConfigError("--parallelism.tensor_parallel_degree > 1 is not supported yet; set it to 1")
+
+    for key in ("steps", "local_batch_size", "seq_len"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"--training.{key}={getattr(t, key)}: must be >= 1")
+    if t.seq_len > args.max_seq_len:
+        raise ConfigError(
+            f"--training.seq_len={t.seq_len} exceeds the model's max_seq_len {args.max_seq_len}"
+        )
+    dp = p.data_parallel_replicate_degree * dp_shard
+    per_step = t.local_batch_size * dp
+    if t.global_batch_size != -1 and (t.global_batch_size < per_step or t.global_batch_size % per_step):
+        raise ConfigError(
+            f"--training.global_batch_size={t.global_batch_size} must be a positive multiple of"
+            f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} = {per_step}"
+            " (or -1)"
+        )
+    if t.max_norm < 0:
+        raise ConfigError(f"--training.max_norm={t.max_norm}: must be >= 0 (0 disables clipping)")
+    if cfg.optimizer.lr <= 0:
+        raise ConfigError(f"--optimizer.lr={cfg.optimizer.lr}: must be > 0")
+    if cfg.lr_scheduler.warmup_steps < 0:
+        raise ConfigError(f"--lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps}: must be >= 0")
+    if not 0.0 <= cfg.lr_scheduler.decay_ratio <= 1.0:
+        raise ConfigError(f"--lr_scheduler.decay_ratio={cfg.lr_scheduler.decay_ratio}: must be in [0, 1]")
+    if cfg.metrics.log_freq < 1:
+        raise ConfigError(f"--metrics.log_freq={cfg.metrics.log_freq}: must be >= 1")
+    if cfg.checkpoint.interval < 1:
+        raise ConfigError(f"--checkpoint.interval={cfg.checkpoint.interval}: must be >= 1")
+
+    option = cfg.activation_checkpoint.selective_ac_option
+    if cfg.activation_checkpoint.mode == "selective" and option != "op":
+        if not option.isdigit() or int(option) < 1:
+            raise ConfigError(
+                f"--activation_checkpoint.selective_ac_option={option!r}: use 'op' or a positive"
+                " integer n (checkpoint every n-th block)"
+            )
+
+    _check_tokenizer(m.tokenizer_path)
+    _check_path_like_dataset(t.dataset)
+    if os.path.isfile(cfg.job.dump_folder):
+        raise ConfigError(f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path")
+    ckpt = os.path.join(cfg.job.dump_folder, cfg.checkpoint.folder)
+    if cfg.checkpoint.enable and os.path.isfile(ckpt):
+        raise ConfigError(f"--checkpoint.folder: '{ckpt}' is a file; give a folder path")

@@ -1,0 +1,58 @@
+"""Llama3 shapes: the published 8B / 70B / 405B flavors and small ones for tests.
+
+Torch-free so that the config check can validate `model.flavor` without importing torch.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Llama3Args:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    vocab_size: int = 128256  # 0 = take the tokenizer's vocabulary size
+    multiple_of: int = 1024  # FFN hidden size is rounded up to a multiple of this
+    ffn_dim_multiplier: float | None = 1.3
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: bool = True  # Llama-3.1 long-context frequency scaling
+    max_seq_len: int = 131072
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+FLAVORS: dict[str, Llama3Args] = {
+    # ~6M parameters with the bundled 2K tokenizer: the `make train` model.
+    "debugmodel": Llama3Args(
+        dim=256, n_layers=6, n_heads=16, n_kv_heads=8, vocab_size=0,
+        multiple_of=256, ffn_dim_multiplier=None, rope_theta=500000.0,
+    ),
+    # ~0.4M parameters: the integration-test model (many runs, 2 cores).
+    "tiny": Llama3Args(
+        dim=64, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=0,
+        multiple_of=64, ffn_dim_multiplier=None,
+    ),
+    "8B": Llama3Args(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+        multiple_of=1024, ffn_dim_multiplier=1.3,
+    ),
+    "70B": Llama3Args(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+        multiple_of=4096, ffn_dim_multiplier=1.3,
+    ),
+    "405B": Llama3Args(
+        dim=16384, n_layers=126, n_heads=128, n_kv_heads=8,
+        multiple_of=4096, ffn_dim_multiplier=1.2,
+    ),
+}

@@ -1,0 +1,107 @@
+"""Llama3: GQA attention with RoPE, RMSNorm, SwiGLU feed-forward.
+
+Blocks live in an `nn.ModuleDict` keyed by layer index, so a pipeline stage that keeps
+layers 3..5 still calls them `layers.3` .. `layers.5`; a stage without embeddings or
+output has those attributes set to None and passes hidden states through.
+Head counts are read from tensor shapes, so the same code runs on TP-sharded weights.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan.models.common.init import InitFn, init_parameters, normal, ones, trunc_normal
+from torchtitan.models.common.rope import apply_rope, rope_cache
+from torchtitan.models.llama3.args import Llama3Args
+
+
+class Attention(nn.Module):
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        q = self.wq(x).view(bsz, seq, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        n_rep = q.shape[2] // k.shape[2]
+        if n_rep > 1:  # grouped-query attention: each KV head serves n_rep query heads
+            k = k.repeat_interleave(n_rep, dim=2)
+            v = v.repeat_interleave(n_rep, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope", self._rope(), persistent=False)
+
+    def _rope(self, device=None) -> torch.Tensor:
+        a = self.args
+        return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling, device=device)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    def init_fn_for(self, fqn: str) -> InitFn:
+        """The initial distribution of parameter `fqn` (original, unwrapped name)."""
+        if fqn.endswith("norm.weight"):
+            return ones()
+        if fqn.startswith("tok_embeddings"):
+            return normal(1.0)
+        if fqn.startswith("output"):
+            return trunc_normal(self.args.dim**-0.5)
+        layer_id = int(fqn.split(".")[1])
+        if fqn.endswith(("wo.weight", "w2.weight", "w3.weight")):
+            # Depth-scaled init keeps the residual stream's variance flat with depth.
+            return trunc_normal(0.02 / math.sqrt(2 * (layer_id + 1)))
+        return trunc_normal(0.02)
+
+    def init_weights(self, seed: int, device) -> None:
+        """Materialised (to_empty) model -> deterministic weights and the RoPE cache."""
+        init_parameters(self, self.init_fn_for, seed, device)
+        self.rope = self._rope(device=device)

@@ -1,0 +1,182 @@
+"""The trainer: config -> mesh -> model on meta -> parallelize -> materialise -> train loop.
+
+Launched by run_train.sh as `torchrun ... -m torchtitan.train --job.config_file X [overrides]`.
+"""
+
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from torchtitan.components.checkpoint import CheckpointManager, TrainState
+from torchtitan.components.dataloader import build_dataloader
+from torchtitan.components.metrics import MetricsLogger, flops_per_token, memory_gib, peak_tflops
+from torchtitan.components.optimizer import build_lr_scheduler, build_optimizer
+from torchtitan.components.tokenizer import Tokenizer
+from torchtitan.config import JobConfig, load_config_or_exit
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.utils import clip_grad_norm_, init_distributed, pick_device, shutdown_distributed
+from torchtitan.protocols.train_spec import get_train_spec, model_args
+
+warnings.filterwarnings("ignore", message=".*set_vital.*")
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
+        t = cfg.training
+        self.device = pick_device(t.device)
+        init_distributed(self.device)
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.log_rank = int(os.environ.get("LOG_RANK", "0"))
+        torch.manual_seed(t.seed)
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True)
+            if self.device.type == "cuda":
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+        self.dims = ParallelDims.from_config(cfg, world)
+        self.mesh = self.dims.build_mesh(self.device.type)
+        self.param_dtype = t.mixed_precision_param
+        if self.param_dtype == "auto":
+            self.param_dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+
+        self.tokenizer = Tokenizer(cfg.model.tokenizer_path)
+        spec = get_train_spec(cfg.model.name)
+        self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len)
+        with torch.device("meta"):
+            model = spec.model_cls(self.model_args)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        n_embed = model.tok_embeddings.weight.numel()
+        self.flops_per_token = flops_per_token(
+            self.n_params, n_embed, self.model_args.n_layers, self.model_args.dim, t.seq_len
+        )
+
+        model = spec.parallelize_fn(model, self.dims, cfg, self.param_dtype)
+        model.to_empty(device=self.device)
+        model.init_weights(t.seed, self.device)
+        model.train()
+        self.model_parts = [model]
+
+        self.global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * self.dims.dp
+        self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
+        self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
+        params = [p for m in self.model_parts for p in m.parameters()]
+        self.optimizer = build_optimizer(params, cfg.optimizer, self.device.type)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, t.steps, cfg.lr_scheduler)
+        self.train_state = TrainState()
+        self.checkpoint = CheckpointManager(
+            cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizer,
+            self.lr_scheduler, self.dataloader, self.train_state, self.dims.dp_rank(),
+        )
+        resumed = self.checkpoint.load_latest()
+        self.metrics = MetricsLogger(
+            cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
+            total_steps=t.steps, append=resumed > 0,
+        )
+        self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
+        self._log_header(resumed)
+
+    def log(self, msg: str) -> None:
+        if self.rank == self.log_rank:
+            print(msg, flush=True)
+
+    def _log_header(self, resumed: int) -> None:
+        t = self.cfg.training
+        self.log(
+            f"[torchtitan] {self.cfg.model.name} {self.cfg.model.flavor}: {self.n_params:,} parameters,"
+            f" device {self.device.type}, world {self.dims.world_size}, mesh {dict(self.dims.mesh_shape)},"
+            f" params {self.param_dtype}, reduce {t.mixed_precision_reduce}"
+        )
+        self.log(
+            f"[torchtitan] global batch {self.global_batch} x {t.seq_len} tokens"
+            f" ({t.local_batch_size} per rank x {self.accum_steps} accumulation steps x dp {self.dims.dp}),"
+            f" {t.steps} steps, dump folder {self.cfg.job.dump_folder}"
+            + (f", resumed from step {resumed}" if resumed else "")
+        )
+
+    def train_step(self, batches) -> tuple[float, float]:
+        """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm)."""
+        for m in self.model_parts:
+            m.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for inputs, labels in batches:
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            logits = self.model_parts[0](inputs)
+            # Every micro-batch has the same token count, so the mean of means is the global mean.
+            loss = cross_entropy_loss(logits, labels) / self.accum_steps
+            loss.backward()
+            loss_sum += loss.detach()
+        params = [p for m in self.model_parts for p in m.parameters()]
+        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
+        return loss_sum.item() / self.dims.dp, grad_norm.item()
+
+    def train(self) -> None:
+        t = self.cfg.training
+        data = iter(self.dataloader)
+        tokens_per_step = self.global_batch * t.seq_len
+        while self.train_state.step < t.steps:
+            step = self.train_state.step + 1
+            start = time.perf_counter()
+            batches = [next(data) for _ in range(self.accum_steps)]
+            lr = self.lr_scheduler.get_last_lr()[0]
+            loss, grad_norm = self.train_step(batches)
+            if not torch.isfinite(torch.tensor(loss)):
+                raise NonFiniteLossError(
+                    f"loss is {loss} at step {step}: training stopped; lower --optimizer.lr or enable"
+                    " --training.max_norm, then resume from the last checkpoint"
+                )
+            self.train_state.step = step
+            self.train_state.tokens_seen += tokens_per_step
+            step_time = time.perf_counter() - start
+            if step % self.cfg.metrics.log_freq == 0 or step == t.steps:
+                tps = tokens_per_step / step_time
+                per_device = tps / self.dims.world_size
+                mfu = None
+                if self.peak_flops:
+                    mfu = per_device * self.flops_per_token / (self.peak_flops * 1e12)
+                self.metrics.log(step, {
+                    "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
+                    "tokens_per_sec_per_device": per_device, "mfu": mfu,
+                    "memory_gib": memory_gib(self.device), "step_time": step_time,
+                    "tokens_seen": self.train_state.tokens_seen,
+                })
+            self.checkpoint.maybe_save(step, last=step == t.steps)
+        self.metrics.close()
+        self.log(f"[torchtitan] training done: {t.steps} steps")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg = load_config_or_exit(argv, world_size, quiet=int(os.environ.get("RANK", "0")) != 0)
+    if "RANK" not in os.environ:  # plain `python -m torchtitan.train`: a 1-process job
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29571")
+    try:
+        Trainer(cfg).train()
+    except NonFiniteLossError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        shutdown_distributed()
+        return 1
+    shutdown_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
