@@ -3,6 +3,7 @@
 Launched by run_train.sh as `torchrun ... -m torchtitan.train --job.config_file X [overrides]`.
 """
 
+import math
 import os
 import sys
 import time
@@ -120,11 +121,19 @@ class Trainer:
             loss.backward()
             loss_sum += loss.detach()
         params = [p for m in self.model_parts for p in m.parameters()]
-        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm)
+        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm).item()
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
+        loss = loss_sum.item() / self.dims.dp
+        # Checked before the update, so a bad step never reaches the weights (or a checkpoint).
+        for what, value in (("loss", loss), ("gradient norm", grad_norm)):
+            if not math.isfinite(value):
+                raise NonFiniteLossError(
+                    f"{what} is {value} at step {self.train_state.step + 1}: training stopped; lower"
+                    " --optimizer.lr or set --training.max_norm, then resume from the last checkpoint"
+                )
         self.optimizer.step()
         self.lr_scheduler.step()
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
-        return loss_sum.item() / self.dims.dp, grad_norm.item()
+        return loss, grad_norm
 
     def train(self) -> None:
         t = self.cfg.training
@@ -136,11 +145,6 @@ class Trainer:
             batches = [next(data) for _ in range(self.accum_steps)]
             lr = self.lr_scheduler.get_last_lr()[0]
             loss, grad_norm = self.train_step(batches)
-            if not torch.isfinite(torch.tensor(loss)):
-                raise NonFiniteLossError(
-                    f"loss is {loss} at step {step}: training stopped; lower --optimizer.lr or enable"
-                    " --training.max_norm, then resume from the last checkpoint"
-                )
             self.train_state.step = step
             self.train_state.tokens_seen += tokens_per_step
             step_time = time.perf_counter() - start

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The multi-rank suite: named run_train.sh cases, each checked against a 1-rank reference.
+
+    python tests/integration/run_tests.py --ngpu 8              # every case of <= 8 ranks
+    python tests/integration/run_tests.py --ngpu 4 --filter pp  # cases whose name contains "pp"
+
+On a machine without GPUs every rank is a CPU process (gloo); on an 8-GPU runner the same
+cases run on CUDA. Every case trains the tiny Llama3 for 10 steps in fp32 with the same
+global batch as its 1-rank reference, and passes when it exits 0 and every step's loss is
+within --rtol (relative) of the reference.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN_TRAIN = os.path.join(ROOT, "run_train.sh")
+
+GLOBAL_BATCH = 8
+STEPS = 10
+# Shared by every case and the reference: tiny model, fp32, deterministic, no TensorBoard.
+BASE = [
+    "--model.flavor=tiny",
+    f"--training.steps={STEPS}",
+    "--training.seq_len=64",
+    "--training.local_batch_size=2",
+    f"--training.global_batch_size={GLOBAL_BATCH}",
+    "--training.deterministic=true",
+    "--training.mixed_precision_param=float32",
+    "--training.mixed_precision_reduce=float32",
+    "--metrics.enable_tensorboard=false",
+    "--lr_scheduler.warmup_steps=2",
+    "--optimizer.lr=3e-3",
+]
+
+
+@dataclass
+class Case:
+    name: str
+    ngpu: int
+    overrides: list[str] = field(default_factory=list)
+    slow: bool = False  # only with --slow (kept out of `make test`)
+
+
+CASES = [
+    Case("fsdp", 4),
+    Case("fsdp_2", 2),
+    Case("hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
+    Case("grad_accum", 2, ["--training.local_batch_size=1"]),
+    Case("fsdp_8", 8, ["--training.local_batch_size=1"]),
+]
+
+
+def read_losses(dump: str) -> list[float]:
+    with open(os.path.join(dump, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f if line.strip()]
+
+
+def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = None) -> tuple[int, float, str]:
+    env = {**os.environ, "NGPU": str(ngpu), **(extra_env or {})}
+    cmd = [RUN_TRAIN, *BASE, *overrides, f"--job.dump_folder={dump}"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    return proc.returncode, time.perf_counter() - start, proc.stdout + proc.stderr
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ngpu", type=int, default=8, help="run the cases of at most this many ranks")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--slow", action="store_true", help="include the slow cases")
+    ap.add_argument("--rtol", type=float, default=1e-4, help="max relative loss difference vs 1 rank")
+    ap.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    args = ap.parse_args(argv)
+
+    cases = [c for c in CASES if c.ngpu <= args.ngpu and args.filter in c.name and (args.slow or not c.slow)]
+    if args.list:
+        for c in cases:
+            print(f"{c.name:28s} {c.ngpu}  {' '.join(c.overrides)}")
+        return 0
+    if not cases:
+        print(f"error: no case matches --filter '{args.filter}' with --ngpu {args.ngpu}", file=sys.stderr)
+        return 2
+    out = args.out or tempfile.mkdtemp(prefix="titan_suite_")
+
+    rc, secs, log = run(1, [], os.path.join(out, "reference"))
+    if rc != 0:
+        print(log[-3000:])
+        print("error: the 1-rank reference run failed", file=sys.stderr)
+        return 1
+    reference = read_losses(os.path.join(out, "reference"))
+    print(f"reference (1 rank): final loss {reference[-1]:.6f}  ({secs:.1f}s)")
+    print(f"{'case':28s} {'world':>5s}  {'result':6s} {'max rel diff':>12s} {'final loss':>10s} {'wall s':>7s}")
+    failures = 0
+    for case in cases:
+        dump = os.path.join(out, case.name)
+        rc, secs, log = run(case.ngpu, case.overrides, dump)
+        losses = read_losses(dump) if rc == 0 and os.path.exists(os.path.join(dump, "metrics.jsonl")) else []
+        diff = max_rel_diff(losses, reference) if losses else float("inf")
+        ok = rc == 0 and diff <= args.rtol
+        failures += not ok
+        final = f"{losses[-1]:.6f}" if losses else "-"
+        print(f"{case.name:28s} {case.ngpu:>5d}  {'PASS' if ok else 'FAIL':6s} {diff:>12.2e} {final:>10s} {secs:>7.1f}", flush=True)
+        if not ok:
+            print(f"--- {case.name}: exit {rc}; last output:\n{log[-2500:]}\n---")
+    print(f"{len(cases) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
