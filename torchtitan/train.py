@@ -12,6 +12,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.dataloader import build_dataloader
@@ -20,6 +21,9 @@ from torchtitan.components.optimizer import build_lr_scheduler, build_optimizer
 from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.pipeline_layout import plan_pipeline
+from torchtitan.distributed.pipeline_parallel import build_pipeline
+from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_, init_distributed, pick_device, shutdown_distributed
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
@@ -28,6 +32,11 @@ warnings.filterwarnings("ignore", message=".*set_vital.*")
 
 class NonFiniteLossError(RuntimeError):
     pass
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (loss-parallel loss) as a plain tensor."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -65,14 +74,36 @@ class Trainer:
             self.n_params, n_embed, self.model_args.n_layers, self.model_args.dim, t.seq_len
         )
 
-        model = spec.parallelize_fn(model, self.dims, cfg, self.param_dtype)
-        model.to_empty(device=self.device)
-        model.init_weights(t.seed, self.device)
-        model.train()
-        self.model_parts = [model]
-
         self.global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * self.dims.dp
         self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
+        self.pipeline = None
+        parts = [(0, model)]
+        if self.dims.pp > 1:
+            p = cfg.parallelism
+            n_microbatches = t.local_batch_size // p.pipeline_parallel_microbatch_size
+            layout = plan_pipeline(
+                self.model_args.n_layers, self.dims.pp, p.pipeline_parallel_schedule,
+                p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points, n_microbatches,
+            )
+            parts = spec.pipeline_fn(model, layout, self.dims.submesh("pp").get_local_rank())
+        self.model_parts = []
+        for _, part in parts:
+            part = spec.parallelize_fn(part, self.dims, cfg, self.param_dtype)
+            part.to_empty(device=self.device)
+            part.init_weights(t.seed, self.device)
+            part.train()
+            self.model_parts.append(part)
+        if self.dims.pp > 1:
+            scale = n_microbatches * self.accum_steps
+            self.pipeline = build_pipeline(
+                [(sid, m) for (sid, _), m in zip(parts, self.model_parts)], layout, self.device,
+                self.dims.submesh("pp").get_group(), n_microbatches,
+                loss_fn=lambda pred, target: cross_entropy_loss(pred, target) / scale,
+            )
+            stage_ids = [sid for sid, _ in parts]
+            self.has_first, self.has_last = 0 in stage_ids, layout.num_stages - 1 in stage_ids
+        self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
+
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
         params = [p for m in self.model_parts for p in m.parameters()]
         self.optimizer = build_optimizer(params, cfg.optimizer, self.device.type)
@@ -113,15 +144,22 @@ class Trainer:
         for m in self.model_parts:
             m.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
-        for inputs, labels in batches:
-            inputs, labels = inputs.to(self.device), labels.to(self.device)
-            logits = self.model_parts[0](inputs)
-            # Every micro-batch has the same token count, so the mean of means is the global mean.
-            loss = cross_entropy_loss(logits, labels) / self.accum_steps
-            loss.backward()
-            loss_sum += loss.detach()
+        with loss_parallel_context(self.loss_parallel):
+            for inputs, labels in batches:
+                inputs, labels = inputs.to(self.device), labels.to(self.device)
+                if self.pipeline is not None:
+                    loss_sum += self._pipeline_microbatches(inputs, labels)
+                    continue
+                logits = self.model_parts[0](inputs)
+                # Every micro-batch has the same token count, so the mean of means is the global mean.
+                loss = cross_entropy_loss(logits, labels) / self.accum_steps
+                loss.backward()
+                loss_sum += _local(loss.detach())
+        pp_group = self.dims.submesh("pp").get_group() if self.pipeline is not None else None
+        if pp_group is not None:  # only the last stage computed a loss; the others add 0
+            dist.all_reduce(loss_sum, group=pp_group)
         params = [p for m in self.model_parts for p in m.parameters()]
-        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm).item()
+        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group).item()
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
         loss = loss_sum.item() / self.dims.dp
         # Checked before the update, so a bad step never reaches the weights (or a checkpoint).
@@ -134,6 +172,16 @@ class Trainer:
         self.optimizer.step()
         self.lr_scheduler.step()
         return loss, grad_norm
+
+    def _pipeline_microbatches(self, inputs, labels) -> torch.Tensor:
+        """Run the schedule over one local batch; return its (scaled) loss on the last stage."""
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        if self.has_last:
+            self.pipeline.step(*args, target=labels, losses=losses)
+            return sum(_local(x.detach()) for x in losses)
+        self.pipeline.step(*args)
+        return torch.zeros((), device=self.device)
 
     def train(self) -> None:
         t = self.cfg.training

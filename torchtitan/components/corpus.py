@@ -6,6 +6,11 @@ the tests need no network and no download.
 
 MIN_DOC_CHARS = 1000
 
+# Local data files we stream with HF datasets: extension -> datasets builder name.
+LOCAL_FILE_BUILDERS = {
+    ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv", ".arrow": "arrow",
+}
+
 
 def pydoc_documents() -> list[str]:
     """Topics split at blank lines and regrouped into documents of >= MIN_DOC_CHARS characters."""

@@ -18,10 +18,9 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
-from torchtitan.components.corpus import pydoc_documents
+from torchtitan.components.corpus import LOCAL_FILE_BUILDERS, pydoc_documents
 from torchtitan.components.tokenizer import Tokenizer
 
-_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
 
 
 def hf_source(dataset: str, split: str, config_name: str = ""):
@@ -34,9 +33,7 @@ def hf_source(dataset: str, split: str, config_name: str = ""):
     path = os.path.expanduser(dataset)
     if os.path.isfile(path):
         ext = os.path.splitext(path)[1]
-        if ext not in _BUILDERS:
-            raise ValueError(f"--training.dataset: unsupported file type '{ext}' of '{path}'")
-        return datasets.load_dataset(_BUILDERS[ext], data_files=path, split=split, streaming=True)
+        return datasets.load_dataset(LOCAL_FILE_BUILDERS[ext], data_files=path, split=split, streaming=True)
     if os.path.isdir(path):
         return datasets.load_dataset(path, split=split, streaming=True)
     return datasets.load_dataset(dataset, config_name or None, split=split, streaming=True)

@@ -18,15 +18,20 @@ def build_optimizer(params, opt_cfg, device_type: str) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, total_steps: int, cfg) -> float:
-    """Multiplier of the peak lr before optimizer step `step` (0-based)."""
+    """Multiplier of the peak lr at optimizer step `step` (0-based).
+
+    Warmup: (step + 1) / (warmup + 1) for the first warmup_steps steps. Then a flat phase at
+    1.0 and, over the last round((total - warmup) x decay_ratio) steps, a linear or cosine
+    decay that starts at 1.0 and reaches min_lr_factor exactly on the last step (total - 1).
+    """
     warmup = cfg.warmup_steps
     if step < warmup:
         return (step + 1) / (warmup + 1)
-    decay_steps = max(1, round((total_steps - warmup) * cfg.decay_ratio))
+    decay_steps = round((total_steps - warmup) * cfg.decay_ratio)
     decay_start = total_steps - decay_steps
-    if step < decay_start:
+    if decay_steps == 0 or step < decay_start:
         return 1.0
-    progress = min(1.0, (step - decay_start) / decay_steps)
+    progress = 1.0 if decay_steps == 1 else min(1.0, (step - decay_start) / (decay_steps - 1))
     if cfg.decay_type == "cosine":
         shape = 0.5 * (1 + math.cos(math.pi * progress))
     else:

@@ -103,6 +103,28 @@ class Parallelism:
     expert_parallel_degree: int = 1
     """Ranks the MoE experts are split over (models with experts only)."""
 
+    loss_parallel: bool = True
+    """With TP: keep the output logits sharded over the vocabulary and compute the loss on
+    the shards (saves the all-gather of the logits)."""
+
+    pipeline_parallel_schedule: Literal[
+        "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+    ] = "1F1B"
+    """Pipeline schedule (torch.distributed.pipelining). GPipe and 1F1B run one stage per
+    rank; Interleaved1F1B, LoopedBFS and InterleavedZeroBubble several per rank (loop
+    order); ZBVZeroBubble and DualPipeV exactly two per rank (V order)."""
+
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline microbatch; local_batch_size must be a multiple of it."""
+
+    pipeline_parallel_layers_per_stage: int = -1
+    """Transformer blocks per pipeline stage. -1 = split the blocks evenly over one stage
+    per rank (GPipe, 1F1B) or two stages per rank (the multi-stage schedules)."""
+
+    pipeline_parallel_split_points: list[str] = field(default_factory=list)
+    """Explicit stage boundaries as the first block of each later stage, e.g.
+    layers.2,layers.4 (three stages); overrides pipeline_parallel_layers_per_stage."""
+
 
 @dataclass
 class Optimizer:
@@ -154,6 +176,9 @@ class ActivationCheckpoint:
 class Compile:
     enable: bool = False
     """Compile each transformer block with torch.compile."""
+
+    backend: str = "inductor"
+    """torch.compile backend: inductor (fused kernels), aot_eager (no codegen, for debugging)."""
 
 
 @dataclass

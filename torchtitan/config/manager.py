@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import sys
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -98,17 +99,21 @@ def convert(key: str, tp, value: Any) -> Any:
             raise ConfigError(f"--{key}: expected an integer, got {value!r}")
         if isinstance(value, int):
             return value
+        text = str(value).strip()
         try:
-            return int(str(value), 0)
+            return int(text, 16) if text.lower().startswith(("0x", "-0x")) else int(text)
         except ValueError:
             raise ConfigError(f"--{key}: expected an integer, got {value!r}") from None
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, bool):
+            raise ConfigError(f"--{key}: expected a number, got {value!r}")
         try:
-            return float(str(value))
+            number = float(value) if isinstance(value, (int, float)) else float(str(value))
         except ValueError:
             raise ConfigError(f"--{key}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"--{key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"--{key}: expected a string, got {value!r}")
@@ -125,9 +130,10 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
         )
     types = field_types(secs[section])
     if key not in types:
-        full = [f"{section}.{k}" for k in types]
+        # A key that exists under another section was most likely put in the wrong one.
+        elsewhere = [f"{s}.{key}" for s, c in secs.items() if key in field_types(c)]
         all_keys = [f"{s}.{k}" for s, c in secs.items() for k in field_types(c)]
-        hint = _suggest(f"{section}.{key}", all_keys) or _suggest(f"{section}.{key}", full)
+        hint = f" (did you mean '{elsewhere[0]}'?)" if elsewhere else _suggest(f"{section}.{key}", all_keys)
         raise ConfigError(f"unknown config key '{section}.{key}'{hint}; see --help for all keys")
     return secs[section], types[key]
 
@@ -166,7 +172,7 @@ def parse_cli(argv: list[str]) -> tuple[list[tuple[str, str]], bool]:
         if "=" in body:
             key, value = body.split("=", 1)
             i += 1
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--") and argv[i + 1] != "-h":
             key, value = body, argv[i + 1]
             i += 2
         else:
@@ -208,7 +214,8 @@ def build_config(argv: list[str]) -> tuple[JobConfig, list[str]]:
         print(help_text())
         raise SystemExit(0)
     cfg, warnings = JobConfig(), []
-    config_file = next((v for k, v in pairs if k == "job.config_file"), "")
+    # The last --job.config_file wins, like every other key (run_train.sh passes its default first).
+    config_file = next((v for k, v in reversed(pairs) if k == "job.config_file"), "")
     if config_file:
         data = load_toml(config_file)
         for section, table in data.items():

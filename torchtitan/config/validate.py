@@ -7,13 +7,14 @@ starts workers (run_train.sh) and again at the top of every worker.
 import os
 
 from torchtitan.config.job_config import JobConfig
+from torchtitan.components.corpus import LOCAL_FILE_BUILDERS
 from torchtitan.config.manager import ConfigError, _suggest
+from torchtitan.distributed.pipeline_layout import PipelineLayoutError, plan_pipeline
 from torchtitan.models.flavors import MODEL_FLAVORS
 
-HF_DATA_EXTENSIONS = (".json", ".jsonl", ".parquet", ".txt", ".csv", ".arrow")
 
 
-def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
+def check_degrees(cfg: JobConfig) -> None:
     p = cfg.parallelism
     degrees = {
         "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
@@ -24,6 +25,11 @@ def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
     for key, value in degrees.items():
         if value < 1:
             raise ConfigError(f"--parallelism.{key}={value}: must be >= 1")
+
+
+def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
+    check_degrees(cfg)
+    p = cfg.parallelism
     others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
     shard = p.data_parallel_shard_degree
     if shard == -1:
@@ -50,14 +56,18 @@ def _check_path_like_dataset(dataset: str) -> None:
         return
     looks_local = (
         dataset.startswith((".", "/", "~"))
-        or dataset.endswith(HF_DATA_EXTENSIONS)
+        or dataset.endswith(tuple(LOCAL_FILE_BUILDERS))
         or os.path.exists(dataset)
     )
-    if looks_local and not os.path.exists(os.path.expanduser(dataset)):
+    kinds = "/".join(LOCAL_FILE_BUILDERS)
+    path = os.path.expanduser(dataset)
+    if looks_local and not os.path.exists(path):
         raise ConfigError(
             f"--training.dataset: local dataset path '{dataset}' does not exist; give an existing"
-            " .json/.jsonl/.parquet/.txt file or folder, 'pydoc', or an HF hub name"
+            f" {kinds} file or folder, 'pydoc', or an HF hub name"
         )
+    if os.path.isfile(path) and os.path.splitext(path)[1] not in LOCAL_FILE_BUILDERS:
+        raise ConfigError(f"--training.dataset: cannot read '{dataset}': use a {kinds} file or a folder")
 
 
 def _check_tokenizer(path: str) -> None:
@@ -89,12 +99,7 @@ def validate(cfg: JobConfig, world_size: int) -> None:
         )
     args = flavors[m.flavor]
 
-    dp_shard = resolve_dp_shard(cfg, world_size)
-    if p.expert_parallel_degree > 1 and not getattr(args, "n_routed_experts", 0):
-        raise ConfigError(
-            f"--parallelism.expert_parallel_degree={p.expert_parallel_degree}: model {m.name} has"
-            " no experts; set it to 1"
-        )
+    check_degrees(cfg)
     tp = p.tensor_parallel_degree
     for key in ("n_heads", "n_kv_heads"):
         heads = getattr(args, key, None)
@@ -103,12 +108,27 @@ def validate(cfg: JobConfig, world_size: int) -> None:
                 f"--parallelism.tensor_parallel_degree={tp} does not divide {m.name} {m.flavor}"
                 f" {key}={heads}; pick a divisor of {heads}"
             )
-    if p.pipeline_parallel_degree > 1:
+    dp_shard = resolve_dp_shard(cfg, world_size)
+    if p.expert_parallel_degree > 1 and not getattr(args, "n_routed_experts", 0):
         raise ConfigError(
-            "--parallelism.pipeline_parallel_degree > 1 is not supported yet; set it to 1"
+            f"--parallelism.expert_parallel_degree={p.expert_parallel_degree}: model {m.name} has"
+            " no experts; set it to 1"
         )
-    if tp > 1:
-        raise ConfigError("--parallelism.tensor_parallel_degree > 1 is not supported yet; set it to 1")
+    if p.pipeline_parallel_degree > 1:
+        mb = p.pipeline_parallel_microbatch_size
+        if mb < 1 or t.local_batch_size % mb:
+            raise ConfigError(
+                f"--training.local_batch_size={t.local_batch_size} does not split into microbatches of"
+                f" --parallelism.pipeline_parallel_microbatch_size={mb}; make it a multiple"
+            )
+        try:
+            plan_pipeline(
+                args.n_layers, p.pipeline_parallel_degree, p.pipeline_parallel_schedule,
+                p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points,
+                t.local_batch_size // mb,
+            )
+        except PipelineLayoutError as e:
+            raise ConfigError(str(e)) from None
 
     for key in ("steps", "local_batch_size", "seq_len"):
         if getattr(t, key) < 1:

@@ -24,3 +24,13 @@ def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, pl
             fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     # The root's value is set explicitly: FSDP2 would otherwise reshard it after forward too.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.get("", False))
+
+
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, units: list[str]) -> None:
+    """Replicate (DDP semantics, FSDP2 machinery): one gradient all-reduce per unit."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    for name in units:
+        if name:
+            replicate(model.get_submodule(name), mesh=mesh, mp_policy=mp)
+    replicate(model, mesh=mesh, mp_policy=mp)

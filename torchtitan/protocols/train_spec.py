@@ -14,14 +14,16 @@ class TrainSpec:
     name: str
     model_cls: type[nn.Module]
     flavors: dict
-    parallelize_fn: Callable  # (model, parallel_dims, job_config, ...) -> model
+    parallelize_fn: Callable  # (model part, parallel_dims, job_config, param_dtype) -> model part
+    pipeline_fn: Callable  # (whole model on meta, PipelineLayout, pp_rank) -> [(stage id, part)]
 
 
 def _llama3() -> TrainSpec:
     from torchtitan.models.llama3.model import Transformer
     from torchtitan.models.llama3.parallelize import parallelize_llama
+    from torchtitan.models.llama3.pipeline import pipeline_llama
 
-    return TrainSpec("llama3", Transformer, MODEL_FLAVORS["llama3"], parallelize_llama)
+    return TrainSpec("llama3", Transformer, MODEL_FLAVORS["llama3"], parallelize_llama, pipeline_llama)
 
 
 _REGISTRY: dict[str, Callable[[], TrainSpec]] = {"llama3": _llama3}

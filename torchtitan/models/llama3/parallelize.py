@@ -1,9 +1,21 @@
-"""parallelize_llama: data parallel (FSDP2 / HSDP) applied to one Llama3 model part."""
+"""parallelize_llama: TP -> activation checkpointing -> torch.compile -> data parallel,
+applied to one Llama3 model part (the whole model, or one pipeline stage)."""
 
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from torchtitan.config.job_config import JobConfig
-from torchtitan.distributed.fsdp import apply_fsdp2, mixed_precision
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 
 
@@ -12,11 +24,59 @@ def fsdp_units(model: nn.Module) -> list[str]:
     return [f"layers.{name}" for name in model.layers.keys()] + [""]
 
 
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Megatron-style TP with sequence parallel: the residual stream is sharded over the
+    sequence between blocks; attention and FFN gather it, split heads / hidden units
+    column-wise and reduce-scatter back after the row-wise output projection."""
+    root_plan = {}
+    if model.tok_embeddings is not None:
+        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        root_plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        root_plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    parallelize_module(model, tp_mesh, root_plan)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+
+
 def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, param_dtype: str) -> nn.Module:
+    tp_mesh = parallel_dims.submesh("tp")
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, job_config.parallelism.loss_parallel)
+    if job_config.activation_checkpoint.mode != "none":
+        apply_ac(model.layers, job_config.activation_checkpoint)
+    if job_config.compile.enable:
+        apply_compile(model.layers, job_config.compile)
+
     units = fsdp_units(model)
-    # Every block reshards after forward; the root does not, since its output layer runs
-    # first in backward and would be gathered again at once.
-    plan = {name: bool(name) for name in units}
     mp = mixed_precision(param_dtype, job_config.training.mixed_precision_reduce)
+    if parallel_dims.dp_shard == 1 and parallel_dims.dp_replicate > 1:
+        apply_ddp(model, parallel_dims.submesh("dp_replicate"), mp, units)
+        return model
+    if parallel_dims.pp > 1:
+        # Under PP every microbatch would gather resharded units again (and zero-bubble
+        # schedules give wrong gradients with resharding), so no unit reshards.
+        plan = {name: False for name in units}
+    else:
+        # Every block reshards after forward; the root does not, since its output layer
+        # runs first in backward and would be gathered again at once.
+        plan = {name: bool(name) for name in units}
     apply_fsdp2(model, parallel_dims.submesh("fsdp"), mp, plan)
     return model
