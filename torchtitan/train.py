@@ -50,7 +50,7 @@ class Trainer:
         self.device = pick_device(t.device)
         init_distributed(self.device)
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.log_rank = int(os.environ.get("LOG_RANK", "0"))
+        self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
         torch.manual_seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -77,6 +77,7 @@ class Trainer:
         self.global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * self.dims.dp
         self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
         self.pipeline = None
+        self.layout_note = ""
         parts = [(0, model)]
         if self.dims.pp > 1:
             p = cfg.parallelism
@@ -102,6 +103,12 @@ class Trainer:
             )
             stage_ids = [sid for sid, _ in parts]
             self.has_first, self.has_last = 0 in stage_ids, layout.num_stages - 1 in stage_ids
+            held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in stage_ids)
+            self.layout_note = (
+                f"pipeline {p.pipeline_parallel_schedule}: {layout.num_stages} stages"
+                f" ({layout.stages_per_rank} per rank), {n_microbatches} microbatches; rank {self.rank}"
+                f" holds stage {held}"
+            )
         self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
 
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
@@ -122,7 +129,7 @@ class Trainer:
         self._log_header(resumed)
 
     def log(self, msg: str) -> None:
-        if self.rank == self.log_rank:
+        if self.rank in self.log_ranks:
             print(msg, flush=True)
 
     def _log_header(self, resumed: int) -> None:
@@ -137,6 +144,14 @@ class Trainer:
             f" ({t.local_batch_size} per rank x {self.accum_steps} accumulation steps x dp {self.dims.dp}),"
             f" {t.steps} steps, dump folder {self.cfg.job.dump_folder}"
             + (f", resumed from step {resumed}" if resumed else "")
+        )
+        ac, comp = self.cfg.activation_checkpoint, self.cfg.compile
+        ac_note = ac.mode if ac.mode != "selective" else f"selective ({ac.selective_ac_option})"
+        self.log(
+            f"[torchtitan] activation checkpointing {ac_note}, compile"
+            f" {'on (' + comp.backend + ')' if comp.enable else 'off'}"
+            + (f", loss parallel" if self.loss_parallel else "")
+            + (f"; {self.layout_note}" if self.layout_note else "")
         )
 
     def train_step(self, batches) -> tuple[float, float]:

@@ -48,12 +48,41 @@ class Case:
     slow: bool = False  # only with --slow (kept out of `make test`)
 
 
+PP = "--parallelism.pipeline_parallel_degree=2"
+TP = "--parallelism.tensor_parallel_degree=2"
+
+
+def _schedule(name: str) -> str:
+    return f"--parallelism.pipeline_parallel_schedule={name}"
+
+
 CASES = [
+    # data parallel
     Case("fsdp", 4),
     Case("fsdp_2", 2),
-    Case("hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
-    Case("grad_accum", 2, ["--training.local_batch_size=1"]),
     Case("fsdp_8", 8, ["--training.local_batch_size=1"]),
+    Case("hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
+    Case("ddp", 2, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
+    Case("grad_accum", 2, ["--training.local_batch_size=1"]),
+    # tensor parallel
+    Case("tp", 2, [TP, "--training.local_batch_size=8"]),
+    Case("tp_no_loss_parallel", 2, [TP, "--training.local_batch_size=8", "--parallelism.loss_parallel=false"], slow=True),
+    Case("fsdp+tp", 4, [TP, "--training.local_batch_size=4"]),
+    Case("hsdp+tp", 8, [TP, "--parallelism.data_parallel_replicate_degree=2"], slow=True),
+    # pipeline parallel: every schedule alone (2 ranks) and with FSDP (4 ranks)
+    *[Case(f"pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"])
+      for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
+    *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"])
+      for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
+    Case("pp+fsdp+tp", 8, [PP, TP, _schedule("Interleaved1F1B"), "--training.local_batch_size=4"]),
+    Case("pp_split_points", 2, [PP, "--parallelism.pipeline_parallel_split_points=layers.1",
+                                "--training.local_batch_size=8"], slow=True),
+    # activation checkpointing and compile (with FSDP)
+    Case("fsdp_ac_full", 2, ["--activation_checkpoint.mode=full"]),
+    Case("fsdp_ac_op", 2, ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"]),
+    Case("fsdp_ac_layer", 2, ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"]),
+    Case("fsdp_compile", 2, ["--compile.enable=true"]),
+    Case("fsdp_compile_ac_op", 2, ["--compile.enable=true", "--activation_checkpoint.mode=selective"], slow=True),
 ]
 
 

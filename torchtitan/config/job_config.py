@@ -119,7 +119,8 @@ class Parallelism:
 
     pipeline_parallel_layers_per_stage: int = -1
     """Transformer blocks per pipeline stage. -1 = split the blocks evenly over one stage
-    per rank (GPipe, 1F1B) or two stages per rank (the multi-stage schedules)."""
+    per rank (GPipe, 1F1B), two (ZBVZeroBubble, DualPipeV), or the fewest >= 2 per rank that
+    divide the blocks evenly (the other multi-stage schedules)."""
 
     pipeline_parallel_split_points: list[str] = field(default_factory=list)
     """Explicit stage boundaries as the first block of each later stage, e.g.

@@ -3,7 +3,8 @@
 Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, tp. Dimensions of size 1 are
 left out, except dp_shard, which is always there so that data parallelism (and with it
 mixed precision) is applied the same way on 1 rank as on many. When both data-parallel
-dims exist they are also flattened into "dp" (the ranks that see different data).
+dims exist they are also flattened into "dp" (the ranks that see different data), and
+dp_shard x tp into "dp_shard_tp" (one collective for reductions over both).
 """
 
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
         if self.dp_replicate > 1:
             mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        if self.dp_shard > 1 and self.tp > 1:
+            # Lets DTensor reduce over FSDP and TP shards in one collective (e.g. the grad norm).
+            mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
         self._mesh = mesh
         return mesh
 

@@ -55,7 +55,15 @@ def plan_pipeline(
         edges = [0, *bounds, n_layers]
     else:
         if layers_per_stage == -1:
-            num_stages = pp * (1 if schedule in SINGLE_STAGE else 2)
+            # Stages per rank: 1 (GPipe, 1F1B), 2 (V schedules), else the fewest >= 2 that
+            # split the blocks evenly (6 blocks on 2 ranks -> 3 stages per rank).
+            if schedule in SINGLE_STAGE:
+                options = [1]
+            elif schedule in V_SCHEDULES:
+                options = [2]
+            else:
+                options = [k for k in range(2, n_layers // pp + 1) if n_layers % (pp * k) == 0] or [2]
+            num_stages = pp * options[0]
             if n_layers % num_stages:
                 raise PipelineLayoutError(
                     f"{n_layers} layers do not split evenly into {num_stages} stages"
