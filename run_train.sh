@@ -22,9 +22,15 @@ CONFIG_FILE="${CONFIG_FILE:-$ROOT/train_configs/llama3_debug.toml}"
 [[ -f "$CONFIG_FILE" || ! -f "$ROOT/$CONFIG_FILE" ]] || CONFIG_FILE="$ROOT/$CONFIG_FILE"
 LOG_RANK="${LOG_RANK:-0}"
 
-# Fail fast, in one process and without importing torch, on any config problem (or --help).
-NGPU="$NGPU" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@"
-for arg in "$@"; do [[ "$arg" == "--help" || "$arg" == "-h" ]] && exit 0; done
+for arg in "$@"; do
+  if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.config.check --help; fi
+done
+# Fail fast, in one process and without importing torch, on any config problem.
+MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$NGPU" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@") || exit $?
+if [[ "$MODE" == "dry_run" ]]; then
+  # One process plans a job of NGPU ranks with a fake process group.
+  WORLD_SIZE="$NGPU" exec "$PY" -m torchtitan.dry_run --job.config_file "$CONFIG_FILE" "$@"
+fi
 
 # On CPU, share the cores between ranks instead of letting every rank use all of them.
 if [[ -z "${OMP_NUM_THREADS:-}" ]]; then

@@ -3,6 +3,7 @@
 Launched by run_train.sh as `torchrun ... -m torchtitan.train --job.config_file X [overrides]`.
 """
 
+import contextlib
 import math
 import os
 import sys
@@ -21,7 +22,9 @@ from torchtitan.components.optimizer import build_lr_scheduler, build_optimizer
 from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.pipeline_layout import plan_pipeline
+from torchtitan.distributed.comm_stats import CommStats, mesh_group_dims
+from torchtitan.distributed.model_parts import parallelize_parts, plan_records, resolve_parts
+from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_, init_distributed, pick_device, shutdown_distributed
@@ -78,36 +81,30 @@ class Trainer:
         self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
         self.pipeline = None
         self.layout_note = ""
-        parts = [(0, model)]
-        if self.dims.pp > 1:
-            p = cfg.parallelism
-            n_microbatches = t.local_batch_size // p.pipeline_parallel_microbatch_size
-            layout = plan_pipeline(
-                self.model_args.n_layers, self.dims.pp, p.pipeline_parallel_schedule,
-                p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points, n_microbatches,
-            )
-            parts = spec.pipeline_fn(model, layout, self.dims.submesh("pp").get_local_rank())
-        self.model_parts = []
-        for _, part in parts:
-            part = spec.parallelize_fn(part, self.dims, cfg, self.param_dtype)
+        self.comm = CommStats(mesh_group_dims(self.mesh)) if cfg.metrics.comm_stats else None
+        pp_rank = self.dims.submesh("pp").get_local_rank() if self.dims.pp > 1 else 0
+        parts = resolve_parts(spec, model, self.dims, cfg, self.param_dtype, pp_rank)
+        self._report_plan(parts)
+        parallelize_parts(spec, parts, self.dims, cfg, self.param_dtype)
+        for part in parts.modules:
             part.to_empty(device=self.device)
             part.init_weights(t.seed, self.device)
             part.train()
-            self.model_parts.append(part)
-        if self.dims.pp > 1:
-            scale = n_microbatches * self.accum_steps
+        self.model_parts = parts.modules
+        if parts.layout is not None:
+            layout, n_mb = parts.layout, parts.n_microbatches
+            scale = n_mb * self.accum_steps
             self.pipeline = build_pipeline(
-                [(sid, m) for (sid, _), m in zip(parts, self.model_parts)], layout, self.device,
-                self.dims.submesh("pp").get_group(), n_microbatches,
+                list(zip(parts.stage_ids, parts.modules)), layout, self.device,
+                self.dims.submesh("pp").get_group(), n_mb,
                 loss_fn=lambda pred, target: cross_entropy_loss(pred, target) / scale,
+                backward_phase=(lambda: self.comm.phase("backward")) if self.comm is not None else None,
             )
-            stage_ids = [sid for sid, _ in parts]
-            self.has_first, self.has_last = 0 in stage_ids, layout.num_stages - 1 in stage_ids
-            held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in stage_ids)
+            self.has_first, self.has_last = 0 in parts.stage_ids, layout.num_stages - 1 in parts.stage_ids
+            held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in parts.stage_ids)
             self.layout_note = (
-                f"pipeline {p.pipeline_parallel_schedule}: {layout.num_stages} stages"
-                f" ({layout.stages_per_rank} per rank), {n_microbatches} microbatches; rank {self.rank}"
-                f" holds stage {held}"
+                f"pipeline {cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
+                f" ({layout.stages_per_rank} per rank), {n_mb} microbatches; rank {self.rank} holds stage {held}"
             )
         self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
 
@@ -127,6 +124,22 @@ class Trainer:
         )
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
         self._log_header(resumed)
+
+    def _report_plan(self, parts) -> None:
+        """Every pipeline rank's plan -> rank 0 prints the table and writes plan.json."""
+        records = plan_records(parts)
+        if self.dims.pp > 1:
+            gathered = [None] * self.dims.pp
+            dist.all_gather_object(gathered, records, group=self.dims.submesh("pp").get_group())
+            records = [r for rank_records in gathered for r in rank_records]
+        if self.rank == 0:
+            p = self.cfg.parallelism
+            path = write_plan_json(
+                self.cfg.job.dump_folder, self.dims.world_size, self.dims.mesh_shape, records,
+                {"reshard_after_forward": p.reshard_after_forward, "reshard_budget_gib": p.reshard_budget_gib},
+            )
+            self.log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
+                     + compress_table(plan_table(records)))
 
     def log(self, msg: str) -> None:
         if self.rank in self.log_ranks:
@@ -159,6 +172,8 @@ class Trainer:
         for m in self.model_parts:
             m.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
+        if self.comm is not None:
+            self.comm.phase_name = "forward"  # backward is detected from autograd
         with loss_parallel_context(self.loss_parallel):
             for inputs, labels in batches:
                 inputs, labels = inputs.to(self.device), labels.to(self.device)
@@ -170,6 +185,8 @@ class Trainer:
                 loss = cross_entropy_loss(logits, labels) / self.accum_steps
                 loss.backward()
                 loss_sum += _local(loss.detach())
+        if self.comm is not None:
+            self.comm.phase_name = "other"
         pp_group = self.dims.submesh("pp").get_group() if self.pipeline is not None else None
         if pp_group is not None:  # only the last stage computed a loss; the others add 0
             dist.all_reduce(loss_sum, group=pp_group)
@@ -199,6 +216,12 @@ class Trainer:
         return torch.zeros((), device=self.device)
 
     def train(self) -> None:
+        with self.comm if self.comm is not None else contextlib.nullcontext():
+            self._train_loop()
+        self.metrics.close()
+        self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
+
+    def _train_loop(self) -> None:
         t = self.cfg.training
         data = iter(self.dataloader)
         tokens_per_step = self.global_batch * t.seq_len
@@ -207,7 +230,13 @@ class Trainer:
             start = time.perf_counter()
             batches = [next(data) for _ in range(self.accum_steps)]
             lr = self.lr_scheduler.get_last_lr()[0]
+            if self.comm is not None:
+                self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             loss, grad_norm = self.train_step(batches)
+            comm = {}
+            if self.comm is not None:
+                counts, nbytes = self.comm.reset()
+                comm = {"comm": counts, "comm_bytes": nbytes}
             self.train_state.step = step
             self.train_state.tokens_seen += tokens_per_step
             step_time = time.perf_counter() - start
@@ -221,11 +250,9 @@ class Trainer:
                     "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
                     "tokens_per_sec_per_device": per_device, "mfu": mfu,
                     "memory_gib": memory_gib(self.device), "step_time": step_time,
-                    "tokens_seen": self.train_state.tokens_seen,
+                    "tokens_seen": self.train_state.tokens_seen, **comm,
                 })
             self.checkpoint.maybe_save(step, last=step == t.steps)
-        self.metrics.close()
-        self.log(f"[torchtitan] training done: {t.steps} steps")
 
 
 def main(argv: list[str] | None = None) -> int:

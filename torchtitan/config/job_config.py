@@ -23,6 +23,11 @@ class Job:
     print_config: bool = False
     """Print the fully resolved configuration at start-up."""
 
+    dry_run: bool = False
+    """Plan only: one process with a fake process group of world size NGPU builds the model
+    on meta, applies the whole parallel plan, prints it with a per-rank memory estimate,
+    writes plan.json and exits, without allocating weights."""
+
 
 @dataclass
 class Model:
@@ -102,6 +107,17 @@ class Parallelism:
 
     expert_parallel_degree: int = 1
     """Ranks the MoE experts are split over (models with experts only)."""
+
+    reshard_after_forward: Literal["auto", "always", "never"] = "auto"
+    """FSDP: free each unit's gathered parameters after its forward (ZeRO-3) or keep them for
+    backward (ZeRO-2). auto: under PP keep all (one gather per step instead of one per
+    microbatch); without PP reshard every block but the last, keep norm + output; with
+    reshard_budget_gib, reshard the earliest units until the kept ones fit. The plan is
+    printed at start-up and written to plan.json."""
+
+    reshard_budget_gib: float = 0.0
+    """Most unsharded parameter GiB per rank that reshard_after_forward=auto may keep between
+    forward and backward (all stages of the rank together); 0 = no bound."""
 
     loss_parallel: bool = True
     """With TP: keep the output logits sharded over the vocabulary and compute the loss on
@@ -201,6 +217,11 @@ class Metrics:
 
     enable_tensorboard: bool = True
     """Write TensorBoard event files under <dump_folder>/tb."""
+
+    comm_stats: bool = False
+    """Count collectives per step (rank 0): adds `comm` (counts) and `comm_bytes` to each
+    metrics.jsonl record, keyed "<forward|backward|other>/<collective>/<mesh dim>";
+    compiled code included. Adds Python overhead to every op: for measurement runs."""
 
     peak_tflops: float = 0.0
     """Peak dense TFLOPS of one device for the MFU estimate; 0 = known GPU table, none on CPU."""

@@ -140,7 +140,13 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
 
 # TOML keys written for torchtitan that we accept under another name:
 # (section, old key) -> (new key, value map or None, warning).
-DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {}
+DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
+    ("parallelism", "fsdp_reshard_after_forward"): (
+        "reshard_after_forward",
+        {"default": "auto"},
+        "use 'parallelism.reshard_after_forward' (auto|always|never; 'default' means auto)",
+    ),
+}
 
 
 def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[str]) -> None:

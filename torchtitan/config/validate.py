@@ -4,12 +4,13 @@ Each failure is one `ConfigError` line naming the key and the fix. Runs before t
 starts workers (run_train.sh) and again at the top of every worker.
 """
 
+import math
 import os
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.components.corpus import LOCAL_FILE_BUILDERS
 from torchtitan.config.manager import ConfigError, _suggest
-from torchtitan.distributed.pipeline_layout import PipelineLayoutError, plan_pipeline
+from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE, PipelineLayoutError, plan_pipeline
 from torchtitan.models.flavors import MODEL_FLAVORS
 
 
@@ -166,8 +167,19 @@ def validate(cfg: JobConfig, world_size: int) -> None:
                 " integer n (checkpoint every n-th block)"
             )
 
-    _check_tokenizer(m.tokenizer_path)
-    _check_path_like_dataset(t.dataset)
+    if not cfg.job.dry_run or not args.vocab_size:  # a dry run reads neither data nor tokenizer
+        _check_tokenizer(m.tokenizer_path)
+    if not cfg.job.dry_run:
+        _check_path_like_dataset(t.dataset)
+    budget = p.reshard_budget_gib
+    if not math.isfinite(budget) or budget < 0:
+        raise ConfigError(f"--parallelism.reshard_budget_gib={budget}: must be >= 0 (0 = no bound)")
+    if p.pipeline_parallel_degree > 1 and p.reshard_after_forward == "always" and p.pipeline_parallel_schedule in ZERO_BUBBLE:
+        raise ConfigError(
+            f"--parallelism.reshard_after_forward=always with --parallelism.pipeline_parallel_schedule="
+            f"{p.pipeline_parallel_schedule}: zero-bubble schedules give wrong gradients when FSDP2 reshards"
+            " after forward (torch 2.13); use auto or never, or a non-zero-bubble schedule"
+        )
     if os.path.isfile(cfg.job.dump_folder):
         raise ConfigError(f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path")
     ckpt = os.path.join(cfg.job.dump_folder, cfg.checkpoint.folder)

@@ -34,3 +34,18 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, unit
         if name:
             replicate(model.get_submodule(name), mesh=mesh, mp_policy=mp)
     replicate(model, mesh=mesh, mp_policy=mp)
+
+
+def unit_param_bytes(model: nn.Module, unit_names: list[str], size_of) -> dict[str, int]:
+    """Bytes of the parameters each unit owns directly (nested units excluded; "" is the
+    root), with `size_of(param) -> bytes` saying what one parameter costs on this rank."""
+    owner = {}
+    for unit in sorted(unit_names, key=len):  # outer units first, inner ones overwrite
+        prefix = f"{unit}." if unit else ""
+        for name, _ in model.named_parameters():
+            if name.startswith(prefix):
+                owner[name] = unit
+    sizes = dict.fromkeys(unit_names, 0)
+    for name, p in model.named_parameters():
+        sizes[owner[name]] += size_of(p)
+    return sizes

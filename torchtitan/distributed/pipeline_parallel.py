@@ -6,6 +6,7 @@ A stage is a deep copy of the whole model with the blocks of other stages delete
 so weight init, checkpoints and plans name parameters identically in every layout.
 """
 
+import contextlib
 import copy
 
 import torch
@@ -37,14 +38,28 @@ def split_model(
     return parts
 
 
+class _Stage(PipelineStage):
+    """A PipelineStage whose deferred gradient reduction (FSDP's post-backward, run by the
+    schedule after the last microbatch, outside autograd) is attributed to backward."""
+
+    backward_phase = staticmethod(contextlib.nullcontext)
+
+    def perform_reduce_grad(self, grad_scale_factor: int):
+        with self.backward_phase():
+            super().perform_reduce_grad(grad_scale_factor)
+
+
 def build_pipeline(
-    parts: list[tuple[int, nn.Module]], layout: PipelineLayout, device: torch.device, pp_group, n_microbatches: int, loss_fn
+    parts: list[tuple[int, nn.Module]], layout: PipelineLayout, device: torch.device, pp_group,
+    n_microbatches: int, loss_fn, backward_phase=None,
 ):
     """PipelineStage per part and the configured schedule over them. Gradients are not
-    rescaled by the schedule: loss_fn already divides by the number of microbatches."""
-    stages = [
-        PipelineStage(module, stage_id, layout.num_stages, device, group=pp_group) for stage_id, module in parts
-    ]
+    rescaled by the schedule: loss_fn already divides by the number of microbatches.
+    backward_phase: a context manager factory marking work as backward (comm stats)."""
+    stages = [_Stage(module, stage_id, layout.num_stages, device, group=pp_group) for stage_id, module in parts]
+    if backward_phase is not None:
+        for stage in stages:
+            stage.backward_phase = backward_phase
     schedule_cls = get_schedule_class(layout.schedule)
     if issubclass(schedule_cls, PipelineScheduleSingle):
         return schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)

@@ -14,16 +14,17 @@ class TrainSpec:
     name: str
     model_cls: type[nn.Module]
     flavors: dict
-    parallelize_fn: Callable  # (model part, parallel_dims, job_config, param_dtype) -> model part
+    parallelize_fn: Callable  # (model part, parallel_dims, job_config, param_dtype, reshard plan) -> part
     pipeline_fn: Callable  # (whole model on meta, PipelineLayout, pp_rank) -> [(stage id, part)]
+    fsdp_units_fn: Callable  # (model part, tp degree, param dtype bytes) -> [reshard_policy.Unit]
 
 
 def _llama3() -> TrainSpec:
     from torchtitan.models.llama3.model import Transformer
-    from torchtitan.models.llama3.parallelize import parallelize_llama
+    from torchtitan.models.llama3.parallelize import fsdp_units, parallelize_llama
     from torchtitan.models.llama3.pipeline import pipeline_llama
 
-    return TrainSpec("llama3", Transformer, MODEL_FLAVORS["llama3"], parallelize_llama, pipeline_llama)
+    return TrainSpec("llama3", Transformer, MODEL_FLAVORS["llama3"], parallelize_llama, pipeline_llama, fsdp_units)
 
 
 _REGISTRY: dict[str, Callable[[], TrainSpec]] = {"llama3": _llama3}

@@ -15,13 +15,19 @@ from torch.distributed.tensor.parallel import (
 from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision
+from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision, unit_param_bytes
 from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.reshard_policy import Decision, Unit
 
 
-def fsdp_units(model: nn.Module) -> list[str]:
-    """FSDP units in forward order: each block, then the root (embeddings, norm, output)."""
-    return [f"layers.{name}" for name in model.layers.keys()] + [""]
+def fsdp_units(model: nn.Module, tp: int, dtype_bytes: int) -> list[Unit]:
+    """FSDP units of a model part in forward order, with the unsharded bytes one rank holds:
+    the embeddings, each block, then the root (final norm + output). TP splits every weight
+    matrix (see apply_tp) and replicates the norm vectors."""
+    names = (["tok_embeddings"] if model.tok_embeddings is not None else [])
+    names += [f"layers.{name}" for name in model.layers.keys()] + [""]
+    sizes = unit_param_bytes(model, names, lambda p: dtype_bytes * (p.numel() // tp if p.dim() >= 2 else p.numel()))
+    return [Unit(name, sizes[name], is_root=name == "") for name in names if sizes[name] > 0]
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -56,7 +62,11 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
         })
 
 
-def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, param_dtype: str) -> nn.Module:
+def parallelize_llama(
+    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, param_dtype: str,
+    reshard_plan: dict[str, Decision],
+) -> nn.Module:
+    """`reshard_plan` comes from reshard_policy.resolve over fsdp_units of this part."""
     tp_mesh = parallel_dims.submesh("tp")
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, job_config.parallelism.loss_parallel)
@@ -65,18 +75,9 @@ def parallelize_llama(model: nn.Module, parallel_dims: ParallelDims, job_config:
     if job_config.compile.enable:
         apply_compile(model.layers, job_config.compile)
 
-    units = fsdp_units(model)
     mp = mixed_precision(param_dtype, job_config.training.mixed_precision_reduce)
     if parallel_dims.dp_shard == 1 and parallel_dims.dp_replicate > 1:
-        apply_ddp(model, parallel_dims.submesh("dp_replicate"), mp, units)
-        return model
-    if parallel_dims.pp > 1:
-        # Under PP every microbatch would gather resharded units again (and zero-bubble
-        # schedules give wrong gradients with resharding), so no unit reshards.
-        plan = {name: False for name in units}
+        apply_ddp(model, parallel_dims.submesh("dp_replicate"), mp, list(reshard_plan))
     else:
-        # Every block reshards after forward; the root does not, since its output layer
-        # runs first in backward and would be gathered again at once.
-        plan = {name: bool(name) for name in units}
-    apply_fsdp2(model, parallel_dims.submesh("fsdp"), mp, plan)
+        apply_fsdp2(model, parallel_dims.submesh("fsdp"), mp, {n: d.reshard for n, d in reshard_plan.items()})
     return model

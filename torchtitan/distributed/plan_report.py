@@ -1,0 +1,41 @@
+"""The start-up plan: a table for the log and plan.json in the dump folder."""
+
+import json
+import os
+
+MIB = 2**20
+
+
+def plan_table(model_parts: list[dict]) -> str:
+    """model_parts: plan.json entries, every stage of the job (sorted by stage)."""
+    rows = [("PP stage", "FSDP unit", "unsharded MiB", "reshard", "reason")]
+    for part in sorted(model_parts, key=lambda p: p["stage"]):
+        for u in part["fsdp_units"]:
+            rows.append((str(part["stage"]), u["name"], f"{u['param_bytes'] / MIB:,.1f}",
+                         "yes" if u["reshard_after_forward"] else "no", u["reason"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.rjust(w) if j == 2 else c.ljust(w) for j, (c, w) in enumerate(zip(r[:4], widths)))
+                     + "  " + r[4])
+        if i == 0:
+            lines.append("-" * (sum(widths) + 8 + len(r[4])))
+    return "\n".join(lines)
+
+
+def compress_table(table: str, head: int = 12, tail: int = 4) -> str:
+    """Long tables (hundreds of blocks) keep their first and last rows."""
+    lines = table.splitlines()
+    if len(lines) <= head + tail + 1:
+        return table
+    return "\n".join(lines[:head] + [f"... {len(lines) - head - tail} more rows in plan.json ..."] + lines[-tail:])
+
+
+def write_plan_json(dump_folder: str, world_size: int, mesh: dict, model_parts: list[dict], extra: dict) -> str:
+    os.makedirs(dump_folder, exist_ok=True)
+    path = os.path.join(dump_folder, "plan.json")
+    data = {"world_size": world_size, "mesh": mesh, **extra,
+            "model_parts": sorted(model_parts, key=lambda p: p["stage"])}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    return path
