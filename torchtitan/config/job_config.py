@@ -108,6 +108,11 @@ class Parallelism:
     expert_parallel_degree: int = 1
     """Ranks the MoE experts are split over (models with experts only)."""
 
+    fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
+    """Data-parallel implementation: fsdp2 (torch fully_shard, gathers in module hooks) or
+    simple_fsdp (DTensor parameters gathered by ops inside forward, visible to AC and
+    torch.compile). Both shard over dp_shard, replicate over dp_replicate (HSDP / DDP)."""
+
     reshard_after_forward: Literal["auto", "always", "never"] = "auto"
     """FSDP: free each unit's gathered parameters after its forward (ZeRO-3) or keep them for
     backward (ZeRO-2). auto: under PP keep all (one gather per step instead of one per
@@ -187,6 +192,13 @@ class ActivationCheckpoint:
     selective_ac_option: str = "op"
     """For mode=selective: 'op' (save compute-heavy ops, recompute the rest) or an integer
     n (checkpoint every n-th block)."""
+
+    fsdp_ac_policy: Literal["auto", "save", "recompute"] = "auto"
+    """simple_fsdp only: inside each AC region, FSDP's parameter all-gathers are saved (the
+    unit stays ZeRO-2 under recompute), recomputed (re-gathered in backward), or, with auto,
+    saved exactly where the reshard plan keeps the unit unsharded. Recognised by process
+    group, so TP/EP collectives and other ops follow the AC mode. With fsdp2 only auto is
+    valid: its hooks already gather once for recompute and backward."""
 
 
 @dataclass

@@ -171,6 +171,27 @@ def validate(cfg: JobConfig, world_size: int) -> None:
         _check_tokenizer(m.tokenizer_path)
     if not cfg.job.dry_run:
         _check_path_like_dataset(t.dataset)
+    ac = cfg.activation_checkpoint
+    if ac.fsdp_ac_policy != "auto" and p.fsdp_implementation == "fsdp2":
+        raise ConfigError(
+            f"--activation_checkpoint.fsdp_ac_policy={ac.fsdp_ac_policy} needs"
+            " --parallelism.fsdp_implementation=simple_fsdp: fsdp2's hooks already gather once for"
+            " recompute and backward; use fsdp_ac_policy=auto"
+        )
+    if p.fsdp_implementation == "simple_fsdp" and cfg.compile.enable and (
+        ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    ):
+        raise ConfigError(
+            f"--parallelism.fsdp_implementation=simple_fsdp with --compile.enable and"
+            f" --activation_checkpoint.mode={ac.mode}: torch 2.13's AOTAutograd fails on whole-block"
+            " recompute over DTensor parameters; use selective_ac_option=op, eager mode, or fsdp2"
+        )
+    if ac.fsdp_ac_policy == "save" and p.reshard_after_forward == "always":
+        raise ConfigError(
+            "--activation_checkpoint.fsdp_ac_policy=save contradicts --parallelism.reshard_after_forward=always"
+            " (saving the gathered parameters for backward is not resharding); use fsdp_ac_policy=auto"
+            " or reshard_after_forward=auto|never"
+        )
     budget = p.reshard_budget_gib
     if not math.isfinite(budget) or budget < 0:
         raise ConfigError(f"--parallelism.reshard_budget_gib={budget}: must be >= 0 (0 = no bound)")

@@ -1,8 +1,18 @@
-"""Activation checkpointing: none, full, selective per op, selective every n-th block.
+"""Activation checkpointing regions and their policies, built here and only here.
 
-The per-block SAC policy is built here and only here (`sac_policy`), so that a
-communication policy can later be combined with the compute-op policy in one place.
+A block's region combines two decisions:
+- the user's compute policy: none, full (recompute everything), selective op (keep matmul
+  and attention outputs), or selective every n-th block (full AC on those blocks);
+- the FSDP communication policy (SimpleFSDP only, whose all-gathers run inside forward):
+  "save" keeps a unit's gathered parameters for backward (ZeRO-2 under recompute),
+  "recompute" re-gathers them in backward (ZeRO-3).
+FSDP's gathers are recognised by their process group (the data-parallel dims), so TP / EP
+collectives and every other op stay under the compute policy. A resharding SimpleFSDP unit
+without any user AC still gets a region: everything is saved except its gathers.
 """
+
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -10,6 +20,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
+_fc = torch.ops._c10d_functional
 
 # Compute-heavy ops whose outputs op-level SAC keeps: recomputing them costs the most FLOPs
 # per byte saved. Everything else (norms, activations, casts, views) is recomputed.
@@ -24,37 +35,106 @@ _ATTENTION_OPS = [
     if hasattr(aten, name)
 ]
 SAVE_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, *(getattr(aten, n).default for n in _ATTENTION_OPS)}
+MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
 
 
-def compute_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+@dataclass(frozen=True)
+class RegionSpec:
+    """What one block's checkpoint region does."""
+
+    compute: str  # "none" (no user AC), "full", or "op"
+    fsdp_comm: str | None  # "save" | "recompute" | None (FSDP2: gathers happen outside the region)
+
+    @property
+    def wrapped(self) -> bool:
+        return self.compute != "none" or self.fsdp_comm == "recompute"
+
+    @property
+    def label(self) -> str:
+        base = {"none": "no AC", "full": "full AC", "op": "op SAC"}[self.compute]
+        return base if self.fsdp_comm is None else f"{base}, FSDP gathers {self.fsdp_comm}d"
+
+
+def compute_policy(func) -> CheckpointPolicy:
     """Op policy: keep the outputs of matmuls and attention, recompute everything else."""
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def block_policy():
-    """The SAC policy of one block. The single place where policies are combined."""
-    return compute_policy
+def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str]):
+    """The SAC policy of one region: FSDP's gathers (and the waits that complete them) by the
+    comm decision, every other op by the compute decision."""
+    pending = {False: 0, True: 0}  # FSDP gathers awaiting their wait, per (forward, recompute)
+
+    def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        if spec.fsdp_comm is not None:
+            if func == _fc.all_gather_into_tensor.default and args[2] in fsdp_groups:
+                pending[ctx.is_recompute] += 1
+                return MUST[spec.fsdp_comm]
+            if func == _fc.wait_tensor.default and pending[ctx.is_recompute]:
+                pending[ctx.is_recompute] -= 1
+                return MUST[spec.fsdp_comm]
+        if spec.compute == "op":
+            return compute_policy(func)
+        if spec.compute == "full":
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE  # a region only there to recompute FSDP's gathers
+
+    return policy
 
 
-def _op_sac_context():
-    return create_selective_checkpoint_contexts(block_policy())
+def _context(spec: RegionSpec, fsdp_groups):
+    return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups))
 
 
-def wrap_block(block: nn.Module, mode: str, option: str, index: int) -> nn.Module:
-    """Return `block`, checkpointed as the config says (or unchanged)."""
-    if mode == "none":
-        return block
-    if mode == "full":
-        return checkpoint_wrapper(block, preserve_rng_state=False)
-    if option == "op":
-        return checkpoint_wrapper(block, context_fn=_op_sac_context, preserve_rng_state=False)
-    every = int(option)
-    if index % every == 0:
-        return checkpoint_wrapper(block, preserve_rng_state=False)
-    return block
+def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str]) -> nn.Module:
+    if not spec.wrapped:
+        return module
+    if spec.compute == "full" and spec.fsdp_comm is None:
+        return checkpoint_wrapper(module, preserve_rng_state=False)  # plain full AC
+    # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
+    return checkpoint_wrapper(module, context_fn=partial(_context, spec, fsdp_groups), preserve_rng_state=False)
 
 
-def apply_ac(layers: nn.ModuleDict, ac_cfg) -> None:
-    """Checkpoint the blocks of `layers` in place (names gain _checkpoint_wrapped_module)."""
-    for position, (name, block) in enumerate(list(layers.items())):
-        layers[name] = wrap_block(block, ac_cfg.mode, ac_cfg.selective_ac_option, position)
+def block_compute(ac_cfg, position: int) -> str:
+    """The user's compute decision for the block at `position` (0-based) of a model part."""
+    if ac_cfg.mode == "none":
+        return "none"
+    if ac_cfg.mode == "full":
+        return "full"
+    if ac_cfg.selective_ac_option == "op":
+        return "op"
+    return "full" if position % int(ac_cfg.selective_ac_option) == 0 else "none"
+
+
+def resolve_fsdp_comm(fsdp_ac_policy: str, reshard: bool, simple_fsdp: bool) -> str | None:
+    """Per unit: whether its gathers are saved or recomputed inside its region."""
+    if not simple_fsdp:
+        return None
+    if fsdp_ac_policy == "auto":
+        return "recompute" if reshard else "save"
+    return fsdp_ac_policy
+
+
+def region_specs(ac_cfg, block_names: list[str], reshard: dict[str, bool], simple_fsdp: bool) -> dict[str, RegionSpec]:
+    """{block name: RegionSpec} for the blocks of one model part, in order."""
+    specs = {}
+    for position, name in enumerate(block_names):
+        compute = block_compute(ac_cfg, position)
+        if compute == "none":  # no user region: the reshard plan alone decides
+            comm = "recompute" if simple_fsdp and reshard.get(name, False) else None
+        else:
+            comm = resolve_fsdp_comm(ac_cfg.fsdp_ac_policy, reshard.get(name, False), simple_fsdp)
+        specs[name] = RegionSpec(compute, comm)
+    return specs
+
+
+def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str]) -> None:
+    """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region."""
+    for name, spec in specs.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        wrapped = wrap_region(parent.get_submodule(child), spec, fsdp_groups)
+        if isinstance(parent, nn.ModuleDict):
+            parent[child] = wrapped
+        else:
+            setattr(parent, child, wrapped)

@@ -70,6 +70,10 @@ class CommStats(TorchDispatchMode):
         self.counts: Counter = Counter()
         self.bytes: Counter = Counter()
 
+    # Higher-order ops (e.g. the RNG wrappers of checkpointing under compile) come through
+    # __torch_dispatch__, which runs them unchanged.
+    supports_higher_order_operators = True
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True

@@ -70,5 +70,11 @@ class ParallelDims:
             return self.mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else self.mesh["dp_shard"]
         return self.mesh[name] if name in self.mesh_shape else None
 
+    def dp_dims(self) -> list[str]:
+        """Mesh dims data parallelism runs over: FSDP, HSDP or DDP."""
+        if self.dp_shard == 1 and self.dp_replicate > 1:
+            return ["dp_replicate"]
+        return ["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else ["dp_shard"]
+
     def dp_rank(self) -> int:
         return self.submesh("dp").get_local_rank()

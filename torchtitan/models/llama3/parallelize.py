@@ -17,7 +17,9 @@ from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
 from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision, unit_param_bytes
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.reshard_policy import Decision, Unit
+from torchtitan.distributed.model_parts import PartPlan
+from torchtitan.distributed.reshard_policy import Unit
+from torchtitan.distributed.simple_fsdp import fsdp_group_names, simple_fsdp
 
 
 def fsdp_units(model: nn.Module, tp: int, dtype_bytes: int) -> list[Unit]:
@@ -63,21 +65,25 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
 
 
 def parallelize_llama(
-    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, param_dtype: str,
-    reshard_plan: dict[str, Decision],
+    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, param_dtype: str, plan: PartPlan,
 ) -> nn.Module:
-    """`reshard_plan` comes from reshard_policy.resolve over fsdp_units of this part."""
+    """`plan` (reshard decisions and AC regions) was resolved for this part beforehand."""
     tp_mesh = parallel_dims.submesh("tp")
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, job_config.parallelism.loss_parallel)
-    if job_config.activation_checkpoint.mode != "none":
-        apply_ac(model.layers, job_config.activation_checkpoint)
+
+    simple = job_config.parallelism.fsdp_implementation == "simple_fsdp"
+    mesh, dp_dims = parallel_dims.mesh, parallel_dims.dp_dims()
+    apply_ac(model, plan.regions, frozenset(fsdp_group_names(mesh, dp_dims)) if simple else frozenset())
+
     if job_config.compile.enable:
         apply_compile(model.layers, job_config.compile)
 
-    mp = mixed_precision(param_dtype, job_config.training.mixed_precision_reduce)
-    if parallel_dims.dp_shard == 1 and parallel_dims.dp_replicate > 1:
-        apply_ddp(model, parallel_dims.submesh("dp_replicate"), mp, list(reshard_plan))
+    reduce_dtype = job_config.training.mixed_precision_reduce
+    if simple:
+        simple_fsdp(model, mesh, dp_dims, param_dtype, reduce_dtype)
+    elif dp_dims == ["dp_replicate"]:
+        apply_ddp(model, mesh["dp_replicate"], mixed_precision(param_dtype, reduce_dtype), list(plan.reshard))
     else:
-        apply_fsdp2(model, parallel_dims.submesh("fsdp"), mp, {n: d.reshard for n, d in reshard_plan.items()})
+        apply_fsdp2(model, parallel_dims.submesh("fsdp"), mixed_precision(param_dtype, reduce_dtype), plan.reshard_flags)
     return model

@@ -1,0 +1,428 @@
+"""plan_pipeline: default splits per schedule, explicit splits, stage placement (loop / V
+order), every PipelineLayoutError, and how they surface through the config as ConfigError."""
+
+import dataclasses
+import math
+
+import pytest
+
+from torchtitan.config import ConfigError, build_config, load_config, validate
+from torchtitan.distributed.pipeline_layout import (
+    SINGLE_STAGE,
+    V_SCHEDULES,
+    ZERO_BUBBLE,
+    PipelineLayout,
+    PipelineLayoutError,
+    plan_pipeline,
+)
+
+KEY = "--parallelism.pipeline_parallel"
+SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+
+
+def layout_error(*args) -> str:
+    with pytest.raises(PipelineLayoutError) as info:
+        plan_pipeline(*args)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def config_error(argv, world_size) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(argv, world_size)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def even(n_layers: int, n_stages: int) -> tuple[tuple[int, ...], ...]:
+    per = n_layers // n_stages
+    return tuple(tuple(range(i * per, (i + 1) * per)) for i in range(n_stages))
+
+
+def test_schedule_families():
+    assert SINGLE_STAGE == ("GPipe", "1F1B")
+    assert V_SCHEDULES == ("ZBVZeroBubble", "DualPipeV")
+    assert ZERO_BUBBLE == ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+    assert issubclass(PipelineLayoutError, ValueError)
+
+
+# --------------------------------------------------------------------------- default splits
+
+
+@pytest.mark.parametrize("n_layers,pp,schedule,per_rank", [
+    (8, 4, "GPipe", 1),
+    (8, 4, "1F1B", 1),
+    (6, 2, "1F1B", 1),
+    (6, 3, "GPipe", 1),
+    (8, 2, "ZBVZeroBubble", 2),
+    (8, 2, "DualPipeV", 2),
+    (12, 3, "ZBVZeroBubble", 2),
+    (6, 2, "Interleaved1F1B", 3),  # 6 % 4 != 0, 6 % 6 == 0
+    (8, 2, "Interleaved1F1B", 2),
+    (6, 2, "LoopedBFS", 3),
+    (8, 2, "LoopedBFS", 2),
+    (6, 3, "InterleavedZeroBubble", 2),
+    (12, 2, "InterleavedZeroBubble", 2),
+    (10, 2, "Interleaved1F1B", 5),  # 10 % 4, 10 % 6, 10 % 8 != 0
+    (9, 3, "Interleaved1F1B", 3),
+    (16, 4, "Interleaved1F1B", 2),
+])
+def test_default_split(n_layers, pp, schedule, per_rank):
+    layout = plan_pipeline(n_layers, pp, schedule, -1, [], 48)
+    assert layout == PipelineLayout(stages=even(n_layers, pp * per_rank), pp=pp, schedule=schedule)
+    assert layout.num_stages == pp * per_rank
+    assert layout.stages_per_rank == per_rank
+
+
+def test_default_split_covers_every_block_once_in_order():
+    layout = plan_pipeline(6, 2, "Interleaved1F1B", -1, [], 8)
+    assert layout.stages == ((0,), (1,), (2,), (3,), (4,), (5,))
+    assert [b for stage in layout.stages for b in stage] == list(range(6))
+
+
+def test_pp_one_is_a_single_stage():
+    layout = plan_pipeline(5, 1, "1F1B", -1, [], 1)
+    assert layout.stages == ((0, 1, 2, 3, 4),)
+    assert layout.stage_ids(0) == [0]
+
+
+@pytest.mark.parametrize("n_layers,pp,schedule,stages,per_rank", [
+    (6, 4, "1F1B", 4, 1),
+    (6, 4, "GPipe", 4, 1),
+    (7, 2, "1F1B", 2, 1),
+    (6, 2, "ZBVZeroBubble", 4, 2),
+    (10, 2, "DualPipeV", 4, 2),
+    (7, 2, "Interleaved1F1B", 4, 2),  # no k >= 2 splits 7 blocks: the message uses 2
+    (6, 4, "LoopedBFS", 8, 2),
+    (5, 3, "InterleavedZeroBubble", 6, 2),
+])
+def test_default_split_that_does_not_divide(n_layers, pp, schedule, stages, per_rank):
+    assert layout_error(n_layers, pp, schedule, -1, [], 64) == (
+        f"{n_layers} layers do not split evenly into {stages} stages ({pp} ranks x {per_rank} per rank"
+        f" for {schedule}); change {KEY}_degree, set {KEY}_layers_per_stage or {KEY}_split_points"
+    )
+
+
+def test_the_six_layer_message_verbatim():
+    assert layout_error(6, 4, "1F1B", -1, [], 8) == (
+        "6 layers do not split evenly into 4 stages (4 ranks x 1 per rank for 1F1B); change"
+        " --parallelism.pipeline_parallel_degree, set --parallelism.pipeline_parallel_layers_per_stage"
+        " or --parallelism.pipeline_parallel_split_points"
+    )
+
+
+# --------------------------------------------------------------------------- layers_per_stage
+
+
+@pytest.mark.parametrize("n_layers,pp,schedule,lps,n_stages", [
+    (8, 2, "Interleaved1F1B", 1, 8),
+    (8, 2, "Interleaved1F1B", 2, 4),
+    (12, 2, "LoopedBFS", 2, 6),
+    (8, 4, "1F1B", 2, 4),
+    (6, 3, "ZBVZeroBubble", 1, 6),
+    (6, 1, "GPipe", 6, 1),
+])
+def test_layers_per_stage(n_layers, pp, schedule, lps, n_stages):
+    layout = plan_pipeline(n_layers, pp, schedule, lps, [], 64)
+    assert layout.stages == even(n_layers, n_stages)
+
+
+@pytest.mark.parametrize("lps", [4, 5, 7, 0, -2])
+def test_layers_per_stage_that_does_not_divide(lps):
+    assert layout_error(6, 2, "Interleaved1F1B", lps, [], 8) == (
+        f"{KEY}_layers_per_stage={lps} does not divide the 6 layers"
+    )
+
+
+def test_stages_not_a_multiple_of_the_degree():
+    assert layout_error(6, 2, "Interleaved1F1B", 2, [], 8) == (
+        f"3 pipeline stages cannot be spread over {KEY}_degree=2 ranks; make the number of stages a multiple of 2"
+    )
+    assert layout_error(6, 4, "1F1B", 3, [], 8) == (
+        f"2 pipeline stages cannot be spread over {KEY}_degree=4 ranks; make the number of stages a multiple of 4"
+    )
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_single_stage_schedule_with_two_stages_per_rank(schedule):
+    assert layout_error(8, 2, schedule, 2, [], 8) == (
+        f"{KEY}_schedule={schedule} runs one stage per rank but the split gives 2;"
+        " use Interleaved1F1B or change the split"
+    )
+
+
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
+@pytest.mark.parametrize("lps,per_rank", [(1, 3), (3, 1)])
+def test_v_schedule_needs_exactly_two_stages_per_rank(schedule, lps, per_rank):
+    assert layout_error(6, 2, schedule, lps, [], 16) == (
+        f"{KEY}_schedule={schedule} needs exactly two stages per rank but the split gives {per_rank}"
+    )
+
+
+# --------------------------------------------------------------------------- microbatches
+
+
+@pytest.mark.parametrize("schedule,n_layers,pp,n_stages", [("1F1B", 8, 4, 4), ("DualPipeV", 8, 2, 4), ("DualPipeV", 12, 3, 6)])
+def test_too_few_microbatches(schedule, n_layers, pp, n_stages):
+    assert layout_error(n_layers, pp, schedule, -1, [], n_stages - 1) == (
+        f"{KEY}_schedule={schedule} needs at least {n_stages} microbatches (one per stage) but gets"
+        f" {n_stages - 1}; raise local_batch_size or lower {KEY}_microbatch_size"
+    )
+    assert plan_pipeline(n_layers, pp, schedule, -1, [], n_stages).num_stages == n_stages
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "ZBVZeroBubble", "LoopedBFS"])
+def test_other_schedules_accept_one_microbatch(schedule):
+    assert plan_pipeline(8, 2, schedule, -1, [], 1).pp == 2
+
+
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "InterleavedZeroBubble"])
+@pytest.mark.parametrize("pp,n_mb,rounds", [(2, 5, 2), (2, 7, 3), (4, 9, 2), (4, 11, 2), (3, 7, 2)])
+def test_interleaved_microbatch_rounds(schedule, pp, n_mb, rounds):
+    assert layout_error(12, pp, schedule, 1, [], n_mb) == (
+        f"{KEY}_schedule={schedule} needs the {n_mb} microbatches to be a multiple of {rounds} rounds;"
+        f" use a multiple of {KEY}_degree={pp} microbatches"
+    )
+
+
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "InterleavedZeroBubble"])
+@pytest.mark.parametrize("pp,n_mb", [(2, 1), (2, 3), (2, 6), (4, 3), (4, 10), (4, 12), (3, 8)])
+def test_interleaved_microbatch_counts_that_work(schedule, pp, n_mb):
+    # rounds = max(1, n_mb // pp) divides n_mb
+    assert plan_pipeline(12, pp, schedule, 1, [], n_mb).num_stages == 12
+
+
+# --------------------------------------------------------------------------- split points
+
+
+def test_explicit_split_points():
+    layout = plan_pipeline(6, 3, "1F1B", -1, ["layers.2", "layers.4"], 8)
+    assert layout == PipelineLayout(stages=((0, 1), (2, 3), (4, 5)), pp=3, schedule="1F1B")
+
+
+def test_uneven_split_points_override_layers_per_stage():
+    layout = plan_pipeline(6, 3, "GPipe", 2, ["layers.1", "layers.5"], 8)
+    assert layout.stages == ((0,), (1, 2, 3, 4), (5,))
+    layout = plan_pipeline(8, 2, "Interleaved1F1B", 4, ["layers.3", "layers.4", "layers.6"], 8)
+    assert layout.stages == ((0, 1, 2), (3,), (4, 5), (6, 7))
+    assert layout.stage_ids(0) == [0, 2]
+
+
+def test_split_points_still_checked_against_the_schedule():
+    assert layout_error(6, 2, "1F1B", -1, ["layers.2"], 1) == (
+        f"{KEY}_schedule=1F1B needs at least 2 microbatches (one per stage) but gets 1;"
+        f" raise local_batch_size or lower {KEY}_microbatch_size"
+    )
+    assert layout_error(6, 2, "1F1B", -1, ["layers.2", "layers.4"], 8) == (
+        f"3 pipeline stages cannot be spread over {KEY}_degree=2 ranks; make the number of stages a multiple of 2"
+    )
+
+
+@pytest.mark.parametrize("points", [
+    ["layers.4", "layers.2"],
+    ["layers.2", "layers.2"],
+    ["layers.0", "layers.3"],
+    ["layers.3", "layers.6"],
+    ["layers.3", "layers.9"],
+    ["layers.-1"],
+])
+def test_bad_split_points(points):
+    assert layout_error(6, 3, "1F1B", -1, points, 8) == (
+        f"{KEY}_split_points={','.join(points)}: boundaries must increase strictly within layers.1 .. layers.5"
+    )
+
+
+@pytest.mark.parametrize("points", [["layers.x"], ["layers.2", "layers"], ["layers.2", "layers.4b"], [""]])
+def test_unparseable_split_points(points):
+    assert layout_error(6, 3, "1F1B", -1, points, 8) == (
+        f"{KEY}_split_points={','.join(points)}: use block names like layers.2,layers.4"
+    )
+
+
+# --------------------------------------------------------------------------- stage placement
+
+
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"])
+def test_stage_ids_loop_order(schedule):
+    layout = plan_pipeline(12, 2, schedule, 2, [], 8)  # 6 stages, 3 per rank
+    assert [layout.stage_ids(r) for r in range(2)] == [[0, 2, 4], [1, 3, 5]]
+    layout = plan_pipeline(8, 4, schedule, 1, [], 8)  # 8 stages, 2 per rank
+    assert [layout.stage_ids(r) for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
+def test_stage_ids_v_order(schedule):
+    layout = plan_pipeline(8, 4, schedule, -1, [], 8)
+    assert [layout.stage_ids(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    layout = plan_pipeline(4, 2, schedule, -1, [], 4)
+    assert [layout.stage_ids(r) for r in range(2)] == [[0, 3], [1, 2]]
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_stage_ids_single_stage(schedule):
+    layout = plan_pipeline(8, 4, schedule, -1, [], 8)
+    assert [layout.stage_ids(r) for r in range(4)] == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_stage_has_exactly_one_rank(schedule):
+    layout = plan_pipeline(24, 3, schedule, -1, [], 24)
+    held = sorted(s for r in range(3) for s in layout.stage_ids(r))
+    assert held == list(range(layout.num_stages))
+    assert all(len(layout.stage_ids(r)) == layout.stages_per_rank for r in range(3))
+
+
+def test_layout_is_frozen():
+    layout = plan_pipeline(4, 2, "1F1B", -1, [], 4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layout.pp = 4
+
+
+# --------------------------------------------------------------------------- through the config
+
+
+def test_config_rejects_six_layers_on_four_pipeline_ranks():
+    argv = ["--model.flavor=debugmodel", "--parallelism.pipeline_parallel_degree=4"]
+    assert config_error(argv, 8) == (
+        "6 layers do not split evenly into 4 stages (4 ranks x 1 per rank for 1F1B); change"
+        " --parallelism.pipeline_parallel_degree, set --parallelism.pipeline_parallel_layers_per_stage"
+        " or --parallelism.pipeline_parallel_split_points"
+    )
+
+
+def test_config_accepts_the_same_job_with_split_points_or_another_degree():
+    base = ["--model.flavor=debugmodel", "--parallelism.pipeline_parallel_degree=4"]
+    cfg, _ = load_config(base + ["--parallelism.pipeline_parallel_split_points=layers.1,layers.3,layers.5"], 8)
+    assert cfg.parallelism.pipeline_parallel_split_points == ["layers.1", "layers.3", "layers.5"]
+    cfg, _ = load_config(["--model.flavor=debugmodel", "--parallelism.pipeline_parallel_degree=3"], 6)
+    assert cfg.parallelism.pipeline_parallel_degree == 3
+
+
+@pytest.mark.parametrize("mb", [3, 5, 16])
+def test_config_microbatch_size_must_divide_the_local_batch(mb):
+    argv = ["--parallelism.pipeline_parallel_degree=2", f"--parallelism.pipeline_parallel_microbatch_size={mb}"]
+    assert config_error(argv, 2) == (
+        f"--training.local_batch_size=8 does not split into microbatches of"
+        f" --parallelism.pipeline_parallel_microbatch_size={mb}; make it a multiple"
+    )
+
+
+def test_config_microbatch_size_zero():
+    argv = ["--parallelism.pipeline_parallel_degree=2", "--parallelism.pipeline_parallel_microbatch_size=0"]
+    assert config_error(argv, 2) == (
+        "--training.local_batch_size=8 does not split into microbatches of"
+        " --parallelism.pipeline_parallel_microbatch_size=0; make it a multiple"
+    )
+
+
+def test_config_microbatch_size_ignored_without_pp():
+    cfg, _ = load_config(["--parallelism.pipeline_parallel_microbatch_size=3"], 1)
+    assert cfg.parallelism.pipeline_parallel_microbatch_size == 3
+
+
+def test_config_passes_the_microbatch_count_to_the_layout():
+    # local_batch_size 8 / microbatch 4 = 2 microbatches < 3 stages of 1F1B
+    argv = ["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_microbatch_size=4"]
+    assert config_error(argv, 3) == (
+        f"{KEY}_schedule=1F1B needs at least 3 microbatches (one per stage) but gets 2;"
+        f" raise local_batch_size or lower {KEY}_microbatch_size"
+    )
+    cfg, _ = load_config(argv + ["--training.local_batch_size=12"], 3)
+    assert cfg.training.local_batch_size == 12
+
+
+@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+def test_config_rejects_always_with_a_zero_bubble_schedule_under_pp(schedule):
+    argv = [
+        "--parallelism.pipeline_parallel_degree=3", f"--parallelism.pipeline_parallel_schedule={schedule}",
+        "--parallelism.reshard_after_forward=always",
+    ]
+    assert config_error(argv, 3) == (
+        f"--parallelism.reshard_after_forward=always with --parallelism.pipeline_parallel_schedule={schedule}:"
+        " zero-bubble schedules give wrong gradients when FSDP2 reshards after forward (torch 2.13);"
+        " use auto or never, or a non-zero-bubble schedule"
+    )
+
+
+@pytest.mark.parametrize("argv,world,policy,budget", [
+    (["--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--parallelism.reshard_after_forward=always"],
+     2, "always", 0.0),
+    (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+      "--parallelism.reshard_after_forward=never"], 3, "never", 0.0),
+    (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+      "--parallelism.reshard_budget_gib=1.5"], 3, "auto", 1.5),
+    (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+      "--parallelism.reshard_after_forward=always"], 3, "always", 0.0),
+])
+def test_config_accepts_other_reshard_and_schedule_combinations(argv, world, policy, budget):
+    cfg, warnings = load_config(argv, world)
+    assert warnings == []
+    assert cfg.parallelism.reshard_after_forward == policy
+    assert cfg.parallelism.reshard_budget_gib == budget
+
+
+DEPRECATION = (
+    "'parallelism.fsdp_reshard_after_forward' is deprecated: use 'parallelism.reshard_after_forward'"
+    " (auto|always|never; 'default' means auto)"
+)
+
+
+@pytest.mark.parametrize("old,new", [("default", "auto"), ("always", "always"), ("never", "never")])
+def test_deprecated_fsdp_reshard_after_forward_on_the_command_line(old, new):
+    cfg, warnings = build_config([f"--parallelism.fsdp_reshard_after_forward={old}"])
+    assert cfg.parallelism.reshard_after_forward == new
+    assert warnings == [DEPRECATION]
+    assert "deprecated" in warnings[0]
+
+
+def test_deprecated_key_in_toml(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[parallelism]\nfsdp_reshard_after_forward = "never"\n')
+    cfg, warnings = build_config([f"--job.config_file={path}"])
+    assert cfg.parallelism.reshard_after_forward == "never"
+    assert warnings == [DEPRECATION]
+    # the command line still wins over the TOML value
+    cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.fsdp_reshard_after_forward=default"])
+    assert cfg.parallelism.reshard_after_forward == "auto"
+    assert warnings == [DEPRECATION, DEPRECATION]
+
+
+@pytest.mark.parametrize("value,hint", [("sometimes", ""), ("alway", " (did you mean 'always'?)")])
+def test_deprecated_key_with_a_bad_value_names_the_new_key(value, hint):
+    with pytest.raises(ConfigError) as info:
+        build_config([f"--parallelism.fsdp_reshard_after_forward={value}"])
+    assert str(info.value) == (
+        f"--parallelism.reshard_after_forward: invalid value '{value}'; choose one of 'auto', 'always', 'never'{hint}"
+    )
+
+
+@pytest.mark.parametrize("value,shown", [("-1", "-1.0"), ("-0.5", "-0.5")])
+def test_negative_reshard_budget(value, shown):
+    assert config_error([f"--parallelism.reshard_budget_gib={value}"], 1) == (
+        f"--parallelism.reshard_budget_gib={shown}: must be >= 0 (0 = no bound)"
+    )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_reshard_budget_on_the_command_line(value):
+    assert config_error([f"--parallelism.reshard_budget_gib={value}"], 1) == (
+        f"--parallelism.reshard_budget_gib: expected a finite number, got '{value}'"
+    )
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_reshard_budget_set_directly(value):
+    cfg, _ = build_config([])
+    cfg.parallelism.reshard_budget_gib = value
+    with pytest.raises(ConfigError) as info:
+        validate(cfg, 1)
+    assert str(info.value) == f"--parallelism.reshard_budget_gib={value}: must be >= 0 (0 = no bound)"
+
+
+def test_reshard_budget_accepted():
+    cfg, _ = load_config(["--parallelism.reshard_budget_gib=2.5"], 1)
+    assert cfg.parallelism.reshard_budget_gib == 2.5
+    cfg, _ = load_config(["--parallelism.reshard_budget_gib=0"], 1)
+    assert cfg.parallelism.reshard_budget_gib == 0.0

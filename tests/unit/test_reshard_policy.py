@@ -1,0 +1,480 @@
+"""reshard_policy.resolve: the per-unit reshard_after_forward plan (auto / always / never,
+pipeline facts, memory budget), kept_bytes, and the FSDP units of the real Llama3 models."""
+
+import pytest
+import torch
+
+from torchtitan.distributed.pipeline_layout import plan_pipeline
+from torchtitan.distributed.pipeline_parallel import split_model
+from torchtitan.distributed.reshard_policy import (
+    GIB,
+    POLICIES,
+    Decision,
+    ReshardPolicyError,
+    Unit,
+    kept_bytes,
+    resolve,
+)
+from torchtitan.models.llama3.model import Transformer
+from torchtitan.models.llama3.parallelize import fsdp_units
+from torchtitan.protocols.train_spec import model_args
+
+MIB = 2**20
+
+# The reasons resolve gives; asserted verbatim so that a change of wording is noticed.
+NEVER = "never: kept for backward (ZeRO-2)"
+ROOT = "root: backward starts here, FSDP would gather it again at once"
+ALWAYS = "always: freed after forward (ZeRO-3)"
+LAST = "auto: last in forward, its backward follows at once"
+FREED = "auto: freed from its forward until its backward"
+
+
+def pp_kept(n_microbatches: int) -> str:
+    return f"auto, PP: kept, 1 gather per step instead of {n_microbatches} (one per microbatch)"
+
+
+ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+OTHER_SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS"]
+ALL_SCHEDULES = OTHER_SCHEDULES + ZERO_BUBBLE
+
+
+def whole_model(block_gib=(1, 1, 1), emb_gib=1, root_gib=1) -> list[Unit]:
+    """One part without PP: embeddings, blocks, root, sizes in GiB."""
+    units = [Unit("tok_embeddings", int(emb_gib * GIB))]
+    units += [Unit(f"layers.{i}", int(g * GIB)) for i, g in enumerate(block_gib)]
+    return units + [Unit("", int(root_gib * GIB), is_root=True)]
+
+
+def flags(plan) -> list[dict[str, bool]]:
+    return [{name: d.reshard for name, d in part.items()} for part in plan]
+
+
+def reasons(plan) -> list[dict[str, str]]:
+    return [{name: d.reason for name, d in part.items()} for part in plan]
+
+
+# --------------------------------------------------------------------------- policy names
+
+
+def test_policies_and_error_type():
+    assert POLICIES == ("auto", "always", "never")
+    assert issubclass(ReshardPolicyError, ValueError)
+    assert GIB == 1024**3
+
+
+@pytest.mark.parametrize("policy", ["", "Auto", "default", "ALWAYS", "none"])
+def test_invalid_policy_names_the_key(policy):
+    with pytest.raises(ReshardPolicyError) as info:
+        resolve(policy, False, "1F1B", 1, [whole_model()])
+    assert str(info.value) == (
+        f"--parallelism.reshard_after_forward={policy!r}: choose one of auto, always, never"
+    )
+
+
+def test_invalid_policy_is_reported_before_the_zero_bubble_check():
+    with pytest.raises(ReshardPolicyError) as info:
+        resolve("sometimes", True, "ZBVZeroBubble", 4, [whole_model()], budget_bytes=1)
+    assert str(info.value) == (
+        "--parallelism.reshard_after_forward='sometimes': choose one of auto, always, never"
+    )
+
+
+# --------------------------------------------------------------------------- always
+
+
+@pytest.mark.parametrize("pp_enabled,schedule", [(False, s) for s in ALL_SCHEDULES] + [(True, s) for s in OTHER_SCHEDULES])
+def test_always_reshards_every_unit_but_the_root(pp_enabled, schedule):
+    plan = resolve("always", pp_enabled, schedule, 8, [whole_model()])
+    assert plan == [{
+        "tok_embeddings": Decision(True, ALWAYS),
+        "layers.0": Decision(True, ALWAYS),
+        "layers.1": Decision(True, ALWAYS),
+        "layers.2": Decision(True, ALWAYS),
+        "": Decision(False, ROOT),
+    }]
+
+
+@pytest.mark.parametrize("schedule", ZERO_BUBBLE)
+def test_always_with_a_zero_bubble_schedule_under_pp_is_rejected(schedule):
+    with pytest.raises(ReshardPolicyError) as info:
+        resolve("always", True, schedule, 8, [whole_model()])
+    assert str(info.value) == (
+        f"--parallelism.pipeline_parallel_schedule={schedule} with reshard_after_forward=always:"
+        " zero-bubble schedules give wrong gradients when FSDP2 reshards after forward (torch 2.13);"
+        " use --parallelism.reshard_after_forward=auto without a budget, or never, or another schedule"
+    )
+
+
+def test_always_ignores_the_budget():
+    plan = resolve("always", False, "1F1B", 1, [whole_model()], budget_bytes=1)
+    assert reasons(plan) == [{
+        "tok_embeddings": ALWAYS, "layers.0": ALWAYS, "layers.1": ALWAYS, "layers.2": ALWAYS, "": ROOT,
+    }]
+
+
+# --------------------------------------------------------------------------- never
+
+
+@pytest.mark.parametrize("pp_enabled,schedule", [(False, "1F1B"), (True, "1F1B"), (True, "ZBVZeroBubble"), (True, "DualPipeV")])
+def test_never_keeps_every_unit_root_included(pp_enabled, schedule):
+    parts = [whole_model(), [Unit("layers.7", GIB), Unit("", GIB, is_root=True)]]
+    plan = resolve("never", pp_enabled, schedule, 4, parts, budget_bytes=1)  # budget ignored
+    assert plan == [
+        {name: Decision(False, NEVER) for name in ["tok_embeddings", "layers.0", "layers.1", "layers.2", ""]},
+        {"layers.7": Decision(False, NEVER), "": Decision(False, NEVER)},
+    ]
+    assert kept_bytes(plan, parts) == 7 * GIB
+
+
+# --------------------------------------------------------------------------- auto without PP
+
+
+def test_auto_without_pp_keeps_only_the_last_block_and_the_root():
+    plan = resolve("auto", False, "1F1B", 1, [whole_model(block_gib=(1, 2, 3, 4))])
+    assert plan == [{
+        "tok_embeddings": Decision(True, FREED),
+        "layers.0": Decision(True, FREED),
+        "layers.1": Decision(True, FREED),
+        "layers.2": Decision(True, FREED),
+        "layers.3": Decision(False, LAST),
+        "": Decision(False, ROOT),
+    }]
+
+
+def test_auto_plan_keeps_the_forward_order_of_the_units():
+    units = whole_model(block_gib=(1,) * 12)
+    plan = resolve("auto", False, "1F1B", 1, [units])
+    assert list(plan[0]) == [u.name for u in units]
+    assert [name for name, d in plan[0].items() if not d.reshard] == ["layers.11", ""]
+
+
+def test_auto_last_block_is_the_last_non_root_unit_even_when_the_root_is_not_last():
+    units = [Unit("", GIB, is_root=True), Unit("layers.0", GIB), Unit("layers.1", GIB)]
+    plan = resolve("auto", False, "1F1B", 1, [units])
+    assert plan == [{
+        "": Decision(False, ROOT),
+        "layers.0": Decision(True, FREED),
+        "layers.1": Decision(False, LAST),
+    }]
+
+
+def test_auto_single_root_unit():
+    parts = [[Unit("", 5 * GIB, is_root=True)]]
+    plan = resolve("auto", False, "1F1B", 1, parts)
+    assert plan == [{"": Decision(False, ROOT)}]
+    assert kept_bytes(plan, parts) == 5 * GIB
+
+
+def test_auto_embeddings_alone_before_the_root_are_the_last_block():
+    plan = resolve("auto", False, "1F1B", 1, [[Unit("tok_embeddings", 1), Unit("", 1, is_root=True)]])
+    assert plan == [{"tok_embeddings": Decision(False, LAST), "": Decision(False, ROOT)}]
+
+
+def test_auto_with_a_zero_bubble_schedule_name_but_no_pp_is_the_plain_plan():
+    plan = resolve("auto", False, "ZBVZeroBubble", 1, [whole_model()])
+    assert flags(plan) == [{"tok_embeddings": True, "layers.0": True, "layers.1": True, "layers.2": False, "": False}]
+
+
+# --------------------------------------------------------------------------- auto under PP
+
+
+@pytest.mark.parametrize("schedule", ALL_SCHEDULES)
+@pytest.mark.parametrize("n_microbatches", [2, 8, 32])
+def test_auto_under_pp_keeps_everything(schedule, n_microbatches):
+    parts = [
+        [Unit("tok_embeddings", GIB), Unit("layers.0", GIB), Unit("layers.1", GIB)],
+        [Unit("layers.4", GIB), Unit("layers.5", GIB), Unit("", GIB, is_root=True)],
+    ]
+    plan = resolve("auto", True, schedule, n_microbatches, parts)
+    kept = pp_kept(n_microbatches)
+    assert plan == [
+        {"tok_embeddings": Decision(False, kept), "layers.0": Decision(False, kept), "layers.1": Decision(False, kept)},
+        {"layers.4": Decision(False, kept), "layers.5": Decision(False, kept), "": Decision(False, ROOT)},
+    ]
+    assert f"instead of {n_microbatches}" in plan[0]["layers.0"].reason
+    assert kept_bytes(plan, parts) == 6 * GIB
+
+
+def test_resolve_returns_one_dict_per_part_even_for_empty_parts():
+    assert resolve("auto", True, "1F1B", 4, []) == []
+    assert resolve("auto", True, "Interleaved1F1B", 4, [[], [Unit("layers.0", 1)]]) == [
+        {}, {"layers.0": Decision(False, pp_kept(4))}
+    ]
+
+
+# --------------------------------------------------------------------------- budget, one part
+
+
+def test_budget_flips_the_last_block_when_blocks_and_root_do_not_fit():
+    # Kept without a budget: layers.2 (1 GiB) + root (1 GiB) = 2 GiB > 1 GiB.
+    parts = [whole_model()]
+    plan = resolve("auto", False, "1F1B", 1, parts, budget_bytes=GIB)
+    assert plan == [{
+        "tok_embeddings": Decision(True, FREED),
+        "layers.0": Decision(True, FREED),
+        "layers.1": Decision(True, FREED),
+        "layers.2": Decision(True, "auto, budget: 2.00 GiB kept > 1.00 GiB, freed (earliest first)"),
+        "": Decision(False, f"{ROOT}; fits the budget once earlier units reshard (1.00 GiB <= 1.00 GiB)"),
+    }]
+    assert kept_bytes(plan, parts) == GIB
+
+
+def test_budget_that_already_fits_changes_no_decision():
+    parts = [whole_model()]
+    plain = resolve("auto", False, "1F1B", 1, parts)
+    for budget in (2 * GIB, 3 * GIB, 100 * GIB):
+        plan = resolve("auto", False, "1F1B", 1, parts, budget_bytes=budget)
+        assert flags(plan) == flags(plain)
+        note = f"; fits the budget (2.00 GiB <= {budget / GIB:.2f} GiB)"
+        assert reasons(plan) == [{
+            "tok_embeddings": FREED, "layers.0": FREED, "layers.1": FREED,
+            "layers.2": LAST + note, "": ROOT + note,
+        }]
+
+
+@pytest.mark.parametrize("budget", [0, -1, -GIB])
+def test_zero_or_negative_budget_means_no_bound(budget):
+    parts = [whole_model()]
+    assert resolve("auto", False, "1F1B", 1, parts, budget_bytes=budget) == resolve("auto", False, "1F1B", 1, parts)
+
+
+def test_budget_that_cannot_be_met_goes_through_every_non_root_unit():
+    # Under PP everything starts kept; the root alone (3 GiB) exceeds the 2 GiB budget.
+    parts = [[Unit("layers.0", GIB), Unit("layers.1", GIB), Unit("", 3 * GIB, is_root=True)]]
+    plan = resolve("auto", True, "1F1B", 4, parts, budget_bytes=2 * GIB)
+    assert plan == [{
+        "layers.0": Decision(True, "auto, budget: 5.00 GiB kept > 2.00 GiB, freed (earliest first)"),
+        "layers.1": Decision(True, "auto, budget: 4.00 GiB kept > 2.00 GiB, freed (earliest first)"),
+        "": Decision(False, f"{ROOT}; budget 2.00 GiB cannot be met (3.00 GiB kept)"),
+    }]
+    assert kept_bytes(plan, parts) == 3 * GIB
+
+
+def test_budget_under_pp_flips_the_earliest_units_first():
+    parts = [[Unit("layers.0", GIB), Unit("layers.1", 2 * GIB), Unit("layers.2", GIB), Unit("layers.3", GIB),
+              Unit("", GIB, is_root=True)]]
+    plan = resolve("auto", True, "GPipe", 4, parts, budget_bytes=3 * GIB)  # 6 GiB kept at first
+    note = "; fits the budget once earlier units reshard (3.00 GiB <= 3.00 GiB)"
+    assert plan == [{
+        "layers.0": Decision(True, "auto, budget: 6.00 GiB kept > 3.00 GiB, freed (earliest first)"),
+        "layers.1": Decision(True, "auto, budget: 5.00 GiB kept > 3.00 GiB, freed (earliest first)"),
+        "layers.2": Decision(False, pp_kept(4) + note),
+        "layers.3": Decision(False, pp_kept(4) + note),
+        "": Decision(False, ROOT + note),
+    }]
+    assert kept_bytes(plan, parts) == 3 * GIB
+
+
+def test_budget_never_flips_the_root_even_when_it_is_first():
+    parts = [[Unit("", 4 * GIB, is_root=True), Unit("layers.0", GIB), Unit("layers.1", GIB)]]
+    plan = resolve("auto", True, "1F1B", 2, parts, budget_bytes=5 * GIB)
+    assert flags(plan) == [{"": False, "layers.0": True, "layers.1": False}]
+    assert plan[0][""].reason == ROOT + "; fits the budget once earlier units reshard (5.00 GiB <= 5.00 GiB)"
+
+
+def test_budget_reasons_show_fractions_of_a_gib():
+    parts = [[Unit("layers.0", 512 * MIB), Unit("layers.1", 256 * MIB), Unit("", 256 * MIB, is_root=True)]]
+    plan = resolve("auto", True, "1F1B", 2, parts, budget_bytes=600 * MIB)
+    assert reasons(plan) == [{
+        "layers.0": "auto, budget: 1.00 GiB kept > 0.59 GiB, freed (earliest first)",
+        "layers.1": pp_kept(2) + "; fits the budget once earlier units reshard (0.50 GiB <= 0.59 GiB)",
+        "": ROOT + "; fits the budget once earlier units reshard (0.50 GiB <= 0.59 GiB)",
+    }]
+
+
+# --------------------------------------------------------------------------- budget, several parts
+
+
+def interleaved_parts() -> list[list[Unit]]:
+    """Pipeline rank 0 of an interleaved schedule: stages 0 and 2 (5 GiB in all)."""
+    return [
+        [Unit("tok_embeddings", GIB // 2), Unit("layers.0", GIB), Unit("layers.1", GIB)],
+        [Unit("layers.4", GIB), Unit("layers.5", GIB), Unit("", GIB // 2, is_root=True)],
+    ]
+
+
+def test_budget_counts_all_parts_of_the_rank_and_finishes_part_0_first():
+    parts = interleaved_parts()
+    plan = resolve("auto", True, "Interleaved1F1B", 4, parts, budget_bytes=2 * GIB)
+    note = "; fits the budget once earlier units reshard (1.50 GiB <= 2.00 GiB)"
+    assert plan == [
+        {
+            "tok_embeddings": Decision(True, "auto, budget: 5.00 GiB kept > 2.00 GiB, freed (earliest first)"),
+            "layers.0": Decision(True, "auto, budget: 4.50 GiB kept > 2.00 GiB, freed (earliest first)"),
+            "layers.1": Decision(True, "auto, budget: 3.50 GiB kept > 2.00 GiB, freed (earliest first)"),
+        },
+        {
+            "layers.4": Decision(True, "auto, budget: 2.50 GiB kept > 2.00 GiB, freed (earliest first)"),
+            "layers.5": Decision(False, pp_kept(4) + note),
+            "": Decision(False, ROOT + note),
+        },
+    ]
+    assert kept_bytes(plan, parts) == 3 * GIB // 2
+
+
+def test_budget_met_inside_part_0_leaves_part_1_alone():
+    parts = interleaved_parts()
+    plan = resolve("auto", True, "LoopedBFS", 4, parts, budget_bytes=11 * GIB // 4)  # 2.75 GiB
+    assert flags(plan) == [
+        {"tok_embeddings": True, "layers.0": True, "layers.1": True},
+        {"layers.4": False, "layers.5": False, "": False},
+    ]
+    note = "; fits the budget once earlier units reshard (2.50 GiB <= 2.75 GiB)"
+    assert reasons(plan)[1] == {"layers.4": pp_kept(4) + note, "layers.5": pp_kept(4) + note, "": ROOT + note}
+    assert kept_bytes(plan, parts) == 5 * GIB // 2
+
+
+def test_budget_per_part_would_differ_from_the_rank_budget():
+    # Each part alone (2.5 GiB) fits 3.5 GiB; together (5 GiB) they do not.
+    parts = interleaved_parts()
+    plan = resolve("auto", True, "Interleaved1F1B", 4, parts, budget_bytes=7 * GIB // 2)
+    assert flags(plan) == [
+        {"tok_embeddings": True, "layers.0": True, "layers.1": False},
+        {"layers.4": False, "layers.5": False, "": False},
+    ]
+    assert kept_bytes(plan, parts) == 7 * GIB // 2
+
+
+# --------------------------------------------------------------------------- budget + zero bubble
+
+
+@pytest.mark.parametrize("schedule", ZERO_BUBBLE)
+def test_budget_that_forces_resharding_under_zero_bubble_is_rejected(schedule):
+    with pytest.raises(ReshardPolicyError) as info:
+        resolve("auto", True, schedule, 8, interleaved_parts(), budget_bytes=3 * GIB // 2)
+    assert str(info.value) == (
+        f"--parallelism.pipeline_parallel_schedule={schedule} with reshard_budget_gib=1.5"
+        " (needs resharding: 5.00 GiB kept): zero-bubble schedules give wrong gradients when FSDP2"
+        " reshards after forward (torch 2.13); use --parallelism.reshard_after_forward=auto without"
+        " a budget, or never, or another schedule"
+    )
+
+
+@pytest.mark.parametrize("schedule", ZERO_BUBBLE)
+def test_budget_that_fits_under_zero_bubble_is_accepted(schedule):
+    parts = interleaved_parts()
+    plan = resolve("auto", True, schedule, 8, parts, budget_bytes=5 * GIB)
+    assert flags(plan) == [
+        {"tok_embeddings": False, "layers.0": False, "layers.1": False},
+        {"layers.4": False, "layers.5": False, "": False},
+    ]
+    assert plan[1]["layers.5"].reason == pp_kept(8) + "; fits the budget (5.00 GiB <= 5.00 GiB)"
+
+
+def test_unmeetable_budget_with_only_a_root_under_zero_bubble_does_not_raise():
+    # Nothing could be resharded, so the zero-bubble restriction is not violated.
+    plan = resolve("auto", True, "ZBVZeroBubble", 4, [[Unit("", 2 * GIB, is_root=True)]], budget_bytes=GIB)
+    assert plan == [{"": Decision(False, f"{ROOT}; budget 1.00 GiB cannot be met (2.00 GiB kept)")}]
+
+
+# --------------------------------------------------------------------------- kept_bytes
+
+
+def test_kept_bytes_sums_only_kept_units_over_all_parts():
+    parts = [[Unit("a", 3), Unit("b", 5)], [Unit("c", 7), Unit("", 11, is_root=True)]]
+    plan = [
+        {"a": Decision(True, "x"), "b": Decision(False, "y")},
+        {"c": Decision(False, "z"), "": Decision(False, "w")},
+    ]
+    assert kept_bytes(plan, parts) == 5 + 7 + 11
+    assert kept_bytes([{"a": Decision(True, ""), "b": Decision(True, "")}], [parts[0]]) == 0
+    assert kept_bytes([], []) == 0
+
+
+def test_kept_bytes_of_resolved_plans():
+    parts = [whole_model(block_gib=(1, 2, 4), emb_gib=8, root_gib=16)]
+    assert kept_bytes(resolve("never", False, "1F1B", 1, parts), parts) == 31 * GIB
+    assert kept_bytes(resolve("always", False, "1F1B", 1, parts), parts) == 16 * GIB
+    assert kept_bytes(resolve("auto", False, "1F1B", 1, parts), parts) == 20 * GIB
+
+
+# --------------------------------------------------------------------------- the real Llama3 units
+
+
+VOCAB, SEQ = 2048, 64
+
+
+def meta_model(flavor: str) -> Transformer:
+    with torch.device("meta"):
+        return Transformer(model_args("llama3", flavor, VOCAB, SEQ))
+
+
+def block_params(a) -> tuple[int, int]:
+    """(matrix elements, norm-vector elements) of one block, in closed form."""
+    attn = 2 * a.dim * a.n_heads * a.head_dim + 2 * a.dim * a.n_kv_heads * a.head_dim
+    return attn + 3 * a.dim * a.ffn_hidden_dim, 2 * a.dim
+
+
+@pytest.mark.parametrize("flavor,n_layers", [("tiny", 4), ("debugmodel", 6)])
+def test_fsdp_units_of_the_whole_model(flavor, n_layers):
+    model = meta_model(flavor)
+    a = model.args
+    units = fsdp_units(model, tp=1, dtype_bytes=4)
+    names = ["tok_embeddings"] + [f"layers.{i}" for i in range(n_layers)] + [""]
+    assert [u.name for u in units] == names
+    assert [u.is_root for u in units] == [False] * (n_layers + 1) + [True]
+    matrices, norms = block_params(a)
+    assert units[0].param_bytes == 4 * VOCAB * a.dim
+    assert all(u.param_bytes == 4 * (matrices + norms) for u in units[1:-1])
+    assert units[-1].param_bytes == 4 * (VOCAB * a.dim + a.dim)  # output + final norm
+    total = sum(p.numel() for p in model.parameters())
+    assert sum(u.param_bytes for u in units) == 4 * total
+
+
+@pytest.mark.parametrize("flavor", ["tiny", "debugmodel"])
+def test_fsdp_units_with_tp_halve_matrices_but_not_norms(flavor):
+    model = meta_model(flavor)
+    a = model.args
+    one, two = fsdp_units(model, tp=1, dtype_bytes=4), fsdp_units(model, tp=2, dtype_bytes=4)
+    assert [u.name for u in two] == [u.name for u in one]
+    expected = {u.name: 0 for u in two}
+    for name, p in model.named_parameters():
+        unit = "tok_embeddings" if name.startswith("tok_embeddings") else (
+            ".".join(name.split(".")[:2]) if name.startswith("layers.") else "")
+        expected[unit] += 4 * (p.numel() // 2 if p.dim() >= 2 else p.numel())
+    assert {u.name: u.param_bytes for u in two} == expected
+    matrices, norms = block_params(a)
+    assert two[1].param_bytes == 4 * (matrices // 2 + norms)
+    assert two[-1].param_bytes == 4 * (VOCAB * a.dim // 2 + a.dim)
+    # Only the matrix bytes halve: the norm vectors (two per block + the final one) stay.
+    norm_bytes = 4 * (len(model.layers) * norms + a.dim)
+    total_one, total_two = sum(u.param_bytes for u in one), sum(u.param_bytes for u in two)
+    assert total_two == (total_one - norm_bytes) // 2 + norm_bytes
+
+
+def test_fsdp_units_dtype_bytes_scale_every_unit():
+    model = meta_model("tiny")
+    fp32 = fsdp_units(model, tp=1, dtype_bytes=4)
+    bf16 = fsdp_units(model, tp=1, dtype_bytes=2)
+    assert [(u.name, 2 * u.param_bytes) for u in bf16] == [(u.name, u.param_bytes) for u in fp32]
+
+
+def test_fsdp_units_of_pipeline_stages_and_their_plan():
+    model = meta_model("debugmodel")
+    layout = plan_pipeline(6, 2, "1F1B", -1, [], 8)
+    units = {}
+    for pp_rank in range(2):
+        ((stage_id, part),) = split_model(model, layout, pp_rank, ("tok_embeddings",), ("norm", "output"))
+        units[stage_id] = fsdp_units(part, tp=1, dtype_bytes=4)
+    # The first stage has no root unit (nothing is left for it); the last one holds norm + output.
+    assert [u.name for u in units[0]] == ["tok_embeddings", "layers.0", "layers.1", "layers.2"]
+    assert [u.name for u in units[1]] == ["layers.3", "layers.4", "layers.5", ""]
+    whole = {u.name: u.param_bytes for u in fsdp_units(model, tp=1, dtype_bytes=4)}
+    for stage in units.values():
+        assert all(u.param_bytes == whole[u.name] for u in stage)
+    plan = resolve("auto", True, "1F1B", 8, [units[1]])
+    assert flags(plan) == [{"layers.3": False, "layers.4": False, "layers.5": False, "": False}]
+
+
+def test_auto_plan_of_the_debug_model_without_pp_and_with_a_budget():
+    model = meta_model("debugmodel")
+    parts = [fsdp_units(model, tp=1, dtype_bytes=4)]
+    plan = resolve("auto", False, "1F1B", 1, parts)
+    assert [n for n, d in plan[0].items() if not d.reshard] == ["layers.5", ""]
+    sizes = {u.name: u.param_bytes for u in parts[0]}
+    assert kept_bytes(plan, parts) == sizes["layers.5"] + sizes[""]
+    # A budget of exactly the root's bytes frees the last block too.
+    plan = resolve("auto", False, "1F1B", 1, parts, budget_bytes=sizes[""])
+    assert [n for n, d in plan[0].items() if not d.reshard] == [""]
+    assert plan[0]["layers.5"].reason.startswith("auto, budget: ")
+    assert kept_bytes(plan, parts) == sizes[""]
