@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.dataloader import build_dataloader
+from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, flops_per_token, memory_gib, peak_tflops
 from torchtitan.components.optimizer import build_lr_scheduler, build_optimizer
 from torchtitan.components.tokenizer import Tokenizer
@@ -81,6 +82,7 @@ class Trainer:
         self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
         self.pipeline = None
         self.layout_note = ""
+        self.held_bytes = 0
         self.comm = CommStats(mesh_group_dims(self.mesh)) if cfg.metrics.comm_stats else None
         pp_rank = self.dims.submesh("pp").get_local_rank() if self.dims.pp > 1 else 0
         parts = resolve_parts(spec, model, self.dims, cfg, self.param_dtype, pp_rank)
@@ -174,15 +176,21 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         if self.comm is not None:
             self.comm.phase_name = "forward"  # backward is detected from autograd
+        first = True
         with loss_parallel_context(self.loss_parallel):
             for inputs, labels in batches:
                 inputs, labels = inputs.to(self.device), labels.to(self.device)
                 if self.pipeline is not None:
                     loss_sum += self._pipeline_microbatches(inputs, labels)
                     continue
-                logits = self.model_parts[0](inputs)
-                # Every micro-batch has the same token count, so the mean of means is the global mean.
-                loss = cross_entropy_loss(logits, labels) / self.accum_steps
+                probe = HeldForBackward() if self.cfg.metrics.held_for_backward and first else contextlib.nullcontext()
+                with probe:
+                    logits = self.model_parts[0](inputs)
+                    # Every micro-batch has the same token count, so the mean of means is the global mean.
+                    loss = cross_entropy_loss(logits, labels) / self.accum_steps
+                if first and self.cfg.metrics.held_for_backward:
+                    self.held_bytes = probe.held_bytes()
+                first = False
                 loss.backward()
                 loss_sum += _local(loss.detach())
         if self.comm is not None:
@@ -251,6 +259,7 @@ class Trainer:
                     "tokens_per_sec_per_device": per_device, "mfu": mfu,
                     "memory_gib": memory_gib(self.device), "step_time": step_time,
                     "tokens_seen": self.train_state.tokens_seen, **comm,
+                    **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
             self.checkpoint.maybe_save(step, last=step == t.steps)
 

@@ -34,14 +34,24 @@ RECORDS = [  # deliberately out of stage order
 
 def test_plan_table_exact_text():
     assert MIB == 1024 * 1024
-    # column widths: 8 ("PP stage"), 14 ("tok_embeddings"), 13 ("unsharded MiB"), 7 ("reshard")
+    # column widths: 8 ("PP stage"), 14 ("tok_embeddings"), 13 ("unsharded MiB"), 7 ("reshard"),
+    # 9 ("AC region"; "-" when the part has no ac_regions)
     assert plan_table(RECORDS).splitlines() == [
-        "PP stage  FSDP unit       unsharded MiB  reshard  reason",
-        "-" * 56,
-        "0         tok_embeddings            0.0  yes      auto: freed",
-        "1         layers.1                  1.5  no       auto: last",
-        "1         <root>                1,536.0  no       root",
+        "PP stage  FSDP unit       unsharded MiB  reshard  AC region  reason",
+        "-" * 67,
+        "0         tok_embeddings            0.0  yes      -          auto: freed",
+        "1         layers.1                  1.5  no       -          auto: last",
+        "1         <root>                1,536.0  no       -          root",
     ]
+
+
+def test_plan_table_shows_the_ac_region_of_a_unit():
+    records = [{"stage": 0, "fsdp_units": [unit("layers.0", True, "r", MIB), unit("<root>", False, "root", MIB)],
+                "ac_regions": [{"name": "layers.0", "mode": "op", "fsdp_ac_policy": "recompute",
+                                "label": "op SAC, FSDP gathers recomputed"}]}]
+    lines = plan_table(records).splitlines()
+    assert "op SAC, FSDP gathers recomputed" in lines[2]
+    assert lines[3].split()[4] == "-"
 
 
 def test_plan_table_sorts_stages_numerically_and_keeps_unit_order():
@@ -67,7 +77,7 @@ def test_plan_table_mib_has_one_decimal_and_thousands_separators():
 
 
 def test_plan_table_with_no_units_is_just_the_header():
-    assert plan_table([]) == "PP stage  FSDP unit  unsharded MiB  reshard  reason\n" + "-" * 51
+    assert plan_table([]) == "PP stage  FSDP unit  unsharded MiB  reshard  AC region  reason\n" + "-" * 62
 
 
 # --------------------------------------------------------------------------- compress_table

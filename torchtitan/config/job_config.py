@@ -235,6 +235,11 @@ class Metrics:
     metrics.jsonl record, keyed "<forward|backward|other>/<collective>/<mesh dim>";
     compiled code included. Adds Python overhead to every op: for measurement runs."""
 
+    held_for_backward: bool = False
+    """Measure the bytes one micro-batch's forward leaves alive for backward (saved
+    activations, checkpoint caches, gathered parameters kept) and log them as
+    held_for_backward_bytes. Eager mode only (compiled kernels allocate out of sight)."""
+
     peak_tflops: float = 0.0
     """Peak dense TFLOPS of one device for the MFU estimate; 0 = known GPU table, none on CPU."""
 

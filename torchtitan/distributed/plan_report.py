@@ -8,18 +8,19 @@ MIB = 2**20
 
 def plan_table(model_parts: list[dict]) -> str:
     """model_parts: plan.json entries, every stage of the job (sorted by stage)."""
-    rows = [("PP stage", "FSDP unit", "unsharded MiB", "reshard", "reason")]
+    rows = [("PP stage", "FSDP unit", "unsharded MiB", "reshard", "AC region", "reason")]
     for part in sorted(model_parts, key=lambda p: p["stage"]):
+        regions = {r["name"]: r["label"] for r in part.get("ac_regions", [])}
         for u in part["fsdp_units"]:
             rows.append((str(part["stage"]), u["name"], f"{u['param_bytes'] / MIB:,.1f}",
-                         "yes" if u["reshard_after_forward"] else "no", u["reason"]))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+                         "yes" if u["reshard_after_forward"] else "no", regions.get(u["name"], "-"), u["reason"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = []
     for i, r in enumerate(rows):
-        lines.append("  ".join(c.rjust(w) if j == 2 else c.ljust(w) for j, (c, w) in enumerate(zip(r[:4], widths)))
-                     + "  " + r[4])
+        lines.append("  ".join(c.rjust(w) if j == 2 else c.ljust(w) for j, (c, w) in enumerate(zip(r[:5], widths)))
+                     + "  " + r[5])
         if i == 0:
-            lines.append("-" * (sum(widths) + 8 + len(r[4])))
+            lines.append("-" * (sum(widths) + 10 + len(r[5])))
     return "\n".join(lines)
 
 
