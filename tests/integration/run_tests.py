@@ -77,6 +77,18 @@ CASES = [
     Case("pp+fsdp+tp", 8, [PP, TP, _schedule("Interleaved1F1B"), "--training.local_batch_size=4"]),
     Case("pp_split_points", 2, [PP, "--parallelism.pipeline_parallel_split_points=layers.1",
                                 "--training.local_batch_size=8"], slow=True),
+    # SimpleFSDP: FSDP, with TP, HSDP, DDP and PP
+    Case("simple_fsdp", 2, ["--parallelism.fsdp_implementation=simple_fsdp"]),
+    Case("simple_fsdp+tp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", TP, "--training.local_batch_size=4"]),
+    Case("simple_hsdp", 4, ["--parallelism.fsdp_implementation=simple_fsdp",
+                            "--parallelism.data_parallel_replicate_degree=2"], slow=True),
+    Case("simple_ddp", 2, ["--parallelism.fsdp_implementation=simple_fsdp",
+                           "--parallelism.data_parallel_replicate_degree=2",
+                           "--parallelism.data_parallel_shard_degree=1"], slow=True),
+    Case("simple_fsdp+pp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", PP, "--training.local_batch_size=4"],
+         slow=True),
+    Case("simple_fsdp_op_sac_compile", 2, ["--parallelism.fsdp_implementation=simple_fsdp", "--compile.enable=true",
+                                           "--activation_checkpoint.mode=selective"], slow=True),
     # activation checkpointing and compile (with FSDP)
     Case("fsdp_ac_full", 2, ["--activation_checkpoint.mode=full"]),
     Case("fsdp_ac_op", 2, ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"]),
