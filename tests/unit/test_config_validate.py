@@ -1,0 +1,251 @@
+"""Config validation that needs no process group: degrees, shapes, batch sizes, paths."""
+
+import os
+
+import pytest
+
+from torchtitan.config import ConfigError, load_config, validate
+from torchtitan.config.validate import resolve_dp_shard
+from torchtitan.components.tokenizer import BUNDLED_TOKENIZER
+
+from config_helpers import cfg_of, config_error, write_toml  # noqa: F401
+
+
+# --------------------------------------------------------------------------- validate: parallelism
+
+
+@pytest.mark.parametrize(
+    "world, argv, expected",
+    [
+        (1, [], 1),
+        (8, [], 8),
+        (8, ["--parallelism.data_parallel_replicate_degree=2"], 4),
+        (6, ["--parallelism.data_parallel_replicate_degree=3"], 2),
+        (8, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.tensor_parallel_degree=2"], 2),
+        (8, ["--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2"], 2),
+        (8, ["--parallelism.data_parallel_shard_degree=4", "--parallelism.data_parallel_replicate_degree=2"], 4),
+        # EP borrows its ranks from data parallelism: it does not reduce the shard degree
+        (4, ["--parallelism.expert_parallel_degree=2"], 4),
+    ],
+)
+def test_resolve_dp_shard(world, argv, expected):
+    assert resolve_dp_shard(cfg_of(argv), world) == expected
+
+
+def test_world_not_divisible_by_the_other_degrees():
+    assert config_error(["--parallelism.data_parallel_replicate_degree=2"], world_size=3) == (
+        "world size 3 is not divisible by data_parallel_replicate_degree x tensor_parallel_degree x"
+        " pipeline_parallel_degree = 2; change the degrees or NGPU"
+    )
+
+
+def test_degrees_not_multiplying_to_world_size():
+    argv = ["--parallelism.data_parallel_shard_degree=3", "--parallelism.data_parallel_replicate_degree=2"]
+    assert config_error(argv, world_size=4) == (
+        "parallel degrees multiply to 6 (replicate 2 x shard 3 x tp 1 x pp 1) but the world size is 4;"
+        " make them multiply to 4 or set --parallelism.data_parallel_shard_degree=-1"
+    )
+
+
+@pytest.mark.parametrize(
+    "arg, expected",
+    [
+        ("--parallelism.tensor_parallel_degree=0", "--parallelism.tensor_parallel_degree=0: must be >= 1"),
+        ("--parallelism.data_parallel_replicate_degree=-1",
+         "--parallelism.data_parallel_replicate_degree=-1: must be >= 1"),
+        ("--parallelism.pipeline_parallel_degree=0", "--parallelism.pipeline_parallel_degree=0: must be >= 1"),
+        ("--parallelism.expert_parallel_degree=0", "--parallelism.expert_parallel_degree=0: must be >= 1"),
+        ("--parallelism.data_parallel_shard_degree=0",
+         "--parallelism.data_parallel_shard_degree=0: must be >= 1 or -1 (the rest)"),
+        ("--parallelism.data_parallel_shard_degree=-2",
+         "--parallelism.data_parallel_shard_degree=-2: must be >= 1 or -1 (the rest)"),
+    ],
+)
+def test_degrees_below_one(arg, expected):
+    assert config_error([arg], world_size=4) == expected
+
+
+def test_tp_degree_must_divide_the_heads():
+    assert config_error(["--parallelism.tensor_parallel_degree=3"], world_size=6) == (
+        "--parallelism.tensor_parallel_degree=3 does not divide llama3 debugmodel n_heads=16;"
+        " pick a divisor of 16"
+    )
+
+
+def test_tp_degree_must_divide_the_kv_heads():
+    # tiny: 8 query heads, 4 KV heads; 8 divides the first only
+    assert config_error(["--model.flavor=tiny", "--parallelism.tensor_parallel_degree=8"], world_size=8) == (
+        "--parallelism.tensor_parallel_degree=8 does not divide llama3 tiny n_kv_heads=4; pick a divisor of 4"
+    )
+
+
+def test_expert_parallel_needs_experts():
+    assert config_error(["--parallelism.expert_parallel_degree=2"], world_size=2) == (
+        "--parallelism.expert_parallel_degree=2: model llama3 has no experts; set it to 1"
+    )
+
+
+# --------------------------------------------------------------------------- validate: training
+
+
+def test_global_batch_size_must_be_a_multiple():
+    base = ["--training.local_batch_size=4"]
+    msg = "must be a positive multiple of local_batch_size x data-parallel degree = 4 x 2 = 8 (or -1)"
+    for gbs in (12, 4, 0, -8):
+        assert config_error(base + [f"--training.global_batch_size={gbs}"], world_size=2) == (
+            f"--training.global_batch_size={gbs} {msg}"
+        )
+    for gbs in (-1, 8, 16, 32):
+        cfg, _ = load_config(base + [f"--training.global_batch_size={gbs}"], 2)
+        assert cfg.training.global_batch_size == gbs
+
+
+def test_global_batch_size_counts_replicas_too():
+    argv = ["--training.local_batch_size=2", "--parallelism.data_parallel_replicate_degree=2",
+            "--training.global_batch_size=6"]
+    assert config_error(argv, world_size=4) == (
+        "--training.global_batch_size=6 must be a positive multiple of local_batch_size x data-parallel"
+        " degree = 2 x 4 = 8 (or -1)"
+    )
+
+
+def test_unknown_model_flavor_with_suggestion():
+    assert config_error(["--model.flavor=debugmodle"]) == (
+        "--model.flavor: unknown flavor 'debugmodle' of llama3 (did you mean 'debugmodel'?);"
+        " choose one of debugmodel, tiny, 8B, 70B, 405B"
+    )
+    assert config_error(["--model.flavor=9B"]) == (
+        "--model.flavor: unknown flavor '9B' of llama3; choose one of debugmodel, tiny, 8B, 70B, 405B"
+    )
+
+
+def test_unknown_model_name():
+    assert config_error(["--model.name=llama4"]) == (
+        "--model.name: unknown model 'llama4' (did you mean 'llama3'?); choose one of llama3"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--training.steps=0"], "--training.steps=0: must be >= 1"),
+        (["--training.local_batch_size=0"], "--training.local_batch_size=0: must be >= 1"),
+        (["--training.seq_len=-5"], "--training.seq_len=-5: must be >= 1"),
+        (["--model.flavor=tiny", "--training.seq_len=131073"],
+         "--training.seq_len=131073 exceeds the model's max_seq_len 131072"),
+        (["--training.max_norm=-1"], "--training.max_norm=-1.0: must be >= 0 (0 disables clipping)"),
+        (["--optimizer.lr=0"], "--optimizer.lr=0.0: must be > 0"),
+        (["--lr_scheduler.warmup_steps=-1"], "--lr_scheduler.warmup_steps=-1: must be >= 0"),
+        (["--lr_scheduler.decay_ratio=1.5"], "--lr_scheduler.decay_ratio=1.5: must be in [0, 1]"),
+        (["--lr_scheduler.decay_ratio=-0.1"], "--lr_scheduler.decay_ratio=-0.1: must be in [0, 1]"),
+        (["--metrics.log_freq=0"], "--metrics.log_freq=0: must be >= 1"),
+        (["--checkpoint.interval=0"], "--checkpoint.interval=0: must be >= 1"),
+    ],
+)
+def test_value_ranges(argv, expected):
+    assert config_error(argv) == expected
+
+
+def test_boundary_values_are_accepted():
+    cfg, _ = load_config(
+        ["--training.max_norm=0", "--lr_scheduler.warmup_steps=0", "--lr_scheduler.decay_ratio=0",
+         "--training.seq_len=1", "--training.steps=1"],
+        1,
+    )
+    assert cfg.training.max_norm == 0.0 and cfg.lr_scheduler.decay_ratio == 0.0
+
+
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ("abc", "--activation_checkpoint.selective_ac_option='abc': use 'op' or a positive integer n"
+                " (checkpoint every n-th block)"),
+        ("0", "--activation_checkpoint.selective_ac_option='0': use 'op' or a positive integer n"
+              " (checkpoint every n-th block)"),
+        ("-1", "--activation_checkpoint.selective_ac_option='-1': use 'op' or a positive integer n"
+               " (checkpoint every n-th block)"),
+        ("OP", "--activation_checkpoint.selective_ac_option='OP': use 'op' or a positive integer n"
+               " (checkpoint every n-th block)"),
+    ],
+)
+def test_selective_ac_option_invalid(option, expected):
+    argv = ["--activation_checkpoint.mode=selective", f"--activation_checkpoint.selective_ac_option={option}"]
+    assert config_error(argv) == expected
+
+
+def test_selective_ac_option_valid_and_ignored_outside_selective_mode():
+    for option in ("op", "1", "3"):
+        cfg, _ = load_config(
+            ["--activation_checkpoint.mode=selective", f"--activation_checkpoint.selective_ac_option={option}"], 1
+        )
+        assert cfg.activation_checkpoint.selective_ac_option == option
+    cfg, _ = load_config(["--activation_checkpoint.mode=full", "--activation_checkpoint.selective_ac_option=abc"], 1)
+    assert cfg.activation_checkpoint.mode == "full"
+
+
+# --------------------------------------------------------------------------- validate: paths
+
+
+def test_missing_tokenizer_file(tmp_path):
+    path = str(tmp_path / "missing.json")
+    assert config_error([f"--model.tokenizer_path={path}"]) == (
+        f"--model.tokenizer_path: '{path}' not found; give an HF tokenizer.json file (or its folder),"
+        " or leave it empty for the bundled tokenizer"
+    )
+
+
+def test_tokenizer_folder_without_tokenizer_json(tmp_path):
+    expected_path = os.path.join(str(tmp_path), "tokenizer.json")
+    assert config_error([f"--model.tokenizer_path={tmp_path}"]) == (
+        f"--model.tokenizer_path: '{expected_path}' not found; give an HF tokenizer.json file (or its folder),"
+        " or leave it empty for the bundled tokenizer"
+    )
+
+
+def test_existing_tokenizer_file_and_folder_are_accepted():
+    load_config([f"--model.tokenizer_path={BUNDLED_TOKENIZER}"], 1)
+    load_config([f"--model.tokenizer_path={os.path.dirname(BUNDLED_TOKENIZER)}"], 1)
+
+
+@pytest.mark.parametrize("name", ["nope.jsonl", "data/train.parquet", "./nope_dir", "/definitely/not/here"])
+def test_local_dataset_path_that_does_not_exist(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    assert config_error([f"--training.dataset={name}"]) == (
+        f"--training.dataset: local dataset path '{name}' does not exist; give an existing"
+        " .json/.jsonl/.parquet/.txt/.csv/.arrow file or folder, 'pydoc', or an HF hub name"
+    )
+
+
+def test_existing_local_dataset_and_hub_names_are_accepted(tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "x"}\n')
+    for name in (str(data), str(tmp_path), "pydoc", "allenai/c4", "HuggingFaceFW/fineweb-edu"):
+        cfg, _ = load_config([f"--training.dataset={name}"], 1)
+        assert cfg.training.dataset == name
+    monkeypatch.chdir(tmp_path)
+    load_config(["--training.dataset=d.jsonl"], 1)  # relative to the working folder
+
+
+def test_dump_folder_that_is_a_file(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("x")
+    assert config_error([f"--job.dump_folder={path}"]) == f"--job.dump_folder: '{path}' is a file; give a folder path"
+    # a folder that does not exist yet is fine: the run creates it
+    load_config([f"--job.dump_folder={tmp_path / 'new' / 'run'}"], 1)
+
+
+def test_checkpoint_folder_that_is_a_file(tmp_path):
+    (tmp_path / "ckpt").write_text("x")
+    argv = [f"--job.dump_folder={tmp_path}", "--checkpoint.folder=ckpt"]
+    load_config(argv, 1)  # checkpointing disabled: not checked
+    assert config_error(["--checkpoint.enable"] + argv) == (
+        f"--checkpoint.folder: '{os.path.join(str(tmp_path), 'ckpt')}' is a file; give a folder path"
+    )
+
+
+def test_validate_reports_the_first_problem_only():
+    cfg = cfg_of(["--model.flavor=nope", "--training.steps=0"])
+    with pytest.raises(ConfigError, match=r"^--model.flavor: unknown flavor 'nope'"):
+        validate(cfg, 1)
+
+
