@@ -7,6 +7,7 @@ previous checkpoint as the latest good one.
 """
 
 import os
+import pickle
 import re
 import shutil
 
@@ -52,6 +53,21 @@ class OptimizerState(Stateful):
             set_optimizer_state_dict(m, self.optimizer, state, options=_non_strict())
 
 
+class DataloaderState(Stateful):
+    """Each data-parallel rank keeps its own dataloader position under its own key, as one
+    pickled blob: its nested structure changes while iterating, which DCP's per-key
+    loading would not accept."""
+
+    def __init__(self, dataloader, dp_rank: int):
+        self.dataloader, self.key = dataloader, f"dp_rank_{dp_rank}"
+
+    def state_dict(self):
+        return {self.key: pickle.dumps(self.dataloader.state_dict())}
+
+    def load_state_dict(self, state):
+        self.dataloader.load_state_dict(pickle.loads(state[self.key]))
+
+
 def _non_strict():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -95,8 +111,7 @@ class CheckpointManager:
         self.dataloader, self.dp_rank = dataloader, dp_rank
 
     def _all_states(self) -> dict:
-        # Each data-parallel rank keeps its own dataloader position under its own key.
-        return {**self.states, "dataloader": {f"dp_rank_{self.dp_rank}": self.dataloader}}
+        return {**self.states, "dataloader": DataloaderState(self.dataloader, self.dp_rank)}
 
     def load_latest(self) -> int:
         """Load the newest complete checkpoint; return its step (0 when there is none)."""
