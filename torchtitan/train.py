@@ -4,6 +4,7 @@ Launched by run_train.sh as `torchrun ... -m torchtitan.train --job.config_file 
 """
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -149,8 +150,12 @@ class Trainer:
 
     def _log_header(self, resumed: int) -> None:
         t = self.cfg.training
+        if self.cfg.job.print_config:
+            for section, values in dataclasses.asdict(self.cfg).items():
+                self.log(f"[{section}] " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
         self.log(
-            f"[torchtitan] {self.cfg.model.name} {self.cfg.model.flavor}: {self.n_params:,} parameters,"
+            f"[torchtitan] {self.cfg.job.description + ': ' if self.cfg.job.description else ''}"
+            f"{self.cfg.model.name} {self.cfg.model.flavor}: {self.n_params:,} parameters,"
             f" device {self.device.type}, world {self.dims.world_size}, mesh {dict(self.dims.mesh_shape)},"
             f" params {self.param_dtype}, reduce {t.mixed_precision_reduce}"
         )

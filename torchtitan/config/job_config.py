@@ -61,8 +61,8 @@ class Training:
     """Gradient-norm clipping threshold (over all shards and stages); 0 disables clipping."""
 
     seed: int = 0
-    """Seed for weight init and data order. Weight init is layout independent: every
-    parallel layout starts from the same weights."""
+    """Seed for weight init. Init is layout independent (every parallel layout starts from
+    the same weights); the data order is fixed by the dataset, not the seed."""
 
     deterministic: bool = False
     """Use deterministic algorithms (slower) so that reruns give bitwise-identical losses."""
