@@ -192,6 +192,11 @@ def validate(cfg: JobConfig, world_size: int) -> None:
             " (saving the gathered parameters for backward is not resharding); use fsdp_ac_policy=auto"
             " or reshard_after_forward=auto|never"
         )
+    if cfg.metrics.held_for_backward and p.pipeline_parallel_degree > 1:
+        raise ConfigError(
+            "--metrics.held_for_backward is measured around one forward/backward, which a pipeline"
+            " schedule interleaves; measure it with --parallelism.pipeline_parallel_degree=1"
+        )
     budget = p.reshard_budget_gib
     if not math.isfinite(budget) or budget < 0:
         raise ConfigError(f"--parallelism.reshard_budget_gib={budget}: must be >= 0 (0 = no bound)")
