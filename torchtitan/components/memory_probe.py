@@ -42,7 +42,13 @@ class HeldForBackward(TorchDispatchMode):
         seen, total = set(), 0
         for ref in self._storages.values():
             storage = ref()
-            if storage is not None and storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
+            if storage is None:
+                continue
+            try:
+                ptr, nbytes = storage.data_ptr(), storage.nbytes()
+            except RuntimeError:  # a storage without data (e.g. a wrapper's placeholder)
+                continue
+            if ptr not in seen:
+                seen.add(ptr)
+                total += nbytes
         return total
