@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config import load_config_or_exit
-from torchtitan.distributed.model_parts import DTYPE_BYTES, parallelize_parts, plan_records, resolve_parts
+from torchtitan.distributed.model_parts import parallelize_parts, plan_records, resolve_parts
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.protocols.train_spec import get_train_spec, model_args

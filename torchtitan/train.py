@@ -170,7 +170,7 @@ class Trainer:
         self.log(
             f"[torchtitan] activation checkpointing {ac_note}, compile"
             f" {'on (' + comp.backend + ')' if comp.enable else 'off'}"
-            + (f", loss parallel" if self.loss_parallel else "")
+            + (", loss parallel" if self.loss_parallel else "")
             + (f"; {self.layout_note}" if self.layout_note else "")
         )
 

@@ -8,7 +8,7 @@ from torchtitan.config import ConfigError, load_config, validate
 from torchtitan.config.validate import resolve_dp_shard
 from torchtitan.components.tokenizer import BUNDLED_TOKENIZER
 
-from config_helpers import cfg_of, config_error, write_toml  # noqa: F401
+from config_helpers import cfg_of, config_error
 
 
 # --------------------------------------------------------------------------- validate: parallelism
