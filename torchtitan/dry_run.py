@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config import load_config_or_exit
 from torchtitan.distributed.model_parts import parallelize_parts, plan_records, resolve_parts
 from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.reshard_policy import kept_bytes
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
@@ -33,9 +34,8 @@ def memory_estimate(parts, param_dtype: str) -> dict:
     sharded = sum(
         (p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for m in parts.modules for p in m.parameters()
     )
-    kept = [u.param_bytes for units, d in zip(parts.units, parts.plan) for u in units if not d[u.name].reshard]
     freed = sorted((u.param_bytes for units, d in zip(parts.units, parts.plan) for u in units if d[u.name].reshard), reverse=True)
-    peak_unsharded = sum(kept) + sum(freed[:2])
+    peak_unsharded = kept_bytes(parts.plan, parts.units) + sum(freed[:2])
     return {
         "params_bytes": sharded,
         "grads_bytes": sharded,
