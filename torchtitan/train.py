@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
+from torchtitan.components.checkpoint_files import CheckpointError
 from torchtitan.components.dataloader import build_dataloader
 from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, flops_per_token, memory_gib, peak_tflops
-from torchtitan.components.optimizer import build_lr_scheduler, build_optimizer
+from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
@@ -53,7 +54,7 @@ class Trainer:
         self.cfg = cfg
         t = cfg.training
         self.device = pick_device(t.device)
-        init_distributed(self.device)
+        init_distributed(self.device, cfg.comm.timeout_seconds)
         self.rank, world = dist.get_rank(), dist.get_world_size()
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
         torch.manual_seed(t.seed)
@@ -63,7 +64,7 @@ class Trainer:
                 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
         self.dims = ParallelDims.from_config(cfg, world)
-        self.mesh = self.dims.build_mesh(self.device.type)
+        self.mesh = self.dims.build_mesh(self.device.type, cfg.comm.timeout_seconds)
         self.param_dtype = t.mixed_precision_param
         if self.param_dtype == "auto":
             self.param_dtype = "bfloat16" if self.device.type == "cuda" else "float32"
@@ -112,21 +113,22 @@ class Trainer:
         self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
 
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
-        params = [p for m in self.model_parts for p in m.parameters()]
-        self.optimizer = build_optimizer(params, cfg.optimizer, self.device.type)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, t.steps, cfg.lr_scheduler)
-        self.train_state = TrainState()
+        self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, self.device.type, t.steps, cfg.lr_scheduler)
+        self.train_state = TrainState(self.rank)
         self.checkpoint = CheckpointManager(
-            cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizer,
-            self.lr_scheduler, self.dataloader, self.train_state, self.dims.dp_rank(),
+            cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
+            self.train_state, {"world_size": world, "global_batch": self.global_batch,
+                               "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape)},
         )
-        resumed = self.checkpoint.load_latest()
+        if cfg.checkpoint.create_seed_checkpoint:
+            return  # train() writes the seed checkpoint and stops
+        load_note = self.checkpoint.load()
         self.metrics = MetricsLogger(
             cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
-            total_steps=t.steps, append=resumed > 0,
+            total_steps=t.steps, append=self.train_state.step > 0,
         )
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
-        self._log_header(resumed)
+        self._log_header(load_note)
 
     def _report_plan(self, parts) -> None:
         """Every pipeline rank's plan -> rank 0 prints the table and writes plan.json."""
@@ -148,7 +150,7 @@ class Trainer:
         if self.rank in self.log_ranks:
             print(msg, flush=True)
 
-    def _log_header(self, resumed: int) -> None:
+    def _log_header(self, load_note: str) -> None:
         t = self.cfg.training
         if self.cfg.job.print_config:
             for section, values in dataclasses.asdict(self.cfg).items():
@@ -163,8 +165,9 @@ class Trainer:
             f"[torchtitan] global batch {self.global_batch} x {t.seq_len} tokens"
             f" ({t.local_batch_size} per rank x {self.accum_steps} accumulation steps x dp {self.dims.dp}),"
             f" {t.steps} steps, dump folder {self.cfg.job.dump_folder}"
-            + (f", resumed from step {resumed}" if resumed else "")
         )
+        if load_note:
+            self.log(f"[torchtitan] checkpoint: {load_note}")
         ac, comp = self.cfg.activation_checkpoint, self.cfg.compile
         ac_note = ac.mode if ac.mode != "selective" else f"selective ({ac.selective_ac_option})"
         self.log(
@@ -214,8 +217,7 @@ class Trainer:
                     f"{what} is {value} at step {self.train_state.step + 1}: training stopped; lower"
                     " --optimizer.lr or set --training.max_norm, then resume from the last checkpoint"
                 )
-        self.optimizer.step()
-        self.lr_scheduler.step()
+        self.optimizers.step()
         return loss, grad_norm
 
     def _pipeline_microbatches(self, inputs, labels) -> torch.Tensor:
@@ -229,6 +231,10 @@ class Trainer:
         return torch.zeros((), device=self.device)
 
     def train(self) -> None:
+        if self.cfg.checkpoint.create_seed_checkpoint:
+            path = self.checkpoint.save_seed()
+            self.log(f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder")
+            return
         with self.comm if self.comm is not None else contextlib.nullcontext():
             self._train_loop()
         self.metrics.close()
@@ -242,7 +248,7 @@ class Trainer:
             step = self.train_state.step + 1
             start = time.perf_counter()
             batches = [next(data) for _ in range(self.accum_steps)]
-            lr = self.lr_scheduler.get_last_lr()[0]
+            lr = self.optimizers.last_lr()
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             loss, grad_norm = self.train_step(batches)

@@ -19,7 +19,7 @@ from config_helpers import cfg_of, config_error, write_toml  # noqa: E402
 
 SECTION_NAMES = [
     "job", "model", "training", "parallelism", "optimizer", "lr_scheduler",
-    "activation_checkpoint", "compile", "checkpoint", "metrics",
+    "activation_checkpoint", "compile", "checkpoint", "comm", "metrics",
 ]
 SECTIONS_LINE = "sections: " + ", ".join(SECTION_NAMES)
 

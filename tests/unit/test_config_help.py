@@ -15,7 +15,7 @@ from config_helpers import write_toml
 
 SECTION_NAMES = [
     "job", "model", "training", "parallelism", "optimizer", "lr_scheduler",
-    "activation_checkpoint", "compile", "checkpoint", "metrics",
+    "activation_checkpoint", "compile", "checkpoint", "comm", "metrics",
 ]
 
 

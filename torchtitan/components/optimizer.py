@@ -41,3 +41,26 @@ def lr_factor(step: int, total_steps: int, cfg) -> float:
 
 def build_lr_scheduler(optimizer, total_steps: int, cfg) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+
+
+class PartOptimizers:
+    """One AdamW and one LR schedule per model part (pipeline stage).
+
+    Checkpoints are keyed by parameter name through torch's get/set_optimizer_state_dict,
+    which maps one model to one optimizer; an optimizer per part keeps that mapping exact
+    however the stages are split, so optimizer state loads into any other layout. AdamW is
+    elementwise, so splitting it by part changes no number.
+    """
+
+    def __init__(self, model_parts, opt_cfg, device_type: str, total_steps: int, lr_cfg):
+        self.optimizers = [build_optimizer(list(m.parameters()), opt_cfg, device_type) for m in model_parts]
+        self.schedulers = [build_lr_scheduler(o, total_steps, lr_cfg) for o in self.optimizers]
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+        for s in self.schedulers:
+            s.step()
+
+    def last_lr(self) -> float:
+        return self.schedulers[0].get_last_lr()[0]

@@ -221,6 +221,36 @@ class Checkpoint:
     interval: int = 500
     """Save every this many steps (and at the last step)."""
 
+    keep_latest_k: int = 0
+    """Keep only the newest k full checkpoints, deleting older ones after each save; 0 keeps
+    all. Seed and model-only checkpoints are never deleted."""
+
+    load_step: int = -1
+    """Step to resume from: -1 = the newest complete checkpoint in the folder; N = exactly
+    step-N (an error if it is missing or incomplete). Use it to go back past a bad one."""
+
+    initial_load_path: str = ""
+    """A checkpoint folder (e.g. another run's <dump>/checkpoint/step-N) whose model weights
+    start this run when its own checkpoint folder holds none; only the weights are read."""
+
+    last_save_model_only: bool = False
+    """At the last step save only the model weights (in export_dtype), for export or
+    fine-tuning, instead of a full resumable checkpoint."""
+
+    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the weights written by last_save_model_only."""
+
+    create_seed_checkpoint: bool = False
+    """Initialise the model on one rank (NGPU=1, no parallelism), save it as step-0 (weights
+    only) and exit; every layout that then trains from this folder starts from these weights."""
+
+
+@dataclass
+class Comm:
+    timeout_seconds: int = 300
+    """Longest a collective may wait for the other ranks before the run fails. A rank that
+    died or hangs makes every other rank exit non-zero within this time instead of hanging."""
+
 
 @dataclass
 class Metrics:
@@ -255,4 +285,5 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)

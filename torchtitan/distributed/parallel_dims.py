@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.config.validate import resolve_dp_shard
+from torchtitan.distributed.utils import group_options
 
 
 @dataclass
@@ -46,14 +47,18 @@ class ParallelDims:
         dims = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp}
         return {k: v for k, v in dims.items() if v > 1 or k == "dp_shard"}
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
+    def build_mesh(self, device_type: str, timeout_seconds: int | None = None) -> DeviceMesh:
         shape = self.mesh_shape
-        mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
+        opts = None
+        if timeout_seconds is not None:
+            opts = group_options(device_type, timeout_seconds)
+        override = {name: opts for name in shape} if opts else None
+        mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape), backend_override=override)
         if self.dp_replicate > 1:
-            mesh["dp_replicate", "dp_shard"]._flatten("dp")
+            mesh["dp_replicate", "dp_shard"]._flatten("dp", backend_override=opts)
         if self.dp_shard > 1 and self.tp > 1:
             # Lets DTensor reduce over FSDP and TP shards in one collective (e.g. the grad norm).
-            mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+            mesh["dp_shard", "tp"]._flatten("dp_shard_tp", backend_override=opts)
         self._mesh = mesh
         return mesh
 

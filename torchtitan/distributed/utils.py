@@ -2,6 +2,7 @@
 
 import gc
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -20,9 +21,27 @@ def pick_device(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device) -> None:
+def backend_for(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_distributed(device: torch.device, timeout_seconds: int = 300) -> None:
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend_for(device.type), device_id=device if device.type == "cuda" else None,
+            timeout=timedelta(seconds=timeout_seconds),
+        )
+
+
+def group_options(device_type: str, timeout_seconds: int):
+    """Process-group options carrying the collective timeout. DeviceMesh creates its groups
+    with the backend's default (30 min on gloo) unless given options, not the world's."""
+    if device_type == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+    else:
+        opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timedelta(seconds=timeout_seconds)
+    return backend_for(device_type), opts
 
 
 def shutdown_distributed() -> None:

@@ -1,0 +1,147 @@
+"""The checkpoint folder on disk: which step folders exist, which are complete, which one
+a run resumes from. Torch-free, so config validation can answer before any process group.
+
+Layout of <dump_folder>/<checkpoint.folder>:
+
+    step-5/        a complete checkpoint: DCP files, `.metadata`, and `.complete` (JSON)
+    step-10.tmp/   a save in progress, or one a crash interrupted: never loaded
+    step-0/        a seed checkpoint (weights only, `"model_only": true` in `.complete`)
+
+`.complete` is written last, after every rank's DCP files and the DCP metadata, and the
+folder is renamed from `step-N.tmp` to `step-N` after that: a step folder without it was
+not finished and is reported as incomplete.
+"""
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+COMPLETE_MARKER = ".complete"
+DCP_METADATA = ".metadata"
+_STEP_DIR = re.compile(r"^step-(\d+)(\.tmp)?$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message is one line naming its path and the fix."""
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: str
+    complete: bool
+    marker: dict  # contents of .complete ({} when incomplete)
+
+    @property
+    def model_only(self) -> bool:
+        return bool(self.marker.get("model_only", False))
+
+
+def step_path(folder: str, step: int) -> str:
+    return os.path.join(folder, f"step-{step}")
+
+
+def read_marker(path: str) -> dict | None:
+    """The .complete record of a step folder, or None when the folder is not complete."""
+    marker = os.path.join(path, COMPLETE_MARKER)
+    if not os.path.isfile(marker):
+        return None
+    try:
+        with open(marker) as f:
+            text = f.read()
+        return json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        raise CheckpointError(
+            f"checkpoint '{path}' has an unreadable {COMPLETE_MARKER} marker; delete the folder or"
+            " pick another step with --checkpoint.load_step"
+        ) from None
+
+
+def scan(folder: str) -> list[CheckpointInfo]:
+    """Every step folder (complete or not), oldest first; temporaries count as incomplete."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in os.listdir(folder):
+        m = _STEP_DIR.match(name)
+        path = os.path.join(folder, name)
+        if not m or not os.path.isdir(path):
+            continue
+        marker = None if m.group(2) else read_marker(path)
+        found.append(CheckpointInfo(int(m.group(1)), path, marker is not None, marker or {}))
+    return sorted(found, key=lambda c: (c.step, c.complete))
+
+
+def completed_steps(folder: str) -> list[int]:
+    return [c.step for c in scan(folder) if c.complete]
+
+
+def check_loadable(info: CheckpointInfo, others: str = "") -> None:
+    """A complete checkpoint must hold DCP's metadata; anything less was damaged after the save."""
+    if not os.path.isfile(os.path.join(info.path, DCP_METADATA)):
+        raise CheckpointError(
+            f"checkpoint '{info.path}' is corrupt: its DCP {DCP_METADATA} file is missing;"
+            f" delete the folder or pick an earlier step with --checkpoint.load_step{others}"
+        )
+
+
+def _choices(found: list[CheckpointInfo], exclude: int | None = None) -> str:
+    steps = [str(c.step) for c in found if c.complete and not c.model_only and c.step != exclude]
+    return f" (complete: {', '.join(steps)})" if steps else " (no other complete checkpoint)"
+
+
+def resolve_resume(folder: str, load_step: int) -> CheckpointInfo | None:
+    """The checkpoint a run in `folder` starts from, or None for a fresh start.
+
+    load_step -1: the newest complete full checkpoint, else a seed (step 0, weights only).
+    Weights-only exports of later steps are not resumable and are skipped. load_step N:
+    exactly step-N, which must be complete; a weights-only step-N is accepted only as a seed.
+    """
+    found = scan(folder)
+    if load_step >= 0:
+        matches = [c for c in found if c.step == load_step]
+        done = [c for c in matches if c.complete]
+        if not done:
+            where = matches[0].path if matches else step_path(folder, load_step)
+            state = "is incomplete (its save never finished)" if matches else "does not exist"
+            raise CheckpointError(
+                f"--checkpoint.load_step={load_step}: checkpoint '{where}' {state};"
+                f" pick another step{_choices(found, load_step)} or -1 for the newest"
+            )
+        info = done[0]
+        if info.model_only and info.step > 0:
+            raise CheckpointError(
+                f"--checkpoint.load_step={load_step}: '{info.path}' holds weights only (a last_save_model_only"
+                " export), not a resumable state; start from its weights with"
+                f" --checkpoint.initial_load_path={info.path}"
+            )
+        check_loadable(info, _choices(found, load_step))
+        return info
+    full = [c for c in found if c.complete and not c.model_only]
+    seeds = [c for c in found if c.complete and c.model_only and c.step == 0]
+    if not full and not seeds:
+        return None
+    info = full[-1] if full else seeds[-1]
+    check_loadable(info, _choices(found, info.step))
+    return info
+
+
+def check_initial_load_path(path: str) -> None:
+    if not os.path.isdir(path):
+        raise CheckpointError(
+            f"--checkpoint.initial_load_path: '{path}' is not a folder; give a checkpoint step folder"
+            " such as <dump_folder>/checkpoint/step-N"
+        )
+    if not os.path.isfile(os.path.join(path, DCP_METADATA)):
+        raise CheckpointError(
+            f"--checkpoint.initial_load_path: '{path}' holds no DCP checkpoint ({DCP_METADATA} missing);"
+            " give a checkpoint step folder such as <dump_folder>/checkpoint/step-N"
+        )
+
+
+def write_marker(path: str, record: dict) -> None:
+    with open(os.path.join(path, COMPLETE_MARKER), "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
