@@ -30,7 +30,9 @@ from torchtitan.distributed.model_parts import parallelize_parts, plan_records, 
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
-from torchtitan.distributed.utils import clip_grad_norm_, init_distributed, pick_device, shutdown_distributed
+from torchtitan.distributed.utils import (
+    clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device, shutdown_distributed,
+)
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -125,7 +127,7 @@ class Trainer:
         load_note = self.checkpoint.load()
         self.metrics = MetricsLogger(
             cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
-            total_steps=t.steps, append=self.train_state.step > 0,
+            total_steps=t.steps, resume_step=self.train_state.step,
         )
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
         self._log_header(load_note)
@@ -282,12 +284,24 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" not in os.environ:  # plain `python -m torchtitan.train`: a 1-process job
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29571")
+    trainer = None
     try:
-        Trainer(cfg).train()
-    except NonFiniteLossError as e:
+        trainer = Trainer(cfg)
+        trainer.train()
+    except (NonFiniteLossError, CheckpointError) as e:  # raised alike on every rank
         print(f"error: {e}", file=sys.stderr, flush=True)
         shutdown_distributed()
         return 1
+    except Exception as e:
+        if not is_comm_failure(e):
+            raise
+        # A peer died or hung: the group is unusable, so tearing it down could hang too.
+        step = trainer.train_state.step + 1 if trainer is not None else 0
+        print(f"error: rank {os.environ.get('RANK')}: communication failed{f' at step {step}' if step else ''}"
+              f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
+              f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint",
+              file=sys.stderr, flush=True)
+        os._exit(1)
     shutdown_distributed()
     return 0
 

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.components.checkpoint_files import (
@@ -196,7 +197,10 @@ class CheckpointManager:
     def _load(self, states: dict, path: str, info: CheckpointInfo | None = None) -> None:
         try:
             dcp.load(states, checkpoint_id=path)
-        except Exception as e:  # DCP raises CheckpointException on every rank when any read fails
+        except (Exception, CheckpointException) as e:  # DCP raises it on every rank when any read fails
+            if isinstance(e, CheckpointException):  # its message lists every rank's traceback
+                failures = list(e.failures.values())
+                e = failures[0][0] if failures else e
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             others = [str(c.step) for c in scan(self.folder) if c.complete and not c.model_only and c.path != path]
             hint = (f"pick an earlier step with --checkpoint.load_step (complete: {', '.join(others)})"

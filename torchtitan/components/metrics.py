@@ -42,8 +42,21 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def _truncate_after(path: str, step: int) -> None:
+    """Drop records past the resumed step: that part of the earlier run was lost (crash or
+    kill after its last checkpoint) and is trained again, so the file keeps one record per step."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(lines)
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
-    def __init__(self, dump_folder: str, enabled: bool, tensorboard: bool, total_steps: int, append: bool = False):
+    def __init__(self, dump_folder: str, enabled: bool, tensorboard: bool, total_steps: int, resume_step: int = 0):
         self.enabled, self.total_steps = enabled, total_steps
         self.start = time.perf_counter()
         self._step_times: list[float] = []
@@ -52,7 +65,9 @@ class MetricsLogger:
             return
         os.makedirs(dump_folder, exist_ok=True)
         self.jsonl_path = os.path.join(dump_folder, "metrics.jsonl")
-        self.jsonl = open(self.jsonl_path, "a" if append else "w")
+        if resume_step > 0:
+            _truncate_after(self.jsonl_path, resume_step)
+        self.jsonl = open(self.jsonl_path, "a" if resume_step > 0 else "w")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -8,6 +8,7 @@ import math
 import os
 
 from torchtitan.config.job_config import JobConfig
+from torchtitan.components import checkpoint_files
 from torchtitan.components.corpus import LOCAL_FILE_BUILDERS
 from torchtitan.config.manager import ConfigError, _suggest
 from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE, PipelineLayoutError, plan_pipeline
@@ -208,6 +209,50 @@ def validate(cfg: JobConfig, world_size: int) -> None:
         )
     if os.path.isfile(cfg.job.dump_folder):
         raise ConfigError(f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path")
-    ckpt = os.path.join(cfg.job.dump_folder, cfg.checkpoint.folder)
-    if cfg.checkpoint.enable and os.path.isfile(ckpt):
+    global_batch = t.global_batch_size if t.global_batch_size != -1 else per_step
+    check_checkpoint(cfg, world_size, global_batch)
+    if cfg.comm.timeout_seconds < 1:
+        raise ConfigError(f"--comm.timeout_seconds={cfg.comm.timeout_seconds}: must be >= 1")
+
+
+def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None:
+    """The [checkpoint] keys, and the checkpoint a run would load, checked on disk."""
+    c = cfg.checkpoint
+    ckpt = os.path.join(cfg.job.dump_folder, c.folder)
+    if (c.enable or c.create_seed_checkpoint) and os.path.isfile(ckpt):
         raise ConfigError(f"--checkpoint.folder: '{ckpt}' is a file; give a folder path")
+    if c.keep_latest_k < 0:
+        raise ConfigError(f"--checkpoint.keep_latest_k={c.keep_latest_k}: must be >= 0 (0 keeps all)")
+    if c.load_step < -1:
+        raise ConfigError(f"--checkpoint.load_step={c.load_step}: must be >= 0, or -1 for the newest")
+    if not c.enable and not c.create_seed_checkpoint:
+        for key, value, default in (("load_step", c.load_step, -1), ("last_save_model_only", c.last_save_model_only, False)):
+            if value != default:
+                raise ConfigError(f"--checkpoint.{key}={value} has no effect without --checkpoint.enable=true; enable checkpointing or drop it")
+    if c.create_seed_checkpoint:
+        if world_size != 1:
+            raise ConfigError(
+                f"--checkpoint.create_seed_checkpoint runs on one rank, not {world_size}: use NGPU=1 (no"
+                " parallelism); then train any layout from the same folder"
+            )
+        if checkpoint_files.scan(ckpt):
+            raise ConfigError(
+                f"--checkpoint.create_seed_checkpoint: '{ckpt}' already holds checkpoints; give an empty"
+                " --checkpoint.folder or --job.dump_folder (nothing is overwritten)"
+            )
+        return
+    if cfg.job.dry_run:  # plans only; loads nothing
+        return
+    try:
+        info = checkpoint_files.resolve_resume(ckpt, c.load_step) if c.enable else None
+        if info is None and c.initial_load_path:
+            checkpoint_files.check_initial_load_path(c.initial_load_path)
+    except checkpoint_files.CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    saved = info.marker.get("global_batch") if info is not None and not info.model_only else None
+    if saved is not None and saved != global_batch:
+        raise ConfigError(
+            f"checkpoint '{info.path}' was saved with global batch {saved} rows, this run has {global_batch}:"
+            f" the data position cannot be carried over; set --training.global_batch_size={saved}, or start"
+            f" from its weights with --checkpoint.initial_load_path={info.path} and a fresh --checkpoint.folder"
+        )

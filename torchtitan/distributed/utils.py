@@ -56,6 +56,22 @@ def shutdown_distributed() -> None:
             dist.destroy_process_group()
 
 
+_COMM_FAILURE_WORDS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout", "broken pipe")
+
+
+def is_comm_failure(e: BaseException) -> bool:
+    """A collective that failed because a peer died, hung or closed its connection."""
+    if isinstance(e, dist.DistError):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(w in text for w in _COMM_FAILURE_WORDS)
+
+
+def comm_failure_summary(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+
+
 @torch.no_grad()
 def clip_grad_norm_(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
     """Global L2 norm of all gradients (over shards, and over stages when pp_group is given);
