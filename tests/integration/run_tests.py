@@ -60,7 +60,7 @@ CASES = [
     # data parallel
     Case("fsdp", 4),
     Case("fsdp_2", 2),
-    Case("fsdp_8", 8, ["--training.local_batch_size=1"]),
+    Case("fsdp_8", 8, ["--training.local_batch_size=1"], slow=True),  # 8 ranks: pp+fsdp+tp covers it
     Case("hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
     Case("ddp", 2, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
     Case("grad_accum", 2, ["--training.local_batch_size=1"]),
@@ -70,7 +70,8 @@ CASES = [
     Case("fsdp+tp", 4, [TP, "--training.local_batch_size=4"]),
     Case("hsdp+tp", 8, [TP, "--parallelism.data_parallel_replicate_degree=2"], slow=True),
     # pipeline parallel: every schedule alone (2 ranks) and with FSDP (4 ranks)
-    *[Case(f"pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"])
+    # (alone, only 1F1B and DualPipeV run in `make test`: every schedule also runs with FSDP below)
+    *[Case(f"pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"], slow=name not in ("1F1B", "DualPipeV"))
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
     *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"])
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],

@@ -1,4 +1,5 @@
-"""SimpleFSDP and fsdp_ac_policy, judged by counts, bytes and losses of real 4-rank runs.
+"""SimpleFSDP and fsdp_ac_policy, judged by counts, bytes and losses of real runs: 2 ranks
+(dp_shard 2), and 4 for TP (dp_shard 2 x tp 2) and the memory comparison (dp_shard 4).
 
 The tiny Llama3 has 4 blocks of 9 parameters; SimpleFSDP gathers per parameter, so a
 block whose gathers are recomputed adds 9 backward all-gathers over dp_shard.
@@ -25,7 +26,7 @@ PARAMS_PER_BLOCK = 9
 _RUNS: dict[tuple, list[dict]] = {}
 
 
-def run(tmp_path_factory, *args: str, ngpu: int = 4, extra: tuple = ()) -> list[dict]:
+def run(tmp_path_factory, *args: str, ngpu: int = 2, extra: tuple = ()) -> list[dict]:
     key = (ngpu, args, extra)
     if key not in _RUNS:
         dump = tmp_path_factory.mktemp("run")
@@ -91,8 +92,8 @@ def test_compiled_policy_is_honoured(tmp_path_factory):
 def test_tp_collectives_untouched_by_the_policy(tmp_path_factory):
     tp = ("--parallelism.tensor_parallel_degree=2",)
     runs = {pol: run(tmp_path_factory, SIMPLE, NEVER, *AC["op"], f"--activation_checkpoint.fsdp_ac_policy={pol}",
-                     extra=tp) for pol in ("auto", "save", "recompute")}
-    fsdp2 = run(tmp_path_factory, NEVER, *AC["op"], extra=tp)
+                     extra=tp, ngpu=4) for pol in ("auto", "save", "recompute")}
+    fsdp2 = run(tmp_path_factory, NEVER, *AC["op"], extra=tp, ngpu=4)
     tp_bwd = {pol: bwd_gathers(r, "tp") for pol, r in runs.items()}
     assert len(set(tp_bwd.values())) == 1 and tp_bwd["auto"] == bwd_gathers(fsdp2, "tp") > 0
     assert bwd_gathers(runs["auto"]) == bwd_gathers(runs["save"]) == 0
@@ -102,8 +103,9 @@ def test_tp_collectives_untouched_by_the_policy(tmp_path_factory):
 
 def test_memory_held_for_backward_within_5_percent_of_fsdp2(tmp_path_factory):
     probe = ("--metrics.held_for_backward=true", "--metrics.comm_stats=false")
-    simple = run(tmp_path_factory, SIMPLE, NEVER, *AC["op"], extra=probe)[-1]["held_for_backward_bytes"]
-    fsdp2 = run(tmp_path_factory, NEVER, *AC["op"], extra=probe)[-1]["held_for_backward_bytes"]
+    # 4 ranks, as measured for the issue (at 2 ranks the larger unsharded share makes it ~7%).
+    simple = run(tmp_path_factory, SIMPLE, NEVER, *AC["op"], extra=probe, ngpu=4)[-1]["held_for_backward_bytes"]
+    fsdp2 = run(tmp_path_factory, NEVER, *AC["op"], extra=probe, ngpu=4)[-1]["held_for_backward_bytes"]
     assert 0 < simple <= 1.05 * fsdp2, (simple, fsdp2)
 
 

@@ -245,15 +245,14 @@ class CheckpointManager:
         dist.barrier()
 
     def _prune(self) -> None:
-        """keep_latest_k: delete the oldest full checkpoints (and stale temporaries)."""
-        k = self.cfg.keep_latest_k
-        if k <= 0 or not _is_main():
+        """Delete temporaries a crash left behind, and with keep_latest_k the oldest full
+        checkpoints beyond k (seed and weights-only checkpoints stay)."""
+        if not _is_main():
             return
         found = scan(self.folder)
         full = [c for c in found if c.complete and not c.model_only]
-        for c in full[:-k]:
-            shutil.rmtree(c.path, ignore_errors=True)
         newest = full[-1].step if full else -1
-        for c in found:
-            if not c.complete and c.step < newest:
-                shutil.rmtree(c.path, ignore_errors=True)
+        stale = [c for c in found if c.path.endswith(".tmp") and c.step < newest]
+        old = full[: -self.cfg.keep_latest_k] if self.cfg.keep_latest_k > 0 else []
+        for c in stale + old:
+            shutil.rmtree(c.path, ignore_errors=True)

@@ -1,0 +1,121 @@
+"""Checkpointing on real multi-rank runs: bitwise resume in three layouts, loading into other
+layouts, a killed rank, seed checkpoints, weight exports and corrupt checkpoints."""
+
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+import checkpoint_checks as cc
+import run_tests
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    """The 4-rank FSDP run (checkpoints at steps 5 and 10): the source of the other tests."""
+    dump = str(tmp_path_factory.mktemp("ckpt") / "fsdp")
+    straight = cc.straight_run("fsdp", dump)
+    assert sorted(straight) == list(range(1, 11))
+    return dump
+
+
+def _marker(dump, step):
+    with open(os.path.join(dump, "checkpoint", f"step-{step}", ".complete")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "fsdp+tp", "pp+fsdp"])
+def test_resume_is_bitwise(layout, fsdp_run, tmp_path):
+    if layout == "fsdp":
+        dump = fsdp_run
+    else:
+        dump = str(tmp_path / layout)
+        cc.straight_run(layout, dump)
+    assert _marker(dump, 5)["model_only"] is False and _marker(dump, 10)["step"] == 10
+    straight = cc.straight_losses(dump)
+    resumed, log = cc.resumed_run(layout, dump)
+    assert f"checkpoint: resumed from step 5 ({dump}/checkpoint/step-5)" in log
+    assert [resumed[s] for s in range(6, 11)] == [straight[s] for s in range(6, 11)]
+    # metrics.jsonl holds steps 1-5 of the first run and 6-10 of the resumed one, once each.
+    with open(os.path.join(dump, "metrics.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f] == list(range(1, 11))
+
+
+@pytest.mark.parametrize("layout", ["fsdp+tp", "pp+fsdp", "simple_fsdp"])
+def test_fsdp4_checkpoint_loads_into_another_layout(layout, fsdp_run, tmp_path):
+    reference = cc.straight_losses(fsdp_run)
+    got, log = cc.layout_change(fsdp_run, layout, str(tmp_path / layout))
+    assert "checkpoint: resumed from step 5" in log
+    assert sorted(got) == list(range(6, 11))
+    assert abs(got[6] - reference[6]) <= 1e-6 * reference[6]
+    for step in range(7, 11):
+        assert abs(got[step] - reference[step]) <= 1e-5 * reference[step], step
+
+
+def test_killed_rank_stops_every_rank_and_the_run_resumes(tmp_path):
+    dump = str(tmp_path / "kill")
+    k = cc.kill_run(dump, kill_rank=2, after_step=12, timeout=20)
+    assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
+    assert k["others_exited"] < k["timeout"] and k["job_gone"] < k["timeout"]
+    assert any(e.startswith("error: rank 0: communication failed at step") for e in k["errors"]), k["output"][-3000:]
+    complete = [c for c in k["checkpoints"] if not c.endswith(".tmp")]
+    assert {"step-5", "step-10"} <= set(complete)
+    newest = max(int(c.split("-")[1]) for c in complete)
+    resumed, log = cc.resume_after_kill(dump)
+    assert f"checkpoint: resumed from step {newest}" in log
+    assert sorted(resumed) == list(range(1, 31))
+    if newest + 1 in k["losses"]:  # the killed run got past the step after its last checkpoint
+        assert resumed[newest + 1] == k["losses"][newest + 1]
+
+
+@pytest.mark.slow
+def test_stalled_rank_makes_the_others_exit_within_the_timeout(tmp_path):
+    k = cc.kill_run(str(tmp_path / "stall"), kill_rank=2, sig=signal.SIGSTOP, timeout=10)
+    assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
+    # gloo's collective timeout fires at 10 s; allow a few seconds for the ranks to exit.
+    assert 9 < k["others_exited"] < 10 + 8, k["others_exited"]
+    assert any("communication failed" in e for e in k["errors"]), k["output"][-3000:]
+
+
+def test_seed_checkpoint_export_and_initial_load(fsdp_run, tmp_path):
+    dump = str(tmp_path / "seeded")
+    rc, _, log = run_tests.run(1, ["--checkpoint.create_seed_checkpoint=true"], dump)
+    assert rc == 0 and f"seed checkpoint written to {dump}/checkpoint/step-0" in log, log[-3000:]
+    assert _marker(dump, 0)["model_only"] is True and not os.path.exists(os.path.join(dump, "metrics.jsonl"))
+    # A different --training.seed would change the init: losses equal to the seed-0 run prove
+    # the weights came from the seed checkpoint. The last save is a bf16 weights-only export.
+    log = cc.train("fsdp", dump, ["--training.seed=123", "--checkpoint.keep_latest_k=1",
+                                  "--checkpoint.last_save_model_only=true", "--checkpoint.export_dtype=bfloat16"])
+    assert f"checkpoint: seed weights loaded from {dump}/checkpoint/step-0" in log
+    assert cc.losses(dump) == cc.straight_losses(fsdp_run)
+    assert sorted(os.listdir(os.path.join(dump, "checkpoint"))) == ["step-0", "step-10", "step-5"]
+    export = _marker(dump, 10)
+    assert export["model_only"] is True and export["dtype"] == "bfloat16"
+
+    from torch.distributed.checkpoint import FileSystemReader
+    import torch
+
+    meta = FileSystemReader(os.path.join(dump, "checkpoint", "step-10")).read_metadata().state_dict_metadata
+    assert all(k.startswith("model.") for k in meta) and meta["model.output.weight"].properties.dtype == torch.bfloat16
+    # The export starts another run through initial_load_path (weights only, step 0).
+    other = str(tmp_path / "from_export")
+    rc, _, log = run_tests.run(2, ["--training.steps=2", f"--checkpoint.initial_load_path={dump}/checkpoint/step-10"], other)
+    assert rc == 0 and f"weights loaded from {dump}/checkpoint/step-10 (initial_load_path)" in log, log[-3000:]
+    assert cc.losses(other)[1] < cc.straight_losses(fsdp_run)[1] - 0.05  # trained weights: lower loss
+
+
+def test_corrupt_checkpoint_names_its_path(fsdp_run, tmp_path):
+    dump = str(tmp_path / "corrupt")
+    shutil.copytree(os.path.join(fsdp_run, "checkpoint"), os.path.join(dump, "checkpoint"))
+    shard = os.path.join(dump, "checkpoint", "step-10", "__1_0.distcp")
+    os.truncate(shard, 1000)
+    rc, _, log = run_tests.run(2, cc.CKPT, dump)  # saved by 4 ranks, read by 2
+    errors = [ln for ln in log.splitlines() if ln.startswith("error:")]
+    assert rc != 0 and errors, log[-3000:]
+    assert errors[0] == (
+        f"error: checkpoint '{dump}/checkpoint/step-10' could not be loaded, it is corrupt or incompatible"
+        " (EOFError: Ran out of input); pick an earlier step with --checkpoint.load_step (complete: 5)"
+    )
+    assert not os.path.exists(os.path.join(dump, "metrics.jsonl"))
