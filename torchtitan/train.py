@@ -14,6 +14,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
@@ -253,6 +254,7 @@ class Trainer:
             lr = self.optimizers.last_lr()
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
+            self.activity = f"step {step}"
             loss, grad_norm = self.train_step(batches)
             comm = {}
             if self.comm is not None:
@@ -274,6 +276,7 @@ class Trainer:
                     "tokens_seen": self.train_state.tokens_seen, **comm,
                     **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
+            self.activity = f"the checkpoint save after step {step}"
             self.checkpoint.maybe_save(step, last=step == t.steps)
 
 
@@ -292,12 +295,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         shutdown_distributed()
         return 1
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         if not is_comm_failure(e):
             raise
         # A peer died or hung: the group is unusable, so tearing it down could hang too.
-        step = trainer.train_state.step + 1 if trainer is not None else 0
-        print(f"error: rank {os.environ.get('RANK')}: communication failed{f' at step {step}' if step else ''}"
+        activity = getattr(trainer, "activity", "start-up")
+        print(f"error: rank {os.environ.get('RANK')}: communication failed during {activity}"
               f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
               f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint",
               file=sys.stderr, flush=True)

@@ -92,11 +92,11 @@ def _workers(dump: str) -> dict[int, int]:
 
 
 def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int = 20, steps: int = 30,
-             sig: int = signal.SIGKILL) -> dict:
-    """4-rank FSDP run checkpointing every 5 steps; once rank 0 logged `after_step`, send one
-    worker `sig` (SIGKILL: dies; SIGSTOP: stalls) and time how long until every other rank has
+             sig: int = signal.SIGKILL, ngpu: int = 4, in_save: int | None = None) -> dict:
+    """FSDP run checkpointing every 5 steps; once rank 0 logged `after_step` (or, with
+    in_save=N, as soon as the save of step N has begun writing step-N.tmp), send one worker
+    `sig` (SIGKILL: dies; SIGSTOP: stalls) and time how long until every other rank has
     exited, and until the whole job is gone."""
-    ngpu = 4
     cmd = [run_tests.RUN_TRAIN, *run_tests.BASE, f"--training.steps={steps}", *CKPT,
            f"--comm.timeout_seconds={timeout}", f"--job.dump_folder={dump}"]
     os.makedirs(dump, exist_ok=True)
@@ -107,12 +107,20 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
     read_log = lambda: open(log_path).read()  # noqa: E731
     metrics = os.path.join(dump, "metrics.jsonl")
     deadline = time.time() + 300
-    while not (os.path.exists(metrics) and len(losses(dump)) >= after_step):
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"run ended or stalled before step {after_step}:\n{read_log()[-3000:]}")
-        time.sleep(0.05)
+    def wait_for(done, what: str, poll: float):
+        while not done():
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"run ended or stalled before {what}:\n{read_log()[-3000:]}")
+            time.sleep(poll)
+
+    wait_for(lambda: os.path.exists(metrics) and len(losses(dump)) >= 1, "step 1", 0.05)
     workers = _workers(dump)
     assert sorted(workers) == list(range(ngpu)), workers
+    if in_save is None:
+        wait_for(lambda: len(losses(dump)) >= after_step, f"step {after_step}", 0.05)
+    else:
+        tmp = os.path.join(dump, "checkpoint", f"step-{in_save}.tmp")
+        wait_for(lambda: os.path.exists(tmp), f"the save of step {in_save}", 0.002)
     alive = lambda ranks: [r for r in ranks if os.path.exists(f"/proc/{workers[r]}")]  # noqa: E731
     others = [r for r in workers if r != kill_rank]
     start = time.time()
@@ -137,11 +145,13 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
         "all_gone": not alive(list(workers)), "output": out, "killed_rank": kill_rank,
         "losses": losses(dump), "errors": [ln for ln in out.splitlines() if ln.startswith("error:")],
         "checkpoints": sorted(os.listdir(os.path.join(dump, "checkpoint"))), "timeout": timeout,
+        "complete": [c for c in sorted(os.listdir(os.path.join(dump, "checkpoint")))
+                     if os.path.exists(os.path.join(dump, "checkpoint", c, ".complete"))],
     }
 
 
-def resume_after_kill(dump: str, steps: int = 30) -> tuple[dict[int, float], str]:
-    rc, _, log = run_tests.run(4, [f"--training.steps={steps}", *CKPT], dump)
+def resume_after_kill(dump: str, steps: int = 30, ngpu: int = 4) -> tuple[dict[int, float], str]:
+    rc, _, log = run_tests.run(ngpu, [f"--training.steps={steps}", *CKPT], dump)
     if rc != 0:
         raise RuntimeError(f"resume after kill failed (exit {rc}):\n{log[-3000:]}")
     return losses(dump), log

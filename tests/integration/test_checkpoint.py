@@ -59,7 +59,7 @@ def test_killed_rank_stops_every_rank_and_the_run_resumes(tmp_path):
     k = cc.kill_run(dump, kill_rank=2, after_step=12, timeout=20)
     assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
     assert k["others_exited"] < k["timeout"] and k["job_gone"] < k["timeout"]
-    assert any(e.startswith("error: rank 0: communication failed at step") for e in k["errors"]), k["output"][-3000:]
+    assert any(e.startswith("error: rank 0: communication failed during step ") for e in k["errors"]), k["output"][-3000:]
     complete = [c for c in k["checkpoints"] if not c.endswith(".tmp")]
     assert {"step-5", "step-10"} <= set(complete)
     newest = max(int(c.split("-")[1]) for c in complete)
@@ -67,6 +67,25 @@ def test_killed_rank_stops_every_rank_and_the_run_resumes(tmp_path):
     assert f"checkpoint: resumed from step {newest}" in log
     assert sorted(resumed) == list(range(1, 31))
     if newest + 1 in k["losses"]:  # the killed run got past the step after its last checkpoint
+        assert resumed[newest + 1] == k["losses"][newest + 1]
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
+    dump = str(tmp_path / "kill_in_save")
+    k = cc.kill_run(dump, kill_rank=1, ngpu=2, steps=12, in_save=10)
+    assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
+    assert "step-5" in k["complete"]
+    # The kill lands while step-10 is being written (the .tmp folder exists), unless that
+    # short save won the race and finished first; either way only complete folders count.
+    assert "step-10.tmp" in k["checkpoints"] or "step-10" in k["complete"], k["checkpoints"]
+    newest = 10 if "step-10" in k["complete"] else 5
+    if newest == 5:
+        assert any(e.startswith("error: rank 0: communication failed during the checkpoint save after step 10")
+                   for e in k["errors"]), k["output"][-3000:]
+    resumed, log = cc.resume_after_kill(dump, steps=12, ngpu=2)
+    assert f"checkpoint: resumed from step {newest}" in log
+    assert newest + 1 in k["losses"] or newest == 10
+    if newest + 1 in k["losses"]:
         assert resumed[newest + 1] == k["losses"][newest + 1]
 
 

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
+from torchtitan.distributed.utils import is_comm_failure
 from torchtitan.components.checkpoint_files import (
     CheckpointError,
     CheckpointInfo,
@@ -198,6 +199,8 @@ class CheckpointManager:
         try:
             dcp.load(states, checkpoint_id=path)
         except (Exception, CheckpointException) as e:  # DCP raises it on every rank when any read fails
+            if is_comm_failure(e):  # a peer died mid-load: not the checkpoint's fault
+                raise
             if isinstance(e, CheckpointException):  # its message lists every rank's traceback
                 failures = list(e.failures.values())
                 e = failures[0][0] if failures else e

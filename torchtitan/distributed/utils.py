@@ -59,8 +59,18 @@ def shutdown_distributed() -> None:
 _COMM_FAILURE_WORDS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout", "broken pipe")
 
 
+def _unwrap(e: BaseException) -> BaseException:
+    """DCP wraps each rank's exception in a CheckpointException: look at the first one."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        return first[0] if isinstance(first, tuple) else first
+    return e
+
+
 def is_comm_failure(e: BaseException) -> bool:
     """A collective that failed because a peer died, hung or closed its connection."""
+    e = _unwrap(e)
     if isinstance(e, dist.DistError):
         return True
     text = str(e).lower()
@@ -68,6 +78,7 @@ def is_comm_failure(e: BaseException) -> bool:
 
 
 def comm_failure_summary(e: BaseException) -> str:
+    e = _unwrap(e)
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
 
