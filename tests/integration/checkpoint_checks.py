@@ -12,6 +12,7 @@ of processes loads step 5 and trains steps 6..10 (the "resumed" losses).
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -102,7 +103,9 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
     os.makedirs(dump, exist_ok=True)
     log_path = os.path.join(os.path.dirname(dump), os.path.basename(dump) + ".log")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, "NGPU": str(ngpu)}, stdout=log,
+        # Every rank's output, so each survivor's error line shows.
+        env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": ",".join(map(str, range(ngpu)))}
+        proc = subprocess.Popen(cmd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     read_log = lambda: open(log_path).read()  # noqa: E731
     metrics = os.path.join(dump, "metrics.jsonl")
@@ -145,9 +148,24 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
         "all_gone": not alive(list(workers)), "output": out, "killed_rank": kill_rank,
         "losses": losses(dump), "errors": [ln for ln in out.splitlines() if ln.startswith("error:")],
         "checkpoints": sorted(os.listdir(os.path.join(dump, "checkpoint"))), "timeout": timeout,
+        "exit_codes": rank_exit_codes(out),
         "complete": [c for c in sorted(os.listdir(os.path.join(dump, "checkpoint")))
                      if os.path.exists(os.path.join(dump, "checkpoint", c, ".complete"))],
     }
+
+
+def rank_exit_codes(torchrun_output: str) -> dict[int, int]:
+    """rank -> exit code of each failed worker, from torchrun's failure summary (a worker
+    that torchrun itself stopped shows -15, SIGTERM)."""
+    codes, rank = {}, None
+    for line in torchrun_output.splitlines():
+        m = re.match(r"\s*rank\s*:\s*(\d+)", line)
+        if m:
+            rank = int(m.group(1))
+        m = re.match(r"\s*exitcode\s*:\s*(-?\d+)", line)
+        if m and rank is not None:
+            codes[rank], rank = int(m.group(1)), None
+    return codes
 
 
 def resume_after_kill(dump: str, steps: int = 30, ngpu: int = 4) -> tuple[dict[int, float], str]:
@@ -192,6 +210,7 @@ def main(argv=None) -> int:
     print(f"killed rank {k['killed_rank']}; the other ranks exited after {k['others_exited']:.2f}s, the whole job"
           f" after {k['job_gone']:.2f}s (comm.timeout_seconds={k['timeout']}); torchrun exit {k['returncode']};"
           f" checkpoints left {k['checkpoints']}")
+    print(f"exit code per rank (torchrun's summary; -15 = stopped by torchrun): {dict(sorted(k['exit_codes'].items()))}")
     for line in k["errors"]:
         print(f"    {line}")
     resumed, log = resume_after_kill(dump)
@@ -207,6 +226,7 @@ def main(argv=None) -> int:
         print(f"stopped rank {k['killed_rank']}; the other ranks exited after {k['others_exited']:.2f}s"
               f" (comm.timeout_seconds={k['timeout']}); torchrun reaped the stopped one after {k['job_gone']:.2f}s;"
               f" exit {k['returncode']}")
+        print(f"exit code per rank: {dict(sorted(k['exit_codes'].items()))}")
         for line in k["errors"]:
             print(f"    {line}")
     return 0 if ok else 1

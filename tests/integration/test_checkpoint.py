@@ -59,7 +59,14 @@ def test_killed_rank_stops_every_rank_and_the_run_resumes(tmp_path):
     k = cc.kill_run(dump, kill_rank=2, after_step=12, timeout=20)
     assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
     assert k["others_exited"] < k["timeout"] and k["job_gone"] < k["timeout"]
-    assert any(e.startswith("error: rank 0: communication failed during step ") for e in k["errors"]), k["output"][-3000:]
+    # Every rank exits non-zero: the killed one -9, each survivor 1 (it saw the broken
+    # connection and printed why) or -15 (torchrun stopped it first).
+    assert sorted(k["exit_codes"]) == [0, 1, 2, 3] and k["exit_codes"][2] == -9, k["output"][-3000:]
+    survivors = {r: c for r, c in k["exit_codes"].items() if r != 2}
+    assert all(c in (1, -15) for c in survivors.values()), survivors
+    for r, c in survivors.items():
+        if c == 1:
+            assert any(e.startswith(f"error: rank {r}: communication failed during step ") for e in k["errors"]), r
     complete = [c for c in k["checkpoints"] if not c.endswith(".tmp")]
     assert {"step-5", "step-10"} <= set(complete)
     newest = max(int(c.split("-")[1]) for c in complete)
@@ -79,7 +86,8 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
     # short save won the race and finished first; either way only complete folders count.
     assert "step-10.tmp" in k["checkpoints"] or "step-10" in k["complete"], k["checkpoints"]
     newest = 10 if "step-10" in k["complete"] else 5
-    if newest == 5:
+    assert k["exit_codes"].get(1) == -9 and k["exit_codes"].get(0) in (1, -15), k["output"][-3000:]
+    if newest == 5 and k["exit_codes"][0] == 1:
         assert any(e.startswith("error: rank 0: communication failed during the checkpoint save after step 10")
                    for e in k["errors"]), k["output"][-3000:]
     resumed, log = cc.resume_after_kill(dump, steps=12, ngpu=2)
@@ -96,6 +104,7 @@ def test_stalled_rank_makes_the_others_exit_within_the_timeout(tmp_path):
     # gloo's collective timeout fires at 10 s; allow a few seconds for the ranks to exit.
     assert 9 < k["others_exited"] < 10 + 8, k["others_exited"]
     assert any("communication failed" in e for e in k["errors"]), k["output"][-3000:]
+    assert all(c != 0 for c in k["exit_codes"].values()) and len(k["exit_codes"]) == 4, k["exit_codes"]
 
 
 def test_seed_checkpoint_export_and_initial_load(fsdp_run, tmp_path):
