@@ -151,6 +151,9 @@ def main(argv=None) -> int:
         plot(a, b, labels, args.png)
         print(f"wrote {args.png}")
     if args.assert_equal:
+        if not rows:
+            print("FAIL: no steps to compare" + (f" in --steps {args.steps}" if args.steps else ""))
+            return 1
         if problems:
             what = "bitwise" if args.rtol == 0 else f"within rtol {args.rtol}"
             print(f"FAIL: losses not equal {what}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))

@@ -122,6 +122,7 @@ class Trainer:
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
             self.train_state, {"world_size": world, "global_batch": self.global_batch,
                                "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape)},
+            io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
         )
         if cfg.checkpoint.create_seed_checkpoint:
             return  # train() writes the seed checkpoint and stops
@@ -241,6 +242,7 @@ class Trainer:
         with self.comm if self.comm is not None else contextlib.nullcontext():
             self._train_loop()
         self.metrics.close()
+        self.checkpoint.close()
         self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
 
     def _train_loop(self) -> None:
@@ -280,6 +282,12 @@ class Trainer:
             self.checkpoint.maybe_save(step, last=step == t.steps)
 
 
+def _error_line(text: str) -> None:
+    """One write to stderr, so the lines of ranks failing at once do not interleave."""
+    sys.stdout.flush()
+    os.write(2, (text + "\n").encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -292,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg)
         trainer.train()
     except (NonFiniteLossError, CheckpointError) as e:  # raised alike on every rank
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        _error_line(f"error: {e}")
         shutdown_distributed()
         return 1
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
@@ -300,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # A peer died or hung: the group is unusable, so tearing it down could hang too.
         activity = getattr(trainer, "activity", "start-up")
-        print(f"error: rank {os.environ.get('RANK')}: communication failed during {activity}"
-              f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
-              f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint",
-              file=sys.stderr, flush=True)
+        _error_line(f"error: rank {os.environ.get('RANK')}: communication failed during {activity}"
+                    f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
+                    f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint")
         os._exit(1)
     shutdown_distributed()
     return 0

@@ -66,7 +66,8 @@ def test_killed_rank_stops_every_rank_and_the_run_resumes(tmp_path):
     assert all(c in (1, -15) for c in survivors.values()), survivors
     for r, c in survivors.items():
         if c == 1:
-            assert any(e.startswith(f"error: rank {r}: communication failed during step ") for e in k["errors"]), r
+            assert any(e.startswith(f"error: rank {r}: communication failed during step ") for e in k["errors"]), \
+                (r, k["output"][-3000:])
     complete = [c for c in k["checkpoints"] if not c.endswith(".tmp")]
     assert {"step-5", "step-10"} <= set(complete)
     newest = max(int(c.split("-")[1]) for c in complete)
@@ -97,14 +98,17 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
         assert resumed[newest + 1] == k["losses"][newest + 1]
 
 
-@pytest.mark.slow
 def test_stalled_rank_makes_the_others_exit_within_the_timeout(tmp_path):
-    k = cc.kill_run(str(tmp_path / "stall"), kill_rank=2, sig=signal.SIGSTOP, timeout=10)
+    k = cc.kill_run(str(tmp_path / "stall"), kill_rank=2, sig=signal.SIGSTOP, timeout=5, after_step=3, steps=12)
     assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
-    # gloo's collective timeout fires at 10 s; allow a few seconds for the ranks to exit.
-    assert 9 < k["others_exited"] < 10 + 8, k["others_exited"]
-    assert any("communication failed" in e for e in k["errors"]), k["output"][-3000:]
-    assert all(c != 0 for c in k["exit_codes"].values()) and len(k["exit_codes"]) == 4, k["exit_codes"]
+    # gloo's collective timeout fires at 5 s; allow a few seconds for the ranks to exit.
+    assert 4.5 < k["others_exited"] < 5 + 8, k["others_exited"]
+    # Nobody kills the healthy ranks here: each one's own error handling must end it.
+    survivors = {r: c for r, c in k["exit_codes"].items() if r != 2}
+    assert sorted(survivors) == [0, 1, 3] and set(survivors.values()) == {1}, k["exit_codes"]
+    for r in survivors:
+        assert any(e.startswith(f"error: rank {r}: communication failed during step ") for e in k["errors"]), \
+            (r, k["output"][-3000:])
 
 
 def test_seed_checkpoint_export_and_initial_load(fsdp_run, tmp_path):

@@ -7,6 +7,7 @@ import pytest
 
 from torchtitan.components.checkpoint_files import (
     CheckpointError,
+    check_compatible,
     check_initial_load_path,
     completed_steps,
     resolve_resume,
@@ -14,14 +15,16 @@ from torchtitan.components.checkpoint_files import (
 )
 
 
-def make_step(folder, step, complete=True, model_only=False, metadata=True, tmp=False):
-    path = folder / (f"step-{step}" + (".tmp" if tmp else ""))
+def make_step(folder, step, complete=True, model_only=False, metadata=True, tmp=False, saved_at=None, suffix=""):
+    path = folder / (f"step-{step}" + (".tmp" if tmp else suffix))
     path.mkdir(parents=True)
     (path / "__0_0.distcp").write_bytes(b"x")
     if metadata:
         (path / ".metadata").write_bytes(b"m")
     if complete:
-        (path / ".complete").write_text(json.dumps({"step": step, "model_only": model_only, "global_batch": 8}))
+        marker = {"step": step, "model_only": model_only, "global_batch": 8, "model": "llama3/tiny",
+                  "time": float(step if saved_at is None else saved_at)}
+        (path / ".complete").write_text(json.dumps(marker))
     return path
 
 
@@ -101,3 +104,32 @@ def test_initial_load_path_must_be_a_dcp_folder(tmp_path):
     with pytest.raises(CheckpointError, match=r"holds no DCP checkpoint \(.metadata missing\)"):
         check_initial_load_path(str(tmp_path / "empty"))
     check_initial_load_path(str(make_step(tmp_path, 3)))
+
+
+def test_after_going_back_the_new_line_of_checkpoints_wins(tmp_path):
+    # Saved 10, 20, 30; the run went back to 10 (load_step) and has since saved 15.
+    make_step(tmp_path, 10, saved_at=1)
+    make_step(tmp_path, 20, saved_at=2)
+    make_step(tmp_path, 30, saved_at=3)
+    make_step(tmp_path, 15, saved_at=4)
+    assert resolve_resume(str(tmp_path), -1).step == 15
+
+
+def test_old_copy_stands_in_when_a_resave_crashed_between_renames(tmp_path):
+    make_step(tmp_path, 5)
+    make_step(tmp_path, 10, suffix=".old")  # step-10 renamed away, new one not yet in place
+    make_step(tmp_path, 10, tmp=True)  # the new save, marked but not renamed: not trusted
+    info = resolve_resume(str(tmp_path), -1)
+    assert info.step == 10 and info.path.endswith("step-10.old")
+    make_step(tmp_path, 10)  # once step-10 exists, the .old copy is ignored
+    assert resolve_resume(str(tmp_path), -1).path.endswith("step-10")
+
+
+def test_checkpoint_of_another_model_or_batch_is_refused():
+    marker = {"model": "llama3/tiny", "global_batch": 8}
+    check_compatible("/c/step-5", marker, "llama3/tiny", 8)
+    check_compatible("/c/step-5", marker, "llama3/tiny", None)  # weights only: any batch
+    with pytest.raises(CheckpointError, match="holds model llama3/tiny, this run trains llama3/8B: set --model.name=llama3 --model.flavor=tiny"):
+        check_compatible("/c/step-5", marker, "llama3/8B", 8)
+    with pytest.raises(CheckpointError, match="was saved with global batch 8 rows, this run has 16"):
+        check_compatible("/c/step-5", marker, "llama3/tiny", 16)

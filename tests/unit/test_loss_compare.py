@@ -70,3 +70,8 @@ def test_missing_input_is_one_line_error(tmp_path, runs):
     proc = run(runs[0], tmp_path / "nope.jsonl")
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: metrics file '{tmp_path / 'nope.jsonl'}' not found; pass a metrics.jsonl, a dump folder or a .toml config"
+
+
+def test_no_overlapping_steps_fail_assert_equal(runs):
+    proc = run(runs[0], runs[1], "--assert-equal", "--steps", "50:60")
+    assert proc.returncode == 1 and "FAIL: no steps to compare in --steps 50:60" in proc.stdout

@@ -13,7 +13,9 @@ import os
 import pickle
 import random
 import shutil
+import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,8 +33,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torchtitan.distributed.utils import is_comm_failure
 from torchtitan.components.checkpoint_files import (
     CheckpointError,
-    CheckpointInfo,
+    check_compatible,
     check_initial_load_path,
+    newest_first,
+    read_marker,
     resolve_resume,
     scan,
     step_path,
@@ -146,11 +150,17 @@ def _is_main() -> bool:
 
 
 class CheckpointManager:
-    """Save and load of one run's checkpoint folder; every method is called on all ranks."""
+    """Save and load of one run's checkpoint folder; every method is called on all ranks.
 
-    def __init__(self, cfg, dump_folder, model_parts, optimizers, dataloader, train_state, run_info: dict):
+    Checkpoint I/O synchronises over its own gloo group whose timeout is
+    [comm] checkpoint_timeout_seconds: writing a large checkpoint to a slow file system can
+    take longer than a training collective may wait. Rank 0 alone decides which checkpoint
+    to load and renames folders; the folder must be on a file system all ranks share.
+    """
+
+    def __init__(self, cfg, dump_folder, model_parts, optimizers, dataloader, train_state, run_info: dict,
+                 io_timeout_seconds: int = 1800):
         self.cfg = cfg
-        self.enabled = cfg.enable or cfg.create_seed_checkpoint
         self.folder = os.path.join(dump_folder, cfg.folder)
         self.model_parts = model_parts
         self.states = {
@@ -161,43 +171,62 @@ class CheckpointManager:
             "dataloader": DataloaderState(dataloader),
         }
         self.train_state = train_state
-        self.run_info = run_info  # world_size, global_batch, model: written into each marker
+        self.run_info = run_info  # world_size, global_batch, model, mesh: written into each marker
+        self.pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=io_timeout_seconds))
+        self._deleting: threading.Thread | None = None
+
+    def _barrier(self) -> None:
+        dist.barrier(group=self.pg)
+
+    def _agree(self, fn):
+        """Run fn on rank 0 and hand its result (or its CheckpointError) to every rank, so
+        all ranks act on one view of the folder (file system caches may differ per node)."""
+        box = [None]
+        if _is_main():
+            try:
+                box[0] = ("ok", fn())
+            except CheckpointError as e:
+                box[0] = ("error", str(e))
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        kind, value = box[0]
+        if kind == "error":
+            raise CheckpointError(value)
+        return value
 
     # ------------------------------------------------------------------ load
 
     def load(self) -> str:
         """Restore what this run starts from; return a log line ("" for a fresh start)."""
-        info = resolve_resume(self.folder, self.cfg.load_step) if self.cfg.enable else None
+        info = self._agree(lambda: resolve_resume(self.folder, self.cfg.load_step)) if self.cfg.enable else None
+        model = self.run_info["model"]
         if info is None:
-            if not self.cfg.initial_load_path:
+            path = self.cfg.initial_load_path
+            if not path:
                 return ""
-            check_initial_load_path(self.cfg.initial_load_path)
-            self._load({"model": self.states["model"]}, self.cfg.initial_load_path)
-            return f"weights loaded from {self.cfg.initial_load_path} (initial_load_path); starting at step 0"
+            self._agree(lambda: (check_initial_load_path(path),
+                                 check_compatible(path, read_marker(path) or {}, model, None)))
+            self._load({"model": self.states["model"]}, path, own=False)
+            return f"weights loaded from {path} (initial_load_path); starting at step 0"
         if info.model_only:
-            self._load({"model": self.states["model"]}, info.path, info)
+            check_compatible(info.path, info.marker, model, None)
+            self._load({"model": self.states["model"]}, info.path)
             return f"seed weights loaded from {info.path}; starting at step 0"
-        self._check_compatible(info)
-        self.train_state.restore_rng = info.marker.get("world_size") == self.run_info["world_size"]
-        self._load(self.states, info.path, info)
-        self.train_state.restore_rng = True
-        rng = "" if info.marker.get("world_size") == self.run_info["world_size"] else (
-            f"; RNG states not restored (saved with world size {info.marker.get('world_size')})")
+        check_compatible(info.path, info.marker, model, self.run_info["global_batch"])
+        # Per-rank RNG states mean something only for the same rank layout.
+        same_layout = (info.marker.get("world_size"), info.marker.get("mesh")) == (
+            self.run_info["world_size"], self.run_info["mesh"])
+        self.train_state.restore_rng = same_layout
+        try:
+            self._load(self.states, info.path)
+        finally:
+            self.train_state.restore_rng = True
+        rng = "" if same_layout else (f"; RNG states not restored (saved by mesh {info.marker.get('mesh')},"
+                                      f" world size {info.marker.get('world_size')})")
         return f"resumed from step {info.step} ({info.path}){rng}"
 
-    def _check_compatible(self, info: CheckpointInfo) -> None:
-        saved = info.marker.get("global_batch")
-        if saved is not None and saved != self.run_info["global_batch"]:
-            raise CheckpointError(
-                f"checkpoint '{info.path}' was saved with global batch {saved} rows, this run has"
-                f" {self.run_info['global_batch']}: the data position cannot be carried over; set"
-                f" --training.global_batch_size={saved}, or start from its weights only with"
-                f" --checkpoint.initial_load_path={info.path} and a fresh --checkpoint.folder"
-            )
-
-    def _load(self, states: dict, path: str, info: CheckpointInfo | None = None) -> None:
+    def _load(self, states: dict, path: str, own: bool = True) -> None:
         try:
-            dcp.load(states, checkpoint_id=path)
+            dcp.load(states, checkpoint_id=path, process_group=self.pg)
         except (Exception, CheckpointException) as e:  # DCP raises it on every rank when any read fails
             if is_comm_failure(e):  # a peer died mid-load: not the checkpoint's fault
                 raise
@@ -205,11 +234,17 @@ class CheckpointManager:
                 failures = list(e.failures.values())
                 e = failures[0][0] if failures else e
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            what = f"({type(e).__name__}: {first[:200]})"
+            if not own:
+                raise CheckpointError(
+                    f"--checkpoint.initial_load_path: '{path}' could not be loaded {what}; it is damaged or"
+                    " was saved by another model configuration (--model.name/flavor)"
+                ) from e
             others = [str(c.step) for c in scan(self.folder) if c.complete and not c.model_only and c.path != path]
-            hint = (f"pick an earlier step with --checkpoint.load_step (complete: {', '.join(others)})"
-                    if others else "delete it to start fresh")
-            raise CheckpointError(f"checkpoint '{path}' could not be loaded, it is corrupt or incompatible"
-                                  f" ({type(e).__name__}: {first[:200]}); {hint}") from e
+            hint = (f"pick another step with --checkpoint.load_step (complete: {', '.join(others)})"
+                    if others else "move it away to start fresh")
+            raise CheckpointError(f"checkpoint '{path}' could not be loaded, it is corrupt or does not match"
+                                  f" this model {what}; {hint}") from e
 
     # ------------------------------------------------------------------ save
 
@@ -234,28 +269,53 @@ class CheckpointManager:
         tmp = final + ".tmp"
         if _is_main():
             shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        dist.barrier()
-        dcp.save(states, checkpoint_id=tmp)
-        dist.barrier()
+            os.makedirs(tmp, exist_ok=True)
+        self._barrier()
+        self._check_shared(tmp)
+        dcp.save(states, checkpoint_id=tmp, process_group=self.pg)
+        self._barrier()
         if _is_main():
             write_marker(tmp, {"step": step, "model_only": model_only, "dtype": dtype, "time": time.time(), **self.run_info})
             old = final + ".old"
+            shutil.rmtree(old, ignore_errors=True)
             if os.path.exists(final):
                 os.replace(final, old)
-            os.replace(tmp, final)
+            os.replace(tmp, final)  # a crash before this line: step-N.old still loads (scan)
             shutil.rmtree(old, ignore_errors=True)
-        dist.barrier()
+        self._barrier()
+
+    def _check_shared(self, tmp: str) -> None:
+        """Every rank must see the folder rank 0 just created: DCP writes each rank's shard
+        there and rank 0 alone marks and renames it."""
+        seen = torch.tensor([1 if os.path.isdir(tmp) else 0])
+        dist.all_reduce(seen, op=dist.ReduceOp.MIN, group=self.pg)
+        if int(seen) == 0:
+            raise CheckpointError(
+                f"checkpoint folder '{tmp}' created by rank 0 is not visible on every rank: put"
+                " --job.dump_folder on a file system shared by all nodes"
+            )
 
     def _prune(self) -> None:
-        """Delete temporaries a crash left behind, and with keep_latest_k the oldest full
-        checkpoints beyond k (seed and weights-only checkpoints stay)."""
+        """Delete temporaries a crash left behind, and with keep_latest_k the least recently
+        saved full checkpoints beyond k (seed and weights-only checkpoints stay). Folders are
+        renamed out of the way at once and removed in the background, so a slow file system
+        never holds up training."""
         if not _is_main():
             return
         found = scan(self.folder)
-        full = [c for c in found if c.complete and not c.model_only]
-        newest = full[-1].step if full else -1
+        full = newest_first([c for c in found if c.complete and not c.model_only])
+        newest = full[0].step if full else -1
         stale = [c for c in found if c.path.endswith(".tmp") and c.step < newest]
-        old = full[: -self.cfg.keep_latest_k] if self.cfg.keep_latest_k > 0 else []
+        old = full[self.cfg.keep_latest_k:] if self.cfg.keep_latest_k > 0 else []
         for c in stale + old:
-            shutil.rmtree(c.path, ignore_errors=True)
+            os.replace(c.path, os.path.join(self.folder, f".trash-{os.path.basename(c.path)}-{time.time_ns()}"))
+        trash = [os.path.join(self.folder, n) for n in os.listdir(self.folder) if n.startswith(".trash-")]
+        if trash and (self._deleting is None or not self._deleting.is_alive()):
+            self._deleting = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
+                                              daemon=True)
+            self._deleting.start()
+
+    def close(self) -> None:
+        """Wait for background deletions (end of training)."""
+        if self._deleting is not None:
+            self._deleting.join()

@@ -6,10 +6,14 @@ Layout of <dump_folder>/<checkpoint.folder>:
     step-5/        a complete checkpoint: DCP files, `.metadata`, and `.complete` (JSON)
     step-10.tmp/   a save in progress, or one a crash interrupted: never loaded
     step-0/        a seed checkpoint (weights only, `"model_only": true` in `.complete`)
+    step-20.old/   the previous step-20 while a re-save of step 20 is renamed into place
+    .trash-*/      checkpoints being deleted (keep_latest_k) in the background
 
 `.complete` is written last, after every rank's DCP files and the DCP metadata, and the
 folder is renamed from `step-N.tmp` to `step-N` after that: a step folder without it was
-not finished and is reported as incomplete.
+not finished and is reported as incomplete. "Newest" means most recently saved (the
+marker's time), so after going back with load_step the new line of checkpoints wins over
+the abandoned later steps.
 """
 
 import json
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 COMPLETE_MARKER = ".complete"
 DCP_METADATA = ".metadata"
-_STEP_DIR = re.compile(r"^step-(\d+)(\.tmp)?$")
+_STEP_DIR = re.compile(r"^step-(\d+)(\.tmp|\.old)?$")
 
 
 class CheckpointError(ValueError):
@@ -36,6 +40,11 @@ class CheckpointInfo:
     @property
     def model_only(self) -> bool:
         return bool(self.marker.get("model_only", False))
+
+    @property
+    def order(self) -> tuple:
+        """Sort key: save time, then step (markers without a time sort by step)."""
+        return (self.marker.get("time", 0.0), self.step)
 
 
 def step_path(folder: str, step: int) -> str:
@@ -59,18 +68,27 @@ def read_marker(path: str) -> dict | None:
 
 
 def scan(folder: str) -> list[CheckpointInfo]:
-    """Every step folder (complete or not), oldest first; temporaries count as incomplete."""
+    """Every step folder (complete or not), by step; temporaries count as incomplete. A
+    complete `step-N.old` stands in for step-N when a crash hit between the two renames of
+    a re-save (step-N itself missing)."""
     if not os.path.isdir(folder):
         return []
+    names = set(os.listdir(folder))
     found = []
-    for name in os.listdir(folder):
+    for name in names:
         m = _STEP_DIR.match(name)
         path = os.path.join(folder, name)
         if not m or not os.path.isdir(path):
             continue
-        marker = None if m.group(2) else read_marker(path)
+        if m.group(2) == ".old" and f"step-{m.group(1)}" in names:
+            continue  # the re-save finished its rename; this is about to be deleted
+        marker = None if m.group(2) == ".tmp" else read_marker(path)
         found.append(CheckpointInfo(int(m.group(1)), path, marker is not None, marker or {}))
     return sorted(found, key=lambda c: (c.step, c.complete))
+
+
+def newest_first(found: list[CheckpointInfo]) -> list[CheckpointInfo]:
+    return sorted(found, key=lambda c: c.order, reverse=True)
 
 
 def completed_steps(folder: str) -> list[int]:
@@ -94,7 +112,8 @@ def _choices(found: list[CheckpointInfo], exclude: int | None = None) -> str:
 def resolve_resume(folder: str, load_step: int) -> CheckpointInfo | None:
     """The checkpoint a run in `folder` starts from, or None for a fresh start.
 
-    load_step -1: the newest complete full checkpoint, else a seed (step 0, weights only).
+    load_step -1: the most recently saved complete full checkpoint, else a seed (step 0,
+    weights only).
     Weights-only exports of later steps are not resumable and are skipped. load_step N:
     exactly step-N, which must be complete; a weights-only step-N is accepted only as a seed.
     """
@@ -118,11 +137,11 @@ def resolve_resume(folder: str, load_step: int) -> CheckpointInfo | None:
             )
         check_loadable(info, _choices(found, load_step))
         return info
-    full = [c for c in found if c.complete and not c.model_only]
+    full = newest_first([c for c in found if c.complete and not c.model_only])
     seeds = [c for c in found if c.complete and c.model_only and c.step == 0]
     if not full and not seeds:
         return None
-    info = full[-1] if full else seeds[-1]
+    info = full[0] if full else seeds[-1]
     check_loadable(info, _choices(found, info.step))
     return info
 
@@ -137,6 +156,25 @@ def check_initial_load_path(path: str) -> None:
         raise CheckpointError(
             f"--checkpoint.initial_load_path: '{path}' holds no DCP checkpoint ({DCP_METADATA} missing);"
             " give a checkpoint step folder such as <dump_folder>/checkpoint/step-N"
+        )
+
+
+def check_compatible(path: str, marker: dict, model: str, global_batch: int | None) -> None:
+    """The checkpoint's model (and, for a full resume, its global batch) must be this run's.
+    global_batch None: weights only, any batch size is fine."""
+    saved_model = marker.get("model")
+    if saved_model is not None and saved_model != model:
+        name, flavor = saved_model.split("/", 1) if "/" in saved_model else (saved_model, "")
+        raise CheckpointError(
+            f"checkpoint '{path}' holds model {saved_model}, this run trains {model}: set"
+            f" --model.name={name} --model.flavor={flavor}, or use another --checkpoint.folder"
+        )
+    saved = marker.get("global_batch")
+    if global_batch is not None and saved is not None and saved != global_batch:
+        raise CheckpointError(
+            f"checkpoint '{path}' was saved with global batch {saved} rows, this run has {global_batch}:"
+            f" the data position cannot be carried over; set --training.global_batch_size={saved}, or start"
+            f" from its weights with --checkpoint.initial_load_path={path} and a fresh --checkpoint.folder"
         )
 
 

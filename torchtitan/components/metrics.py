@@ -47,8 +47,14 @@ def _truncate_after(path: str, step: int) -> None:
     kill after its last checkpoint) and is trained again, so the file keeps one record per step."""
     if not os.path.isfile(path):
         return
+    def keep(line: str) -> bool:
+        try:
+            return json.loads(line).get("step", 0) <= step
+        except ValueError:  # a line cut short by the crash
+            return False
+
     with open(path) as f:
-        lines = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        lines = [ln for ln in f if ln.strip() and keep(ln)]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.writelines(lines)

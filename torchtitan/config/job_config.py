@@ -226,8 +226,9 @@ class Checkpoint:
     all. Seed and model-only checkpoints are never deleted."""
 
     load_step: int = -1
-    """Step to resume from: -1 = the newest complete checkpoint in the folder; N = exactly
-    step-N (an error if it is missing or incomplete). Use it to go back past a bad one."""
+    """Step to resume from: -1 = the most recently saved complete checkpoint in the folder;
+    N = exactly step-N (an error if it is missing or incomplete). Use it to go back past a
+    bad one; the checkpoints saved after that are then newer than the abandoned later steps."""
 
     initial_load_path: str = ""
     """A checkpoint folder (e.g. another run's <dump>/checkpoint/step-N) whose model weights
@@ -249,7 +250,13 @@ class Checkpoint:
 class Comm:
     timeout_seconds: int = 300
     """Longest a collective may wait for the other ranks before the run fails. A rank that
-    died or hangs makes every other rank exit non-zero within this time instead of hanging."""
+    died or hangs makes every other rank exit non-zero within this time instead of hanging.
+    (On CUDA, NCCL's watchdog aborts the process at the timeout, without an error line.)"""
+
+    checkpoint_timeout_seconds: int = 1800
+    """Longest a checkpoint save or load may wait for the slowest rank's file I/O. Separate
+    from timeout_seconds so that writing a large checkpoint to a slow file system does not
+    fail a healthy run."""
 
 
 @dataclass

@@ -211,8 +211,9 @@ def validate(cfg: JobConfig, world_size: int) -> None:
         raise ConfigError(f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path")
     global_batch = t.global_batch_size if t.global_batch_size != -1 else per_step
     check_checkpoint(cfg, world_size, global_batch)
-    if cfg.comm.timeout_seconds < 1:
-        raise ConfigError(f"--comm.timeout_seconds={cfg.comm.timeout_seconds}: must be >= 1")
+    for key in ("timeout_seconds", "checkpoint_timeout_seconds"):
+        if getattr(cfg.comm, key) < 1:
+            raise ConfigError(f"--comm.{key}={getattr(cfg.comm, key)}: must be >= 1")
 
 
 def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None:
@@ -235,7 +236,7 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
                 f"--checkpoint.create_seed_checkpoint runs on one rank, not {world_size}: use NGPU=1 (no"
                 " parallelism); then train any layout from the same folder"
             )
-        if checkpoint_files.scan(ckpt):
+        if os.path.isdir(ckpt) and any(n.startswith("step-") for n in os.listdir(ckpt)):
             raise ConfigError(
                 f"--checkpoint.create_seed_checkpoint: '{ckpt}' already holds checkpoints; give an empty"
                 " --checkpoint.folder or --job.dump_folder (nothing is overwritten)"
@@ -243,16 +244,14 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
         return
     if cfg.job.dry_run:  # plans only; loads nothing
         return
+    model = f"{cfg.model.name}/{cfg.model.flavor}"
     try:
         info = checkpoint_files.resolve_resume(ckpt, c.load_step) if c.enable else None
-        if info is None and c.initial_load_path:
+        if info is not None:
+            checkpoint_files.check_compatible(info.path, info.marker, model, None if info.model_only else global_batch)
+        elif c.initial_load_path:
             checkpoint_files.check_initial_load_path(c.initial_load_path)
+            marker = checkpoint_files.read_marker(c.initial_load_path) or {}
+            checkpoint_files.check_compatible(c.initial_load_path, marker, model, None)
     except checkpoint_files.CheckpointError as e:
         raise ConfigError(str(e)) from None
-    saved = info.marker.get("global_batch") if info is not None and not info.model_only else None
-    if saved is not None and saved != global_batch:
-        raise ConfigError(
-            f"checkpoint '{info.path}' was saved with global batch {saved} rows, this run has {global_batch}:"
-            f" the data position cannot be carried over; set --training.global_batch_size={saved}, or start"
-            f" from its weights with --checkpoint.initial_load_path={info.path} and a fresh --checkpoint.folder"
-        )

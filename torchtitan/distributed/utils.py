@@ -56,7 +56,10 @@ def shutdown_distributed() -> None:
             dist.destroy_process_group()
 
 
-_COMM_FAILURE_WORDS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout", "broken pipe")
+# What gloo / NCCL say when a peer is gone or silent (not when a collective is misused).
+_COMM_FAILURE_WORDS = ("gloo/transport/", "connection closed", "connection reset", "connection refused",
+                       "broken pipe", "timed out",
+                       "socket timeout", "nccl communicator was aborted", "watchdog caught collective operation timeout")
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -71,7 +74,7 @@ def _unwrap(e: BaseException) -> BaseException:
 def is_comm_failure(e: BaseException) -> bool:
     """A collective that failed because a peer died, hung or closed its connection."""
     e = _unwrap(e)
-    if isinstance(e, dist.DistError):
+    if isinstance(e, (dist.DistNetworkError, dist.DistStoreError)):
         return True
     text = str(e).lower()
     return isinstance(e, RuntimeError) and any(w in text for w in _COMM_FAILURE_WORDS)
