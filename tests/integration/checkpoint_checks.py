@@ -146,15 +146,15 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
     if others_exited is None and not alive(others):
         others_exited = job_gone
     out = read_log()
+    folder = os.path.join(dump, "checkpoint")
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     shutil.copy(metrics, os.path.join(dump, "killed.jsonl"))
     return {
         "others_exited": others_exited, "job_gone": job_gone, "returncode": proc.returncode,
         "all_gone": not alive(list(workers)), "output": out, "killed_rank": kill_rank,
         "losses": losses(dump), "errors": [ln for ln in out.splitlines() if ln.startswith("error:")],
-        "checkpoints": sorted(os.listdir(os.path.join(dump, "checkpoint"))), "timeout": timeout,
-        "exit_codes": rank_exit_codes(out),
-        "complete": [c for c in sorted(os.listdir(os.path.join(dump, "checkpoint")))
-                     if os.path.exists(os.path.join(dump, "checkpoint", c, ".complete"))],
+        "checkpoints": names, "timeout": timeout, "exit_codes": rank_exit_codes(out),
+        "complete": [c for c in names if os.path.exists(os.path.join(dump, "checkpoint", c, ".complete"))],
     }
 
 

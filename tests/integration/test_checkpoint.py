@@ -99,7 +99,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
 
 
 def test_stalled_rank_makes_the_others_exit_within_the_timeout(tmp_path):
-    k = cc.kill_run(str(tmp_path / "stall"), kill_rank=2, sig=signal.SIGSTOP, timeout=5, after_step=3, steps=12)
+    k = cc.kill_run(str(tmp_path / "stall"), kill_rank=2, sig=signal.SIGSTOP, timeout=5, after_step=6, steps=12)
     assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
     # gloo's collective timeout fires at 5 s; allow a few seconds for the ranks to exit.
     assert 4.5 < k["others_exited"] < 5 + 8, k["others_exited"]
@@ -147,7 +147,7 @@ def test_corrupt_checkpoint_names_its_path(fsdp_run, tmp_path):
     errors = [ln for ln in log.splitlines() if ln.startswith("error:")]
     assert rc != 0 and errors, log[-3000:]
     assert errors[0] == (
-        f"error: checkpoint '{dump}/checkpoint/step-10' could not be loaded, it is corrupt or incompatible"
-        " (EOFError: Ran out of input); pick an earlier step with --checkpoint.load_step (complete: 5)"
+        f"error: checkpoint '{dump}/checkpoint/step-10' could not be loaded, it is corrupt or does not match"
+        " this model (EOFError: Ran out of input); pick another step with --checkpoint.load_step (complete: 5)"
     )
     assert not os.path.exists(os.path.join(dump, "metrics.jsonl"))
