@@ -67,13 +67,14 @@ CASES = [
     # tensor parallel
     Case("tp", 2, [TP, "--training.local_batch_size=8"]),
     Case("tp_no_loss_parallel", 2, [TP, "--training.local_batch_size=8", "--parallelism.loss_parallel=false"], slow=True),
-    Case("fsdp+tp", 4, [TP, "--training.local_batch_size=4"]),
+    # (fsdp+tp and pp+fsdp_Interleaved1F1B are also checked against 1 rank by test_checkpoint.py)
+    Case("fsdp+tp", 4, [TP, "--training.local_batch_size=4"], slow=True),
     Case("hsdp+tp", 8, [TP, "--parallelism.data_parallel_replicate_degree=2"], slow=True),
     # pipeline parallel: every schedule alone (2 ranks) and with FSDP (4 ranks)
     # (alone, only 1F1B and DualPipeV run in `make test`: every schedule also runs with FSDP below)
     *[Case(f"pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"], slow=name not in ("1F1B", "DualPipeV"))
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
-    *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"])
+    *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"], slow=name == "Interleaved1F1B")
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
     Case("pp+fsdp+tp", 8, [PP, TP, _schedule("Interleaved1F1B"), "--training.local_batch_size=4"]),
     Case("pp_split_points", 2, [PP, "--parallelism.pipeline_parallel_split_points=layers.1",

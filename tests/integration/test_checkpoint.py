@@ -10,6 +10,7 @@ import pytest
 
 import checkpoint_checks as cc
 import run_tests
+import test_parity_suite
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,17 @@ def _marker(dump, step):
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "fsdp+tp", "pp+fsdp"])
-def test_resume_is_bitwise(layout, fsdp_run, tmp_path):
+def test_resume_is_bitwise(layout, fsdp_run, tmp_path, tmp_path_factory):
     if layout == "fsdp":
         dump = fsdp_run
     else:
         dump = str(tmp_path / layout)
         cc.straight_run(layout, dump)
+    # The straight run is also this layout's parity check against one rank (run_tests.py
+    # keeps its own fsdp+tp and pp+fsdp_Interleaved1F1B cases for --slow).
+    reference = test_parity_suite._losses("reference", tmp_path_factory)
+    straight_list = [cc.straight_losses(dump)[s] for s in range(1, 11)]
+    assert run_tests.max_rel_diff(straight_list, reference) <= 1e-4, (straight_list, reference)
     assert _marker(dump, 5)["model_only"] is False and _marker(dump, 10)["step"] == 10
     straight = cc.straight_losses(dump)
     resumed, log = cc.resumed_run(layout, dump)
