@@ -58,14 +58,14 @@ def _schedule(name: str) -> str:
 
 CASES = [
     # data parallel
-    Case("fsdp", 4),
+    Case("fsdp", 4, slow=True),  # the same run is test_checkpoint.py's fsdp straight run, checked vs 1 rank
     Case("fsdp_2", 2),
     Case("fsdp_8", 8, ["--training.local_batch_size=1"], slow=True),  # 8 ranks: pp+fsdp+tp covers it
     Case("hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
     Case("ddp", 2, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
     Case("grad_accum", 2, ["--training.local_batch_size=1"]),
     # tensor parallel
-    Case("tp", 2, [TP, "--training.local_batch_size=8"]),
+    Case("tp", 2, [TP, "--training.local_batch_size=8"], slow=True),  # TP in make test: fsdp+tp (test_checkpoint)
     Case("tp_no_loss_parallel", 2, [TP, "--training.local_batch_size=8", "--parallelism.loss_parallel=false"], slow=True),
     # (fsdp+tp and pp+fsdp_Interleaved1F1B are also checked against 1 rank by test_checkpoint.py)
     Case("fsdp+tp", 4, [TP, "--training.local_batch_size=4"], slow=True),
@@ -76,7 +76,7 @@ CASES = [
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
     *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"], slow=name == "Interleaved1F1B")
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
-    Case("pp+fsdp+tp", 8, [PP, TP, _schedule("Interleaved1F1B"), "--training.local_batch_size=4"]),
+    Case("pp+fsdp+tp", 8, [PP, TP, _schedule("Interleaved1F1B"), "--training.local_batch_size=4"], slow=True),
     Case("pp_split_points", 2, [PP, "--parallelism.pipeline_parallel_split_points=layers.1",
                                 "--training.local_batch_size=8"], slow=True),
     # SimpleFSDP: FSDP, with TP, HSDP, DDP and PP
