@@ -136,7 +136,10 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
             if others_exited is None and not alive(others):
                 others_exited = time.time() - start
                 if sig == signal.SIGSTOP:  # measured; spare torchrun's 30 s grace for a stopped process
-                    os.kill(workers[kill_rank], signal.SIGKILL)
+                    try:
+                        os.kill(workers[kill_rank], signal.SIGKILL)
+                    except ProcessLookupError:  # torchrun got there first
+                        pass
             time.sleep(0.05)
     finally:
         if proc.poll() is None:
