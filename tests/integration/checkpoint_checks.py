@@ -92,6 +92,16 @@ def _workers(dump: str) -> dict[int, int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """The process exists and has not exited: an exited worker stays a zombie (still in /proc)
+    until torchrun reaps it, which can be after its 30 s grace for a stopped sibling."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int = 20, steps: int = 30,
              sig: int = signal.SIGKILL, ngpu: int = 4, in_save: int | None = None) -> dict:
     """FSDP run checkpointing every 5 steps; once rank 0 logged `after_step` (or, with
@@ -126,7 +136,7 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
         # finished step-N (then the kill lands just after the save) ends the wait too.
         tmp = os.path.join(dump, "checkpoint", f"step-{in_save}")
         wait_for(lambda: os.path.exists(tmp + ".tmp") or os.path.exists(tmp), f"the save of step {in_save}", 0.002)
-    alive = lambda ranks: [r for r in ranks if os.path.exists(f"/proc/{workers[r]}")]  # noqa: E731
+    alive = lambda ranks: [r for r in ranks if _running(workers[r])]  # noqa: E731
     others = [r for r in workers if r != kill_rank]
     start = time.time()
     os.kill(workers[kill_rank], sig)

@@ -104,7 +104,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
         assert resumed[newest + 1] == k["losses"][newest + 1]
 
 
-@pytest.mark.slow  # one make-test run saw the survivors take 35 s at timeout 5 s: under investigation
+@pytest.mark.slow  # one make-test run measured 35 s at timeout 5 s (exited ranks left as zombies counted as alive; fixed, re-check before moving it back)
 def test_stalled_rank_makes_the_others_exit_within_the_timeout(tmp_path):
     k = cc.kill_run(str(tmp_path / "stall"), kill_rank=2, sig=signal.SIGSTOP, timeout=5, after_step=6, steps=12)
     assert k["returncode"] != 0 and k["all_gone"], k["output"][-3000:]
