@@ -91,10 +91,6 @@ def newest_first(found: list[CheckpointInfo]) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: c.order, reverse=True)
 
 
-def completed_steps(folder: str) -> list[int]:
-    return [c.step for c in scan(folder) if c.complete]
-
-
 def check_loadable(info: CheckpointInfo, others: str = "") -> None:
     """A complete checkpoint must hold DCP's metadata; anything less was damaged after the save."""
     if not os.path.isfile(os.path.join(info.path, DCP_METADATA)):
