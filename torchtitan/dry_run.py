@@ -34,8 +34,8 @@ def memory_estimate(parts, param_dtype: str) -> dict:
     sharded = sum(
         (p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for m in parts.modules for p in m.parameters()
     )
-    freed = sorted((u.param_bytes for units, d in zip(parts.units, parts.plan) for u in units if d[u.name].reshard), reverse=True)
-    peak_unsharded = kept_bytes(parts.plan, parts.units) + sum(freed[:2])
+    freed = sorted((u.param_bytes for p in parts.parts for u in p.units if p.reshard[u.name].reshard), reverse=True)
+    peak_unsharded = kept_bytes([p.reshard for p in parts.parts], [p.units for p in parts.parts]) + sum(freed[:2])
     return {
         "params_bytes": sharded,
         "grads_bytes": sharded,
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         from torchtitan.components.tokenizer import Tokenizer
 
         vocab = Tokenizer(cfg.model.tokenizer_path).vocab_size
-    args = model_args(cfg.model.name, cfg.model.flavor, vocab, cfg.training.seq_len)
+    args = model_args(cfg.model.name, cfg.model.flavor, vocab, cfg.training.seq_len, cfg.moe)
     with torch.device("meta"):
         model = spec.model_cls(args)
     n_params = sum(p.numel() for p in model.parameters())

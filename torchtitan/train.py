@@ -20,8 +20,10 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.checkpoint_files import CheckpointError
 from torchtitan.components.dataloader import build_dataloader
+from torchtitan.components.expert_balance import ExpertBalancer
+from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.components.memory_probe import HeldForBackward
-from torchtitan.components.metrics import MetricsLogger, flops_per_token, memory_gib, peak_tflops
+from torchtitan.components.metrics import MetricsLogger, memory_gib, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.config import JobConfig, load_config_or_exit
@@ -74,21 +76,18 @@ class Trainer:
 
         self.tokenizer = Tokenizer(cfg.model.tokenizer_path)
         spec = get_train_spec(cfg.model.name)
-        self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len)
+        self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len, cfg.moe)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args)
         self.n_params = sum(p.numel() for p in model.parameters())
-        n_embed = model.tok_embeddings.weight.numel()
-        self.flops_per_token = flops_per_token(
-            self.n_params, n_embed, self.model_args.n_layers, self.model_args.dim, t.seq_len
-        )
+        self.flops_per_token = model.flops_per_token(t.seq_len)
 
         self.global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * self.dims.dp
         self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
         self.pipeline = None
         self.layout_note = ""
         self.held_bytes = 0
-        self.comm = CommStats(mesh_group_dims(self.mesh)) if cfg.metrics.comm_stats else None
+        self.comm = CommStats(mesh_group_dims(self.mesh, self.dims.flattened_names())) if cfg.metrics.comm_stats else None
         pp_rank = self.dims.submesh("pp").get_local_rank() if self.dims.pp > 1 else 0
         parts = resolve_parts(spec, model, self.dims, cfg, self.param_dtype, pp_rank)
         self._report_plan(parts)
@@ -115,6 +114,11 @@ class Trainer:
             )
         self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
 
+        self.balancer = None
+        self.model_args_aux_loss = getattr(self.model_args, "aux_loss_coeff", 0.0) > 0
+        if getattr(self.model_args, "n_routed_experts", 0):
+            self.balancer = ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(),
+                                           self.dims.submesh("pp").get_group() if self.dims.pp > 1 else None)
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
         self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, self.device.type, t.steps, cfg.lr_scheduler)
         self.train_state = TrainState(self.rank)
@@ -181,11 +185,13 @@ class Trainer:
             + (f"; {self.layout_note}" if self.layout_note else "")
         )
 
-    def train_step(self, batches) -> tuple[float, float]:
-        """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm)."""
+    def train_step(self, batches) -> tuple[float, float, dict]:
+        """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm,
+        MoE figures: the balance loss when on, the expert load)."""
         for m in self.model_parts:
             m.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
+        aux_sum = torch.zeros((), device=self.device)
         if self.comm is not None:
             self.comm.phase_name = "forward"  # backward is detected from autograd
         first = True
@@ -199,12 +205,16 @@ class Trainer:
                 with probe:
                     logits = self.model_parts[0](inputs)
                     # Every micro-batch has the same token count, so the mean of means is the global mean.
-                    loss = cross_entropy_loss(logits, labels) / self.accum_steps
+                    ce = cross_entropy_loss(logits, labels) / self.accum_steps
+                    aux = moe_aux_loss(self.model_parts[0])  # MoE balance term: trained on, logged apart
+                    loss = ce if aux is None else ce + aux / self.accum_steps
                 if first and self.cfg.metrics.held_for_backward:
                     self.held_bytes = probe.held_bytes()
                 first = False
                 loss.backward()
-                loss_sum += _local(loss.detach())
+                loss_sum += _local(ce.detach())
+                if aux is not None:
+                    aux_sum += aux.detach() / self.accum_steps
         if self.comm is not None:
             self.comm.phase_name = "other"
         pp_group = self.dims.submesh("pp").get_group() if self.pipeline is not None else None
@@ -222,7 +232,11 @@ class Trainer:
                     " --optimizer.lr or set --training.max_norm, then resume from the last checkpoint"
                 )
         self.optimizers.step()
-        return loss, grad_norm
+        moe = self.balancer.step() if self.balancer is not None else {}
+        if self.model_args_aux_loss:
+            dist.all_reduce(aux_sum, group=self.dims.submesh("dp").get_group())
+            moe["aux_loss"] = aux_sum.item() / self.dims.dp
+        return loss, grad_norm, moe
 
     def _pipeline_microbatches(self, inputs, labels) -> torch.Tensor:
         """Run the schedule over one local batch; return its (scaled) loss on the last stage."""
@@ -257,7 +271,7 @@ class Trainer:
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             self.activity = f"step {step}"
-            loss, grad_norm = self.train_step(batches)
+            loss, grad_norm, moe = self.train_step(batches)
             comm = {}
             if self.comm is not None:
                 counts, nbytes = self.comm.reset()
@@ -275,7 +289,7 @@ class Trainer:
                     "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
                     "tokens_per_sec_per_device": per_device, "mfu": mfu,
                     "memory_gib": memory_gib(self.device), "step_time": step_time,
-                    "tokens_seen": self.train_state.tokens_seen, **comm,
+                    "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
                     **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
             self.activity = f"the checkpoint save after step {step}"

@@ -5,7 +5,7 @@
     python tests/integration/run_tests.py --ngpu 4 --filter pp  # cases whose name contains "pp"
 
 On a machine without GPUs every rank is a CPU process (gloo); on an 8-GPU runner the same
-cases run on CUDA. Every case trains the tiny Llama3 for 10 steps in fp32 with the same
+cases run on CUDA. Every case trains the tiny Llama3 (or DeepSeek-V3, cases named deepseek_*) for 10 steps in fp32 with the same
 global batch as its 1-rank reference, and passes when it exits 0 and every step's loss is
 within --rtol (relative) of the reference.
 """
@@ -46,6 +46,12 @@ class Case:
     ngpu: int
     overrides: list[str] = field(default_factory=list)
     slow: bool = False  # only with --slow (kept out of `make test`)
+    model: str = "llama3"  # each model has its own 1-rank reference
+
+
+DS = "deepseek_v3"
+EP = "--parallelism.expert_parallel_degree=2"
+COMM = "--metrics.comm_stats=true"
 
 
 PP = "--parallelism.pipeline_parallel_degree=2"
@@ -97,17 +103,37 @@ CASES = [
     Case("fsdp_ac_layer", 2, ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"]),
     Case("fsdp_compile", 2, ["--compile.enable=true"]),
     Case("fsdp_compile_ac_op", 2, ["--compile.enable=true", "--activation_checkpoint.mode=selective"], slow=True),
+    # DeepSeek-V3 (tiny: MLA, 1 dense + 3 MoE blocks, 8 experts, group-limited top 2) with EP
+    Case("deepseek_fsdp", 2, [], model=DS, slow=True),
+    # (comm stats on: test_parity_suite.py also asserts the EP all-to-all counts of these three)
+    Case("deepseek_ep_all_of_dp_shard", 2, [EP, COMM], model=DS),  # experts' FSDP mesh of size 1
+    Case("deepseek_fsdp+ep", 4, [EP, "--training.local_batch_size=2"], model=DS, slow=True),
+    Case("deepseek_fsdp+tp+ep", 4, [TP, EP, "--training.local_batch_size=4"], model=DS),
+    Case("deepseek_hsdp+ep", 4, [EP, "--parallelism.data_parallel_replicate_degree=2"], model=DS, slow=True),
+    Case("deepseek_pp+fsdp+ep", 4, [PP, EP, "--training.local_batch_size=4"], model=DS),
+    Case("deepseek_pp+fsdp+tp+ep", 8, [PP, TP, EP, "--training.local_batch_size=4",
+                                       _schedule("Interleaved1F1B")], model=DS, slow=True),
+    Case("deepseek_ep_grad_accum", 2, [EP, "--training.local_batch_size=1"], model=DS, slow=True),
+    Case("deepseek_ep_ac_full", 2, [EP, COMM, "--activation_checkpoint.mode=full"], model=DS),
+    Case("deepseek_ep_ac_op", 2, [EP, COMM, "--activation_checkpoint.mode=selective"], model=DS),
 ]
 
 
-def read_losses(dump: str) -> list[float]:
+def read_losses(dump: str, key: str = "loss") -> list[float]:
     with open(os.path.join(dump, "metrics.jsonl")) as f:
-        return [json.loads(line)["loss"] for line in f if line.strip()]
+        return [json.loads(line)[key] for line in f if line.strip()]
 
 
-def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = None) -> tuple[int, float, str]:
+def read_grad_norms(dump: str) -> list[float]:
+    """Adam hides a wrong gradient scale from the loss (it is scale invariant), not from the
+    gradient norm: e.g. experts' gradients averaged over the wrong number of ranks."""
+    return read_losses(dump, "grad_norm")
+
+
+def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = None,
+        model: str = "llama3") -> tuple[int, float, str]:
     env = {**os.environ, "NGPU": str(ngpu), **(extra_env or {})}
-    cmd = [RUN_TRAIN, *BASE, *overrides, f"--job.dump_folder={dump}"]
+    cmd = [RUN_TRAIN, f"--model.name={model}", *BASE, *overrides, f"--job.dump_folder={dump}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     return proc.returncode, time.perf_counter() - start, proc.stdout + proc.stderr
@@ -139,20 +165,24 @@ def main(argv=None) -> int:
         return 2
     out = args.out or tempfile.mkdtemp(prefix="titan_suite_")
 
-    rc, secs, log = run(1, [], os.path.join(out, "reference"))
-    if rc != 0:
-        print(log[-3000:])
-        print("error: the 1-rank reference run failed", file=sys.stderr)
-        return 1
-    reference = read_losses(os.path.join(out, "reference"))
-    print(f"reference (1 rank): final loss {reference[-1]:.6f}  ({secs:.1f}s)")
+    references = {}
+    for model in dict.fromkeys(c.model for c in cases):
+        name = "reference" if model == "llama3" else f"reference_{model}"
+        rc, secs, log = run(1, [], os.path.join(out, name), model=model)
+        if rc != 0:
+            print(log[-3000:])
+            print(f"error: the 1-rank {model} reference run failed", file=sys.stderr)
+            return 1
+        references[model] = read_losses(os.path.join(out, name)), read_grad_norms(os.path.join(out, name))
+        print(f"reference {model} (1 rank): final loss {references[model][0][-1]:.6f}  ({secs:.1f}s)")
     print(f"{'case':28s} {'world':>5s}  {'result':6s} {'max rel diff':>12s} {'final loss':>10s} {'wall s':>7s}")
     failures = 0
     for case in cases:
         dump = os.path.join(out, case.name)
-        rc, secs, log = run(case.ngpu, case.overrides, dump)
+        rc, secs, log = run(case.ngpu, case.overrides, dump, model=case.model)
         losses = read_losses(dump) if rc == 0 and os.path.exists(os.path.join(dump, "metrics.jsonl")) else []
-        diff = max_rel_diff(losses, reference) if losses else float("inf")
+        ref_losses, ref_norms = references[case.model]
+        diff = max(max_rel_diff(losses, ref_losses), max_rel_diff(read_grad_norms(dump), ref_norms)) if losses else float("inf")
         ok = rc == 0 and diff <= args.rtol
         failures += not ok
         final = f"{losses[-1]:.6f}" if losses else "-"

@@ -1,21 +1,31 @@
 """The run_tests.py cases under pytest: each case's losses vs the 1-rank reference, and
 numerics-neutral features (activation checkpointing) bitwise identical to running without."""
 
+import json
+
 import pytest
 import run_tests
 
 _CASES = {c.name: c for c in run_tests.CASES}
 _LOSSES: dict[str, list[float]] = {}
+_GRAD_NORMS: dict[str, list[float]] = {}
+_COMM: dict[str, dict] = {}
 
 
 def _losses(name: str, tmp_path_factory) -> list[float]:
-    """Run a case once per session (the reference is the 1-rank run) and keep its losses."""
+    """Run a case once per session (reference_<model> is the 1-rank run) and keep its losses."""
     if name not in _LOSSES:
-        ngpu, overrides = (1, []) if name == "reference" else (_CASES[name].ngpu, _CASES[name].overrides)
+        if name.startswith("reference"):
+            ngpu, overrides, model = 1, [], name.partition("_")[2] or "llama3"
+        else:
+            ngpu, overrides, model = _CASES[name].ngpu, _CASES[name].overrides, _CASES[name].model
         dump = str(tmp_path_factory.mktemp(name.replace("+", "_")))
-        rc, _, log = run_tests.run(ngpu, overrides, dump)
+        rc, _, log = run_tests.run(ngpu, overrides, dump, model=model)
         assert rc == 0, log[-3000:]
         _LOSSES[name] = run_tests.read_losses(dump)
+        _GRAD_NORMS[name] = run_tests.read_grad_norms(dump)
+        with open(f"{dump}/metrics.jsonl") as f:
+            _COMM[name] = json.loads(f.read().splitlines()[-1]).get("comm", {})
     return _LOSSES[name]
 
 
@@ -24,10 +34,13 @@ SLOW = [c for c in run_tests.CASES if c.slow]
 
 
 def _check(case, tmp_path_factory):
-    reference = _losses("reference", tmp_path_factory)
+    ref_name = "reference" if case.model == "llama3" else f"reference_{case.model}"
+    reference = _losses(ref_name, tmp_path_factory)
     losses = _losses(case.name, tmp_path_factory)
     assert len(losses) == run_tests.STEPS
     assert run_tests.max_rel_diff(losses, reference) <= 1e-4, (losses, reference)
+    norms, ref_norms = _GRAD_NORMS[case.name], _GRAD_NORMS[ref_name]
+    assert run_tests.max_rel_diff(norms, ref_norms) <= 1e-4, (norms, ref_norms)
 
 
 @pytest.mark.parametrize("case", FAST, ids=[c.name for c in FAST])
@@ -58,3 +71,28 @@ def test_compile_matches_eager(tmp_path_factory):
     compiled = _losses("fsdp_compile", tmp_path_factory)
     eager = _losses("fsdp_2", tmp_path_factory)
     assert run_tests.max_rel_diff(compiled, eager) <= 1e-5, (compiled, eager)
+
+
+@pytest.mark.parametrize("ac_case", ["deepseek_ep_ac_full", "deepseek_ep_ac_op"])
+def test_activation_checkpointing_with_expert_parallel_is_bitwise_neutral(ac_case, tmp_path_factory):
+    # Recompute must route exactly as forward did (same splits, same experts, counts not
+    # doubled): the losses are bitwise those of the same EP layout without AC.
+    assert _losses(ac_case, tmp_path_factory) == _losses("deepseek_ep_all_of_dp_shard", tmp_path_factory)
+
+
+def _comm(name: str, tmp_path_factory) -> dict:
+    """The collective counts of a case's last step (its dump is kept by _losses)."""
+    _losses(name, tmp_path_factory)
+    return _COMM[name]
+
+
+@pytest.mark.parametrize("ac_case, backward_a2a", [
+    ("deepseek_ep_all_of_dp_shard", 12), ("deepseek_ep_ac_op", 12), ("deepseek_ep_ac_full", 30)])
+def test_expert_parallel_all_to_alls_per_step(ac_case, backward_a2a, tmp_path_factory):
+    # 3 MoE layers x 2 accumulation steps. Forward: counts, dispatch, combine = 3 all-to-alls per
+    # layer. Backward: the reverse of dispatch and combine = 2; op SAC keeps the dispatched
+    # tokens so recompute sends nothing; full AC sends the forward's 3 again.
+    comm = _comm(ac_case, tmp_path_factory)
+    assert comm["forward/all_to_all/ep"] == 3 * 3 * 2
+    assert comm["backward/all_to_all/ep"] == backward_a2a
+    assert not any("all_to_all" in key and not key.endswith("/ep") for key in comm), comm

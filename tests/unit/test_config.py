@@ -18,7 +18,7 @@ from torchtitan.config.manager import field_types, parse_cli, sections
 from config_helpers import cfg_of, config_error, write_toml  # noqa: E402
 
 SECTION_NAMES = [
-    "job", "model", "training", "parallelism", "optimizer", "lr_scheduler",
+    "job", "model", "training", "parallelism", "moe", "optimizer", "lr_scheduler",
     "activation_checkpoint", "compile", "checkpoint", "comm", "metrics",
 ]
 SECTIONS_LINE = "sections: " + ", ".join(SECTION_NAMES)

@@ -14,7 +14,7 @@ from torchtitan.config.manager import field_docs, sections
 from config_helpers import write_toml
 
 SECTION_NAMES = [
-    "job", "model", "training", "parallelism", "optimizer", "lr_scheduler",
+    "job", "model", "training", "parallelism", "moe", "optimizer", "lr_scheduler",
     "activation_checkpoint", "compile", "checkpoint", "comm", "metrics",
 ]
 

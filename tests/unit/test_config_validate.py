@@ -121,7 +121,7 @@ def test_unknown_model_flavor_with_suggestion():
 
 def test_unknown_model_name():
     assert config_error(["--model.name=llama4"]) == (
-        "--model.name: unknown model 'llama4' (did you mean 'llama3'?); choose one of llama3"
+        "--model.name: unknown model 'llama4' (did you mean 'llama3'?); choose one of llama3, deepseek_v3"
     )
 
 

@@ -57,7 +57,7 @@ def test_flavor_registry():
 def test_unknown_train_spec():
     with pytest.raises(ValueError) as info:
         get_train_spec("gpt2")
-    assert str(info.value) == "--model.name: no train spec for 'gpt2'; registered: llama3"
+    assert str(info.value) == "--model.name: no train spec for 'gpt2'; registered: llama3, deepseek_v3"
 
 
 @pytest.mark.parametrize("flavor", list(FLAVORS))

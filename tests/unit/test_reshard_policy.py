@@ -16,10 +16,15 @@ from torchtitan.distributed.reshard_policy import (
     resolve,
 )
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.models.llama3.parallelize import fsdp_units
+from torchtitan.distributed.data_parallel import build_units
 from torchtitan.protocols.train_spec import model_args
 
 MIB = 2**20
+
+
+def fsdp_units(model, tp: int, dtype_bytes: int) -> list[Unit]:
+    """Llama3's units: its train spec calls the shared builder with nothing model-specific."""
+    return build_units(model, tp, 1, dtype_bytes)
 
 # The reasons resolve gives; asserted verbatim so that a change of wording is noticed.
 NEVER = "never: kept for backward (ZeRO-2)"
@@ -413,6 +418,8 @@ def test_fsdp_units_of_the_whole_model(flavor, n_layers):
     names = ["tok_embeddings"] + [f"layers.{i}" for i in range(n_layers)] + [""]
     assert [u.name for u in units] == names
     assert [u.is_root for u in units] == [False] * (n_layers + 1) + [True]
+    assert [u.block for u in units] == [None] + names[1:-1] + [None]
+    assert {u.mesh for u in units} == {"dp"}
     matrices, norms = block_params(a)
     assert units[0].param_bytes == 4 * VOCAB * a.dim
     assert all(u.param_bytes == 4 * (matrices + norms) for u in units[1:-1])

@@ -25,12 +25,6 @@ def peak_tflops(device: torch.device, configured: float) -> float | None:
     return next((v for k, v in _PEAK_TFLOPS.items() if k in name), None)
 
 
-def flops_per_token(n_params: int, n_embedding_params: int, n_layers: int, dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per non-embedding weight (forward + backward) plus causal
-    attention scores and values (6 x layers x seq x dim)."""
-    return 6.0 * (n_params - n_embedding_params) + 6.0 * n_layers * seq_len * dim
-
-
 def memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -86,7 +80,9 @@ class MetricsLogger:
         return (self.total_steps - step) * sum(recent) / len(recent)
 
     def log(self, step: int, values: dict) -> None:
-        """values: loss, grad_norm, lr, tokens_per_sec, mfu (or None), memory_gib, step_time."""
+        """values: loss, grad_norm, lr, tokens_per_sec, mfu (or None), memory_gib, step_time;
+        for MoE models also expert_load_min / expert_load_max (tokens per expert relative to
+        the mean, over the step and all layers) and aux_loss when the balance loss is on."""
         eta = self.eta(step, values["step_time"])
         if not self.enabled:
             return
@@ -94,8 +90,12 @@ class MetricsLogger:
         mfu = values.get("mfu")
         print(
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}"
-            f"  loss {values['loss']:.4f}  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
-            f"  tok/s {values['tokens_per_sec']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
+            f"  loss {values['loss']:.4f}"
+            + (f"  aux {values['aux_loss']:.5f}" if "aux_loss" in values else "")
+            + f"  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
+            + (f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
+               if "expert_load_max" in values else "")
+            + f"  tok/s {values['tokens_per_sec']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
             f"  mem {values['memory_gib']:.2f}GiB  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}",
             flush=True,
         )

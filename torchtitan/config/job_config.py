@@ -106,7 +106,10 @@ class Parallelism:
     """Pipeline stages the layers are split over."""
 
     expert_parallel_degree: int = 1
-    """Ranks the MoE experts are split over (models with experts only)."""
+    """Ranks the routed experts are split over (models with experts only); tokens reach
+    their experts by all-to-all. EP takes every TP rank (each routes its own tokens) and the
+    rest from data_parallel_shard_degree; experts are FSDP-sharded over the data-parallel
+    ranks EP did not take. With TP > 1 it must be a multiple of tensor_parallel_degree."""
 
     fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
     """Data-parallel implementation: fsdp2 (torch fully_shard, gathers in module hooks) or
@@ -146,6 +149,25 @@ class Parallelism:
     pipeline_parallel_split_points: list[str] = field(default_factory=list)
     """Explicit stage boundaries as the first block of each later stage, e.g.
     layers.2,layers.4 (three stages); overrides pipeline_parallel_layers_per_stage."""
+
+
+@dataclass
+class MoE:
+    top_k: int = 0
+    """Routed experts each token goes to (n_activated_experts); 0 = the flavor's value."""
+
+    score_func: Literal["flavor", "sigmoid", "softmax"] = "flavor"
+    """Router affinity: sigmoid (DeepSeek-V3) or softmax (V2); flavor = the flavor's choice."""
+
+    load_balance_coeff: float = -1.0
+    """Auxiliary-loss-free balancing: after every optimizer step each MoE layer's routing
+    bias moves by this much toward balance (up for experts that got fewer tokens than the
+    mean over the global batch, down for busier ones); the bias only selects experts, it
+    never weighs them. 0 disables it; -1 = the flavor's value."""
+
+    aux_loss_coeff: float = -1.0
+    """Weight of DeepSeek-V3's sequence-wise balance loss added to the training loss (logged
+    as aux_loss); 0 disables it; -1 = the flavor's value (0 for the small flavors)."""
 
 
 @dataclass
@@ -287,6 +309,7 @@ class JobConfig:
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    moe: MoE = field(default_factory=MoE)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)

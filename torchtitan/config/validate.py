@@ -111,11 +111,8 @@ def validate(cfg: JobConfig, world_size: int) -> None:
                 f" {key}={heads}; pick a divisor of {heads}"
             )
     dp_shard = resolve_dp_shard(cfg, world_size)
-    if p.expert_parallel_degree > 1 and not getattr(args, "n_routed_experts", 0):
-        raise ConfigError(
-            f"--parallelism.expert_parallel_degree={p.expert_parallel_degree}: model {m.name} has"
-            " no experts; set it to 1"
-        )
+    check_moe(cfg, args)
+    check_expert_parallel(cfg, args, dp_shard)
     if p.pipeline_parallel_degree > 1:
         mb = p.pipeline_parallel_microbatch_size
         if mb < 1 or t.local_batch_size % mb:
@@ -214,6 +211,76 @@ def validate(cfg: JobConfig, world_size: int) -> None:
     for key in ("timeout_seconds", "checkpoint_timeout_seconds"):
         if getattr(cfg.comm, key) < 1:
             raise ConfigError(f"--comm.{key}={getattr(cfg.comm, key)}: must be >= 1")
+
+
+def check_moe(cfg: JobConfig, args) -> None:
+    """The [moe] keys: only for models with experts, each within its range."""
+    moe, m = cfg.moe, cfg.model
+    experts = getattr(args, "n_routed_experts", 0)
+    changed = [k for k, v, default in (("top_k", moe.top_k, 0), ("score_func", moe.score_func, "flavor"),
+                                       ("load_balance_coeff", moe.load_balance_coeff, -1.0),
+                                       ("aux_loss_coeff", moe.aux_loss_coeff, -1.0)) if v != default]
+    if changed and not experts:
+        raise ConfigError(f"--moe.{changed[0]}: model {m.name} has no experts; drop the [moe] settings")
+    if not experts:
+        return
+    if moe.top_k < 0:
+        raise ConfigError(f"--moe.top_k={moe.top_k}: must be >= 1 (or 0 for the flavor's {args.n_activated_experts})")
+    routable = experts // args.n_expert_groups * args.n_limited_groups
+    if moe.top_k > routable:
+        raise ConfigError(
+            f"--moe.top_k={moe.top_k} exceeds the {routable} experts a token can reach ({m.name} {m.flavor}:"
+            f" {args.n_limited_groups} of {args.n_expert_groups} groups of {experts // args.n_expert_groups});"
+            f" pick at most {routable}"
+        )
+    for key in ("load_balance_coeff", "aux_loss_coeff"):
+        value = getattr(moe, key)
+        if not math.isfinite(value) or (value < 0 and value != -1):
+            raise ConfigError(f"--moe.{key}={value}: must be >= 0 (0 disables it) or -1 for the flavor's value")
+    aux = args.aux_loss_coeff if moe.aux_loss_coeff == -1 else moe.aux_loss_coeff
+    if aux > 0 and cfg.parallelism.pipeline_parallel_degree > 1:
+        raise ConfigError(
+            f"--moe.aux_loss_coeff={aux:g} (the sequence-wise balance loss) is not supported with pipeline"
+            " parallel yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
+        )
+
+
+def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
+    """EP borrows dp_shard's ranks (and all of tp's); experts split evenly over it."""
+    p, m = cfg.parallelism, cfg.model
+    ep, tp = p.expert_parallel_degree, p.tensor_parallel_degree
+    experts = getattr(args, "n_routed_experts", 0)
+    if experts and tp > 1 and ep % tp:
+        raise ConfigError(
+            f"--parallelism.tensor_parallel_degree={tp} with {m.name} needs --parallelism.expert_parallel_degree"
+            f" a multiple of {tp} (it is {ep}): under sequence parallel each TP rank routes its own tokens"
+            " and EP, which takes every TP rank, brings them to their experts"
+        )
+    if ep == 1:
+        return
+    if not experts:
+        raise ConfigError(f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1")
+    if dp_shard % (ep // tp):
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} takes {ep // tp} ranks from data_parallel_shard_degree"
+            f"={dp_shard} (ep / tp), which does not divide it; pick an expert_parallel_degree of tp x a divisor"
+            f" of {dp_shard}"
+        )
+    if experts % ep:
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} does not divide {m.name} {m.flavor}"
+            f" n_routed_experts={experts}; pick a divisor of {experts}"
+        )
+    if p.fsdp_implementation == "simple_fsdp":
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} with --parallelism.fsdp_implementation=simple_fsdp"
+            " is not supported yet (experts become SimpleFSDP units with its per-unit gathers); use fsdp2"
+        )
+    if dp_shard == 1 and p.data_parallel_replicate_degree > 1:
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} with DDP (data_parallel_shard_degree=1) is not"
+            " supported; shard the data-parallel ranks (data_parallel_shard_degree > 1)"
+        )
 
 
 def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None:

@@ -17,10 +17,19 @@ from functools import partial
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
 _fc = torch.ops._c10d_functional
+
+# A nested FSDP2 unit inside a region (a MoE block's experts) runs its hooks in forward and
+# again, differently, in the recompute: they open profiler ranges a different number of
+# times, which SAC would take for a changed op sequence. Those ops carry no values; SAC
+# leaves the ops in this (exported) set alone.
+for _name in ("_record_function_enter_new", "_record_function_enter", "_record_function_exit"):
+    _packet = getattr(torch.ops.profiler, _name, None)
+    if _packet is not None:
+        SAC_IGNORED_OPS.update(getattr(_packet, o) for o in _packet.overloads())
 
 # Compute-heavy ops whose outputs op-level SAC keeps: recomputing them costs the most FLOPs
 # per byte saved. Everything else (norms, activations, casts, views) is recomputed.
@@ -60,10 +69,15 @@ def compute_policy(func) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str]):
+def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: frozenset = frozenset()):
     """The SAC policy of one region: FSDP's gathers (and the waits that complete them) by the
-    comm decision, every other op by the compute decision."""
+    comm decision, every other op by the compute decision. Op SAC also keeps the outputs of
+    the model's `extra_save_ops` (e.g. expert parallel's all-to-alls, and the wait that
+    completes each), so that recompute neither communicates nor routes again."""
     pending = {False: 0, True: 0}  # FSDP gathers awaiting their wait, per (forward, recompute)
+    extra_pending = [0]  # extra collectives awaiting their wait
+    extra_waits = extra_save_ops & {_fc.wait_tensor.default}
+    extra_ops = extra_save_ops - extra_waits
 
     def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
         if spec.fsdp_comm is not None:
@@ -74,6 +88,12 @@ def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str]):
                 pending[ctx.is_recompute] -= 1
                 return MUST[spec.fsdp_comm]
         if spec.compute == "op":
+            if func in extra_ops:
+                extra_pending[0] += func == _fc.all_to_all_single.default
+                return CheckpointPolicy.MUST_SAVE
+            if func in extra_waits and extra_pending[0]:
+                extra_pending[0] -= 1
+                return CheckpointPolicy.MUST_SAVE
             return compute_policy(func)
         if spec.compute == "full":
             return CheckpointPolicy.PREFER_RECOMPUTE
@@ -82,17 +102,18 @@ def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str]):
     return policy
 
 
-def _context(spec: RegionSpec, fsdp_groups):
-    return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups))
+def _context(spec: RegionSpec, fsdp_groups, extra_save_ops):
+    return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups, extra_save_ops))
 
 
-def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str]) -> nn.Module:
+def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops=frozenset()) -> nn.Module:
     if not spec.wrapped:
         return module
     if spec.compute == "full" and spec.fsdp_comm is None:
         return checkpoint_wrapper(module, preserve_rng_state=False)  # plain full AC
     # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
-    return checkpoint_wrapper(module, context_fn=partial(_context, spec, fsdp_groups), preserve_rng_state=False)
+    context = partial(_context, spec, fsdp_groups, frozenset(extra_save_ops))
+    return checkpoint_wrapper(module, context_fn=context, preserve_rng_state=False)
 
 
 def block_compute(ac_cfg, position: int) -> str:
@@ -128,12 +149,12 @@ def region_specs(ac_cfg, block_names: list[str], reshard: dict[str, bool], simpl
     return specs
 
 
-def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str]) -> None:
+def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str], extra_save_ops=()) -> None:
     """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region."""
     for name, spec in specs.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        wrapped = wrap_region(parent.get_submodule(child), spec, fsdp_groups)
+        wrapped = wrap_region(parent.get_submodule(child), spec, fsdp_groups, extra_save_ops)
         if isinstance(parent, nn.ModuleDict):
             parent[child] = wrapped
         else:

@@ -1,7 +1,7 @@
 """Apply FSDP2 (`fully_shard`) unit by unit, as the resharding plan says.
 
-A plan maps each FSDP unit (a submodule name, or "" for the root that holds whatever no
-unit took: embeddings, final norm, output) to its reshard_after_forward. On a 2-D mesh
+Each FSDP unit (a submodule name, or "" for the root that holds whatever no unit took:
+final norm, output, ...) comes with its mesh and its reshard_after_forward. On a 2-D mesh
 (dp_replicate, dp_shard) fully_shard is HSDP.
 """
 
@@ -17,13 +17,28 @@ def mixed_precision(param: str, reduce: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=DTYPES[param], reduce_dtype=DTYPES[reduce])
 
 
-def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, plan: dict[str, bool]) -> None:
-    """fully_shard every unit of `plan` (innermost first), then the root."""
-    for name, reshard in plan.items():
-        if name:
-            fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+def apply_fsdp2(
+    model: nn.Module, mesh: DeviceMesh, units: list[tuple[str, DeviceMesh, bool]], mp: MixedPrecisionPolicy,
+    experts_divide_factor: float | None = None, experts: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """fully_shard every (name, mesh, reshard_after_forward) unit, nested ones (experts)
+    before the units that contain them, then the root ("") on `mesh`."""
+    root_reshard = next((reshard for name, _, reshard in units if name == ""), False)
+    named = [u for u in units if u[0]]
+    nested = {n for n, _, _ in named if any(n.startswith(o + ".") for o, _, _ in named)}
+    inner_first = sorted(named, key=lambda u: u[0] not in nested)  # stable: forward order otherwise
+    for name, unit_mesh, reshard in inner_first:
+        module = fully_shard(model.get_submodule(name), mesh=unit_mesh, mp_policy=mp, reshard_after_forward=reshard)
+        if name in experts and experts_divide_factor is not None:
+            # Divide by every data-parallel rank, not by the experts' mesh. FSDP2 (torch 2.13)
+            # then reduce-scatters with PREMUL_SUM, which gloo lacks: forcing SUM moves the
+            # division after it. But with a shard group of size 1 it skips the reduce-scatter,
+            # divides by the factor itself, and with SUM forced would divide a second time.
+            module.set_gradient_divide_factor(float(experts_divide_factor))
+            if unit_mesh.size(unit_mesh.ndim - 1) > 1:
+                module.set_force_sum_reduction_for_comms(True)
     # The root's value is set explicitly: FSDP2 would otherwise reshard it after forward too.
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.get("", False))
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=root_reshard)
 
 
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, units: list[str]) -> None:
@@ -38,7 +53,7 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, unit
 
 def unit_param_bytes(model: nn.Module, unit_names: list[str], size_of) -> dict[str, int]:
     """Bytes of the parameters each unit owns directly (nested units excluded; "" is the
-    root), with `size_of(param) -> bytes` saying what one parameter costs on this rank."""
+    root), with `size_of(name, param) -> bytes` saying what one parameter costs on this rank."""
     owner = {}
     for unit in sorted(unit_names, key=len):  # outer units first, inner ones overwrite
         prefix = f"{unit}." if unit else ""
@@ -47,5 +62,5 @@ def unit_param_bytes(model: nn.Module, unit_names: list[str], size_of) -> dict[s
                 owner[name] = unit
     sizes = dict.fromkeys(unit_names, 0)
     for name, p in model.named_parameters():
-        sizes[owner[name]] += size_of(p)
+        sizes[owner[name]] += size_of(name, p)
     return sizes

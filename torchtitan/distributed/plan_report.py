@@ -12,7 +12,8 @@ def plan_table(model_parts: list[dict]) -> str:
     for part in sorted(model_parts, key=lambda p: p["stage"]):
         regions = {r["name"]: r["label"] for r in part.get("ac_regions", [])}
         for u in part["fsdp_units"]:
-            rows.append((str(part["stage"]), u["name"], f"{u['param_bytes'] / MIB:,.1f}",
+            name = u["name"] + (f" [{u['mesh']} mesh]" if "mesh" in u else "")  # experts: their own mesh
+            rows.append((str(part["stage"]), name, f"{u['param_bytes'] / MIB:,.1f}",
                          "yes" if u["reshard_after_forward"] else "no", regions.get(u["name"], "-"), u["reason"]))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = []

@@ -31,6 +31,13 @@ class Unit:
     name: str  # FSDP unit module name; "" is the root (what no other unit took)
     param_bytes: int  # unsharded parameter bytes on this rank, in the param dtype
     is_root: bool = False
+    block: str | None = None  # the transformer block it belongs to (a block, or experts nested in one)
+    mesh: str = "dp"  # what it shards over: "dp" (dense data-parallel mesh) or "experts" (experts' FSDP mesh)
+
+    @property
+    def position(self) -> str:
+        """What the rules order by: its block, or itself when it is in none (embeddings)."""
+        return self.block or self.name
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,10 @@ def resolve(
 
     plan: list[dict[str, Decision]] = []
     for units in parts:
-        blocks = [u for u in units if not u.is_root]
-        last_block = blocks[-1].name if blocks else None
+        # "Last" speaks of blocks: every unit of the last block (its experts too) runs its
+        # backward right after its forward.
+        blocks = [u.position for u in units if not u.is_root]
+        last_block = blocks[-1] if blocks else None
         decisions = {}
         for unit in units:
             if policy == "never":
@@ -77,7 +86,7 @@ def resolve(
                 decisions[unit.name] = Decision(
                     False, f"auto, PP: kept, 1 gather per step instead of {n_microbatches} (one per microbatch)"
                 )
-            elif unit.name == last_block:
+            elif unit.position == last_block:
                 decisions[unit.name] = Decision(False, "auto: last in forward, its backward follows at once")
             else:
                 decisions[unit.name] = Decision(True, "auto: freed from its forward until its backward")

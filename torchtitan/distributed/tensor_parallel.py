@@ -2,9 +2,42 @@
 
 import contextlib
 
-from torch.distributed.tensor.parallel import loss_parallel
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_module
+from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel
 
 
 def loss_parallel_context(enabled: bool):
     """Cross-entropy on vocabulary-sharded logits (forward and backward must both run in it)."""
     return loss_parallel() if enabled else contextlib.nullcontext()
+
+
+class ReplicateParallel(ParallelStyle):
+    """Parameters replicated over TP as DTensors; plain tensors in and out.
+
+    For small modules TP does not split (LoRA down-projections, their norms, a MoE router).
+    `input_layout` says how the plain input is laid out over the TP ranks: Replicate (every
+    rank holds the same tokens; the weight gradient is the same on every rank) or Shard(d)
+    (each rank holds its own tokens, as a MoE under sequence parallel does; the weight
+    gradient is then partial and DTensor sums it over TP).
+    """
+
+    def __init__(self, input_layout: Placement = Replicate()):
+        super().__init__()
+        self.input_layout = input_layout
+
+    def _prepare_input(self, mod, inputs, device_mesh):
+        return tuple(
+            DTensor.from_local(x, device_mesh, [self.input_layout], run_check=False)
+            if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x
+            for x in inputs
+        )
+
+    @staticmethod
+    def _prepare_output(mod, outputs, device_mesh):
+        return outputs.to_local() if isinstance(outputs, DTensor) else outputs
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, None, self._prepare_input, self._prepare_output)

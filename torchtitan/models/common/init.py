@@ -3,10 +3,14 @@
 Each parameter is drawn in full from its own generator (seed + a hash of its name), then
 this rank keeps only its shard. Every layout (1 rank, FSDP, HSDP, TP, PP) therefore starts
 from bitwise the same weights, which is what makes loss-parity checks meaningful.
+
+Stacks of routed experts ([E, ...], named by `init_parameters(..., per_expert=...)`) are
+drawn one expert at a time from generators named `f"{fqn}[{e}]"`, so a rank holding some
+experts (expert parallelism: a DTensor sharded on dim 0) draws only those, never all E.
 """
 
 import zlib
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -37,10 +41,17 @@ def ones() -> InitFn:
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, init_fn_for: Callable[[str], InitFn], seed: int, device) -> None:
-    """Fill every (possibly sharded) parameter of `model` in place."""
+def init_parameters(
+    model: nn.Module, init_fn_for: Callable[[str], InitFn], seed: int, device,
+    per_expert: Callable[[str], bool] | None = None,
+) -> None:
+    """Fill every (possibly sharded) parameter of `model` in place; parameters whose clean
+    name `per_expert` accepts are [E, ...] expert stacks, drawn per expert (`init_expert_stack`)."""
     for name, param in model.named_parameters():
         fqn = clean_fqn(name)
+        if per_expert is not None and per_expert(fqn):
+            init_expert_stack(param, fqn, init_fn_for(fqn), seed, device)
+            continue
         gen = torch.Generator(device=device)
         gen.manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % (2**63))
         full = torch.empty(param.shape, dtype=torch.float32, device=device)
@@ -50,3 +61,55 @@ def init_parameters(model: nn.Module, init_fn_for: Callable[[str], InitFn], seed
             param.to_local().copy_(local.to_local())
         else:
             param.copy_(full)
+
+
+def _generator(name: str, seed: int, device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    return gen
+
+
+def expert_slices(fqn: str, init_fn: InitFn, seed: int, device, shape, experts: Sequence[int]) -> torch.Tensor:
+    """Experts `experts` (global indices) of the [E, *shape[1:]] stack `fqn`, expert e drawn
+    whole from the generator of the name f"{fqn}[{e}]": the same values whichever experts a
+    rank draws."""
+    out = torch.empty((len(experts), *shape[1:]), dtype=torch.float32, device=device)
+    for i, e in enumerate(experts):
+        init_fn(out[i], _generator(f"{fqn}[{e}]", seed, device))
+    return out
+
+
+def local_indices(param: DTensor, dim: int) -> torch.Tensor:
+    """Global indices along `dim` that this rank's shard of `param` holds, in local order.
+
+    Sharding each tensor dim is independent, so the local shard is the product of these
+    per-dim index sets. Sharding an arange with the placements that act on `dim` gives them
+    exactly, _StridedShard (FSDP on top of EP / TP) and uneven splits included; no
+    communication (src_data_rank=None)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    placements = []
+    for p in param.placements:
+        if isinstance(p, _StridedShard):  # not a Shard subclass, and is_shard() is False
+            placements.append(_StridedShard(0, split_factor=p.split_factor) if p.dim == dim else Replicate())
+        elif p.is_shard():
+            placements.append(Shard(0) if p.dim == dim else Replicate())
+        else:
+            placements.append(Replicate())  # parameters are never Partial
+    idx = torch.arange(param.shape[dim], device=param.device_mesh.device_type)
+    return distribute_tensor(idx, param.device_mesh, placements, src_data_rank=None).to_local()
+
+
+@torch.no_grad()
+def init_expert_stack(param: torch.Tensor, fqn: str, init_fn: InitFn, seed: int, device) -> None:
+    """Fill an [E, ...] expert stack in place, drawing only the experts this rank holds."""
+    shape = tuple(param.shape)
+    if not isinstance(param, DTensor):
+        param.copy_(expert_slices(fqn, init_fn, seed, device, shape, range(shape[0])))
+        return
+    block = expert_slices(fqn, init_fn, seed, device, shape, local_indices(param, 0).tolist())
+    for d in range(1, len(shape)):
+        if any(getattr(p, "dim", None) == d for p in param.placements):  # TP / FSDP on dim d
+            block = block.index_select(d, local_indices(param, d).to(block.device))
+    param.to_local().copy_(block)

@@ -88,6 +88,17 @@ class Transformer(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
+    def fsdp_units(self) -> list[tuple[str, str | None, bool]]:
+        """(submodule, block it belongs to, holds routed experts) per FSDP unit, forward order."""
+        units = [("tok_embeddings", None, False)] if self.tok_embeddings is not None else []
+        return units + [(f"layers.{k}", f"layers.{k}", False) for k in self.layers.keys()]
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per non-embedding weight (forward + backward) plus
+        causal attention scores and values (6 x layers x seq x dim)."""
+        n_params = sum(p.numel() for p in self.parameters())
+        return 6.0 * (n_params - self.tok_embeddings.weight.numel()) + 6.0 * self.args.n_layers * seq_len * self.args.dim
+
     def init_fn_for(self, fqn: str) -> InitFn:
         """The initial distribution of parameter `fqn` (original, unwrapped name)."""
         if fqn.endswith("norm.weight"):

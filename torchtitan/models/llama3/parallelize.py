@@ -12,24 +12,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision, unit_param_bytes
-from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.model_parts import PartPlan
+from torchtitan.distributed.data_parallel import apply_data_parallel, build_units, fsdp_ac_groups
 from torchtitan.distributed.reshard_policy import Unit
-from torchtitan.distributed.simple_fsdp import fsdp_group_names, simple_fsdp
 
 
-def fsdp_units(model: nn.Module, tp: int, dtype_bytes: int) -> list[Unit]:
-    """FSDP units of a model part in forward order, with the unsharded bytes one rank holds:
-    the embeddings, each block, then the root (final norm + output). TP splits every weight
-    matrix (see apply_tp) and replicates the norm vectors."""
-    names = (["tok_embeddings"] if model.tok_embeddings is not None else [])
-    names += [f"layers.{name}" for name in model.layers.keys()] + [""]
-    sizes = unit_param_bytes(model, names, lambda p: dtype_bytes * (p.numel() // tp if p.dim() >= 2 else p.numel()))
-    return [Unit(name, sizes[name], is_root=name == "") for name in names if sizes[name] > 0]
+def fsdp_units(model: nn.Module, dims, dtype_bytes: int) -> list[Unit]:
+    """TP splits every weight matrix (see apply_tp) and replicates the norm vectors."""
+    return build_units(model, dims.tp, dims.ep, dtype_bytes)
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -64,26 +55,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
         })
 
 
-def parallelize_llama(
-    model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig, param_dtype: str, plan: PartPlan,
-) -> nn.Module:
-    """`plan` (reshard decisions and AC regions) was resolved for this part beforehand."""
-    tp_mesh = parallel_dims.submesh("tp")
+def parallelize_llama(model: nn.Module, dims, cfg, param_dtype: str, plan) -> nn.Module:
+    """`plan` (a ModelPart: units, reshard decisions, AC regions) was resolved beforehand."""
+    tp_mesh = dims.submesh("tp")
     if tp_mesh is not None:
-        apply_tp(model, tp_mesh, job_config.parallelism.loss_parallel)
-
-    simple = job_config.parallelism.fsdp_implementation == "simple_fsdp"
-    mesh, dp_dims = parallel_dims.mesh, parallel_dims.dp_dims()
-    apply_ac(model, plan.regions, frozenset(fsdp_group_names(mesh, dp_dims)) if simple else frozenset())
-
-    if job_config.compile.enable:
-        apply_compile(model.layers, job_config.compile)
-
-    reduce_dtype = job_config.training.mixed_precision_reduce
-    if simple:
-        simple_fsdp(model, mesh, dp_dims, param_dtype, reduce_dtype)
-    elif dp_dims == ["dp_replicate"]:
-        apply_ddp(model, mesh["dp_replicate"], mixed_precision(param_dtype, reduce_dtype), list(plan.reshard))
-    else:
-        apply_fsdp2(model, parallel_dims.submesh("fsdp"), mixed_precision(param_dtype, reduce_dtype), plan.reshard_flags)
+        apply_tp(model, tp_mesh, cfg.parallelism.loss_parallel)
+    apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg))
+    if cfg.compile.enable:
+        apply_compile(model.layers, cfg.compile)
+    apply_data_parallel(model, dims, cfg, param_dtype, plan.units, plan.reshard_flags)
     return model

@@ -1,0 +1,140 @@
+"""Expert parallelism (EP): shard a grouped-experts module's experts over a 1-D mesh and
+route each token copy to the rank that owns its expert, then back.
+
+`apply_expert_parallel(experts, ep_mesh)` works on any module whose parameters are stacked
+per expert on dim 0 ([E, ...]) and whose forward is `forward(x, counts) -> y` with
+`x` [T, dim] rows sorted by expert, `counts` int64 [E_local] (rows per local expert) and
+`y` [T, dim] in the same row order; E_local is read from the (local) weights. The MoE layer
+keeps calling `experts(x_sorted, counts)` with `counts` = this rank's rows per GLOBAL expert
+[E]; after EP the call does, on the EP group of W ranks (E_local = E / W):
+
+1. counts exchange: `counts` viewed as [W, E_local] is "what I send to rank r's expert e".
+   One all-to-all of E int64 gives `recv` [W, E_local] = "what rank r sends to my expert e".
+   Rows per destination / source rank are the row sums; they become Python split sizes in
+   ONE host sync (`.tolist()`), the only one: NCCL/gloo need host-side split sizes.
+2. dispatch: `all_to_all_single_autograd(x, out_splits, in_splits)` moves the rows (uneven
+   splits, zero allowed); its backward is the reverse all-to-all, so input grads flow home.
+3. the received rows are grouped (source rank, local expert); one gather with an index
+   permutation built from `recv` by tensor ops (repeat_interleave + cumsums, no Python
+   loop) regroups them as (local expert, source rank), which is what the local grouped GEMM
+   wants, with local counts `recv.sum(0)`. Local experts may receive 0 rows.
+4. the original forward runs on the local experts (weights are DTensors Shard(0) on the EP
+   mesh; the experts module uses their local shards).
+5. combine: the inverse permutation, then the all-to-all with the splits swapped, returns
+   the rows to their sender in the caller's original order.
+
+Weight gradients stay local to the expert owner; averaging them over data-parallel ranks is
+FSDP's job, not this module's.
+
+Selective activation checkpointing (SAC): if a region holding the experts is recomputed in
+backward, the recompute must not communicate again (extra traffic, and a router recomputed
+differently would route rows differently). Observed with torch 2.13 on gloo (see
+tests/unit/test_expert_parallel.py), an op-level policy sees per experts call, in order:
+  counts:   `_c10d_functional.all_to_all_single.default`, `_c10d_functional._wrap_tensor_autograd.default`,
+            `_c10d_functional.wait_tensor.default`
+  dispatch and combine: the same three ops each.
+`all_to_all_single_autograd` is only an alias of `all_to_all_single` in this torch (the op
+has its own autograd formula), so no `_c10d_functional_autograd` op shows up (it is listed
+for older torch); `.tolist()` shows up as no op at all. The policy is asked in forward only,
+after the op ran (`ctx.is_recompute` is never True): the recompute replays its decisions.
+MUST_SAVE every op of `SAC_SAVE_OPS` and the recompute reuses the saved counts and rows and
+issues no all-to-all (backward's own reverse all-to-alls, one per dispatch/combine, still
+run). Under full recompute the counts exchange and dispatch run again in backward (the
+combine too unless checkpoint's early stop skips it); both stay correct, just slower.
+The op alone does not tell EP's all-to-alls from others; the group name (last positional
+argument of `all_to_all_single`) does, if a policy needs to be that precise.
+"""
+
+import types
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+_fc = torch.ops._c10d_functional
+SAC_SAVE_OPS = tuple(
+    op
+    for op in (
+        _fc.all_to_all_single.default,
+        _fc.wait_tensor.default,
+        getattr(getattr(_fc, "_wrap_tensor_autograd", None), "default", None),
+        getattr(getattr(torch.ops._c10d_functional_autograd, "all_to_all_single", None), "default", None),
+    )
+    if op is not None
+)
+
+
+def _wait(t: torch.Tensor) -> torch.Tensor:
+    # funcol returns an AsyncCollectiveTensor outside tracing; wait through the op (which has
+    # an identity autograd formula): `AsyncCollectiveTensor.wait()` would drop the graph
+    return funcol.wait_tensor(t) if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
+def _regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Index `idx` with `received[idx]` = the received rows regrouped (local expert, source
+    rank); `recv` [W, E_local] holds the row counts in received order (source rank, expert)."""
+    w, e_local = recv.shape
+    flat = recv.reshape(-1)
+    recv_start = torch.cumsum(flat, 0) - flat  # start of each (rank, expert) chunk as received
+    sizes_t = recv.t().reshape(-1)  # chunk sizes in target order (expert, rank)
+    start_t = torch.cumsum(sizes_t, 0) - sizes_t  # start of each chunk in target order
+    src_start_t = recv_start.view(w, e_local).t().reshape(-1)
+    chunk = torch.repeat_interleave(torch.arange(w * e_local, device=recv.device), sizes_t, output_size=n_rows)
+    return src_start_t[chunk] + torch.arange(n_rows, device=recv.device) - start_t[chunk]
+
+
+def _ep_forward(self: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    group, w = self._ep_group, self._ep_size
+    if counts.shape != (self._ep_num_experts,):
+        raise ValueError(f"counts must hold one entry per global expert "
+                         f"({self._ep_num_experts}), got shape {tuple(counts.shape)}")
+    e_local = self._ep_num_experts // w
+    # 1. who sends how many rows to which local expert (one small all-to-all, one host sync)
+    recv = _wait(funcol.all_to_all_single(counts, None, None, group)).view(w, e_local)
+    splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
+    in_splits, out_splits = splits[:w], splits[w:]
+    n_rows = sum(out_splits)
+    # 2. dispatch the rows; 3. regroup them by local expert
+    x_recv = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)
+    idx = _regroup_index(recv, n_rows)  # built while the rows are in flight
+    x_recv = _wait(x_recv)
+    # 4. the local experts on their rows
+    y_local = self._ep_inner_forward(x_recv[idx], recv.sum(0))
+    # 5. undo the regrouping, send the rows home
+    inv = torch.empty_like(idx)
+    inv[idx] = torch.arange(n_rows, device=idx.device)
+    return _wait(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
+
+
+def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Shard `experts`' stacked [E, ...] parameters on dim 0 over the 1-D `ep_mesh` (as
+    `nn.Parameter(DTensor)`, `Shard(0)`; meta parameters stay on meta) and route its forward's
+    rows to the experts' owners and back (module docstring). Weights are split locally, with
+    no communication: every rank must hold the same full weights (or meta ones)."""
+    if ep_mesh.ndim != 1:
+        raise ValueError(f"expert parallelism needs a 1-D mesh, got {ep_mesh.ndim} dims")
+    if getattr(experts, "_ep_mesh", None) is not None:
+        if experts._ep_mesh is ep_mesh:
+            return  # already applied on this mesh
+        raise ValueError("expert parallelism was already applied to this module on another mesh")
+    params = list(experts.named_parameters(recurse=False))
+    if not params:
+        raise ValueError("the experts module has no parameters to shard")
+    w = ep_mesh.size()
+    num_experts = params[0][1].shape[0] if params[0][1].ndim else 0
+    for name, p in params:
+        if isinstance(p, DTensor) or p.ndim == 0 or p.shape[0] != num_experts:
+            raise ValueError(f"parameter {name!r} ({tuple(p.shape)}) is not a plain [E={num_experts}, ...] stack")
+    if num_experts % w:
+        raise ValueError(f"{num_experts} experts are not divisible by the expert-parallel degree {w}")
+    for name, p in params:
+        dt = distribute_tensor(p.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+        experts.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
+    experts._ep_mesh = ep_mesh
+    experts._ep_group = ep_mesh.get_group().group_name  # a name: the module stays deep-copyable
+    experts._ep_size = w
+    experts._ep_num_experts = num_experts
+    experts._ep_inner_forward = experts.forward
+    experts.forward = types.MethodType(_ep_forward, experts)

@@ -1,0 +1,265 @@
+"""Mixture-of-experts pieces shared by MoE models: SwiGLU FFN, token-choice top-k router with
+group-limited routing, grouped experts, and the MoE layer with DeepSeek-V3's load balancing.
+
+Dispatch: every token's k (token, expert) copies are sorted by expert with a stable argsort,
+the sorted rows go through ONE call `experts(x_sorted, counts)` (expert parallelism wraps
+that call with its all-to-all, see torchtitan/distributed/expert_parallel.py), and the
+outputs are un-permuted and combined with the routing weights. Nothing syncs with the host.
+
+Load balancing (DeepSeek-V3 report, section 2.1.2):
+- aux-loss-free: a per-expert `expert_bias` is added to the scores for SELECTION only; the
+  trainer calls `update_expert_bias` after the optimizer step with the token counts that
+  `tokens_per_expert` accumulated (summed over data-parallel ranks first);
+- optional sequence-wise auxiliary loss (`aux_loss_coeff` > 0): each MoE keeps its last
+  training forward's loss in `.aux_loss`; the trainer adds `moe_aux_loss(model)` to the loss
+  before backward. Limits: with pipeline parallelism the stages' losses never reach the last
+  stage's loss; torch.compile(fullgraph) around an AC-wrapped block rejects the attribute
+  write inside the checkpoint unless torch._dynamo.config.
+  skip_fwd_side_effects_in_bwd_under_checkpoint = True (torch 2.13).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x); used for dense blocks and shared experts."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    # expert parallelism shards the stacks on dim 0; this rank computes with its own experts
+    return w.to_local() if isinstance(w, DTensor) else w
+
+
+class GroupedExperts(nn.Module):
+    """`n_experts` SwiGLU FFNs stored as stacks w1/w3 [E, hidden, dim] and w2 [E, dim, hidden],
+    run as grouped GEMMs over rows sorted by expert.
+
+    `torch._grouped_mm` (torch 2.13) needs the contraction dimension's stride to be a multiple
+    of 16 bytes, on CPU too: `dim` (w1/w3 forward) and `hidden` (w2 forward, and backward)
+    must be multiples of 4 in float32 and of 8 in bfloat16. CPU eager runs float32 and
+    bfloat16, but its meta kernel (fake tensors: torch.compile, meta-device runs) accepts
+    only bfloat16, so a compiled MoE needs bfloat16 compute.
+    """
+
+    def __init__(self, dim: int, hidden: int, n_experts: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # standalone use only; models overwrite this through their layout-independent init
+        for w in (self.w1, self.w2, self.w3):
+            nn.init.trunc_normal_(w, std=0.02, a=-0.06, b=0.06)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x [T, dim] with rows grouped by expert in order, counts int64 [E_local] rows per
+        (local) expert, sum(counts) == T -> [T, dim] in the same row order."""
+        w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
+        offs = torch.cumsum(counts, 0).to(torch.int32)  # group ends; stays on device, no sync
+
+        def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+
+        return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
+
+
+class TokenChoiceRouter(nn.Module):
+    """Scores tokens against experts (`gate`, float32 sigmoid or softmax) and picks each
+    token's top-k experts, optionally limited to its best groups of experts.
+
+    Selection uses scores + expert_bias; the returned weights are the UNBIASED scores of the
+    chosen experts (normalised to sum 1 when `route_norm`), times `route_scale`.
+    """
+
+    def __init__(
+        self, dim: int, n_experts: int, top_k: int, n_groups: int = 1, n_limited_groups: int = 1,
+        score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 1.0,
+    ):
+        super().__init__()
+        if score_func not in ("softmax", "sigmoid"):
+            raise ValueError(f"score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
+        if n_experts % n_groups:
+            raise ValueError(f"{n_experts} experts do not split into {n_groups} groups")
+        if not 1 <= n_limited_groups <= n_groups:
+            raise ValueError(f"n_limited_groups={n_limited_groups} must be in [1, {n_groups}]")
+        if top_k > n_limited_groups * (n_experts // n_groups):
+            raise ValueError(f"top_k={top_k} exceeds the experts of {n_limited_groups} group(s)")
+        self.n_experts, self.top_k = n_experts, top_k
+        self.n_groups, self.n_limited_groups = n_groups, n_limited_groups
+        self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, dim] -> float32 affinities [T, E]."""
+        logits = self.gate(x).float()  # float32: near-tied scores must not flip top-k in bf16
+        return logits.sigmoid() if self.score_func == "sigmoid" else logits.softmax(dim=-1)
+
+    def select(
+        self, scores: torch.Tensor, expert_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """scores [T, E] -> (weights float32 [T, k], expert indices int64 [T, k])."""
+        biased = scores if expert_bias is None else scores + expert_bias
+        if self.n_groups > 1:
+            grouped = biased.view(scores.shape[0], self.n_groups, -1)
+            if self.score_func == "sigmoid":
+                # V3: a group's strength is the sum of its 2 best (biased) scores
+                group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+            else:
+                group_score = grouped.amax(dim=-1)
+            best = group_score.topk(self.n_limited_groups, dim=-1).indices
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+            biased = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1)
+        indices = biased.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, indices)  # the bias only chooses; it never weighs
+        if self.route_norm:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.route_scale, indices
+
+    def forward(
+        self, x: torch.Tensor, expert_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, dim] -> (weights [T, k] float32, indices [T, k] int64, scores [T, E] float32)."""
+        scores = self.scores(x)
+        weights, indices = self.select(scores, expert_bias)
+        return weights, indices, scores
+
+
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, coeff: float) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss, averaged over the batch.
+
+    scores [B, S, E] (router affinities), indices [B, S, k] (chosen experts). Per sequence:
+    f_i = E / (k S) * #tokens choosing expert i (no gradient), P_i = mean over tokens of the
+    scores normalised to sum 1 per token; loss = coeff * sum_i f_i P_i.
+    """
+    b, s, e = scores.shape
+    k = indices.shape[-1]
+    flat = indices.reshape(b, s * k)
+    chosen = torch.zeros(b, e, device=scores.device, dtype=scores.dtype)
+    chosen.scatter_add_(1, flat, torch.ones_like(flat, dtype=scores.dtype))
+    f = chosen * (e / (k * s))
+    p = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)
+    return coeff * (f * p).sum(dim=-1).mean()
+
+
+def _in_autograd_engine() -> bool:
+    """True while autograd's engine runs, i.e. when activation checkpointing (full or
+    selective, non-reentrant) recomputes a forward inside backward: such a recompute must
+    not count tokens a second time. The graph task id is -1 outside backward."""
+    if torch.compiler.is_compiling():
+        # dynamo cannot trace the query (non-tensor result). A compiled block (compiled
+        # around its AC wrapper, as torchtitan does) mutates the buffer once per forward:
+        # AOTAutograd's recompute in backward replays pure ops only.
+        return False
+    return torch._C._current_graph_task_id() != -1
+
+
+class MoE(nn.Module):
+    """Routed experts (top-k of `n_experts`) plus optional always-on shared experts.
+
+    Buffers: `expert_bias` float32 [E] (persistent: it is checkpointed) and
+    `tokens_per_expert` float32 [E] (not persistent), which counts routed token copies per
+    expert over the training forwards since the last `update_expert_bias`. Eval forwards and
+    activation-checkpoint recomputes do not count.
+    """
+
+    def __init__(
+        self, dim: int, hidden: int, n_experts: int, top_k: int, n_shared_experts: int = 0,
+        n_groups: int = 1, n_limited_groups: int = 1, score_func: str = "sigmoid",
+        route_norm: bool = True, route_scale: float = 1.0, load_balance_coeff: float = 0.0,
+        aux_loss_coeff: float = 0.0,
+    ):
+        super().__init__()
+        self.n_experts = n_experts
+        self.load_balance_coeff = load_balance_coeff
+        self.aux_loss_coeff = aux_loss_coeff
+        self.router = TokenChoiceRouter(
+            dim, n_experts, top_k, n_groups, n_limited_groups, score_func, route_norm, route_scale
+        )
+        self.experts = GroupedExperts(dim, hidden, n_experts)
+        self.shared_experts = FeedForward(dim, hidden * n_shared_experts) if n_shared_experts > 0 else None
+        self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32), persistent=True)
+        self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.float32), persistent=False)
+        self.aux_loss: torch.Tensor | None = None
+
+    def reset_buffers(self) -> None:
+        """Zero the bias and the counter (after `to_empty` they hold garbage)."""
+        with torch.no_grad():
+            self.expert_bias.zero_()
+            self.tokens_per_expert.zero_()
+        self.aux_loss = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, S, dim] -> [B, S, dim]."""
+        bsz, seq, dim = x.shape
+        flat = x.reshape(-1, dim)
+        weights, indices, scores = self.router(flat, self.expert_bias)
+        n_tok, k = indices.shape
+        slot_expert = indices.reshape(-1)  # expert of copy j = (token j // k, slot j % k)
+        # rows per expert with a scatter: bincount syncs on CUDA, histc has no int64 on CPU
+        counts = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device)
+        counts.scatter_add_(0, slot_expert, torch.ones_like(slot_expert))
+
+        if self.training:
+            real_forward = not _in_autograd_engine()
+            if real_forward:
+                with torch.no_grad():
+                    self.tokens_per_expert.add_(counts)
+            if self.aux_loss_coeff > 0:
+                # computed in a recompute too: checkpointing requires the same saved tensors
+                aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff)
+                if real_forward:
+                    self.aux_loss = aux
+
+        # stable sort by expert keeps each expert's rows in token order (reproducible)
+        order = torch.argsort(slot_expert, stable=True)
+        # advanced indexing (not index_select): its backward is index_put with accumulate,
+        # which CUDA computes deterministically (sorted), unlike index_add's atomics
+        y_sorted = self.experts(flat[order // k], counts)
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        y = y_sorted[inverse].view(n_tok, k, dim)
+        # combine the k copies of a token in a fixed order: [T, 1, k] @ [T, k, dim]
+        out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1).view(bsz, seq, dim)
+        if self.shared_experts is not None:
+            # on the [B, S, dim] input: a TP plan shards/gathers it along the sequence dim
+            out = out + self.shared_experts(x)
+        return out
+
+
+def moe_modules(model: nn.Module) -> list[MoE]:
+    """Every MoE layer of `model` (one pipeline stage holds only its own), in module order."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
+    """Sum of the MoE layers' sequence-wise balance losses from the last training forward
+    (None when no layer computed one). The trainer adds it to the loss before backward."""
+    losses = [m.aux_loss for m in moe_modules(model) if m.aux_loss is not None]
+    return torch.stack(losses).sum() if losses else None
+
+
+@torch.no_grad()
+def update_expert_bias(moe: MoE, counts_global: torch.Tensor, coeff: float) -> None:
+    """Aux-loss-free balancing step (call after the optimizer step): experts with fewer than
+    the mean number of tokens get their bias raised by `coeff`, busier ones lowered.
+
+    `counts_global` [E]: tokens per expert summed over every rank that routed tokens through
+    this layer since the last update (e.g. `moe.tokens_per_expert` all-reduced over the data-
+    parallel ranks). The function zeroes `moe.tokens_per_expert` itself.
+    """
+    counts = counts_global.to(device=moe.expert_bias.device, dtype=torch.float32)
+    moe.expert_bias.add_(coeff * torch.sign(counts.mean() - counts))
+    moe.tokens_per_expert.zero_()

@@ -1,0 +1,220 @@
+"""DeepSeek-V3: multi-head latent attention (MLA) with YaRN RoPE, RMSNorm, dense SwiGLU in
+the first blocks and DeepSeekMoE (shared + routed experts) in the others.
+
+Conventions shared with llama3: blocks live in an `nn.ModuleDict` keyed by layer index, so a
+pipeline stage keeps the global names; a stage without embeddings / norm / output has those
+set to None and passes hidden states through. Head counts are read from tensor shapes, so
+the same code runs on TP-sharded weights (wq / wq_b / wkv_b column-split, wo row-split).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan.models.common.init import InitFn, init_parameters, normal, ones, trunc_normal
+from torchtitan.models.common.moe import FeedForward, MoE
+from torchtitan.models.common.rmsnorm import RMSNorm
+from torchtitan.models.common.rope import apply_rope
+from torchtitan.models.deepseek_v3.args import DeepSeekV3Args
+
+
+def yarn_active(args: DeepSeekV3Args) -> bool:
+    """YaRN applies only when the model runs beyond its pre-training context."""
+    return args.max_seq_len > args.original_seq_len
+
+
+def yarn_frequencies(args: DeepSeekV3Args) -> torch.Tensor:
+    """float64 [qk_rope_head_dim / 2] RoPE frequencies, YaRN-interpolated when active.
+
+    YaRN "by parts": a frequency that turns more than `beta_fast` times over the original
+    context is kept (it resolves local order), one that turns fewer than `beta_slow` times
+    is divided by `rope_factor` (it must stretch over the longer context), and a linear ramp
+    over the frequency index blends the two in between.
+    """
+    dim, base = args.qk_rope_head_dim, args.rope_theta
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if not yarn_active(args):
+        return freqs
+
+    def index_of(rotations: float) -> float:
+        # the frequency index i whose wavelength fits `rotations` times in the old context:
+        # original_seq_len / (2 pi base^(2i/dim)) = rotations, solved for i
+        return dim * math.log(args.original_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(index_of(args.beta_fast)), 0)
+    high = min(math.ceil(index_of(args.beta_slow)), dim - 1)
+    span = max(high - low, 1e-3)  # avoid 0/0 when both ends meet
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / span).clamp(0, 1)
+    keep = 1 - ramp  # 1 for fast (high) frequencies, 0 for slow ones
+    return freqs * keep + freqs / args.rope_factor * (1 - keep)
+
+
+def yarn_rope_cache(args: DeepSeekV3Args, device=None) -> torch.Tensor:
+    """[max_seq_len, qk_rope_head_dim]: cos of every (position, frequency), then sin (the
+    layout `common.rope.apply_rope` expects)."""
+    freqs = yarn_frequencies(args).to(device)
+    angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float64), freqs)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def softmax_scale(args: DeepSeekV3Args) -> float:
+    """1/sqrt(qk_head_dim), times YaRN's attention-temperature correction squared when
+    active (DeepSeek folds the correction of both q and k into the softmax scale)."""
+    scale = args.qk_head_dim**-0.5
+    if yarn_active(args):
+        m = 0.1 * args.mscale * math.log(args.rope_factor) + 1.0
+        scale *= m * m
+    return scale
+
+
+class Attention(nn.Module):
+    """Multi-head latent attention: keys/values are expanded per head from a shared
+    `kv_lora_rank` latent; each head's query/key = a non-rotated part plus a RoPE part, and
+    the RoPE key (`k_pe`) is one vector shared by all heads."""
+
+    def __init__(self, args: DeepSeekV3Args):
+        super().__init__()
+        self.q_lora_rank, self.kv_lora_rank = args.q_lora_rank, args.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = args.qk_nope_head_dim, args.qk_rope_head_dim, args.v_head_dim
+        self.qk_head_dim = args.qk_head_dim
+        q_out = args.n_heads * args.qk_head_dim
+        if self.q_lora_rank == 0:
+            self.wq = nn.Linear(args.dim, q_out, bias=False)
+        else:
+            self.wq_a = nn.Linear(args.dim, self.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(self.q_lora_rank, eps=args.norm_eps)
+            self.wq_b = nn.Linear(self.q_lora_rank, q_out, bias=False)
+        self.wkv_a = nn.Linear(args.dim, self.kv_lora_rank + self.rope_dim, bias=False)
+        self.kv_norm = RMSNorm(self.kv_lora_rank, eps=args.norm_eps)
+        self.wkv_b = nn.Linear(self.kv_lora_rank, args.n_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.wo = nn.Linear(args.n_heads * self.v_dim, args.dim, bias=False)
+        self.softmax_scale = softmax_scale(args)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        q = self.wq(x) if self.q_lora_rank == 0 else self.wq_b(self.q_norm(self.wq_a(x)))
+        q = q.view(bsz, seq, -1, self.qk_head_dim)  # heads from the shape: TP holds a slice
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_pe, rope)], dim=-1)
+
+        kv_latent, k_pe = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        k_pe = apply_rope(k_pe.unsqueeze(2), rope)  # [bsz, seq, 1, rope]: one for all heads
+        kv = self.wkv_b(self.kv_norm(kv_latent)).view(bsz, seq, -1, self.nope_dim + self.v_dim)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+
+        # SDPA's fused kernels want one head width for q, k and v: with v narrower, torch
+        # 2.13 on CPU falls back to the math path (bmm + softmax, an [S, S] matrix per head,
+        # which op-SAC would even save as a bmm output); FlashAttention-2 on CUDA also needs
+        # equal widths. Zero-padding the narrower side changes no score and no output column.
+        width = max(self.qk_head_dim, self.v_dim)
+        q, k, v = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=self.softmax_scale
+        )
+        out = out[..., : self.v_dim]
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+def build_moe(args: DeepSeekV3Args) -> MoE:
+    return MoE(
+        args.dim, args.moe_inter_dim, args.n_routed_experts, args.n_activated_experts,
+        n_shared_experts=args.n_shared_experts, n_groups=args.n_expert_groups,
+        n_limited_groups=args.n_limited_groups, score_func=args.score_func, route_norm=args.route_norm,
+        route_scale=args.route_scale, load_balance_coeff=args.load_balance_coeff,
+        aux_loss_coeff=args.aux_loss_coeff,
+    )
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: MLA, then a dense FFN (layer_id < n_dense_layers) or a MoE."""
+
+    def __init__(self, args: DeepSeekV3Args, layer_id: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.moe_enabled = layer_id >= args.n_dense_layers
+        if self.moe_enabled:
+            self.moe = build_moe(args)
+        else:
+            self.feed_forward = FeedForward(args.dim, args.inter_dim)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        ffn = self.moe if self.moe_enabled else self.feed_forward
+        return h + ffn(self.ffn_norm(h))
+
+
+def _is_expert_stack(fqn: str) -> bool:
+    parts = fqn.split(".")
+    return len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in ("w1", "w2", "w3")
+
+
+class Transformer(nn.Module):
+    """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection."""
+
+    def __init__(self, args: DeepSeekV3Args):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope", yarn_rope_cache(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    def fsdp_units(self) -> list[tuple[str, str | None, bool]]:
+        """(submodule, block it belongs to, holds routed experts) per FSDP unit, forward order;
+        a MoE block's routed experts are their own unit (they shard over the experts' mesh)."""
+        units = [("tok_embeddings", None, False)] if self.tok_embeddings is not None else []
+        for k, block in self.layers.items():
+            units.append((f"layers.{k}", f"layers.{k}", False))
+            if getattr(block, "moe_enabled", False):
+                units.append((f"layers.{k}.moe.experts", f"layers.{k}", True))
+        return units
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per ACTIVE non-embedding weight (a token runs top-k of
+        the routed experts) plus causal attention scores and values."""
+        a = self.args
+        routed = sum(
+            p.numel() for n, p in self.named_parameters() if _is_expert_stack(n)
+        )
+        active_routed = routed * a.n_activated_experts / a.n_routed_experts
+        n_params = sum(p.numel() for p in self.parameters()) - routed + active_routed
+        emb = self.tok_embeddings.weight.numel() if self.tok_embeddings is not None else 0
+        # per layer and token: 2 * seq * heads * (qk + v) forward, x3 with backward, /2 causal
+        attn = 3.0 * len(self.layers) * seq_len * a.n_heads * (a.qk_head_dim + a.v_head_dim)
+        return 6.0 * (n_params - emb) + attn
+
+    def init_fn_for(self, fqn: str) -> InitFn:
+        """The initial distribution of parameter `fqn` (original, unwrapped name)."""
+        if fqn.endswith("norm.weight"):
+            return ones()
+        if fqn.startswith("tok_embeddings"):
+            return normal(1.0)
+        if fqn.startswith("output"):
+            return trunc_normal(self.args.dim**-0.5)
+        layer_id = int(fqn.split(".")[1])
+        if fqn.endswith(("wo.weight", "w2.weight", "w3.weight", "experts.w2", "experts.w3")):
+            # Depth-scaled init keeps the residual stream's variance flat with depth.
+            return trunc_normal(0.02 / math.sqrt(2 * (layer_id + 1)))
+        return trunc_normal(0.02)
+
+    def init_weights(self, seed: int, device) -> None:
+        """Materialised (to_empty) model -> deterministic weights, zeroed MoE buffers and the
+        RoPE cache. Routed-expert stacks are drawn per expert (only this rank's experts)."""
+        init_parameters(self, self.init_fn_for, seed, device, per_expert=_is_expert_stack)
+        for m in self.modules():
+            if isinstance(m, MoE):
+                m.reset_buffers()
+        self.rope = yarn_rope_cache(self.args, device=device)
