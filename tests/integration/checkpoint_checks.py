@@ -31,6 +31,9 @@ LAYOUTS = {
     "fsdp+tp": (4, [TP, "--training.local_batch_size=4"]),
     "pp+fsdp": (4, [PP, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--training.local_batch_size=4"]),
     "simple_fsdp": (2, ["--parallelism.fsdp_implementation=simple_fsdp"]),
+    # DeepSeek-V3 (tiny): experts split 2 and 4 ways
+    "deepseek_ep2": (2, [run_tests.EP]),
+    "deepseek_ep4": (4, ["--parallelism.expert_parallel_degree=4", "--training.local_batch_size=2"]),
 }
 
 
@@ -46,7 +49,8 @@ def straight_losses(dump: str) -> dict[int, float]:
 
 def train(layout: str, dump: str, extra: list[str] = ()) -> str:
     ngpu, overrides = LAYOUTS[layout]
-    rc, _, log = run_tests.run(ngpu, [*overrides, *CKPT, *extra], dump)
+    model = run_tests.DS if layout.startswith("deepseek") else "llama3"
+    rc, _, log = run_tests.run(ngpu, [*overrides, *CKPT, *extra], dump, model=model)
     if rc != 0:
         raise RuntimeError(f"{layout} run in {dump} failed (exit {rc}):\n{log[-3000:]}")
     return log

@@ -40,13 +40,25 @@ def split_model(
 
 class _Stage(PipelineStage):
     """A PipelineStage whose deferred gradient reduction (FSDP's post-backward, run by the
-    schedule after the last microbatch, outside autograd) is attributed to backward."""
+    schedule after the last microbatch, outside autograd) is attributed to backward, and
+    whose shape-inference pass runs in eval mode."""
 
     backward_phase = staticmethod(contextlib.nullcontext)
 
     def perform_reduce_grad(self, grad_scale_factor: int):
         with self.backward_phase():
             super().perform_reduce_grad(grad_scale_factor)
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        # The first step runs the stage once on placeholder inputs to learn shapes (torch
+        # 2.13). That pass is not training: in eval mode a MoE layer does not count its
+        # tokens, which would otherwise move the balancing biases differently from 1 rank.
+        was_training = self.submod.training
+        self.submod.eval()
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            self.submod.train(was_training)
 
 
 def build_pipeline(

@@ -90,6 +90,9 @@ class Attention(nn.Module):
         self.kv_norm = RMSNorm(self.kv_lora_rank, eps=args.norm_eps)
         self.wkv_b = nn.Linear(self.kv_lora_rank, args.n_heads * (self.nope_dim + self.v_dim), bias=False)
         self.wo = nn.Linear(args.n_heads * self.v_dim, args.dim, bias=False)
+        # Marks the RoPE key all heads share: with heads split by TP, each rank's gradient for
+        # it covers only its heads, and TP makes this point sum them (identity otherwise).
+        self.shared_key = nn.Identity()
         self.softmax_scale = softmax_scale(args)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -100,7 +103,7 @@ class Attention(nn.Module):
         q = torch.cat([q_nope, apply_rope(q_pe, rope)], dim=-1)
 
         kv_latent, k_pe = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        k_pe = apply_rope(k_pe.unsqueeze(2), rope)  # [bsz, seq, 1, rope]: one for all heads
+        k_pe = apply_rope(self.shared_key(k_pe).unsqueeze(2), rope)  # [bsz, seq, 1, rope]: one for all heads
         kv = self.wkv_b(self.kv_norm(kv_latent)).view(bsz, seq, -1, self.nope_dim + self.v_dim)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)

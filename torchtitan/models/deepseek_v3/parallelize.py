@@ -57,6 +57,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
                                             use_local_output=True),
             "attention.wkv_a": ReplicateParallel(),
             "attention.kv_norm": ReplicateParallel(),
+            "attention.shared_key": ReplicateParallel(partial_output_grad=True),
             "attention.wkv_b": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
