@@ -116,6 +116,15 @@ CASES = [
     Case("deepseek_ep_grad_accum", 2, [EP, "--training.local_batch_size=1"], model=DS, slow=True),
     Case("deepseek_ep_ac_full", 2, [EP, COMM, "--activation_checkpoint.mode=full"], model=DS),
     Case("deepseek_ep_ac_op", 2, [EP, COMM, "--activation_checkpoint.mode=selective"], model=DS),
+    # SimpleFSDP + EP, experts' gathers on their own group (size 2): with reshard never and op
+    # SAC no FSDP gather (dense or experts) runs in backward (test_parity_suite.py)
+    Case("deepseek_simple_fsdp+ep_op_sac", 4, [EP, COMM, "--parallelism.fsdp_implementation=simple_fsdp",
+                                               "--parallelism.reshard_after_forward=never",
+                                               "--activation_checkpoint.mode=selective",
+                                               "--training.local_batch_size=2"], model=DS),
+    Case("deepseek_ep_compile", 2, [EP, "--compile.enable=true"], model=DS, slow=True),  # MoE dispatch eager
+    Case("deepseek_simple_fsdp+tp+ep", 4, [TP, EP, "--parallelism.fsdp_implementation=simple_fsdp",
+                                           "--training.local_batch_size=4"], model=DS, slow=True),
 ]
 
 

@@ -42,6 +42,8 @@ def _compare(got: dict, one_rank: dict) -> None:
     # EP = all of dp_shard: the experts' FSDP group has size 1, their gradients must still be
     # divided by the 2 data-parallel ranks (exactly once).
     ("ep_all_of_dp_shard", 2, [run_tests.EP, "--training.local_batch_size=2"]),
+    # SimpleFSDP: experts' gradients reduced over what EP left of dp_shard, averaged over all dp.
+    ("simple_fsdp+ep", 2, [run_tests.EP, "--training.local_batch_size=2", "--parallelism.fsdp_implementation=simple_fsdp"]),
 ])
 def test_deepseek_gradients_match_one_rank(name, ngpu, overrides, one_rank, tmp_path):
     _compare(dump_grads(tmp_path, name, ngpu, overrides), one_rank)

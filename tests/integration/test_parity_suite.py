@@ -96,3 +96,13 @@ def test_expert_parallel_all_to_alls_per_step(ac_case, backward_a2a, tmp_path_fa
     assert comm["forward/all_to_all/ep"] == 3 * 3 * 2
     assert comm["backward/all_to_all/ep"] == backward_a2a
     assert not any("all_to_all" in key and not key.endswith("/ep") for key in comm), comm
+
+
+def test_simple_fsdp_with_expert_parallel_gathers_nothing_in_backward(tmp_path_factory):
+    # reshard never + fsdp_ac_policy auto + op SAC: the gathers of the dense units (dp_shard)
+    # and of the experts (dp_shard_mod_ep, what EP left) are saved, never redone.
+    comm = _comm("deepseek_simple_fsdp+ep_op_sac", tmp_path_factory)
+    assert comm["forward/all_gather/dp_shard"] > 0 and comm["forward/all_gather/dp_shard_mod_ep"] > 0, comm
+    assert not [key for key in comm if key.startswith("backward/all_gather")], comm
+    assert comm["backward/reduce_scatter/dp_shard_mod_ep"] == comm["forward/all_gather/dp_shard_mod_ep"]
+    assert comm["backward/all_to_all/ep"] == 3 * 2  # 3 MoE layers, 1 accumulation step

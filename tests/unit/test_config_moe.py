@@ -12,6 +12,7 @@ def test_deepseek_v3_layouts_that_fit_are_accepted():
     for world, argv in [
         (2, ["--parallelism.expert_parallel_degree=2"]),
         (4, ["--parallelism.expert_parallel_degree=2"]),
+        (4, ["--parallelism.expert_parallel_degree=2", "--parallelism.fsdp_implementation=simple_fsdp"]),
         (4, ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=2"]),
         (8, ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=4"]),
         (8, ["--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",
@@ -31,9 +32,6 @@ def test_deepseek_v3_layouts_that_fit_are_accepted():
     (16, ["--parallelism.expert_parallel_degree=16"],
      "--parallelism.expert_parallel_degree=16 does not divide deepseek_v3 tiny n_routed_experts=8; pick a"
      " divisor of 8"),
-    (2, ["--parallelism.expert_parallel_degree=2", "--parallelism.fsdp_implementation=simple_fsdp"],
-     "--parallelism.expert_parallel_degree=2 with --parallelism.fsdp_implementation=simple_fsdp is not"
-     " supported yet (experts become SimpleFSDP units with its per-unit gathers); use fsdp2"),
 ])
 def test_expert_parallel_layouts_that_do_not_fit(world, argv, expected):
     assert config_error(DS + argv, world_size=world) == expected
@@ -53,13 +51,6 @@ def test_moe_keys():
         " set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
     )
     load_config(DS + ["--moe.top_k=3", "--moe.score_func=softmax", "--moe.aux_loss_coeff=0.01"], 1)
-
-
-def test_compile_is_refused_for_moe_models_until_supported():
-    assert config_error(DS + ["--compile.enable=true"]) == (
-        "--compile.enable with deepseek_v3 is not supported yet: its MoE blocks need graph breaks around"
-        " expert-parallel dispatch and torch 2.13 traces grouped GEMM in bfloat16 only; use compile.enable=false"
-    )
 
 
 def test_moe_overrides_reach_the_model_args():

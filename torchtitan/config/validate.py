@@ -237,11 +237,6 @@ def check_moe(cfg: JobConfig, args) -> None:
         value = getattr(moe, key)
         if not math.isfinite(value) or (value < 0 and value != -1):
             raise ConfigError(f"--moe.{key}={value}: must be >= 0 (0 disables it) or -1 for the flavor's value")
-    if cfg.compile.enable:
-        raise ConfigError(
-            f"--compile.enable with {m.name} is not supported yet: its MoE blocks need graph breaks around"
-            " expert-parallel dispatch and torch 2.13 traces grouped GEMM in bfloat16 only; use compile.enable=false"
-        )
     aux = args.aux_loss_coeff if moe.aux_loss_coeff == -1 else moe.aux_loss_coeff
     if aux > 0 and cfg.parallelism.pipeline_parallel_degree > 1:
         raise ConfigError(
@@ -275,11 +270,6 @@ def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
         raise ConfigError(
             f"--parallelism.expert_parallel_degree={ep} does not divide {m.name} {m.flavor}"
             f" n_routed_experts={experts}; pick a divisor of {experts}"
-        )
-    if p.fsdp_implementation == "simple_fsdp":
-        raise ConfigError(
-            f"--parallelism.expert_parallel_degree={ep} with --parallelism.fsdp_implementation=simple_fsdp"
-            " is not supported yet (experts become SimpleFSDP units with its per-unit gathers); use fsdp2"
         )
     if dp_shard == 1 and p.data_parallel_replicate_degree > 1:
         raise ConfigError(

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 
-def apply_compile(layers: nn.ModuleDict, compile_cfg) -> None:
+def apply_compile(layers: nn.ModuleDict, compile_cfg, fullgraph: bool = True) -> None:
+    """fullgraph=False for blocks that break the graph on purpose (MoE dispatch runs eager)."""
     for name, block in list(layers.items()):
-        layers[name] = torch.compile(block, backend=compile_cfg.backend, fullgraph=True)
+        layers[name] = torch.compile(block, backend=compile_cfg.backend, fullgraph=fullgraph)

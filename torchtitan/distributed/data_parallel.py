@@ -58,7 +58,8 @@ def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, units: li
     mp = mixed_precision(param_dtype, cfg.training.mixed_precision_reduce)
     mesh, dp_dims = dims.mesh, dims.dp_dims()
     if p.fsdp_implementation == "simple_fsdp":
-        simple_fsdp(model, mesh, dp_dims, param_dtype, cfg.training.mixed_precision_reduce)
+        experts = tuple(u.name for u in units if u.mesh == "experts") if dims.ep > 1 else ()
+        simple_fsdp(model, mesh, dp_dims, param_dtype, cfg.training.mixed_precision_reduce, experts)
     elif dp_dims == ["dp_replicate"]:
         apply_ddp(model, mesh["dp_replicate"], mp, [u.name for u in units])
     else:
@@ -73,4 +74,4 @@ def fsdp_ac_groups(dims, cfg) -> frozenset[str]:
     what fsdp_ac_policy saves or recomputes, never TP's or EP's collectives."""
     if cfg.parallelism.fsdp_implementation != "simple_fsdp":
         return frozenset()
-    return frozenset(fsdp_group_names(dims.mesh, dims.dp_dims()))
+    return frozenset(fsdp_group_names(dims.mesh, dims.dp_dims(), experts=dims.ep > 1))

@@ -103,8 +103,8 @@ def _ep_forward(self: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch
     # 4. the local experts on their rows
     y_local = self._ep_inner_forward(x_recv[idx], recv.sum(0))
     # 5. undo the regrouping, send the rows home
-    inv = torch.empty_like(idx)
-    inv[idx] = torch.arange(n_rows, device=idx.device)
+    # (out of place: a checkpoint region may keep this op's output for backward)
+    inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
     return _wait(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
 
 

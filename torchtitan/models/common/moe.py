@@ -23,18 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x); used for dense blocks and shared experts."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+from torchtitan.models.common.feed_forward import FeedForward
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
@@ -121,7 +110,7 @@ class TokenChoiceRouter(nn.Module):
             else:
                 group_score = grouped.amax(dim=-1)
             best = group_score.topk(self.n_limited_groups, dim=-1).indices
-            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
             biased = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1)
         indices = biased.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, indices)  # the bias only chooses; it never weighs
@@ -148,8 +137,8 @@ def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, coeff: fl
     b, s, e = scores.shape
     k = indices.shape[-1]
     flat = indices.reshape(b, s * k)
-    chosen = torch.zeros(b, e, device=scores.device, dtype=scores.dtype)
-    chosen.scatter_add_(1, flat, torch.ones_like(flat, dtype=scores.dtype))
+    chosen = torch.zeros(b, e, device=scores.device, dtype=scores.dtype).scatter_add(
+        1, flat, torch.ones_like(flat, dtype=scores.dtype))
     f = chosen * (e / (k * s))
     p = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)
     return coeff * (f * p).sum(dim=-1).mean()
@@ -195,6 +184,12 @@ class MoE(nn.Module):
         self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.float32), persistent=False)
         self.aux_loss: torch.Tensor | None = None
 
+    @torch._dynamo.disable
+    @torch.no_grad()
+    def _count(self, counts: torch.Tensor) -> None:
+        # A new tensor, not an in-place add (see above); eager under torch.compile.
+        self.tokens_per_expert = self.tokens_per_expert + counts
+
     def reset_buffers(self) -> None:
         """Zero the bias and the counter (after `to_empty` they hold garbage)."""
         with torch.no_grad():
@@ -210,14 +205,14 @@ class MoE(nn.Module):
         n_tok, k = indices.shape
         slot_expert = indices.reshape(-1)  # expert of copy j = (token j // k, slot j % k)
         # rows per expert with a scatter: bincount syncs on CUDA, histc has no int64 on CPU
-        counts = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device)
-        counts.scatter_add_(0, slot_expert, torch.ones_like(slot_expert))
+        # Forward ops stay out of place: a checkpoint region may keep their outputs for backward.
+        counts = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device).scatter_add(
+            0, slot_expert, torch.ones_like(slot_expert))
 
         if self.training:
             real_forward = not _in_autograd_engine()
             if real_forward:
-                with torch.no_grad():
-                    self.tokens_per_expert.add_(counts)
+                self._count(counts)
             if self.aux_loss_coeff > 0:
                 # computed in a recompute too: checkpointing requires the same saved tensors
                 aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff)
@@ -228,8 +223,8 @@ class MoE(nn.Module):
         order = torch.argsort(slot_expert, stable=True)
         # advanced indexing (not index_select): its backward is index_put with accumulate,
         # which CUDA computes deterministically (sorted), unlike index_add's atomics
-        y_sorted = self.experts(flat[order // k], counts)
-        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        y_sorted = _run_experts(self.experts, flat[order // k], counts)
+        inverse = torch.empty_like(order).scatter(0, order, torch.arange(order.numel(), device=order.device))
         y = y_sorted[inverse].view(n_tok, k, dim)
         # combine the k copies of a token in a fixed order: [T, 1, k] @ [T, k, dim]
         out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1).view(bsz, seq, dim)
@@ -237,6 +232,14 @@ class MoE(nn.Module):
             # on the [B, S, dim] input: a TP plan shards/gathers it along the sequence dim
             out = out + self.shared_experts(x)
         return out
+
+
+@torch._dynamo.disable
+def _run_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The routed experts (and expert-parallel dispatch, with its host sync), kept out of
+    torch.compile's graph: the split sizes are data-dependent, and torch 2.13 traces grouped
+    GEMM in bfloat16 only. The rest of the block (attention, router, sort, combine) compiles."""
+    return experts(x, counts)
 
 
 def moe_modules(model: nn.Module) -> list[MoE]:
@@ -262,4 +265,4 @@ def update_expert_bias(moe: MoE, counts_global: torch.Tensor, coeff: float) -> N
     """
     counts = counts_global.to(device=moe.expert_bias.device, dtype=torch.float32)
     moe.expert_bias.add_(coeff * torch.sign(counts.mean() - counts))
-    moe.tokens_per_expert.zero_()
+    moe.tokens_per_expert = torch.zeros_like(moe.tokens_per_expert)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.models.common.init import InitFn, init_parameters, normal, ones, trunc_normal
-from torchtitan.models.common.moe import FeedForward, MoE
+from torchtitan.models.common.feed_forward import FeedForward
+from torchtitan.models.common.moe import MoE
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import apply_rope
 from torchtitan.models.deepseek_v3.args import DeepSeekV3Args

@@ -21,6 +21,7 @@ from torchtitan.distributed.data_parallel import apply_data_parallel, build_unit
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, apply_expert_parallel
 from torchtitan.distributed.reshard_policy import Unit
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
+from torchtitan.models.common.tensor_parallel import feed_forward_plan, root_plan
 
 # Modules TP keeps whole: MLA's LoRA down-projections (their outputs are small and feed the
 # norms before the head-split up-projections) and the router.
@@ -37,18 +38,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     and shared experts column/row-wise. Routed experts are not TP-split: under sequence
     parallel each TP rank routes its own tokens, and EP (which includes the TP ranks) moves
     them to their experts."""
-    root_plan = {}
-    if model.tok_embeddings is not None:
-        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if model.norm is not None:
-        root_plan["norm"] = SequenceParallel()
-    if model.output is not None:
-        root_plan["output"] = ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        )
-    parallelize_module(model, tp_mesh, root_plan)
+    parallelize_module(model, tp_mesh, root_plan(model, loss_parallel))
     for block in model.layers.values():
         attn = block.attention
         plan = {
@@ -75,20 +65,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
                 "moe.router.gate": ReplicateParallel(input_layout=Shard(0)),
             })
             if block.moe.shared_experts is not None:
-                plan.update({
-                    "moe.shared_experts": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                             desired_input_layouts=(Replicate(),)),
-                    "moe.shared_experts.w1": ColwiseParallel(),
-                    "moe.shared_experts.w2": RowwiseParallel(output_layouts=Shard(1)),
-                    "moe.shared_experts.w3": ColwiseParallel(),
-                })
+                plan.update(feed_forward_plan("moe.shared_experts"))
         else:
-            plan.update({
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward.w3": ColwiseParallel(),
-            })
+            plan.update(feed_forward_plan("feed_forward"))
         parallelize_module(block, tp_mesh, plan)
 
 
@@ -108,6 +87,6 @@ def parallelize_deepseekv3(model: nn.Module, dims, cfg, param_dtype: str, plan) 
     # Op SAC also keeps the dispatched tokens: recompute then neither re-routes nor re-sends.
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS)
     if cfg.compile.enable:
-        apply_compile(model.layers, cfg.compile)
+        apply_compile(model.layers, cfg.compile, fullgraph=False)  # MoE dispatch + experts stay eager
     apply_data_parallel(model, dims, cfg, param_dtype, plan.units, plan.reshard_flags)
     return model

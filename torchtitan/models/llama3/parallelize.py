@@ -16,6 +16,7 @@ from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
 from torchtitan.distributed.data_parallel import apply_data_parallel, build_units, fsdp_ac_groups
 from torchtitan.distributed.reshard_policy import Unit
+from torchtitan.models.common.tensor_parallel import feed_forward_plan, root_plan
 
 
 def fsdp_units(model: nn.Module, dims, dtype_bytes: int) -> list[Unit]:
@@ -27,18 +28,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     """Megatron-style TP with sequence parallel: the residual stream is sharded over the
     sequence between blocks; attention and FFN gather it, split heads / hidden units
     column-wise and reduce-scatter back after the row-wise output projection."""
-    root_plan = {}
-    if model.tok_embeddings is not None:
-        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    if model.norm is not None:
-        root_plan["norm"] = SequenceParallel()
-    if model.output is not None:
-        root_plan["output"] = ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        )
-    parallelize_module(model, tp_mesh, root_plan)
+    parallelize_module(model, tp_mesh, root_plan(model, loss_parallel))
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
@@ -48,10 +38,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
+            **feed_forward_plan("feed_forward"),
         })
 
 

@@ -1,0 +1,38 @@
+"""TP plans shared by the decoder models: the root (embeddings, final norm, output) and a
+SwiGLU feed-forward, Megatron-style with sequence parallel between blocks."""
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+
+def root_plan(model, loss_parallel: bool) -> dict:
+    """Embeddings row-wise (output sharded over the sequence), final norm sequence-parallel,
+    output column-wise (logits sharded over the vocabulary for the loss-parallel loss)."""
+    plan = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    return plan
+
+
+def feed_forward_plan(name: str) -> dict:
+    """A SwiGLU feed-forward at `name`: the sequence gathered in, hidden units split, the
+    output reduce-scattered back over the sequence."""
+    return {
+        name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        f"{name}.w1": ColwiseParallel(),
+        f"{name}.w2": RowwiseParallel(output_layouts=Shard(1)),
+        f"{name}.w3": ColwiseParallel(),
+    }
