@@ -110,7 +110,10 @@ CASES = [
     Case("deepseek_fsdp+ep", 4, [EP, "--training.local_batch_size=2"], model=DS, slow=True),
     Case("deepseek_fsdp+tp+ep", 4, [TP, EP, "--training.local_batch_size=4"], model=DS),
     Case("deepseek_hsdp+ep", 4, [EP, "--parallelism.data_parallel_replicate_degree=2"], model=DS, slow=True),
-    Case("deepseek_pp+fsdp+ep", 4, [PP, EP, "--training.local_batch_size=4"], model=DS),
+    # stage 0 = embeddings + the dense block: a pipeline rank with no MoE layer joins the balancing
+    Case("deepseek_pp+fsdp+ep", 4, [PP, EP, "--training.local_batch_size=4",
+                                    "--parallelism.pipeline_parallel_split_points=layers.1"], model=DS),
+    Case("deepseek_pp+ep_grad_accum", 4, [PP, EP, "--training.local_batch_size=2"], model=DS, slow=True),
     Case("deepseek_pp+fsdp+tp+ep", 8, [PP, TP, EP, "--training.local_batch_size=4",
                                        _schedule("Interleaved1F1B")], model=DS, slow=True),
     Case("deepseek_ep_grad_accum", 2, [EP, "--training.local_batch_size=1"], model=DS, slow=True),

@@ -10,6 +10,7 @@ _CASES = {c.name: c for c in run_tests.CASES}
 _LOSSES: dict[str, list[float]] = {}
 _GRAD_NORMS: dict[str, list[float]] = {}
 _COMM: dict[str, dict] = {}
+_LOADS: dict[str, list] = {}  # MoE: (min, max) tokens per expert over the mean, per step
 
 
 def _losses(name: str, tmp_path_factory) -> list[float]:
@@ -25,7 +26,9 @@ def _losses(name: str, tmp_path_factory) -> list[float]:
         _LOSSES[name] = run_tests.read_losses(dump)
         _GRAD_NORMS[name] = run_tests.read_grad_norms(dump)
         with open(f"{dump}/metrics.jsonl") as f:
-            _COMM[name] = json.loads(f.read().splitlines()[-1]).get("comm", {})
+            records = [json.loads(line) for line in f if line.strip()]
+        _COMM[name] = records[-1].get("comm", {})
+        _LOADS[name] = [(r.get("expert_load_min"), r.get("expert_load_max")) for r in records]
     return _LOSSES[name]
 
 
@@ -41,6 +44,8 @@ def _check(case, tmp_path_factory):
     assert run_tests.max_rel_diff(losses, reference) <= 1e-4, (losses, reference)
     norms, ref_norms = _GRAD_NORMS[case.name], _GRAD_NORMS[ref_name]
     assert run_tests.max_rel_diff(norms, ref_norms) <= 1e-4, (norms, ref_norms)
+    if case.model != "llama3":  # the same routing and bias updates in every layout
+        assert _LOADS[case.name] == _LOADS[ref_name], (_LOADS[case.name], _LOADS[ref_name])
 
 
 @pytest.mark.parametrize("case", FAST, ids=[c.name for c in FAST])

@@ -1,0 +1,61 @@
+"""resolve_parts and its AC regions on real models on meta: the plan a rank would apply,
+without a process group (dims are a plain record of degrees)."""
+
+from types import SimpleNamespace
+
+import torch
+
+from torchtitan.config import load_config
+from torchtitan.distributed.model_parts import plan_records, resolve_parts
+from torchtitan.protocols.train_spec import get_train_spec, model_args
+
+
+def _parts(model_name: str, argv: list[str], dims: dict, world: int, pp_rank: int = 0):
+    cfg, _ = load_config([f"--model.name={model_name}", "--model.flavor=tiny", *argv], world)
+    spec = get_train_spec(model_name)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args(model_name, "tiny", 2048, 64, cfg.moe))
+    d = SimpleNamespace(**{"pp": 1, "tp": 1, "ep": 1, "dp_shard": world, **dims})
+    return resolve_parts(spec, model, d, cfg, "float32", pp_rank)
+
+
+def test_deepseek_experts_are_units_of_their_block_on_the_experts_mesh():
+    parts = _parts("deepseek_v3", ["--parallelism.expert_parallel_degree=2"], {"ep": 2}, 2)
+    (part,) = parts.parts
+    names = [u.name for u in part.units]
+    assert names == ["tok_embeddings", "layers.0", "layers.1", "layers.1.moe.experts", "layers.2",
+                     "layers.2.moe.experts", "layers.3", "layers.3.moe.experts", ""]
+    experts = [u for u in part.units if u.mesh == "experts"]
+    assert [u.block for u in experts] == ["layers.1", "layers.2", "layers.3"]
+    # EP 2 halves the experts' bytes on a rank: 3 stacks of [8, 32, 64] fp32 / 2
+    assert {u.param_bytes for u in experts} == {3 * 8 * 32 * 64 * 4 // 2}
+    flags = part.reshard_flags
+    # "last block" covers the last block's experts too; earlier blocks and their experts reshard
+    assert flags["layers.3"] is False and flags["layers.3.moe.experts"] is False
+    assert flags["layers.2"] is True and flags["layers.2.moe.experts"] is True
+    # AC regions are blocks, never the nested experts; plan.json names the experts' mesh only
+    assert list(part.regions) == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    units = plan_records(parts)[0]["fsdp_units"]
+    assert [u.get("mesh") for u in units if u["name"].endswith("experts")] == ["experts"] * 3
+    assert all("mesh" not in u for u in units if not u["name"].endswith("experts"))
+
+
+def test_simple_fsdp_regions_recompute_resharded_units_outside_blocks():
+    parts = _parts("llama3", ["--parallelism.fsdp_implementation=simple_fsdp"], {}, 2)
+    (part,) = parts.parts
+    # the embeddings reshard (auto) and belong to no block: a region of their own re-gathers them
+    assert part.regions["tok_embeddings"].compute == "none"
+    assert part.regions["tok_embeddings"].fsdp_comm == "recompute"
+    assert part.regions["layers.3"].fsdp_comm is None  # the last block keeps its gathers; no AC
+    assert part.regions["layers.0"].fsdp_comm == "recompute"
+
+
+def test_pipeline_stage_without_moe_layers_has_no_experts_units():
+    argv = ["--parallelism.pipeline_parallel_degree=2", "--parallelism.pipeline_parallel_split_points=layers.1",
+            "--training.local_batch_size=4", "--parallelism.expert_parallel_degree=2"]
+    stage0 = _parts("deepseek_v3", argv, {"pp": 2, "ep": 2, "dp_shard": 2}, 4, pp_rank=0)
+    stage1 = _parts("deepseek_v3", argv, {"pp": 2, "ep": 2, "dp_shard": 2}, 4, pp_rank=1)
+    assert [u.name for u in stage0.parts[0].units] == ["tok_embeddings", "layers.0"]
+    assert [u.mesh for u in stage1.parts[0].units].count("experts") == 3
+    # under PP every unit is kept: one gather per step instead of one per microbatch
+    assert not any(stage1.parts[0].reshard_flags.values())
