@@ -47,8 +47,13 @@ def test_moe_keys():
     assert config_error(["--moe.top_k=2"]) == "--moe.top_k: model llama3 has no experts; drop the [moe] settings"
     assert config_error(DS + ["--moe.aux_loss_coeff=0.001", "--parallelism.pipeline_parallel_degree=2",
                               "--training.local_batch_size=4"], world_size=2) == (
-        "--moe.aux_loss_coeff=0.001 (the sequence-wise balance loss) is not supported with pipeline parallel yet;"
-        " set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
+        "--moe.aux_loss_coeff=0.001 (the sequence-wise balance loss) is not supported with"
+        " --parallelism.pipeline_parallel_degree=2 yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
+    )
+    assert config_error(DS + ["--moe.aux_loss_coeff=0.001", "--parallelism.tensor_parallel_degree=2",
+                              "--parallelism.expert_parallel_degree=2"], world_size=2) == (
+        "--moe.aux_loss_coeff=0.001 (the sequence-wise balance loss) is not supported with"
+        " --parallelism.tensor_parallel_degree=2 yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
     )
     load_config(DS + ["--moe.top_k=3", "--moe.score_func=softmax", "--moe.aux_loss_coeff=0.01"], 1)
 

@@ -31,6 +31,7 @@ class ExpertBalancer:
             dist.all_reduce(counts, group=self.batch_group)
             for moe, layer_counts in zip(self.moes, counts):
                 update_expert_bias(moe, layer_counts, moe.load_balance_coeff)
+            counts = counts.double()
             ratio = counts / counts.mean(dim=1, keepdim=True).clamp_min(1e-12)
             load = torch.stack([-ratio.min(), ratio.max()]).float()
         if self.pp_group is not None:

@@ -167,7 +167,8 @@ class MoE:
 
     aux_loss_coeff: float = -1.0
     """Weight of DeepSeek-V3's sequence-wise balance loss added to the training loss (logged
-    as aux_loss); 0 disables it; -1 = the flavor's value (0 for the small flavors)."""
+    as aux_loss; the report used 1e-4); 0 disables it; -1 = the flavor's value (0 in every
+    shipped flavor). Not yet with pipeline or tensor parallel."""
 
 
 @dataclass

@@ -238,11 +238,14 @@ def check_moe(cfg: JobConfig, args) -> None:
         if not math.isfinite(value) or (value < 0 and value != -1):
             raise ConfigError(f"--moe.{key}={value}: must be >= 0 (0 disables it) or -1 for the flavor's value")
     aux = args.aux_loss_coeff if moe.aux_loss_coeff == -1 else moe.aux_loss_coeff
-    if aux > 0 and cfg.parallelism.pipeline_parallel_degree > 1:
-        raise ConfigError(
-            f"--moe.aux_loss_coeff={aux:g} (the sequence-wise balance loss) is not supported with pipeline"
-            " parallel yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
-        )
+    p = cfg.parallelism
+    for key, degree in (("pipeline_parallel_degree", p.pipeline_parallel_degree),
+                        ("tensor_parallel_degree", p.tensor_parallel_degree)):
+        if aux > 0 and degree > 1:  # PP: not every stage reaches the loss; TP: each rank sees a sequence chunk
+            raise ConfigError(
+                f"--moe.aux_loss_coeff={aux:g} (the sequence-wise balance loss) is not supported with"
+                f" --parallelism.{key}={degree} yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
+            )
 
 
 def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:

@@ -17,6 +17,15 @@ def mixed_precision(param: str, reduce: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=DTYPES[param], reduce_dtype=DTYPES[reduce])
 
 
+def inner_first(units: list[tuple]) -> list[tuple]:
+    """The named units (tuples starting with the name; the root "" left out) with nested ones
+    (experts) before the units containing them, forward order otherwise: wrapping a block
+    first would make its experts' parameters the block's."""
+    named = [u for u in units if u[0]]
+    nested = {u[0] for u in named if any(u[0].startswith(o[0] + ".") for o in named)}
+    return sorted(named, key=lambda u: u[0] not in nested)  # stable
+
+
 def apply_fsdp2(
     model: nn.Module, mesh: DeviceMesh, units: list[tuple[str, DeviceMesh, bool]], mp: MixedPrecisionPolicy,
     experts_divide_factor: float | None = None, experts: frozenset[str] | set[str] = frozenset(),
@@ -24,10 +33,7 @@ def apply_fsdp2(
     """fully_shard every (name, mesh, reshard_after_forward) unit, nested ones (experts)
     before the units that contain them, then the root ("") on `mesh`."""
     root_reshard = next((reshard for name, _, reshard in units if name == ""), False)
-    named = [u for u in units if u[0]]
-    nested = {n for n, _, _ in named if any(n.startswith(o + ".") for o, _, _ in named)}
-    inner_first = sorted(named, key=lambda u: u[0] not in nested)  # stable: forward order otherwise
-    for name, unit_mesh, reshard in inner_first:
+    for name, unit_mesh, reshard in inner_first(units):
         module = fully_shard(model.get_submodule(name), mesh=unit_mesh, mp_policy=mp, reshard_after_forward=reshard)
         if name in experts and experts_divide_factor is not None:
             # Divide by every data-parallel rank, not by the experts' mesh. FSDP2 (torch 2.13)
@@ -45,9 +51,8 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy, unit
     """Replicate (DDP semantics, FSDP2 machinery): one gradient all-reduce per unit."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    for name in units:
-        if name:
-            replicate(model.get_submodule(name), mesh=mesh, mp_policy=mp)
+    for (name,) in inner_first([(u,) for u in units]):
+        replicate(model.get_submodule(name), mesh=mesh, mp_policy=mp)
     replicate(model, mesh=mesh, mp_policy=mp)
 
 

@@ -36,6 +36,7 @@ class ParallelDims:
     ep: int
     world_size: int
     _mesh: DeviceMesh | None = field(default=None, repr=False)
+    _group_opts: tuple | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg, world_size: int) -> "ParallelDims":
@@ -70,6 +71,7 @@ class ParallelDims:
     def build_mesh(self, device_type: str, timeout_seconds: int | None = None) -> DeviceMesh:
         shape = self.mesh_shape
         opts = group_options(device_type, timeout_seconds) if timeout_seconds is not None else None
+        self._group_opts = opts
         override = {name: opts for name in shape} if opts else None
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape), backend_override=override)
 
@@ -117,7 +119,8 @@ class ParallelDims:
         dims = tuple(d for d in self.mesh_shape if d != "pp")
         if len(dims) == 1:
             return self.mesh[dims[0]].get_group()
-        return self.mesh[dims]._flatten("dp_tp").get_group()  # flattening again returns the same
+        # flattening again returns the same group; it gets the job's collective timeout too
+        return self.mesh[dims]._flatten("dp_tp", backend_override=self._group_opts).get_group()
 
     def dp_dims(self) -> list[str]:
         """Mesh dims data parallelism runs over: FSDP, HSDP or DDP."""

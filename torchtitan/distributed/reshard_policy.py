@@ -98,8 +98,8 @@ def resolve(
 
 
 def _fit_budget(plan, parts, budget: int, zero_bubble: bool, schedule: str) -> None:
-    """Reshard kept non-root units, earliest in forward order first, until the kept bytes of
-    all of the rank's parts fit the budget."""
+    """Reshard kept non-root blocks (each with its nested units), earliest in forward order
+    first, until the kept bytes of all of the rank's parts fit the budget."""
     sizes = {(i, u.name): u.param_bytes for i, units in enumerate(parts) for u in units}
 
     def kept() -> int:
@@ -120,9 +120,11 @@ def _fit_budget(plan, parts, budget: int, zero_bubble: bool, schedule: str) -> N
                 raise ReshardPolicyError(_zero_bubble_message(
                     schedule, f"reshard_budget_gib={budget / GIB:g} (needs resharding: {_gib(before)} kept)"
                 ))
-            plan[i][unit.name] = Decision(
-                True, f"auto, budget: {_gib(kept())} kept > {_gib(budget)}, freed (earliest first)"
-            )
+            # A block is freed whole (with its experts): one AC region serves all its gathers.
+            decision = Decision(True, f"auto, budget: {_gib(kept())} kept > {_gib(budget)}, freed (earliest first)")
+            for other in units:
+                if other.position == unit.position and not other.is_root:
+                    plan[i][other.name] = decision
     if kept() > budget:
         _note_kept(plan, f"budget {_gib(budget)} cannot be met ({_gib(kept())} kept)")
     else:

@@ -94,9 +94,12 @@ def _shard_param(param: nn.Parameter, mesh: DeviceMesh, dims: list[str], shard_d
         shard_coord = full_mesh.get_local_rank(dims.index(shard_dim))
         shard_size = full_mesh.size(dims.index(shard_dim))
         if local.shape[0] % shard_size:
+            what = ("data_parallel_shard_degree / (expert_parallel_degree / tensor_parallel_degree)"
+                    if shard_dim == "dp_shard_mod_ep" else "data_parallel_shard_degree")
             raise ValueError(
-                f"simple_fsdp: a parameter of shape {tuple(param.shape)} has dim 0 = {local.shape[0]} (this TP/EP"
-                f" rank) not divisible by its {shard_dim} degree {shard_size}; use fsdp2 or another degree"
+                f"--parallelism.fsdp_implementation=simple_fsdp: a parameter of shape {tuple(param.shape)} has"
+                f" dim 0 = {local.shape[0]} on this TP/EP rank, not divisible by {what} = {shard_size} (SimpleFSDP"
+                " does not pad); use fsdp2 or other degrees"
             )
         tp_size = tp_mesh.size() if tp_mesh is not None else 1
         placements[dims.index(shard_dim)] = _dp_placement(tp_placements[0] if tp_placements else None, tp_size)

@@ -52,10 +52,8 @@ def init_parameters(
         if per_expert is not None and per_expert(fqn):
             init_expert_stack(param, fqn, init_fn_for(fqn), seed, device)
             continue
-        gen = torch.Generator(device=device)
-        gen.manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % (2**63))
         full = torch.empty(param.shape, dtype=torch.float32, device=device)
-        init_fn_for(fqn)(full, gen)
+        init_fn_for(fqn)(full, _generator(fqn, seed, device))
         if isinstance(param, DTensor):
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.to_local().copy_(local.to_local())

@@ -160,7 +160,8 @@ class MoE(nn.Module):
     """Routed experts (top-k of `n_experts`) plus optional always-on shared experts.
 
     Buffers: `expert_bias` float32 [E] (persistent: it is checkpointed) and
-    `tokens_per_expert` float32 [E] (not persistent), which counts routed token copies per
+    `tokens_per_expert` int64 [E] (not persistent; integers so that sums over ranks are exact
+    in any order, hence the same bias update in every layout), which counts routed token copies per
     expert over the training forwards since the last `update_expert_bias`. Eval forwards and
     activation-checkpoint recomputes do not count.
     """
@@ -181,7 +182,7 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(dim, hidden, n_experts)
         self.shared_experts = FeedForward(dim, hidden * n_shared_experts) if n_shared_experts > 0 else None
         self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32), persistent=True)
-        self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.float32), persistent=False)
+        self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.int64), persistent=False)
         self.aux_loss: torch.Tensor | None = None
 
     @torch._dynamo.disable
