@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ COMMON = ["--model.name=deepseek_v3", "--model.flavor=tiny", "--training.seq_len
 def dump_grads(tmp_path, name: str, ngpu: int, overrides: list[str]) -> dict:
     out = tmp_path / f"{name}.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": run_tests.ROOT}
-    cmd = [os.path.join(run_tests.ROOT, ".venv", "bin", "torchrun"), "--standalone", f"--nproc_per_node={ngpu}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ngpu}",
            os.path.join(HERE, "grad_dump.py"), str(out), *COMMON, *overrides, f"--job.dump_folder={tmp_path / name}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
