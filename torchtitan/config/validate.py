@@ -86,8 +86,19 @@ def _check_tokenizer(path: str) -> None:
 
 
 def validate(cfg: JobConfig, world_size: int) -> None:
-    """Raise ConfigError for the first problem found."""
-    m, t, p = cfg.model, cfg.training, cfg.parallelism
+    """Raise ConfigError for the first problem found, one concern after another."""
+    args = check_model(cfg)
+    dp_shard = check_layout(cfg, args, world_size)
+    global_batch = check_training(cfg, args, dp_shard)
+    check_activation_checkpoint(cfg)
+    check_inputs(cfg, args)
+    check_fsdp_policies(cfg)
+    check_outputs(cfg, world_size, global_batch)
+
+
+def check_model(cfg: JobConfig):
+    """Model name and flavor; returns the flavor's args."""
+    m = cfg.model
     if m.name not in MODEL_FLAVORS:
         raise ConfigError(
             f"--model.name: unknown model '{m.name}'{_suggest(m.name, MODEL_FLAVORS)};"
@@ -99,8 +110,13 @@ def validate(cfg: JobConfig, world_size: int) -> None:
             f"--model.flavor: unknown flavor '{m.flavor}' of {m.name}{_suggest(m.flavor, flavors)};"
             f" choose one of {', '.join(flavors)}"
         )
-    args = flavors[m.flavor]
+    return flavors[m.flavor]
 
+
+def check_layout(cfg: JobConfig, args, world_size: int) -> int:
+    """Degrees vs world size and the model's shapes (heads, experts, layers per stage);
+    returns the data-parallel shard degree."""
+    m, t, p = cfg.model, cfg.training, cfg.parallelism
     check_degrees(cfg)
     tp = p.tensor_parallel_degree
     for key in ("n_heads", "n_kv_heads"):
@@ -128,7 +144,12 @@ def validate(cfg: JobConfig, world_size: int) -> None:
             )
         except PipelineLayoutError as e:
             raise ConfigError(str(e)) from None
+    return dp_shard
 
+
+def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
+    """Training, optimizer, schedule and logging numbers; returns the global batch size."""
+    t, p = cfg.training, cfg.parallelism
     for key in ("steps", "local_batch_size", "seq_len"):
         if getattr(t, key) < 1:
             raise ConfigError(f"--training.{key}={getattr(t, key)}: must be >= 1")
@@ -156,7 +177,11 @@ def validate(cfg: JobConfig, world_size: int) -> None:
         raise ConfigError(f"--metrics.log_freq={cfg.metrics.log_freq}: must be >= 1")
     if cfg.checkpoint.interval < 1:
         raise ConfigError(f"--checkpoint.interval={cfg.checkpoint.interval}: must be >= 1")
+    return t.global_batch_size if t.global_batch_size != -1 else per_step
 
+
+def check_activation_checkpoint(cfg: JobConfig) -> None:
+    """selective_ac_option: "op" or a positive integer."""
     option = cfg.activation_checkpoint.selective_ac_option
     if cfg.activation_checkpoint.mode == "selective" and option != "op":
         if not option.isdigit() or int(option) < 1:
@@ -165,10 +190,19 @@ def validate(cfg: JobConfig, world_size: int) -> None:
                 " integer n (checkpoint every n-th block)"
             )
 
+
+def check_inputs(cfg: JobConfig, args) -> None:
+    """Tokenizer and local dataset paths (not read by a dry run)."""
+    m, t = cfg.model, cfg.training
     if not cfg.job.dry_run or not args.vocab_size:  # a dry run reads neither data nor tokenizer
         _check_tokenizer(m.tokenizer_path)
     if not cfg.job.dry_run:
         _check_path_like_dataset(t.dataset)
+
+
+def check_fsdp_policies(cfg: JobConfig) -> None:
+    """fsdp_ac_policy, reshard_after_forward and its budget against the rest of the job."""
+    p = cfg.parallelism
     ac = cfg.activation_checkpoint
     if ac.fsdp_ac_policy != "auto" and p.fsdp_implementation == "fsdp2":
         raise ConfigError(
@@ -204,9 +238,12 @@ def validate(cfg: JobConfig, world_size: int) -> None:
             f"{p.pipeline_parallel_schedule}: zero-bubble schedules give wrong gradients when FSDP2 reshards"
             " after forward (torch 2.13); use auto or never, or a non-zero-bubble schedule"
         )
+
+
+def check_outputs(cfg: JobConfig, world_size: int, global_batch: int) -> None:
+    """Dump folder, checkpoint folder and timeouts."""
     if os.path.isfile(cfg.job.dump_folder):
         raise ConfigError(f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path")
-    global_batch = t.global_batch_size if t.global_batch_size != -1 else per_step
     check_checkpoint(cfg, world_size, global_batch)
     for key in ("timeout_seconds", "checkpoint_timeout_seconds"):
         if getattr(cfg.comm, key) < 1:
