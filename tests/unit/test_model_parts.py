@@ -7,6 +7,7 @@ import torch
 
 from torchtitan.config import load_config
 from torchtitan.distributed.model_parts import plan_records, resolve_parts
+from torchtitan.distributed.reshard_policy import GIB, Unit, resolve
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 
@@ -59,3 +60,21 @@ def test_pipeline_stage_without_moe_layers_has_no_experts_units():
     assert [u.mesh for u in stage1.parts[0].units].count("experts") == 3
     # under PP every unit is kept: one gather per step instead of one per microbatch
     assert not any(stage1.parts[0].reshard_flags.values())
+
+
+def _flags(plan) -> list[dict[str, bool]]:
+    return [{name: d.reshard for name, d in part.items()} for part in plan]
+
+
+def test_budget_frees_a_block_together_with_its_experts():
+    # MoE blocks: the experts are a unit of their own inside the block; the budget frees both.
+    parts = [[Unit("layers.0", GIB, block="layers.0"), Unit("layers.0.moe.experts", 2 * GIB, block="layers.0", mesh="experts"),
+              Unit("layers.1", GIB, block="layers.1"), Unit("layers.1.moe.experts", 2 * GIB, block="layers.1", mesh="experts"),
+              Unit("", GIB, is_root=True)]]
+    plan = resolve("auto", True, "1F1B", 4, parts, budget_bytes=4 * GIB)
+    assert _flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
+                            "layers.1.moe.experts": False, "": False}]
+    # without PP the last block's experts are kept with it ("last" speaks of blocks)
+    plan = resolve("auto", False, "1F1B", 1, parts)
+    assert _flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
+                            "layers.1.moe.experts": False, "": False}]

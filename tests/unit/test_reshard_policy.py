@@ -486,16 +486,3 @@ def test_auto_plan_of_the_debug_model_without_pp_and_with_a_budget():
     assert plan[0]["layers.5"].reason.startswith("auto, budget: ")
     assert kept_bytes(plan, parts) == sizes[""]
 
-
-def test_budget_frees_a_block_together_with_its_experts():
-    # MoE blocks: the experts are a unit of their own inside the block; the budget frees both.
-    parts = [[Unit("layers.0", GIB, block="layers.0"), Unit("layers.0.moe.experts", 2 * GIB, block="layers.0", mesh="experts"),
-              Unit("layers.1", GIB, block="layers.1"), Unit("layers.1.moe.experts", 2 * GIB, block="layers.1", mesh="experts"),
-              Unit("", GIB, is_root=True)]]
-    plan = resolve("auto", True, "1F1B", 4, parts, budget_bytes=4 * GIB)
-    assert flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
-                            "layers.1.moe.experts": False, "": False}]
-    # without PP the last block's experts are kept with it ("last" speaks of blocks)
-    plan = resolve("auto", False, "1F1B", 1, parts)
-    assert flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
-                            "layers.1.moe.experts": False, "": False}]
