@@ -34,8 +34,8 @@ tests/unit/test_expert_parallel.py), an op-level policy sees per experts call, i
             `_c10d_functional.wait_tensor.default`
   dispatch and combine: the same three ops each.
 `all_to_all_single_autograd` is only an alias of `all_to_all_single` in this torch (the op
-has its own autograd formula), so no `_c10d_functional_autograd` op shows up (it is listed
-for older torch); `.tolist()` shows up as no op at all. The policy is asked in forward only,
+has its own autograd formula), so no `_c10d_functional_autograd` op shows up (the pinned
+torch is the one that matters: none is listed); `.tolist()` shows up as no op at all. The policy is asked in forward only,
 after the op ran (`ctx.is_recompute` is never True): the recompute replays its decisions.
 MUST_SAVE every op of `SAC_SAVE_OPS` and the recompute reuses the saved counts and rows and
 issues no all-to-all (backward's own reverse all-to-alls, one per dispatch/combine, still
@@ -60,7 +60,6 @@ SAC_SAVE_OPS = tuple(
         _fc.all_to_all_single.default,
         _fc.wait_tensor.default,
         getattr(getattr(_fc, "_wrap_tensor_autograd", None), "default", None),
-        getattr(getattr(torch.ops._c10d_functional_autograd, "all_to_all_single", None), "default", None),
     )
     if op is not None
 )
