@@ -174,7 +174,8 @@ def test_group_name_of_functional_op_arguments():
 
 
 def test_module_constants():
-    assert comm_stats._NAMESPACES == ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+    assert comm_stats._NAMESPACES == ("c10d", "_c10d_functional", "_c10d_functional_autograd", "torchtitan")
+    assert comm_stats._KINDS["simple_fsdp_gather"] == "all_gather"
     assert comm_stats._KINDS["_allgather_base_"] == "all_gather"
     assert comm_stats._KINDS["_reduce_scatter_base_"] == "reduce_scatter"
     assert comm_stats._KINDS["allreduce_"] == "all_reduce"
@@ -457,3 +458,16 @@ def test_mesh_group_dims_of_a_real_one_rank_mesh(gloo_world):
     # The mesh dimension's own name wins over the generic "world" when they are one group.
     assert dims == ({group.group_name: "dp_shard"} if group.group_name == gloo_world.group_name
                     else {group.group_name: "dp_shard", gloo_world.group_name: "world"})
+
+
+def test_simple_fsdp_unit_gather_is_one_all_gather_in_the_param_dtype(gloo_world):
+    from torchtitan.distributed.simple_fsdp import GATHER_OP
+
+    flat = torch.arange(10, dtype=torch.float32)  # two parameters: [2, 3] and [4]
+    with CommStats({gloo_world.group_name: "dp_shard"}) as cs:
+        w, b = GATHER_OP(flat, 1, gloo_world.group_name, torch.bfloat16, [6, 4], [2, 2, 3, 1, 4])
+        GATHER_OP(flat, 1, "", torch.float32, [6, 4], [2, 2, 3, 1, 4])  # DDP: nothing to gather
+    # one collective however many parameters; bytes in the gathered dtype (bf16: 2 per element)
+    assert cs.reset() == ({"other/all_gather/dp_shard": 1}, {"other/all_gather/dp_shard": 20})
+    assert w.dtype == b.dtype == torch.bfloat16
+    assert w.tolist() == [[0, 1, 2], [3, 4, 5]] and b.tolist() == [6, 7, 8, 9]

@@ -210,14 +210,6 @@ def check_fsdp_policies(cfg: JobConfig) -> None:
             " --parallelism.fsdp_implementation=simple_fsdp: fsdp2's hooks already gather once for"
             " recompute and backward; use fsdp_ac_policy=auto"
         )
-    if p.fsdp_implementation == "simple_fsdp" and cfg.compile.enable and (
-        ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
-    ):
-        raise ConfigError(
-            f"--parallelism.fsdp_implementation=simple_fsdp with --compile.enable and"
-            f" --activation_checkpoint.mode={ac.mode}: torch 2.13's AOTAutograd fails on whole-block"
-            " recompute over DTensor parameters; use selective_ac_option=op, eager mode, or fsdp2"
-        )
     if ac.fsdp_ac_policy == "save" and p.reshard_after_forward == "always":
         raise ConfigError(
             "--activation_checkpoint.fsdp_ac_policy=save contradicts --parallelism.reshard_after_forward=always"

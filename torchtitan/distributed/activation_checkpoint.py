@@ -19,6 +19,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
 
+from torchtitan.distributed.simple_fsdp import GATHER_OP
+
 aten = torch.ops.aten
 _fc = torch.ops._c10d_functional
 
@@ -70,23 +72,18 @@ def compute_policy(func) -> CheckpointPolicy:
 
 
 def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: frozenset = frozenset()):
-    """The SAC policy of one region: FSDP's gathers (and the waits that complete them) by the
-    comm decision, every other op by the compute decision. Op SAC also keeps the outputs of
+    """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
+    and copy-out as one op) over an FSDP group by the comm decision, every other op by the
+    compute decision. Op SAC also keeps the outputs of
     the model's `extra_save_ops` (e.g. expert parallel's all-to-alls, and the wait that
     completes each), so that recompute neither communicates nor routes again."""
-    pending = {False: 0, True: 0}  # FSDP gathers awaiting their wait, per (forward, recompute)
     extra_pending = [0]  # extra collectives awaiting their wait
     extra_waits = extra_save_ops & {_fc.wait_tensor.default}
     extra_ops = extra_save_ops - extra_waits
 
     def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        if spec.fsdp_comm is not None:
-            if func == _fc.all_gather_into_tensor.default and args[2] in fsdp_groups:
-                pending[ctx.is_recompute] += 1
-                return MUST[spec.fsdp_comm]
-            if func == _fc.wait_tensor.default and pending[ctx.is_recompute]:
-                pending[ctx.is_recompute] -= 1
-                return MUST[spec.fsdp_comm]
+        if spec.fsdp_comm is not None and func == GATHER_OP and args[2] in fsdp_groups:
+            return MUST[spec.fsdp_comm]
         if spec.compute == "op":
             if func in extra_ops:
                 extra_pending[0] += func == _fc.all_to_all_single.default

@@ -38,8 +38,11 @@ _KINDS = {
     "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
     "all_reduce_coalesced_": "all_reduce", "all_to_all_single": "all_to_all",
     "broadcast": "broadcast", "broadcast_": "broadcast",
+    # SimpleFSDP's unit gather (cast + all-gather + copy-out in one op; its inner collective
+    # runs below this mode)
+    "simple_fsdp_gather": "all_gather",
 }
-_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "torchtitan")
 
 
 def _tensor_bytes(x) -> int:
@@ -101,8 +104,9 @@ class CommStats(TorchDispatchMode):
             return NotImplemented  # let DTensor lower the op; its collectives come back here
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        kind = _KINDS.get(packet._qualified_op_name.split("::")[-1]) if packet._qualified_op_name.split("::")[0] in _NAMESPACES else None
-        if kind is not None:
+        namespace, name = packet._qualified_op_name.split("::")
+        kind = _KINDS.get(name) if namespace in _NAMESPACES else None
+        if kind is not None and not (namespace == "torchtitan" and not args[2]):  # group "": nothing gathered
             self._record(kind, func, args)
         return out
 
@@ -117,6 +121,8 @@ class CommStats(TorchDispatchMode):
         if namespace == "c10d":
             # c10d ops take (outputs, inputs, ...) or (tensors, ...): the larger side.
             nbytes = max(_tensor_bytes(args[0]), _tensor_bytes(args[1]) if len(args) > 1 else 0)
+        elif namespace == "torchtitan":  # (flat, group_size, group_name, dtype, ...): gathered in dtype
+            nbytes = args[0].numel() * int(args[1]) * args[3].itemsize
         elif kind == "all_gather":
             nbytes = _tensor_bytes(args[0]) * int(args[1])  # (input, group_size, group_name)
         else:

@@ -14,7 +14,7 @@ from torch import nn
 
 from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision, unit_param_bytes
 from torchtitan.distributed.reshard_policy import Unit
-from torchtitan.distributed.simple_fsdp import fsdp_group_names, simple_fsdp
+from torchtitan.distributed.simple_fsdp import UnitSpec, fsdp_group_names, simple_fsdp
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -47,8 +47,23 @@ def build_units(
     return units
 
 
-def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, units: list[Unit], reshard: dict[str, bool]) -> None:
-    """FSDP2 / HSDP / DDP / SimpleFSDP on one model part, each unit as the plan says.
+def simple_fsdp_units(plan, ep: int) -> list[UnitSpec]:
+    """SimpleFSDP's view of a part's plan. Under PP a unit the plan keeps is gathered once per
+    step, unless its AC region recomputes FSDP's gathers (fsdp_ac_policy=recompute asks for
+    a gather per microbatch, redone in backward)."""
+    pp = plan.microbatches > 1
+
+    def once_per_step(u: Unit) -> bool:
+        region = plan.regions.get(u.block if u.block is not None else u.name)
+        return pp and not plan.reshard[u.name].reshard and (region is None or region.fsdp_comm != "recompute")
+
+    return [UnitSpec(u.name, experts=ep > 1 and u.mesh == "experts", once_per_step=once_per_step(u))
+            for u in plan.units]
+
+
+def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, plan) -> None:
+    """FSDP2 / HSDP / DDP / SimpleFSDP on one model part, each unit as `plan` (a ModelPart)
+    says.
 
     FSDP2 shards nested units (experts) before their block, each on its own mesh. Experts'
     gradients are averaged over every data-parallel rank, not only over the experts' mesh:
@@ -57,9 +72,10 @@ def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, units: li
     p = cfg.parallelism
     mp = mixed_precision(param_dtype, cfg.training.mixed_precision_reduce)
     mesh, dp_dims = dims.mesh, dims.dp_dims()
+    units, reshard = plan.units, plan.reshard_flags
     if p.fsdp_implementation == "simple_fsdp":
-        experts = tuple(u.name for u in units if u.mesh == "experts") if dims.ep > 1 else ()
-        simple_fsdp(model, mesh, dp_dims, param_dtype, cfg.training.mixed_precision_reduce, experts)
+        simple_fsdp(model, mesh, dp_dims, param_dtype, cfg.training.mixed_precision_reduce,
+                    simple_fsdp_units(plan, dims.ep), plan.microbatches)
     elif dp_dims == ["dp_replicate"]:
         apply_ddp(model, mesh["dp_replicate"], mp, [u.name for u in units])
     else:

@@ -24,6 +24,7 @@ class ModelPart:
     units: list[Unit]  # FSDP units in forward order
     reshard: dict[str, Decision]  # unit name -> reshard_after_forward and why
     regions: dict[str, RegionSpec]  # checkpoint region (a block, or a unit outside blocks) -> what it does
+    microbatches: int = 1  # forward/backward passes per pipeline step (1 without PP)
 
     @property
     def reshard_flags(self) -> dict[str, bool]:
@@ -85,7 +86,8 @@ def resolve_parts(spec, model: nn.Module, dims, cfg, param_dtype: str, pp_rank: 
     parts = []
     for (stage_id, module), part_units, decisions in zip(split, units, plan):
         flags = {name: d.reshard for name, d in decisions.items()}
-        parts.append(ModelPart(stage_id, module, part_units, decisions, _regions(cfg, part_units, flags, simple)))
+        parts.append(ModelPart(stage_id, module, part_units, decisions, _regions(cfg, part_units, flags, simple),
+                               n_microbatches(cfg, dims)))
     return ModelParts(parts, layout, n_microbatches(cfg, dims))
 
 

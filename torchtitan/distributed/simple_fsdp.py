@@ -1,16 +1,27 @@
-"""SimpleFSDP: data parallelism as ordinary ops inside the module's forward.
+"""SimpleFSDP: data parallelism as ordinary ops inside each FSDP unit's forward.
 
-Each parameter is stored as a DTensor sharded over the data-parallel mesh (with TP, on the
-2-D (dp_shard, tp) mesh, laid out like FSDP2's so a dp all-gather yields the TP shard).
-Reading `module.weight` inside forward runs `_GatherParam`: cast to the param dtype, then a
-functional all-gather over dp_shard; its backward reduce-scatters (and, for HSDP / DDP,
-all-reduces over dp_replicate) the gradient in the reduce dtype, averaged over the data-
-parallel ranks. The gathered value is exposed through a property on a per-module subclass,
-so `_parameters`, state dicts and DCP keep the original names and the sharded DTensors.
+Each parameter is stored as a DTensor sharded on dim 0 over the data-parallel mesh (with TP,
+on the 2-D (dp_shard, tp) mesh, laid out like FSDP2's so a dp all-gather yields the TP
+shard). Parameter names, state dicts and DCP checkpoints are those of the plain model.
 
-Because the gather is an op inside forward, activation checkpointing and torch.compile
-see it: activation_checkpoint.py decides per region whether it is saved or recomputed
-(reshard_after_forward and fsdp_ac_policy), recognising it by its process group.
+Per FSDP unit of the plan (embeddings, a block, a block's routed experts, the root), the
+unit's forward starts by concatenating its local shards into one flat buffer, cast to the
+param dtype, and all-gathering it in ONE collective; the parameters the module then reads
+are copied out of that buffer (one split, as FSDP2 does) and bound for the duration of the
+forward. Backward joins their gradients into one buffer and reduce-scatters it (and, for
+HSDP / DDP, all-reduces it over dp_replicate) in the reduce dtype, averaged over the
+data-parallel ranks: one collective per unit and direction.
+
+Because the gather is an op inside the unit's forward, activation checkpointing and
+torch.compile see it: activation_checkpoint.py decides per region whether it is saved or
+recomputed (reshard_after_forward and fsdp_ac_policy), recognising it by its process group.
+
+Under pipeline parallel a unit the plan keeps is gathered once per step instead: the first
+microbatch's forward gathers (outside any AC region or compiled graph, from a forward
+pre-hook), every microbatch reuses those tensors, their gradients are summed unsharded, and
+the backward of the step's last microbatch reduce-scatters the sum once. "Last" is counted,
+not scheduled, so it holds for every schedule, zero-bubble ones included (their weight pass
+runs this backward once per microbatch like any other).
 """
 
 from dataclasses import dataclass
@@ -20,38 +31,53 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
+from torch.nn.utils.stateless import _reparametrize_module
 
 from torchtitan.distributed.fsdp import DTYPES
 
 _fc = torch.ops._c10d_functional
+# A unit's forward receives its input from a pre-hook on the outermost wrapper, i.e. from
+# outside any AC region or compiled graph: its local shards as one flat plain tensor (no
+# DTensor enters the region: AOTAutograd in torch 2.13 cannot save a DTensor input's
+# backward metadata under whole-block recompute), or, gathered once per step, its values.
+_INPUT_KWARG = "_simple_fsdp_input"
 
 
-class _GatherParam(torch.autograd.Function):
-    """local shard -> full (dp-gathered) tensor in param dtype; grad -> averaged shard."""
+@torch.library.custom_op("torchtitan::simple_fsdp_gather", mutates_args=())
+def _gather_op(
+    flat: torch.Tensor, group_size: int, group_name: str, dtype: torch.dtype, numels: list[int], shapes: list[int],
+) -> list[torch.Tensor]:
+    """One unit's flat local shards -> each parameter's gathered value in `dtype`: the cast,
+    ONE all-gather over `group_name` ("" = nothing to gather) and the copy-out, as one op.
+    One op, so an AC policy keeps or recomputes all of it together (recomputing the gather
+    but keeping the copies would keep the gathered parameters alive), and recognises it by
+    its group. `shapes` holds each gathered shape as (ndim, *sizes)."""
+    x = flat.to(dtype)
+    if group_name:
+        x = _fc.wait_tensor(_fc.all_gather_into_tensor(x.contiguous(), group_size, group_name))
+    parts = torch.split_with_sizes_copy(x.view(group_size, -1), numels, dim=1)  # rank-major rows
+    return [part.view(shape) for part, shape in zip(parts, _unflatten_shapes(shapes))]
 
-    @staticmethod
-    def forward(ctx, local, spec):
-        ctx.spec, ctx.in_dtype = spec, local.dtype
-        x = local.to(spec.param_dtype)
-        if spec.shard_group is None:
-            return x
-        out = _fc.all_gather_into_tensor(x.contiguous(), spec.shard_size, spec.shard_group)
-        return _fc.wait_tensor(out)
 
-    @staticmethod
-    def backward(ctx, grad):
-        spec = ctx.spec
-        g = grad.to(spec.reduce_dtype) * spec.grad_scale
-        if spec.shard_group is not None:
-            g = _fc.wait_tensor(_fc.reduce_scatter_tensor(g.contiguous(), "sum", spec.shard_size, spec.shard_group))
-        if spec.replicate_group is not None:
-            g = _fc.wait_tensor(_fc.all_reduce(g, "sum", spec.replicate_group))
-        return g.to(ctx.in_dtype), None
+@_gather_op.register_fake
+def _(flat, group_size, group_name, dtype, numels, shapes):
+    return [flat.new_empty(shape, dtype=dtype) for shape in _unflatten_shapes(shapes)]
+
+
+GATHER_OP = torch.ops.torchtitan.simple_fsdp_gather.default
+
+
+def _unflatten_shapes(flat: list[int]) -> list[list[int]]:
+    out, i = [], 0
+    while i < len(flat):
+        out.append(flat[i + 1:i + 1 + flat[i]])
+        i += 1 + flat[i]
+    return out
 
 
 @dataclass(frozen=True)
-class _GatherSpec:
-    """How one parameter is gathered for forward and its gradient reduced."""
+class UnitLayout:
+    """How one unit's flat buffer is gathered, split into parameters, and reduced."""
 
     shard_group: str | None  # all-gather / reduce-scatter group (None: nothing to gather)
     shard_size: int
@@ -59,17 +85,131 @@ class _GatherSpec:
     grad_scale: float  # 1 / every data-parallel rank (experts too: EP already summed their tokens)
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
-    tp_mesh: DeviceMesh | None  # the model-parallel (TP or EP) mesh a gathered value lives on
-    tp_placements: tuple
-    shape: torch.Size
-    stride: tuple
+    local_numels: tuple[int, ...]  # per parameter, this rank's shard
+    gathered_shapes: tuple[torch.Size, ...]  # per parameter, after the dp gather (the TP shard)
 
-    def gather(self, param: nn.Parameter) -> torch.Tensor:
-        full = _GatherParam.apply(param.to_local(), self)
-        if self.tp_mesh is None:
-            return full
-        return DTensor.from_local(full, self.tp_mesh, list(self.tp_placements), run_check=False,
-                                  shape=self.shape, stride=self.stride)
+    def gather(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Local flat shards -> every parameter's gathered value, in the param dtype."""
+        shapes = [x for shape in self.gathered_shapes for x in (len(shape), *shape)]
+        return tuple(GATHER_OP(flat, self.shard_size, self.shard_group or "", self.param_dtype,
+                               list(self.local_numels), shapes))
+
+    def join(self, grads) -> torch.Tensor:
+        """Gathered-shape gradients (None: unused) -> one rank-major buffer in the reduce dtype."""
+        device = next(g.device for g in grads if g is not None)
+        parts = [(g if g is not None else torch.zeros(shape, dtype=self.param_dtype, device=device))
+                 .reshape(self.shard_size, -1) for g, shape in zip(grads, self.gathered_shapes)]
+        return torch.cat(parts, dim=1).to(self.reduce_dtype)
+
+    def reduce(self, joined: torch.Tensor) -> torch.Tensor:
+        """A joined gradient -> this rank's flat shard of its data-parallel average."""
+        g = joined.reshape(-1) * self.grad_scale
+        if self.shard_group is not None:
+            g = _fc.wait_tensor(_fc.reduce_scatter_tensor(g, "sum", self.shard_size, self.shard_group))
+        if self.replicate_group is not None:
+            g = _fc.wait_tensor(_fc.all_reduce(g, "sum", self.replicate_group))
+        return g
+
+
+class _GatherUnit(torch.autograd.Function):
+    """Local flat shards -> gathered parameters; their gradients -> averaged flat shard."""
+
+    @staticmethod
+    def forward(ctx, flat, layout):
+        ctx.layout, ctx.in_dtype = layout, flat.dtype
+        return layout.gather(flat)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        layout = ctx.layout
+        return layout.reduce(layout.join(grads)).to(ctx.in_dtype), None
+
+
+class _StepState:
+    """A unit gathered once per pipeline step: its gathered values, the summed gradient and
+    how many microbatch backwards it has seen. Only backwards are counted: an AC recompute
+    of a region holding the unit runs its forward again, never its backward."""
+
+    def __init__(self, microbatches: int):
+        self.microbatches = microbatches
+        self.values: tuple[torch.Tensor, ...] | None = None
+        self.grad: torch.Tensor | None = None
+        self.backwards = 0
+
+
+class _GatherOncePerStep(torch.autograd.Function):
+    """Like _GatherUnit, but gathers only on the first microbatch of a step and reduces
+    only in the backward of the last one (earlier ones hand the shards a zero gradient)."""
+
+    @staticmethod
+    def forward(ctx, flat, layout, state):
+        ctx.layout, ctx.state, ctx.in_dtype = layout, state, flat.dtype
+        if state.values is None:
+            state.values = layout.gather(flat)
+        return tuple(v.detach() for v in state.values)  # aliases: one copy serves every microbatch
+
+    @staticmethod
+    def backward(ctx, *grads):
+        layout, state = ctx.layout, ctx.state
+        joined = layout.join(grads)
+        state.grad = joined if state.grad is None else state.grad.add_(joined)
+        state.backwards += 1
+        if state.backwards < state.microbatches:
+            return joined.new_zeros(sum(layout.local_numels), dtype=ctx.in_dtype), None, None
+        shard = layout.reduce(state.grad).to(ctx.in_dtype)
+        state.values, state.grad, state.backwards = None, None, 0
+        return shard, None, None
+
+
+class _Unit:
+    """One FSDP unit: the parameters it owns (nested units' excluded), as (owning module,
+    attribute, path from the unit's module), and how they are gathered."""
+
+    def __init__(self, entries, layout: UnitLayout, tp_specs, step: _StepState | None):
+        self.entries, self.layout, self.tp_specs, self.step = entries, layout, tp_specs, step
+
+    def local_flat(self) -> torch.Tensor:
+        return torch.cat([owner._parameters[attr].to_local().reshape(-1) for owner, attr, _ in self.entries])
+
+    def bind(self, values) -> dict[str, torch.Tensor]:
+        """{path: value} for the unit's forward; TP parameters become DTensors on their TP mesh."""
+        out = {}
+        for (_, _, path), value, tp in zip(self.entries, values, self.tp_specs):
+            if tp is not None:
+                mesh, placements, shape, stride = tp
+                value = DTensor.from_local(value, mesh, placements, run_check=False, shape=shape, stride=stride)
+            out[path] = value
+        return out
+
+    @torch._dynamo.disable
+    def inputs(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """What the unit's forward starts from: its flat local shards (gathered in the forward,
+        so AC and compile see the gather), or its values when gathered once per step."""
+        if self.step is None:
+            return self.local_flat()
+        if not torch.is_grad_enabled():  # shape inference, evaluation: nothing to cache or reduce
+            return self.layout.gather(self.local_flat())
+        return _GatherOncePerStep.apply(self.local_flat(), self.layout, self.step)
+
+
+def _unit_forward(base_forward):
+    def forward(self, *args, **kwargs):
+        unit = self._simple_fsdp_unit
+        inputs = kwargs.pop(_INPUT_KWARG, None)
+        if inputs is None:  # called without the pre-hook (never in training; kept for direct use)
+            inputs = unit.inputs()
+        values = inputs if isinstance(inputs, tuple) else _GatherUnit.apply(inputs, unit.layout)
+        with _reparametrize_module(self, unit.bind(values)):
+            return base_forward(self, *args, **kwargs)
+
+    return forward
+
+
+def _pass_inputs(unit: _Unit):
+    def hook(module, args, kwargs):
+        return args, {**kwargs, _INPUT_KWARG: unit.inputs()}
+
+    return hook
 
 
 def _dp_placement(tp_placement, tp_size: int):
@@ -114,49 +254,73 @@ def experts_dims(dims: list[str]) -> list[str]:
     return [d for d in dims if d == "dp_replicate"] + ["dp_shard_mod_ep"]
 
 
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module itself under torch.compile's and activation checkpointing's wrappers."""
+    while True:
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "_checkpoint_wrapped_module", None)
+        if inner is None:
+            return module
+        module = inner
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What simple_fsdp needs of one unit of the plan."""
+
+    name: str  # submodule path ("" = the root: whatever no other unit owns)
+    experts: bool = False  # routed experts split by EP: sharded over dp_shard_mod_ep
+    once_per_step: bool = False  # PP and kept by the plan: gathered once per step
+
+
 def simple_fsdp(
     model: nn.Module, mesh: DeviceMesh, dp_dims: list[str], param_dtype: str, reduce_dtype: str,
-    experts: tuple[str, ...] = (),
+    units: list[UnitSpec], microbatches: int = 1,
 ) -> nn.Module:
-    """Turn every parameter of `model` (on meta) into a SimpleFSDP parameter, in place.
-
-    dp_dims: ["dp_shard"] (FSDP), ["dp_replicate", "dp_shard"] (HSDP) or ["dp_replicate"] (DDP).
-    experts: submodules holding routed experts split by EP; they shard over what EP left of
-    dp_shard (dp_shard_mod_ep), and their gradients are still averaged over every
-    data-parallel rank.
-    """
+    """Make every unit of `model` (on meta, after TP / EP / AC / compile) a SimpleFSDP unit,
+    in place. dp_dims: ["dp_shard"] (FSDP), ["dp_replicate", "dp_shard"] (HSDP) or
+    ["dp_replicate"] (DDP). Experts' gradients are averaged over every data-parallel rank."""
     dp_size = 1
     for d in dp_dims:
         dp_size *= mesh[d].size()
-
-    def spec_of(param, dims: list[str], shard_dim: str | None) -> _GatherSpec:
-        return _GatherSpec(
+    claimed: set[int] = set()
+    # Nested units (experts) first, the root last: a unit owns what no inner unit took.
+    for spec in sorted(units, key=lambda u: (u.name == "", -u.name.count("."), -len(u.name))):
+        holder = model.get_submodule(spec.name) if spec.name else model
+        module = unwrap(holder)
+        dims = experts_dims(dp_dims) if spec.experts else dp_dims
+        shard_dim = ("dp_shard_mod_ep" if spec.experts else "dp_shard") if "dp_shard" in dp_dims else None
+        entries, numels, shapes, tp_specs = [], [], [], []
+        for path, param in list(module.named_parameters()):
+            if id(param) in claimed:
+                continue
+            owner_path, _, attr = path.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            is_tp = isinstance(param, DTensor)
+            tp_specs.append((param.device_mesh, tuple(param.placements), param.shape, param.stride()) if is_tp else None)
+            sharded = _shard_param(param, mesh, dims, shard_dim)
+            owner._parameters[attr] = sharded
+            claimed.add(id(sharded))
+            local = sharded.to_local()
+            entries.append((owner, attr, path))
+            numels.append(local.numel())
+            n = mesh[shard_dim].size() if shard_dim else 1
+            shapes.append(torch.Size((local.shape[0] * n, *local.shape[1:])))
+        if not entries:
+            continue
+        layout = UnitLayout(
             shard_group=mesh[shard_dim].get_group().group_name if shard_dim else None,
             shard_size=mesh[shard_dim].size() if shard_dim else 1,
             replicate_group=mesh["dp_replicate"].get_group().group_name if "dp_replicate" in dims else None,
             grad_scale=1.0 / dp_size, param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype],
-            tp_mesh=param.device_mesh if isinstance(param, DTensor) else None,
-            tp_placements=tuple(param.placements) if isinstance(param, DTensor) else (),
-            shape=param.shape, stride=param.stride(),
+            local_numels=tuple(numels), gathered_shapes=tuple(shapes),
         )
-
-    for module_name, module in list(model.named_modules()):
-        names = [n for n, p in module._parameters.items() if p is not None]
-        if not names:
-            continue
-        plain = module_name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")  # AC / compile
-        is_experts = any(plain == e or plain.startswith(e + ".") for e in experts)
-        dims = experts_dims(dp_dims) if is_experts else dp_dims
-        shard_dim = ("dp_shard_mod_ep" if is_experts else "dp_shard") if "dp_shard" in dp_dims else None
-        specs = {}
-        for name in names:
-            param = module._parameters[name]
-            specs[name] = spec_of(param, dims, shard_dim)
-            module._parameters[name] = _shard_param(param, mesh, dims, shard_dim)
-        module._simple_fsdp_specs = specs
+        unit = _Unit(entries, layout, tp_specs, _StepState(microbatches) if spec.once_per_step else None)
+        module._simple_fsdp_unit = unit
         cls = module.__class__
-        props = {n: property(lambda self, n=n: self._simple_fsdp_specs[n].gather(self._parameters[n])) for n in names}
-        module.__class__ = type(f"SimpleFSDP{cls.__name__}", (cls,), props)
+        inner = module.__dict__.pop("forward", None)  # an instance's own forward (expert parallel's dispatch)
+        base = cls.forward if inner is None else (lambda self, *args, inner=inner, **kwargs: inner(*args, **kwargs))
+        module.__class__ = type(f"SimpleFSDP{cls.__name__}", (cls,), {"forward": _unit_forward(base)})
+        holder.register_forward_pre_hook(_pass_inputs(unit), with_kwargs=True)  # outermost wrapper
     return model
 
 

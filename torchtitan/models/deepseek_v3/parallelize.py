@@ -88,5 +88,5 @@ def parallelize_deepseekv3(model: nn.Module, dims, cfg, param_dtype: str, plan) 
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS)
     if cfg.compile.enable:
         apply_compile(model.layers, cfg.compile, fullgraph=False)  # MoE dispatch + experts stay eager
-    apply_data_parallel(model, dims, cfg, param_dtype, plan.units, plan.reshard_flags)
+    apply_data_parallel(model, dims, cfg, param_dtype, plan)
     return model

@@ -50,5 +50,5 @@ def parallelize_llama(model: nn.Module, dims, cfg, param_dtype: str, plan) -> nn
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg))
     if cfg.compile.enable:
         apply_compile(model.layers, cfg.compile)
-    apply_data_parallel(model, dims, cfg, param_dtype, plan.units, plan.reshard_flags)
+    apply_data_parallel(model, dims, cfg, param_dtype, plan)
     return model
