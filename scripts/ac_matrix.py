@@ -4,7 +4,7 @@ per step by mesh dim, bytes held for backward (eager), and the final loss (rank 
 
     python scripts/ac_matrix.py --ngpu 4                      # dp_shard=4
     python scripts/ac_matrix.py --ngpu 4 -- --parallelism.tensor_parallel_degree=2
-    python scripts/ac_matrix.py --ngpu 4 --compile            # compiled rows too
+    python scripts/ac_matrix.py --ngpu 4 --compile            # a compiled row after each eager one
 
 Rows: fsdp2 (fsdp_ac_policy auto only) and simple_fsdp (auto, save, recompute), for
 reshard_after_forward never and auto, AC full / op / every 2nd layer.
@@ -26,7 +26,7 @@ AC = {"full": ["--activation_checkpoint.mode=full"],
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ngpu", type=int, default=4)
-    ap.add_argument("--compile", action="store_true", help="add compiled rows (op SAC; whole-block AC is refused)")
+    ap.add_argument("--compile", action="store_true", help="add a compiled row after each eager one (every AC mode)")
     ap.add_argument("--reshard", default="never,auto")
     ap.add_argument("--ac", default="full,op,layer2")
     ap.add_argument("--steps", type=int, default=3)
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         for reshard in args.reshard.split(","):
             for ac in args.ac.split(","):
                 for policy in (["auto"] if impl == "fsdp2" else ["auto", "save", "recompute"]):
-                    modes = ["eager"] + (["compile"] if args.compile and ac == "op" else [])
+                    modes = ["eager"] + (["compile"] if args.compile else [])
                     for mode in modes:
                         rows.append((impl, reshard, ac, policy, mode))
     print(f"{'impl':11s} {'reshard':7s} {'AC':6s} {'fsdp_ac':9s} {'mode':7s} {'bwd AG dp_shard':>15s}"

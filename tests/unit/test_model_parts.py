@@ -78,3 +78,36 @@ def test_budget_frees_a_block_together_with_its_experts():
     plan = resolve("auto", False, "1F1B", 1, parts)
     assert _flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
                             "layers.1.moe.experts": False, "": False}]
+
+
+def test_simple_fsdp_gathers_kept_units_once_per_step_only_under_pp():
+    from torchtitan.distributed.data_parallel import simple_fsdp_units
+
+    simple = ["--parallelism.fsdp_implementation=simple_fsdp"]
+    pp = ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"]
+    (no_pp,) = _parts("llama3", simple, {}, 2).parts
+    assert no_pp.microbatches == 1
+    assert not any(u.once_per_step for u in simple_fsdp_units(no_pp, ep=1))
+    # PP, auto: every unit is kept, so every unit is gathered once per step (4 microbatches)
+    (stage0,) = _parts("llama3", simple + pp, {"pp": 2, "dp_shard": 2}, 4).parts
+    assert stage0.microbatches == 4
+    assert [(u.name, u.once_per_step) for u in simple_fsdp_units(stage0, ep=1)] == [
+        ("tok_embeddings", True), ("layers.0", True), ("layers.1", True)]
+    # units the plan reshards, or whose region recomputes FSDP's gathers, gather per microbatch
+    (always,) = _parts("llama3", simple + pp + ["--parallelism.reshard_after_forward=always"],
+                       {"pp": 2, "dp_shard": 2}, 4).parts
+    assert not any(u.once_per_step for u in simple_fsdp_units(always, ep=1))
+    recompute = ["--activation_checkpoint.mode=full", "--activation_checkpoint.fsdp_ac_policy=recompute"]
+    (regathered,) = _parts("llama3", simple + pp + recompute, {"pp": 2, "dp_shard": 2}, 4).parts
+    assert [u.once_per_step for u in simple_fsdp_units(regathered, ep=1)] == [True, False, False]
+
+
+def test_simple_fsdp_units_name_experts_only_under_expert_parallel():
+    from torchtitan.distributed.data_parallel import simple_fsdp_units
+
+    simple = ["--parallelism.fsdp_implementation=simple_fsdp"]
+    (with_ep,) = _parts("deepseek_v3", simple + ["--parallelism.expert_parallel_degree=2"], {"ep": 2}, 2).parts
+    assert [u.name for u in simple_fsdp_units(with_ep, ep=2) if u.experts] == [
+        "layers.1.moe.experts", "layers.2.moe.experts", "layers.3.moe.experts"]
+    (without,) = _parts("deepseek_v3", simple, {}, 2).parts
+    assert not any(u.experts for u in simple_fsdp_units(without, ep=1))

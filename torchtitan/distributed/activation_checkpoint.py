@@ -55,10 +55,13 @@ class RegionSpec:
 
     compute: str  # "none" (no user AC), "full", or "op"
     fsdp_comm: str | None  # "save" | "recompute" | None (FSDP2: gathers happen outside the region)
+    # A region only there to re-gather a resharding SimpleFSDP unit, in eager code: the unit
+    # does it with saved-tensor hooks instead (no dispatch mode over every op of the block).
+    by_hooks: bool = False
 
     @property
     def wrapped(self) -> bool:
-        return self.compute != "none" or self.fsdp_comm == "recompute"
+        return (self.compute != "none" or self.fsdp_comm == "recompute") and not self.by_hooks
 
     @property
     def label(self) -> str:
@@ -133,16 +136,19 @@ def resolve_fsdp_comm(fsdp_ac_policy: str, reshard: bool, simple_fsdp: bool) -> 
     return fsdp_ac_policy
 
 
-def region_specs(ac_cfg, block_names: list[str], reshard: dict[str, bool], simple_fsdp: bool) -> dict[str, RegionSpec]:
-    """{block name: RegionSpec} for the blocks of one model part, in order."""
+def region_specs(
+    ac_cfg, block_names: list[str], reshard: dict[str, bool], simple_fsdp: bool, compiled: bool = False,
+) -> dict[str, RegionSpec]:
+    """{block name: RegionSpec} for the blocks of one model part, in order. `compiled`:
+    blocks run under torch.compile, where a re-gather needs a real (SAC) region."""
     specs = {}
     for position, name in enumerate(block_names):
         compute = block_compute(ac_cfg, position)
         if compute == "none":  # no user region: the reshard plan alone decides
             comm = "recompute" if simple_fsdp and reshard.get(name, False) else None
+            specs[name] = RegionSpec(compute, comm, by_hooks=comm == "recompute" and not compiled)
         else:
-            comm = resolve_fsdp_comm(ac_cfg.fsdp_ac_policy, reshard.get(name, False), simple_fsdp)
-        specs[name] = RegionSpec(compute, comm)
+            specs[name] = RegionSpec(compute, resolve_fsdp_comm(ac_cfg.fsdp_ac_policy, reshard.get(name, False), simple_fsdp))
     return specs
 
 

@@ -57,8 +57,12 @@ def simple_fsdp_units(plan, ep: int) -> list[UnitSpec]:
         region = plan.regions.get(u.block if u.block is not None else u.name)
         return pp and not plan.reshard[u.name].reshard and (region is None or region.fsdp_comm != "recompute")
 
-    return [UnitSpec(u.name, experts=ep > 1 and u.mesh == "experts", once_per_step=once_per_step(u))
-            for u in plan.units]
+    def regather_by_hooks(u: Unit) -> bool:
+        region = plan.regions.get(u.block if u.block is not None else u.name)
+        return plan.reshard[u.name].reshard and region is not None and region.by_hooks
+
+    return [UnitSpec(u.name, experts=ep > 1 and u.mesh == "experts", once_per_step=once_per_step(u),
+                     regather_by_hooks=regather_by_hooks(u)) for u in plan.units]
 
 
 def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, plan) -> None:

@@ -66,8 +66,8 @@ def _regions(cfg, units: list[Unit], flags: dict[str, bool], simple: bool) -> di
     """AC regions of one part: one per block; under SimpleFSDP also one around each resharded
     unit outside any block (e.g. embeddings), whose gathers must be redone in backward."""
     blocks = list(dict.fromkeys(u.block for u in units if u.block is not None))
-    specs = region_specs(cfg.activation_checkpoint, blocks, flags, simple)
-    outside = {u.name: RegionSpec("none", "recompute") for u in units
+    specs = region_specs(cfg.activation_checkpoint, blocks, flags, simple, cfg.compile.enable)
+    outside = {u.name: RegionSpec("none", "recompute", by_hooks=True) for u in units  # never compiled
                if simple and u.block is None and not u.is_root and flags[u.name]}
     return {**outside, **specs}
 

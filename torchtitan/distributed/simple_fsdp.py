@@ -24,6 +24,7 @@ not scheduled, so it holds for every schedule, zero-bubble ones included (their 
 runs this backward once per microbatch like any other).
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -112,17 +113,67 @@ class UnitLayout:
 
 
 class _GatherUnit(torch.autograd.Function):
-    """Local flat shards -> gathered parameters; their gradients -> averaged flat shard."""
+    """Local flat shards -> gathered parameters; their gradients -> averaged flat shard.
+    `regather` (eager units resharded by saved-tensor hooks, else None) drops the values it
+    gathered again for this backward: the unit's backward is done once this one runs."""
 
     @staticmethod
-    def forward(ctx, flat, layout):
-        ctx.layout, ctx.in_dtype = layout, flat.dtype
+    def forward(ctx, flat, layout, regather):
+        ctx.layout, ctx.in_dtype, ctx.regather = layout, flat.dtype, regather
         return layout.gather(flat)
 
     @staticmethod
     def backward(ctx, *grads):
         layout = ctx.layout
-        return layout.reduce(layout.join(grads)).to(ctx.in_dtype), None
+        if ctx.regather is not None:
+            ctx.regather.values = None
+        return layout.reduce(layout.join(grads)).to(ctx.in_dtype), None, None
+
+
+class _Regather:
+    """Resharding without an AC region, for eager code: while the unit's forward runs,
+    autograd saves its gathered parameters (and views of them) as handles, not tensors, so
+    they are freed when the forward ends; the first handle unpacked in backward gathers the
+    unit again (one all-gather), every handle then views those values. Cheaper than a
+    checkpoint region, whose dispatch mode runs Python for every op of the block twice."""
+
+    def __init__(self, unit: "_Unit"):
+        self.unit = unit
+        self.values: tuple[torch.Tensor, ...] | None = None
+
+    def hooks(self, values):
+        where = {v.untyped_storage().data_ptr(): i for i, v in enumerate(values)}  # ints: nothing kept alive
+
+        def pack(t):
+            local = t._local_tensor if isinstance(t, DTensor) else t
+            i = where.get(local.untyped_storage().data_ptr()) if local.device.type != "meta" else None
+            if i is None:
+                return t
+            spec = (t.device_mesh, t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None
+            return _Handle(i, local.size(), local.stride(), local.storage_offset(), spec)
+
+        def unpack(x):
+            if not isinstance(x, _Handle):
+                return x
+            if self.values is None:
+                with torch.no_grad():
+                    self.values = self.unit.layout.gather(self.unit.local_flat())
+            v = self.values[x.index].as_strided(x.size, x.stride, x.offset)
+            if x.spec is None:
+                return v
+            mesh, placements, shape, stride = x.spec
+            return DTensor.from_local(v, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+        return pack, unpack
+
+
+@dataclass(frozen=True)
+class _Handle:
+    index: int  # which gathered value
+    size: torch.Size
+    stride: tuple
+    offset: int
+    spec: tuple | None  # a DTensor's (mesh, placements, shape, stride)
 
 
 class _StepState:
@@ -165,8 +216,9 @@ class _Unit:
     """One FSDP unit: the parameters it owns (nested units' excluded), as (owning module,
     attribute, path from the unit's module), and how they are gathered."""
 
-    def __init__(self, entries, layout: UnitLayout, tp_specs, step: _StepState | None):
+    def __init__(self, entries, layout: UnitLayout, tp_specs, step: _StepState | None, regather: bool):
         self.entries, self.layout, self.tp_specs, self.step = entries, layout, tp_specs, step
+        self.regather = _Regather(self) if regather else None
 
     def local_flat(self) -> torch.Tensor:
         return torch.cat([owner._parameters[attr].to_local().reshape(-1) for owner, attr, _ in self.entries])
@@ -198,8 +250,13 @@ def _unit_forward(base_forward):
         inputs = kwargs.pop(_INPUT_KWARG, None)
         if inputs is None:  # called without the pre-hook (never in training; kept for direct use)
             inputs = unit.inputs()
-        values = inputs if isinstance(inputs, tuple) else _GatherUnit.apply(inputs, unit.layout)
-        with _reparametrize_module(self, unit.bind(values)):
+        if isinstance(inputs, tuple):  # gathered once per step
+            values = inputs
+        else:
+            values = _GatherUnit.apply(inputs, unit.layout, unit.regather)
+        saving = (torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
+                  if unit.regather is not None else contextlib.nullcontext())
+        with saving, _reparametrize_module(self, unit.bind(values)):
             return base_forward(self, *args, **kwargs)
 
     return forward
@@ -270,6 +327,7 @@ class UnitSpec:
     name: str  # submodule path ("" = the root: whatever no other unit owns)
     experts: bool = False  # routed experts split by EP: sharded over dp_shard_mod_ep
     once_per_step: bool = False  # PP and kept by the plan: gathered once per step
+    regather_by_hooks: bool = False  # resharded, no AC region, eager: saved-tensor hooks re-gather
 
 
 def simple_fsdp(
@@ -314,7 +372,8 @@ def simple_fsdp(
             grad_scale=1.0 / dp_size, param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype],
             local_numels=tuple(numels), gathered_shapes=tuple(shapes),
         )
-        unit = _Unit(entries, layout, tp_specs, _StepState(microbatches) if spec.once_per_step else None)
+        unit = _Unit(entries, layout, tp_specs, _StepState(microbatches) if spec.once_per_step else None,
+                     spec.regather_by_hooks)
         module._simple_fsdp_unit = unit
         cls = module.__class__
         inner = module.__dict__.pop("forward", None)  # an instance's own forward (expert parallel's dispatch)
