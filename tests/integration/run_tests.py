@@ -98,6 +98,10 @@ CASES = [
          slow=True),
     Case("simple_fsdp_op_sac_compile", 2, ["--parallelism.fsdp_implementation=simple_fsdp", "--compile.enable=true",
                                            "--activation_checkpoint.mode=selective"], slow=True),
+    # TP hands compiled blocks async-collective tensors; SimpleFSDP's pre-hook settles them
+    Case("simple_fsdp+tp_compile_ac_full", 4, ["--parallelism.fsdp_implementation=simple_fsdp", TP,
+                                               "--compile.enable=true", "--activation_checkpoint.mode=full",
+                                               "--training.local_batch_size=4"], slow=True),
     # activation checkpointing and compile (with FSDP)
     Case("fsdp_ac_full", 2, ["--activation_checkpoint.mode=full"]),
     Case("fsdp_ac_op", 2, ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"]),

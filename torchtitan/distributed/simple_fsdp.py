@@ -28,6 +28,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -262,9 +263,16 @@ def _unit_forward(base_forward):
     return forward
 
 
+def _settled(x):
+    # TP's async redistributes hand blocks an AsyncCollectiveTensor; a compiled block would
+    # take it as a tensor-subclass input and return its gradient unwrapped, which breaks the
+    # redistribute's backward (torch 2.13). Waiting through the op keeps the autograd graph.
+    return funcol.wait_tensor(x) if isinstance(x, funcol.AsyncCollectiveTensor) else x
+
+
 def _pass_inputs(unit: _Unit):
     def hook(module, args, kwargs):
-        return args, {**kwargs, _INPUT_KWARG: unit.inputs()}
+        return tuple(_settled(a) for a in args), {**kwargs, _INPUT_KWARG: unit.inputs()}
 
     return hook
 
