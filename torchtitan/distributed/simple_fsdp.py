@@ -373,8 +373,9 @@ def simple_fsdp(
             shapes.append(torch.Size((local.shape[0] * n, *local.shape[1:])))
         if not entries:
             continue
+        gathers = shard_dim is not None and mesh[shard_dim].size() > 1  # (experts: EP may take all of dp_shard)
         layout = UnitLayout(
-            shard_group=mesh[shard_dim].get_group().group_name if shard_dim else None,
+            shard_group=mesh[shard_dim].get_group().group_name if gathers else None,
             shard_size=mesh[shard_dim].size() if shard_dim else 1,
             replicate_group=mesh["dp_replicate"].get_group().group_name if "dp_replicate" in dims else None,
             grad_scale=1.0 / dp_size, param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype],
