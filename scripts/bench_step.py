@@ -124,17 +124,25 @@ def main(argv=None) -> int:
         return 2
     out = tempfile.mkdtemp(prefix="bench_step_")
     modes = [False] if args.no_compile else [False, True]
-    print(f"{args.flavor} Llama3, {args.ngpu} ranks x {max(1, (os.cpu_count() or 1) // args.ngpu)} threads,"
+    import platform
+
+    import torch
+
+    print(f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {platform.machine()} {os.cpu_count()} cores;"
+          f" {args.flavor} Llama3, {args.ngpu} ranks x {max(1, (os.cpu_count() or 1) // args.ngpu)} threads,"
           f" {args.local_batch_size} x {args.seq_len} tokens per rank, fp32; median of steps"
-          f" {args.warmup + 1}-{args.steps}")
-    print(f"{'variant':34s} {'median s':>9s} {'vs hand-written':>15s}")
+          f" {args.warmup + 1}-{args.steps}" + (f"; trainer overrides {' '.join(args.extra)}" if args.extra else ""))
+    print(f"{'variant':34s} {'median s':>9s} {'vs hand-written':>15s} {'vs FSDP2':>9s}")
     for compile_ in modes:
         mode = "compiled" if compile_ else "eager"
         base = statistics.median(handwritten(args, compile_)[args.warmup:])
         print(f"{'hand-written fully_shard, ' + mode:34s} {base:>9.3f} {1.0:>14.2f}x", flush=True)
+        fsdp2 = None
         for impl in ("fsdp2", "simple_fsdp"):
             median = statistics.median(trainer(args, impl, compile_, out)[args.warmup:])
-            print(f"{'trainer ' + impl + ', ' + mode:34s} {median:>9.3f} {median / base:>14.2f}x", flush=True)
+            vs = "" if fsdp2 is None else f"{median / fsdp2:>8.2f}x"
+            print(f"{'trainer ' + impl + ', ' + mode:34s} {median:>9.3f} {median / base:>14.2f}x {vs:>9s}", flush=True)
+            fsdp2 = median if fsdp2 is None else fsdp2
     return 0
 
 

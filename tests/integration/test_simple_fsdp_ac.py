@@ -70,6 +70,10 @@ def test_auto_follows_the_reshard_plan(tmp_path_factory):
     # ids, never the weight, so their saved-tensor hooks never gather them again.
     records = run(tmp_path_factory, SIMPLE, *AC["op"])
     assert bwd_gathers(records) == 3 * GATHERS_PER_BLOCK
+    # one all-gather in forward and one reduce-scatter per unit (embeddings, 4 blocks, root),
+    # however many parameters each holds
+    for r in records:
+        assert r["comm"]["forward/all_gather/dp_shard"] == r["comm"]["backward/reduce_scatter/dp_shard"] == 6
 
 
 @pytest.mark.slow

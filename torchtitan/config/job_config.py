@@ -113,8 +113,9 @@ class Parallelism:
 
     fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
     """Data-parallel implementation: fsdp2 (torch fully_shard, gathers in module hooks) or
-    simple_fsdp (DTensor parameters gathered by ops inside forward, visible to AC and
-    torch.compile). Both shard over dp_shard, replicate over dp_replicate (HSDP / DDP)."""
+    simple_fsdp (DTensor parameters gathered by one op per FSDP unit inside its forward,
+    visible to AC and torch.compile; under PP kept units are gathered once per step). Both
+    shard over dp_shard, replicate over dp_replicate (HSDP / DDP)."""
 
     reshard_after_forward: Literal["auto", "always", "never"] = "auto"
     """FSDP: free each unit's gathered parameters after its forward (ZeRO-3) or keep them for

@@ -8,7 +8,8 @@ A block's region combines two decisions:
   "recompute" re-gathers them in backward (ZeRO-3).
 FSDP's gathers are recognised by their process group (the data-parallel dims), so TP / EP
 collectives and every other op stay under the compute policy. A resharding SimpleFSDP unit
-without any user AC still gets a region: everything is saved except its gathers.
+without any user AC gets a region that saves everything except its gather under compile;
+in eager code the unit re-gathers through saved-tensor hooks instead (RegionSpec.by_hooks).
 """
 
 from dataclasses import dataclass
