@@ -13,7 +13,7 @@ in eager code the unit re-gathers through saved-tensor hooks instead (RegionSpec
 """
 
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 from torch import nn
@@ -107,13 +107,21 @@ def _context(spec: RegionSpec, fsdp_groups, extra_save_ops):
     return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups, extra_save_ops))
 
 
+@lru_cache(maxsize=None)
+def _context_fn(spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozenset):
+    # One object per distinct region: torch.compile guards on the identity of the context
+    # function's arguments, so a fresh one per block recompiled every block (and past the
+    # recompile limit, 8, left the remaining blocks eager).
+    return partial(_context, spec, fsdp_groups, extra_save_ops)
+
+
 def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops=frozenset()) -> nn.Module:
     if not spec.wrapped:
         return module
     if spec.compute == "full" and spec.fsdp_comm is None:
         return checkpoint_wrapper(module, preserve_rng_state=False)  # plain full AC
     # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
-    context = partial(_context, spec, fsdp_groups, frozenset(extra_save_ops))
+    context = _context_fn(spec, frozenset(fsdp_groups), frozenset(extra_save_ops))
     return checkpoint_wrapper(module, context_fn=context, preserve_rng_state=False)
 
 

@@ -245,22 +245,31 @@ class _Unit:
         return _GatherOncePerStep.apply(self.local_flat(), self.layout, self.step)
 
 
-def _unit_forward(base_forward):
-    def forward(self, *args, **kwargs):
-        unit = self._simple_fsdp_unit
-        inputs = kwargs.pop(_INPUT_KWARG, None)
-        if inputs is None:  # called without the pre-hook (never in training; kept for direct use)
-            inputs = unit.inputs()
-        if isinstance(inputs, tuple):  # gathered once per step
-            values = inputs
-        else:
-            values = _GatherUnit.apply(inputs, unit.layout, unit.regather)
-        saving = (torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
-                  if unit.regather is not None else contextlib.nullcontext())
-        with saving, _reparametrize_module(self, unit.bind(values)):
-            return base_forward(self, *args, **kwargs)
+_UNIT_CLASSES: dict[type, type] = {}
 
-    return forward
+
+def _unit_class(cls: type) -> type:
+    """The SimpleFSDP subclass of a module class, one per class: torch.compile guards on a
+    module's type, so a fresh subclass per block would recompile every block."""
+    if cls not in _UNIT_CLASSES:
+
+        def forward(self, *args, **kwargs):
+            unit = self._simple_fsdp_unit
+            inputs = kwargs.pop(_INPUT_KWARG, None)
+            if inputs is None:  # called without the pre-hook (never in training; kept for direct use)
+                inputs = unit.inputs()
+            if isinstance(inputs, tuple):  # gathered once per step
+                values = inputs
+            else:
+                values = _GatherUnit.apply(inputs, unit.layout, unit.regather)
+            saving = (torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
+                      if unit.regather is not None else contextlib.nullcontext())
+            inner = self.__dict__.get("_simple_fsdp_inner")  # an instance's own forward (expert parallel)
+            with saving, _reparametrize_module(self, unit.bind(values)):
+                return inner(*args, **kwargs) if inner is not None else cls.forward(self, *args, **kwargs)
+
+        _UNIT_CLASSES[cls] = type(f"SimpleFSDP{cls.__name__}", (cls,), {"forward": forward})
+    return _UNIT_CLASSES[cls]
 
 
 def _settled(x):
@@ -384,10 +393,10 @@ def simple_fsdp(
         unit = _Unit(entries, layout, tp_specs, _StepState(microbatches) if spec.once_per_step else None,
                      spec.regather_by_hooks)
         module._simple_fsdp_unit = unit
-        cls = module.__class__
         inner = module.__dict__.pop("forward", None)  # an instance's own forward (expert parallel's dispatch)
-        base = cls.forward if inner is None else (lambda self, *args, inner=inner, **kwargs: inner(*args, **kwargs))
-        module.__class__ = type(f"SimpleFSDP{cls.__name__}", (cls,), {"forward": _unit_forward(base)})
+        if inner is not None:
+            module._simple_fsdp_inner = inner
+        module.__class__ = _unit_class(module.__class__)
         holder.register_forward_pre_hook(_pass_inputs(unit), with_kwargs=True)  # outermost wrapper
     return model
 
