@@ -463,10 +463,10 @@ def test_mesh_group_dims_of_a_real_one_rank_mesh(gloo_world):
 def test_simple_fsdp_unit_gather_is_one_all_gather_in_the_param_dtype(gloo_world):
     from torchtitan.distributed.simple_fsdp import GATHER_OP
 
-    flat = torch.arange(10, dtype=torch.float32)  # two parameters: [2, 3] and [4]
+    shards = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.arange(6, 10, dtype=torch.float32)]
     with CommStats({gloo_world.group_name: "dp_shard"}) as cs:
-        w, b = GATHER_OP(flat, 1, gloo_world.group_name, torch.bfloat16, [6, 4], [2, 2, 3, 1, 4])
-        GATHER_OP(flat, 1, "", torch.float32, [6, 4], [2, 2, 3, 1, 4])  # DDP: nothing to gather
+        w, b = GATHER_OP(shards, 1, gloo_world.group_name, torch.bfloat16, [6, 4], [2, 2, 3, 1, 4])
+        GATHER_OP(shards, 1, "", torch.float32, [6, 4], [2, 2, 3, 1, 4])  # DDP: nothing to gather
     # one collective however many parameters; bytes in the gathered dtype (bf16: 2 per element)
     assert cs.reset() == ({"other/all_gather/dp_shard": 1}, {"other/all_gather/dp_shard": 20})
     assert w.dtype == b.dtype == torch.bfloat16

@@ -121,8 +121,8 @@ class CommStats(TorchDispatchMode):
         if namespace == "c10d":
             # c10d ops take (outputs, inputs, ...) or (tensors, ...): the larger side.
             nbytes = max(_tensor_bytes(args[0]), _tensor_bytes(args[1]) if len(args) > 1 else 0)
-        elif namespace == "torchtitan":  # (flat, group_size, group_name, dtype, ...): gathered in dtype
-            nbytes = args[0].numel() * int(args[1]) * args[3].itemsize
+        elif namespace == "torchtitan":  # (shards, group_size, group_name, dtype, ...): gathered in dtype
+            nbytes = sum(t.numel() for t in args[0]) * int(args[1]) * args[3].itemsize
         elif kind == "all_gather":
             nbytes = _tensor_bytes(args[0]) * int(args[1])  # (input, group_size, group_name)
         else:

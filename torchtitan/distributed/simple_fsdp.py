@@ -39,22 +39,23 @@ from torchtitan.distributed.fsdp import DTYPES
 
 _fc = torch.ops._c10d_functional
 # A unit's forward receives its input from a pre-hook on the outermost wrapper, i.e. from
-# outside any AC region or compiled graph: its local shards as one flat plain tensor (no
-# DTensor enters the region: AOTAutograd in torch 2.13 cannot save a DTensor input's
-# backward metadata under whole-block recompute), or, gathered once per step, its values.
-_INPUT_KWARG = "_simple_fsdp_input"
+# outside any AC region or compiled graph: its local shards as plain tensors (no DTensor
+# enters the region: AOTAutograd in torch 2.13 cannot save a DTensor input's backward
+# metadata under whole-block recompute), or, gathered once per step, its values.
+_SHARDS_KWARG, _VALUES_KWARG = "_simple_fsdp_shards", "_simple_fsdp_values"
 
 
 @torch.library.custom_op("torchtitan::simple_fsdp_gather", mutates_args=())
 def _gather_op(
-    flat: torch.Tensor, group_size: int, group_name: str, dtype: torch.dtype, numels: list[int], shapes: list[int],
+    shards: list[torch.Tensor], group_size: int, group_name: str, dtype: torch.dtype, numels: list[int],
+    shapes: list[int],
 ) -> list[torch.Tensor]:
-    """One unit's flat local shards -> each parameter's gathered value in `dtype`: the cast,
-    ONE all-gather over `group_name` ("" = nothing to gather) and the copy-out, as one op.
+    """One unit's local shards -> each parameter's gathered value in `dtype`: one flat cast
+    copy, ONE all-gather over `group_name` ("" = nothing to gather) and the copy-out, as one op.
     One op, so an AC policy keeps or recomputes all of it together (recomputing the gather
     but keeping the copies would keep the gathered parameters alive), and recognises it by
     its group. `shapes` holds each gathered shape as (ndim, *sizes)."""
-    x = flat.to(dtype)
+    x = torch.cat([t.reshape(-1).to(dtype) for t in shards])
     if group_name:
         x = _fc.wait_tensor(_fc.all_gather_into_tensor(x.contiguous(), group_size, group_name))
     parts = torch.split_with_sizes_copy(x.view(group_size, -1), numels, dim=1)  # rank-major rows
@@ -62,8 +63,8 @@ def _gather_op(
 
 
 @_gather_op.register_fake
-def _(flat, group_size, group_name, dtype, numels, shapes):
-    return [flat.new_empty(shape, dtype=dtype) for shape in _unflatten_shapes(shapes)]
+def _(shards, group_size, group_name, dtype, numels, shapes):
+    return [shards[0].new_empty(shape, dtype=dtype) for shape in _unflatten_shapes(shapes)]
 
 
 GATHER_OP = torch.ops.torchtitan.simple_fsdp_gather.default
@@ -87,48 +88,54 @@ class UnitLayout:
     grad_scale: float  # 1 / every data-parallel rank (experts too: EP already summed their tokens)
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
-    local_numels: tuple[int, ...]  # per parameter, this rank's shard
+    local_shapes: tuple[torch.Size, ...]  # per parameter, this rank's shard
     gathered_shapes: tuple[torch.Size, ...]  # per parameter, after the dp gather (the TP shard)
 
-    def gather(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Local flat shards -> every parameter's gathered value, in the param dtype."""
+    @property
+    def local_numels(self) -> list[int]:
+        return [s.numel() for s in self.local_shapes]
+
+    def gather(self, shards) -> tuple[torch.Tensor, ...]:
+        """Local shards -> every parameter's gathered value, in the param dtype."""
         shapes = [x for shape in self.gathered_shapes for x in (len(shape), *shape)]
-        return tuple(GATHER_OP(flat, self.shard_size, self.shard_group or "", self.param_dtype,
-                               list(self.local_numels), shapes))
+        return tuple(GATHER_OP(list(shards), self.shard_size, self.shard_group or "", self.param_dtype,
+                               self.local_numels, shapes))
 
     def join(self, grads) -> torch.Tensor:
         """Gathered-shape gradients (None: unused) -> one rank-major buffer in the reduce dtype."""
         device = next(g.device for g in grads if g is not None)
         parts = [(g if g is not None else torch.zeros(shape, dtype=self.param_dtype, device=device))
                  .reshape(self.shard_size, -1) for g, shape in zip(grads, self.gathered_shapes)]
-        return torch.cat(parts, dim=1).to(self.reduce_dtype)
+        return torch.cat(parts, dim=1).to(self.reduce_dtype)  # .to: no copy when the dtypes agree
 
-    def reduce(self, joined: torch.Tensor) -> torch.Tensor:
-        """A joined gradient -> this rank's flat shard of its data-parallel average."""
-        g = joined.reshape(-1) * self.grad_scale
+    def reduce(self, joined: torch.Tensor, like) -> tuple[torch.Tensor, ...]:
+        """A joined gradient (consumed) -> this rank's shard of its data-parallel average, one
+        tensor per parameter with the (shape, dtype) of `like`."""
+        g = joined.reshape(-1).mul_(self.grad_scale)
         if self.shard_group is not None:
             g = _fc.wait_tensor(_fc.reduce_scatter_tensor(g, "sum", self.shard_size, self.shard_group))
         if self.replicate_group is not None:
             g = _fc.wait_tensor(_fc.all_reduce(g, "sum", self.replicate_group))
-        return g
+        return tuple(part.view(shape).to(dtype) for part, (shape, dtype) in zip(g.split(self.local_numels), like))
 
 
 class _GatherUnit(torch.autograd.Function):
-    """Local flat shards -> gathered parameters; their gradients -> averaged flat shard.
-    `regather` (eager units resharded by saved-tensor hooks, else None) drops the values it
-    gathered again for this backward: the unit's backward is done once this one runs."""
+    """Local shards -> gathered parameters; their gradients -> averaged shards. `regather`
+    (eager units resharded by saved-tensor hooks, else None) drops the values gathered again
+    for this backward as soon as the unit's weight gradients are done."""
 
     @staticmethod
-    def forward(ctx, flat, layout, regather):
-        ctx.layout, ctx.in_dtype, ctx.regather = layout, flat.dtype, regather
-        return layout.gather(flat)
+    def forward(ctx, layout, regather, *shards):
+        ctx.layout, ctx.regather = layout, regather
+        ctx.like = [(t.shape, t.dtype) for t in shards]
+        return layout.gather(shards)
 
     @staticmethod
     def backward(ctx, *grads):
         layout = ctx.layout
         if ctx.regather is not None:
             ctx.regather.values = None
-        return layout.reduce(layout.join(grads)).to(ctx.in_dtype), None, None
+        return None, None, *layout.reduce(layout.join(grads), ctx.like)
 
 
 class _Regather:
@@ -158,7 +165,11 @@ class _Regather:
                 return x
             if self.values is None:
                 with torch.no_grad():
-                    self.values = self.unit.layout.gather(self.unit.local_flat())
+                    self.values = self.unit.layout.gather(self.unit.local_shards())
+                # also dropped when this backward ends: one that computes input gradients only
+                # (a pipeline's shape inference, a zero-bubble input pass) never reaches the
+                # unit's _GatherUnit node, which drops them otherwise
+                torch.autograd.Variable._execution_engine.queue_callback(self._drop)
             v = self.values[x.index].as_strided(x.size, x.stride, x.offset)
             if x.spec is None:
                 return v
@@ -166,6 +177,9 @@ class _Regather:
             return DTensor.from_local(v, mesh, placements, run_check=False, shape=shape, stride=stride)
 
         return pack, unpack
+
+    def _drop(self) -> None:
+        self.values = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +199,7 @@ class _StepState:
     def __init__(self, microbatches: int):
         self.microbatches = microbatches
         self.values: tuple[torch.Tensor, ...] | None = None
+        self.versions: tuple[int, ...] = ()  # of the shards the values were gathered from
         self.grad: torch.Tensor | None = None
         self.backwards = 0
 
@@ -194,10 +209,19 @@ class _GatherOncePerStep(torch.autograd.Function):
     only in the backward of the last one (earlier ones hand the shards a zero gradient)."""
 
     @staticmethod
-    def forward(ctx, flat, layout, state):
-        ctx.layout, ctx.state, ctx.in_dtype = layout, state, flat.dtype
+    def forward(ctx, layout, state, *shards):
+        ctx.layout, ctx.state = layout, state
+        ctx.like = [(t.shape, t.dtype) for t in shards]
+        versions = tuple(t._version for t in shards)
+        if state.values is not None and versions != state.versions:
+            # the optimizer (or a load) changed the parameters while a step was still open
+            raise RuntimeError(
+                f"SimpleFSDP: a unit gathered once per pipeline step saw {state.backwards} of"
+                f" {state.microbatches} microbatch backwards before its parameters changed: every"
+                " microbatch's output must reach the loss, and a step must not be abandoned midway"
+            )
         if state.values is None:
-            state.values = layout.gather(flat)
+            state.values, state.versions = layout.gather(shards), versions
         return tuple(v.detach() for v in state.values)  # aliases: one copy serves every microbatch
 
     @staticmethod
@@ -207,10 +231,10 @@ class _GatherOncePerStep(torch.autograd.Function):
         state.grad = joined if state.grad is None else state.grad.add_(joined)
         state.backwards += 1
         if state.backwards < state.microbatches:
-            return joined.new_zeros(sum(layout.local_numels), dtype=ctx.in_dtype), None, None
-        shard = layout.reduce(state.grad).to(ctx.in_dtype)
-        state.values, state.grad, state.backwards = None, None, 0
-        return shard, None, None
+            # zeros, not None: a zero-bubble weight pass asks autograd for every weight's grad
+            return None, None, *(torch.zeros(shape, dtype=dtype, device=joined.device) for shape, dtype in ctx.like)
+        grad, state.values, state.grad, state.backwards = state.grad, None, None, 0
+        return None, None, *layout.reduce(grad, ctx.like)
 
 
 class _Unit:
@@ -221,8 +245,9 @@ class _Unit:
         self.entries, self.layout, self.tp_specs, self.step = entries, layout, tp_specs, step
         self.regather = _Regather(self) if regather else None
 
-    def local_flat(self) -> torch.Tensor:
-        return torch.cat([owner._parameters[attr].to_local().reshape(-1) for owner, attr, _ in self.entries])
+    def local_shards(self) -> tuple[torch.Tensor, ...]:
+        """Views of this rank's shards (no copy: an AC region keeps its inputs until backward)."""
+        return tuple(owner._parameters[attr].to_local() for owner, attr, _ in self.entries)
 
     def bind(self, values) -> dict[str, torch.Tensor]:
         """{path: value} for the unit's forward; TP parameters become DTensors on their TP mesh."""
@@ -235,14 +260,14 @@ class _Unit:
         return out
 
     @torch._dynamo.disable
-    def inputs(self) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """What the unit's forward starts from: its flat local shards (gathered in the forward,
-        so AC and compile see the gather), or its values when gathered once per step."""
+    def inputs(self) -> dict[str, tuple[torch.Tensor, ...]]:
+        """What the unit's forward starts from: its local shards (gathered in the forward, so
+        AC and compile see the gather), or its values when gathered once per step."""
         if self.step is None:
-            return self.local_flat()
+            return {_SHARDS_KWARG: self.local_shards()}
         if not torch.is_grad_enabled():  # shape inference, evaluation: nothing to cache or reduce
-            return self.layout.gather(self.local_flat())
-        return _GatherOncePerStep.apply(self.local_flat(), self.layout, self.step)
+            return {_VALUES_KWARG: self.layout.gather(self.local_shards())}
+        return {_VALUES_KWARG: _GatherOncePerStep.apply(self.layout, self.step, *self.local_shards())}
 
 
 _UNIT_CLASSES: dict[type, type] = {}
@@ -255,13 +280,11 @@ def _unit_class(cls: type) -> type:
 
         def forward(self, *args, **kwargs):
             unit = self._simple_fsdp_unit
-            inputs = kwargs.pop(_INPUT_KWARG, None)
-            if inputs is None:  # called without the pre-hook (never in training; kept for direct use)
-                inputs = unit.inputs()
-            if isinstance(inputs, tuple):  # gathered once per step
-                values = inputs
-            else:
-                values = _GatherUnit.apply(inputs, unit.layout, unit.regather)
+            if _SHARDS_KWARG not in kwargs and _VALUES_KWARG not in kwargs:  # called without the pre-hook
+                kwargs.update(unit.inputs())
+            values = kwargs.pop(_VALUES_KWARG, None)  # gathered once per step
+            if values is None:
+                values = _GatherUnit.apply(unit.layout, unit.regather, *kwargs.pop(_SHARDS_KWARG))
             saving = (torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
                       if unit.regather is not None else contextlib.nullcontext())
             inner = self.__dict__.get("_simple_fsdp_inner")  # an instance's own forward (expert parallel)
@@ -281,7 +304,8 @@ def _settled(x):
 
 def _pass_inputs(unit: _Unit):
     def hook(module, args, kwargs):
-        return tuple(_settled(a) for a in args), {**kwargs, _INPUT_KWARG: unit.inputs()}
+        kwargs = {k: _settled(v) for k, v in kwargs.items()}
+        return tuple(_settled(a) for a in args), {**kwargs, **unit.inputs()}
 
     return hook
 
@@ -364,7 +388,7 @@ def simple_fsdp(
         module = unwrap(holder)
         dims = experts_dims(dp_dims) if spec.experts else dp_dims
         shard_dim = ("dp_shard_mod_ep" if spec.experts else "dp_shard") if "dp_shard" in dp_dims else None
-        entries, numels, shapes, tp_specs = [], [], [], []
+        entries, local_shapes, shapes, tp_specs = [], [], [], []
         for path, param in list(module.named_parameters()):
             if id(param) in claimed:
                 continue
@@ -377,7 +401,7 @@ def simple_fsdp(
             claimed.add(id(sharded))
             local = sharded.to_local()
             entries.append((owner, attr, path))
-            numels.append(local.numel())
+            local_shapes.append(local.shape)
             n = mesh[shard_dim].size() if shard_dim else 1
             shapes.append(torch.Size((local.shape[0] * n, *local.shape[1:])))
         if not entries:
@@ -388,7 +412,7 @@ def simple_fsdp(
             shard_size=mesh[shard_dim].size() if shard_dim else 1,
             replicate_group=mesh["dp_replicate"].get_group().group_name if "dp_replicate" in dims else None,
             grad_scale=1.0 / dp_size, param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype],
-            local_numels=tuple(numels), gathered_shapes=tuple(shapes),
+            local_shapes=tuple(local_shapes), gathered_shapes=tuple(shapes),
         )
         unit = _Unit(entries, layout, tp_specs, _StepState(microbatches) if spec.once_per_step else None,
                      spec.regather_by_hooks)
