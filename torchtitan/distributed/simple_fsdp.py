@@ -199,7 +199,7 @@ class _StepState:
     def __init__(self, microbatches: int):
         self.microbatches = microbatches
         self.values: tuple[torch.Tensor, ...] | None = None
-        self.versions: tuple[int, ...] = ()  # of the shards the values were gathered from
+        self.versions: tuple[int, ...] = ()  # of the parameters the values were gathered from
         self.grad: torch.Tensor | None = None
         self.backwards = 0
 
@@ -209,10 +209,9 @@ class _GatherOncePerStep(torch.autograd.Function):
     only in the backward of the last one (earlier ones hand the shards a zero gradient)."""
 
     @staticmethod
-    def forward(ctx, layout, state, *shards):
+    def forward(ctx, layout, state, versions, *shards):
         ctx.layout, ctx.state = layout, state
         ctx.like = [(t.shape, t.dtype) for t in shards]
-        versions = tuple(t._version for t in shards)
         if state.values is not None and versions != state.versions:
             # the optimizer (or a load) changed the parameters while a step was still open
             raise RuntimeError(
@@ -232,9 +231,9 @@ class _GatherOncePerStep(torch.autograd.Function):
         state.backwards += 1
         if state.backwards < state.microbatches:
             # zeros, not None: a zero-bubble weight pass asks autograd for every weight's grad
-            return None, None, *(torch.zeros(shape, dtype=dtype, device=joined.device) for shape, dtype in ctx.like)
+            return None, None, None, *(torch.zeros(shape, dtype=dtype, device=joined.device) for shape, dtype in ctx.like)
         grad, state.values, state.grad, state.backwards = state.grad, None, None, 0
-        return None, None, *layout.reduce(grad, ctx.like)
+        return None, None, None, *layout.reduce(grad, ctx.like)
 
 
 class _Unit:
@@ -267,7 +266,9 @@ class _Unit:
             return {_SHARDS_KWARG: self.local_shards()}
         if not torch.is_grad_enabled():  # shape inference, evaluation: nothing to cache or reduce
             return {_VALUES_KWARG: self.layout.gather(self.local_shards())}
-        return {_VALUES_KWARG: _GatherOncePerStep.apply(self.layout, self.step, *self.local_shards())}
+        # (the DTensor parameters' versions: in-place updates bump them, not their local tensors')
+        versions = tuple(owner._parameters[attr]._version for owner, attr, _ in self.entries)
+        return {_VALUES_KWARG: _GatherOncePerStep.apply(self.layout, self.step, versions, *self.local_shards())}
 
 
 _UNIT_CLASSES: dict[type, type] = {}

@@ -1,0 +1,100 @@
+"""SimpleFSDP's unit machinery on a 1-rank gloo group in this process (no collective runs:
+a group of size 1 gathers nothing), against the same module without it."""
+
+import contextlib
+import copy
+import datetime
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from torchtitan.distributed.simple_fsdp import UnitSpec, simple_fsdp
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+    except Exception as e:  # e.g. no loopback networking in the sandbox
+        pytest.skip(f"cannot create a 1-rank gloo process group here: {type(e).__name__}: {e}")
+    try:
+        yield init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+    finally:
+        dist.destroy_process_group()
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+def _pair(mesh, **spec):
+    torch.manual_seed(0)
+    plain = Block()
+    sharded = copy.deepcopy(plain)
+    simple_fsdp(sharded, mesh, ["dp_shard"], "float32", "float32", [UnitSpec("", **spec)], microbatches=2)
+    return plain, sharded
+
+
+def _grads(module):
+    return {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone() for n, p in module.named_parameters()}
+
+
+def test_names_state_dict_and_gradients_are_those_of_the_plain_module(mesh):
+    plain, sharded = _pair(mesh)
+    assert [n for n, _ in sharded.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert sharded.state_dict().keys() == plain.state_dict().keys()
+    x = torch.randn(3, 4)
+    plain(x).sum().backward()
+    sharded(x).sum().backward()
+    assert all(torch.equal(g, _grads(plain)[n]) for n, g in _grads(sharded).items())
+
+
+def test_regathered_values_are_dropped_after_an_input_only_backward(mesh):
+    plain, sharded = _pair(mesh, regather_by_hooks=True)
+    x = torch.randn(3, 4, requires_grad=True)
+    torch.autograd.grad(sharded(x).sum(), x)  # never reaches the unit's gather node
+    assert sharded._simple_fsdp_unit.regather.values is None
+    sharded(x).sum().backward()
+    plain(x).sum().backward()
+    assert sharded._simple_fsdp_unit.regather.values is None
+    assert all(torch.equal(g, _grads(plain)[n]) for n, g in _grads(sharded).items())
+
+
+def test_once_per_step_reduces_on_the_last_microbatch_and_refuses_stale_values(mesh):
+    plain, sharded = _pair(mesh, once_per_step=True)
+    state = sharded._simple_fsdp_unit.step
+    xs = [torch.randn(3, 4), torch.randn(3, 4)]
+    outs = [sharded(x) for x in xs]
+    assert state.values is not None
+    outs[0].sum().backward()
+    assert state.backwards == 1 and state.values is not None  # kept for the second microbatch
+    outs[1].sum().backward()
+    assert state.backwards == 0 and state.values is None and state.grad is None
+    for x in xs:
+        plain(x).sum().backward()
+    assert all(torch.allclose(g, _grads(plain)[n]) for n, g in _grads(sharded).items())
+    # a step left open (one microbatch's backward never ran), then an update: refused
+    sharded(xs[0])
+    with torch.no_grad():
+        for p in sharded.parameters():
+            p.add_(1.0)
+    with pytest.raises(RuntimeError, match="1 of 2|0 of 2"):
+        sharded(xs[0])
