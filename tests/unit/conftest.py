@@ -1,6 +1,9 @@
 """Shared set-up for the unit tests: import path, offline mode, common fixtures."""
 
+import contextlib
+import datetime
 import os
+import socket
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,3 +30,32 @@ def subprocess_env() -> dict:
     for key in ("NGPU", "WORLD_SIZE", "RANK"):
         env.pop(key, None)
     return env
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gloo_world():
+    """A 1-rank gloo default process group in this process for one test module (destroyed
+    after it, so that modules starting their own are not skipped)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+            timeout=datetime.timedelta(seconds=30),
+        )
+    except Exception as e:  # e.g. no loopback networking in the sandbox
+        pytest.skip(f"cannot create a 1-rank gloo process group here: {type(e).__name__}: {e}")
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

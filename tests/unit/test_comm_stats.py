@@ -2,11 +2,8 @@
 its helpers, phases and reset without a process group, then real collectives on a 1-rank
 gloo group in this process."""
 
-import contextlib
-import datetime
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -339,29 +336,7 @@ def test_mesh_group_dims_without_a_process_group():
 # --------------------------------------------------------------------------- one real gloo rank
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def gloo_world():
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available in this build")
-    if dist.is_initialized():
-        pytest.skip("a default process group already exists in this process")
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-            timeout=datetime.timedelta(seconds=30),
-        )
-    except Exception as e:  # e.g. no loopback networking in the sandbox
-        pytest.skip(f"cannot create a 1-rank gloo process group here: {type(e).__name__}: {e}")
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
+# (gloo_world: tests/unit/conftest.py)
 
 
 class AllReduceInBackward(torch.autograd.Function):

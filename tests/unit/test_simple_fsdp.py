@@ -1,39 +1,19 @@
 """SimpleFSDP's unit machinery on a 1-rank gloo group in this process (no collective runs:
 a group of size 1 gathers nothing), against the same module without it."""
 
-import contextlib
 import copy
-import datetime
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from torchtitan.distributed.simple_fsdp import UnitSpec, simple_fsdp
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def mesh():
-    if dist.is_initialized():
-        pytest.skip("a default process group already exists in this process")
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
-    except Exception as e:  # e.g. no loopback networking in the sandbox
-        pytest.skip(f"cannot create a 1-rank gloo process group here: {type(e).__name__}: {e}")
-    try:
-        yield init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
-    finally:
-        dist.destroy_process_group()
+def mesh(gloo_world):
+    return init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
 
 
 class Block(nn.Module):
