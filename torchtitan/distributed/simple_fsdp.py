@@ -5,9 +5,9 @@ on the 2-D (dp_shard, tp) mesh, laid out like FSDP2's so a dp all-gather yields 
 shard). Parameter names, state dicts and DCP checkpoints are those of the plain model.
 
 Per FSDP unit of the plan (embeddings, a block, a block's routed experts, the root), the
-unit's forward starts by concatenating its local shards into one flat buffer, cast to the
-param dtype, and all-gathering it in ONE collective; the parameters the module then reads
-are copied out of that buffer (one split, as FSDP2 does) and bound for the duration of the
+unit's forward starts with ONE op (GATHER_OP): its local shards concatenated and cast to
+the param dtype, one all-gather, and the copy-out into per-parameter tensors (as FSDP2
+copies out of its all-gather buffer); the module reads those for the duration of its
 forward. Backward joins their gradients into one buffer and reduce-scatters it (and, for
 HSDP / DDP, all-reduces it over dp_replicate) in the reduce dtype, averaged over the
 data-parallel ranks: one collective per unit and direction.
@@ -15,13 +15,14 @@ data-parallel ranks: one collective per unit and direction.
 Because the gather is an op inside the unit's forward, activation checkpointing and
 torch.compile see it: activation_checkpoint.py decides per region whether it is saved or
 recomputed (reshard_after_forward and fsdp_ac_policy), recognising it by its process group.
+An eager unit that reshards without an AC region re-gathers through saved-tensor hooks.
 
-Under pipeline parallel a unit the plan keeps is gathered once per step instead: the first
-microbatch's forward gathers (outside any AC region or compiled graph, from a forward
-pre-hook), every microbatch reuses those tensors, their gradients are summed unsharded, and
-the backward of the step's last microbatch reduce-scatters the sum once. "Last" is counted,
-not scheduled, so it holds for every schedule, zero-bubble ones included (their weight pass
-runs this backward once per microbatch like any other).
+Under pipeline parallel a unit the plan keeps is gathered once per pipeline step instead:
+the first microbatch's forward gathers (outside any AC region or compiled graph, from a
+forward pre-hook), every microbatch reuses those tensors, their gradients are summed
+unsharded, and the backward of the step's last microbatch reduce-scatters the sum once.
+"Last" is counted, not scheduled, so it holds for every schedule, zero-bubble ones included
+(their weight pass runs this backward once per microbatch like any other).
 """
 
 import contextlib
