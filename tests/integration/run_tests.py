@@ -81,7 +81,9 @@ CASES = [
     # (alone, only 1F1B and DualPipeV run in `make test`: every schedule also runs with FSDP below)
     *[Case(f"pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"], slow=name not in ("1F1B", "DualPipeV"))
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
-    *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"], slow=name == "Interleaved1F1B")
+    # (GPipe and LoopedBFS with FSDP only with --slow: FSDP2 sees them as 1F1B / Interleaved1F1B do)
+    *[Case(f"pp+fsdp_{name}", 4, [PP, _schedule(name), "--training.local_batch_size=4"],
+           slow=name in ("Interleaved1F1B", "GPipe", "LoopedBFS"))
       for name in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
     Case("pp+fsdp+tp", 8, [PP, TP, _schedule("Interleaved1F1B"), "--training.local_batch_size=4"], slow=True),
     Case("pp_split_points", 2, [PP, "--parallelism.pipeline_parallel_split_points=layers.1",
