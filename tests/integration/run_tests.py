@@ -90,7 +90,9 @@ CASES = [
                                 "--training.local_batch_size=8"], slow=True),
     # SimpleFSDP: FSDP, with TP, HSDP, DDP and PP
     Case("simple_fsdp", 2, ["--parallelism.fsdp_implementation=simple_fsdp"]),
-    Case("simple_fsdp+tp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", TP, "--training.local_batch_size=4"]),
+    # (in `make test` SimpleFSDP + TP is compared with FSDP2 + TP by test_simple_fsdp_ac.py)
+    Case("simple_fsdp+tp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", TP, "--training.local_batch_size=4"],
+         slow=True),
     Case("simple_hsdp", 4, ["--parallelism.fsdp_implementation=simple_fsdp",
                             "--parallelism.data_parallel_replicate_degree=2"], slow=True),
     Case("simple_ddp", 2, ["--parallelism.fsdp_implementation=simple_fsdp",
