@@ -4,6 +4,10 @@
 # NGPU      processes (default: number of CUDA devices, else 2 CPU ranks)
 # CONFIG_FILE  TOML file (default: train_configs/llama3_debug.toml)
 # LOG_RANK  whose console output to show (default 0; comma-separated list allowed)
+# Several nodes (one launch per node, e.g. scripts/multinode_trainer.slurm): NNODES (default 1),
+#   RDZV_ENDPOINT=host:port or MASTER_ADDR (+ MASTER_PORT, default 29500) of the rendezvous
+#   host, RDZV_ID (default torchtitan), NODE_RANK (optional: c10d rendezvous assigns ranks).
+#   NGPU is then per node; the world is NGPU x NNODES.
 # Extra arguments are config overrides (--section.key=value); --help lists every key.
 set -euo pipefail
 
@@ -17,6 +21,27 @@ if [[ -z "${NGPU:-}" ]]; then
   if command -v nvidia-smi >/dev/null 2>&1; then NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
   [[ "$NGPU" -gt 0 ]] || NGPU=2
 fi
+if ! [[ "$NGPU" =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: NGPU=$NGPU: must be a positive integer (processes per node)" >&2; exit 2
+fi
+NNODES="${NNODES:-1}"
+if ! [[ "$NNODES" =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: NNODES=$NNODES: must be a positive integer (the number of nodes, one launch per node)" >&2; exit 2
+fi
+LAUNCH=(--standalone)
+if [[ "$NNODES" -gt 1 ]]; then
+  ENDPOINT="${RDZV_ENDPOINT:-}"
+  if [[ -z "$ENDPOINT" ]]; then
+    if [[ -z "${MASTER_ADDR:-}" ]]; then
+      echo "error: NNODES=$NNODES needs the rendezvous host: set RDZV_ENDPOINT=host:port, or MASTER_ADDR=host (and MASTER_PORT, default 29500)" >&2
+      exit 2
+    fi
+    ENDPOINT="$MASTER_ADDR:${MASTER_PORT:-29500}"
+  fi
+  LAUNCH=(--nnodes="$NNODES" --rdzv-backend=c10d --rdzv-endpoint="$ENDPOINT" --rdzv-id="${RDZV_ID:-torchtitan}")
+  [[ -z "${NODE_RANK:-}" ]] || LAUNCH+=(--node-rank="$NODE_RANK")
+fi
+WORLD=$(( NGPU * NNODES ))
 CONFIG_FILE="${CONFIG_FILE:-$ROOT/train_configs/llama3_debug.toml}"
 # A relative config path may be given from the repo root while running elsewhere.
 [[ -f "$CONFIG_FILE" || ! -f "$ROOT/$CONFIG_FILE" ]] || CONFIG_FILE="$ROOT/$CONFIG_FILE"
@@ -26,10 +51,10 @@ for arg in "$@"; do
   if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.config.check --help; fi
 done
 # Fail fast, in one process and without importing torch, on any config problem.
-MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$NGPU" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@") || exit $?
+MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$WORLD" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@") || exit $?
 if [[ "$MODE" == "dry_run" ]]; then
-  # One process plans a job of NGPU ranks with a fake process group.
-  WORLD_SIZE="$NGPU" exec "$PY" -m torchtitan.dry_run --job.config_file "$CONFIG_FILE" "$@"
+  # One process plans a job of NGPU x NNODES ranks with a fake process group.
+  WORLD_SIZE="$WORLD" exec "$PY" -m torchtitan.dry_run --job.config_file "$CONFIG_FILE" "$@"
 fi
 
 # On CPU, share the cores between ranks instead of letting every rank use all of them.
@@ -39,6 +64,6 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
   export OMP_NUM_THREADS=$threads
 fi
 
-exec "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
+exec "$PY" -m torch.distributed.run "${LAUNCH[@]}" --nproc_per_node="$NGPU" \
   --local-ranks-filter "$LOG_RANK" \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -1,0 +1,50 @@
+"""run_train.sh across nodes: two launches on this machine, as two "nodes" of 2 ranks each
+(c10d rendezvous on localhost), train the same losses as one 4-rank launch."""
+
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+import run_tests
+
+ARGS = [*run_tests.BASE, "--training.steps=3", "--parallelism.data_parallel_shard_degree=4"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _losses(dump) -> list[float]:
+    return [json.loads(line)["loss"] for line in (dump / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_nodes_train_like_one(tmp_path):
+    port = _free_port()
+    nodes = []
+    for node in (0, 1):  # each its own dump folder: whichever node gets global rank 0 writes
+        env = {**os.environ, "NGPU": "2", "NNODES": "2", "NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "RDZV_ID": f"test{port}"}
+        nodes.append(subprocess.Popen([run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / f'node{node}'}"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    written = [tmp_path / f"node{n}" for n in (0, 1) if (tmp_path / f"node{n}" / "metrics.jsonl").exists()]
+    assert len(written) == 1
+    proc = subprocess.run([run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / 'one'}"],
+                          env={**os.environ, "NGPU": "4"}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    two, one = _losses(written[0]), _losses(tmp_path / "one")
+    assert len(two) == 3 and run_tests.max_rel_diff(two, one) <= 1e-6, (two, one)
+
+
+def test_multinode_without_a_rendezvous_host_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "RDZV_ENDPOINT")}
+    proc = subprocess.run([run_tests.RUN_TRAIN, f"--job.dump_folder={tmp_path / 'x'}"],
+                          env={**env, "NGPU": "2", "NNODES": "2"}, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: NNODES=2 needs the rendezvous host")
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "x").exists()
