@@ -38,6 +38,14 @@ if [[ "$NNODES" -gt 1 ]]; then
     fi
     ENDPOINT="$MASTER_ADDR:${MASTER_PORT:-29500}"
   fi
+  if ! [[ "$ENDPOINT" =~ ^[^:[:space:]]+:[0-9]+$ ]] || (( ${ENDPOINT##*:} < 1 || ${ENDPOINT##*:} > 65535 )); then
+    echo "error: rendezvous endpoint '$ENDPOINT' (RDZV_ENDPOINT, or MASTER_ADDR:MASTER_PORT): must be host:port with a port in 1-65535" >&2
+    exit 2
+  fi
+  if [[ -n "${NODE_RANK:-}" ]] && ! { [[ "$NODE_RANK" =~ ^[0-9]+$ ]] && (( NODE_RANK < NNODES )); }; then
+    echo "error: NODE_RANK=$NODE_RANK: must be an integer in 0..$(( NNODES - 1 )) (NNODES=$NNODES), or unset" >&2
+    exit 2
+  fi
   LAUNCH=(--nnodes="$NNODES" --rdzv-backend=c10d --rdzv-endpoint="$ENDPOINT" --rdzv-id="${RDZV_ID:-torchtitan}")
   [[ -z "${NODE_RANK:-}" ]] || LAUNCH+=(--node-rank="$NODE_RANK")
 fi

@@ -42,9 +42,16 @@ def test_two_nodes_train_like_one(tmp_path):
     assert len(two) == 3 and run_tests.max_rel_diff(two, one) <= 1e-6, (two, one)
 
 
-def test_multinode_without_a_rendezvous_host_is_refused(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "RDZV_ENDPOINT")}
+@pytest.mark.parametrize("env, first_words", [
+    ({}, "error: NNODES=2 needs the rendezvous host"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"}, "error: rendezvous endpoint '127.0.0.1:70000'"),
+    ({"RDZV_ENDPOINT": "hostonly"}, "error: rendezvous endpoint 'hostonly'"),
+    ({"MASTER_ADDR": "127.0.0.1", "NODE_RANK": "2"}, "error: NODE_RANK=2: must be an integer in 0..1"),
+    ({"NNODES": "two"}, "error: NNODES=two: must be a positive integer"),
+])
+def test_bad_multinode_settings_are_refused(tmp_path, env, first_words):
+    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RDZV_ENDPOINT", "NODE_RANK")}
     proc = subprocess.run([run_tests.RUN_TRAIN, f"--job.dump_folder={tmp_path / 'x'}"],
-                          env={**env, "NGPU": "2", "NNODES": "2"}, capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: NNODES=2 needs the rendezvous host")
+                          env={**base, "NGPU": "2", "NNODES": "2", **env}, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith(first_words), proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "x").exists()

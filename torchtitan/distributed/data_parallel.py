@@ -51,18 +51,16 @@ def simple_fsdp_units(plan, ep: int) -> list[UnitSpec]:
     """SimpleFSDP's view of a part's plan. Under PP a unit the plan keeps is gathered once per
     step, unless its AC region recomputes FSDP's gathers (fsdp_ac_policy=recompute asks for
     a gather per microbatch, redone in backward)."""
-    pp = plan.microbatches > 1
-
-    def once_per_step(u: Unit) -> bool:
-        region = plan.regions.get(u.block if u.block is not None else u.name)
-        return pp and not plan.reshard[u.name].reshard and (region is None or region.fsdp_comm != "recompute")
-
-    def regather_by_hooks(u: Unit) -> bool:
-        region = plan.regions.get(u.block if u.block is not None else u.name)
-        return plan.reshard[u.name].reshard and region is not None and region.by_hooks
-
-    return [UnitSpec(u.name, experts=ep > 1 and u.mesh == "experts", once_per_step=once_per_step(u),
-                     regather_by_hooks=regather_by_hooks(u)) for u in plan.units]
+    specs = []
+    for u in plan.units:
+        region = plan.regions.get(u.block if u.block is not None else u.name)  # a block's, or its own
+        reshard = plan.reshard[u.name].reshard
+        specs.append(UnitSpec(
+            u.name, experts=ep > 1 and u.mesh == "experts",
+            once_per_step=plan.microbatches > 1 and not reshard and (region is None or region.fsdp_comm != "recompute"),
+            regather_by_hooks=reshard and region is not None and region.by_hooks,
+        ))
+    return specs
 
 
 def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, plan) -> None:
