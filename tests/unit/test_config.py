@@ -19,7 +19,7 @@ from config_helpers import cfg_of, config_error, write_toml  # noqa: E402
 
 SECTION_NAMES = [
     "job", "model", "training", "parallelism", "moe", "optimizer", "lr_scheduler",
-    "activation_checkpoint", "compile", "checkpoint", "comm", "metrics",
+    "activation_checkpoint", "compile", "checkpoint", "comm", "metrics", "validation", "profiling",
 ]
 SECTIONS_LINE = "sections: " + ", ".join(SECTION_NAMES)
 

@@ -28,7 +28,7 @@ def hf_source(dataset: str, split: str, config_name: str = ""):
     import datasets
 
     if dataset == "pydoc":
-        docs = pydoc_documents()
+        docs = pydoc_documents(split)
         return datasets.Dataset.from_dict({"text": docs}).to_iterable_dataset()
     path = os.path.expanduser(dataset)
     if os.path.isfile(path):

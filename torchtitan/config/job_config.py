@@ -255,15 +255,24 @@ class Checkpoint:
     bad one; the checkpoints saved after that are then newer than the abandoned later steps."""
 
     initial_load_path: str = ""
-    """A checkpoint folder (e.g. another run's <dump>/checkpoint/step-N) whose model weights
-    start this run when its own checkpoint folder holds none; only the weights are read."""
+    """Weights that start this run when its own checkpoint folder holds none: a checkpoint
+    folder (e.g. another run's <dump>/checkpoint/step-N; only the weights are read) or a
+    Hugging Face model folder (config.json + *.safetensors, with or without an index, e.g.
+    a published Llama 3.1 download), recognised by its config.json. Hugging Face weights are
+    converted (names, RoPE row order) and checked against the flavor's shapes."""
 
     last_save_model_only: bool = False
     """At the last step save only the model weights (in export_dtype), for export or
     fine-tuning, instead of a full resumable checkpoint."""
 
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype of the weights written by last_save_model_only."""
+    """Dtype of the weights written by last_save_model_only and last_save_in_hf."""
+
+    last_save_in_hf: bool = False
+    """After the last step also write the weights as a Hugging Face model folder
+    (config.json, safetensors with an index, tokenizer.json) in <dump_folder>/hf/step-N,
+    loadable by transformers' LlamaForCausalLM. Works without checkpoint.enable; an existing
+    folder is never overwritten. scripts/convert_hf.py exports a saved checkpoint the same way."""
 
     create_seed_checkpoint: bool = False
     """Initialise the model on one rank (NGPU=1, no parallelism), save it as step-0 (weights
@@ -306,6 +315,62 @@ class Metrics:
 
 
 @dataclass
+class Validation:
+    enable: bool = False
+    """Measure held-out loss and perplexity (no update) every `freq` steps and after the
+    last step; logged as validation_loss / validation_perplexity (console, metrics.jsonl,
+    TensorBoard). The validation data is read by its own loader, rebuilt for every
+    measurement (the same batches each time), and never touches the training stream."""
+
+    dataset: str = "pydoc"
+    """Same forms as training.dataset. 'pydoc' with split 'validation' is the embedded
+    held-out set: docstrings of Python's standard library, which the training split (the
+    documentation topics) does not contain."""
+
+    dataset_split: str = "validation"
+    """Split to read (a local file or folder has only 'train')."""
+
+    dataset_text_field: str = "text"
+    """Column holding the document text."""
+
+    dataset_config_name: str = ""
+    """Config (subset) name of an HF hub dataset, if it has several."""
+
+    freq: int = 100
+    """Validate after every this many steps (and after the last step)."""
+
+    steps: int = 4
+    """Global batches per measurement (each training.global_batch_size x seq_len tokens,
+    laid out like a training step)."""
+
+    at_start: bool = True
+    """Also validate before the first step (logged as step 0): the untrained baseline."""
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Record torch.profiler traces (CPU and, on GPU, CUDA activity, with shapes and stacks)
+    of one step every profile_freq steps; each rank writes a Chrome trace (open it in
+    chrome://tracing or https://ui.perfetto.dev)."""
+
+    save_traces_folder: str = "profile_traces"
+    """Folder for the traces, relative to job.dump_folder: <folder>/iteration_N/rankR_trace.json."""
+
+    profile_freq: int = 10
+    """Trace the step whose number is a multiple of this (the steps just before it warm the
+    profiler up)."""
+
+    enable_memory_snapshot: bool = False
+    """CUDA only: record the CUDA caching allocator's history and write a snapshot (open it at
+    https://pytorch.org/memory_viz) every profile_freq steps, and on an out-of-memory error.
+    On CPU one line says it is CUDA-only and the run goes on."""
+
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Folder for the snapshots, relative to job.dump_folder: <folder>/iteration_N/rankR_memory_snapshot.pickle."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -319,3 +384,5 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)
+    validation: Validation = field(default_factory=Validation)
+    profiling: Profiling = field(default_factory=Profiling)

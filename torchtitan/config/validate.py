@@ -91,6 +91,7 @@ def validate(cfg: JobConfig, world_size: int) -> None:
     dp_shard = check_layout(cfg, args, world_size)
     global_batch = check_training(cfg, args, dp_shard)
     check_activation_checkpoint(cfg)
+    check_validation_and_profiling(cfg)
     check_inputs(cfg, args)
     check_fsdp_policies(cfg)
     check_outputs(cfg, world_size, global_batch)
@@ -192,12 +193,24 @@ def check_activation_checkpoint(cfg: JobConfig) -> None:
 
 
 def check_inputs(cfg: JobConfig, args) -> None:
-    """Tokenizer and local dataset paths (not read by a dry run)."""
+    """Tokenizer and datasets (training and validation), read and checked the way the run
+    will read them (not by a dry run, which reads neither data nor tokenizer)."""
+    from torchtitan.config.check_data import check_data_inputs
+
     m, t = cfg.model, cfg.training
-    if not cfg.job.dry_run or not args.vocab_size:  # a dry run reads neither data nor tokenizer
+    if not cfg.job.dry_run or not args.vocab_size:
         _check_tokenizer(m.tokenizer_path)
     if not cfg.job.dry_run:
         _check_path_like_dataset(t.dataset)
+    check_data_inputs(cfg, args)
+
+
+def check_validation_and_profiling(cfg: JobConfig) -> None:
+    """[validation] and [profiling] counts."""
+    for key, value in (("validation.freq", cfg.validation.freq), ("validation.steps", cfg.validation.steps),
+                       ("profiling.profile_freq", cfg.profiling.profile_freq)):
+        if value < 1:
+            raise ConfigError(f"--{key}={value}: must be >= 1")
 
 
 def check_fsdp_policies(cfg: JobConfig) -> None:
