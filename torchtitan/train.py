@@ -21,6 +21,7 @@ from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.checkpoint_files import CheckpointError
 from torchtitan.components.dataloader import build_dataloader
 from torchtitan.components.expert_balance import ExpertBalancer
+from torchtitan.components.hf_weights import HFSpec
 from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, memory_gib, peak_tflops
@@ -36,6 +37,7 @@ from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import (
     clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device, shutdown_distributed,
 )
+from torchtitan.models.flavors import MODEL_FLAVORS
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -126,7 +128,7 @@ class Trainer:
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
             self.train_state, {"world_size": world, "global_batch": self.global_batch,
                                "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape)},
-            io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
+            io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, hf=self._hf_spec(pp_rank),
         )
         if cfg.checkpoint.create_seed_checkpoint:
             return  # train() writes the seed checkpoint and stops
@@ -137,6 +139,15 @@ class Trainer:
         )
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
         self._log_header(load_note)
+
+    def _hf_spec(self, pp_rank: int) -> HFSpec:
+        """Hugging Face import/export facts; the first rank of each pipeline stage writes."""
+        m = self.cfg.model
+        names = self.mesh.mesh_dim_names or ()
+        coords = self.mesh.get_coordinate() or []
+        writes = all(c == 0 for name, c in zip(names, coords) if name != "pp")
+        args = dataclasses.replace(self.model_args, max_seq_len=MODEL_FLAVORS[m.name][m.flavor].max_seq_len)
+        return HFSpec(m.name, args, self.tokenizer.bos_id, self.tokenizer.eos_id, self.tokenizer.path, writes, pp_rank)
 
     def _report_plan(self, parts) -> None:
         """Every pipeline rank's plan -> rank 0 prints the table and writes plan.json."""

@@ -31,10 +31,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.distributed.utils import is_comm_failure
+from torchtitan.components.hf_folder import HFFolderError, check_folder, is_hf_folder
+from torchtitan.components.hf_weights import HFSpec, export_hf, load_hf_weights
 from torchtitan.components.checkpoint_files import (
     CheckpointError,
     check_compatible,
     check_initial_load_path,
+    hf_export_path,
     newest_first,
     read_marker,
     resolve_resume,
@@ -159,9 +162,11 @@ class CheckpointManager:
     """
 
     def __init__(self, cfg, dump_folder, model_parts, optimizers, dataloader, train_state, run_info: dict,
-                 io_timeout_seconds: int = 1800):
+                 io_timeout_seconds: int = 1800, hf: HFSpec | None = None):
         self.cfg = cfg
         self.folder = os.path.join(dump_folder, cfg.folder)
+        self.dump_folder = dump_folder
+        self.hf = hf
         self.model_parts = model_parts
         self.states = {
             "model": ModelState(model_parts),
@@ -203,6 +208,8 @@ class CheckpointManager:
             path = self.cfg.initial_load_path
             if not path:
                 return ""
+            if is_hf_folder(path):
+                return self._load_hf(path)
             self._agree(lambda: (check_initial_load_path(path),
                                  check_compatible(path, read_marker(path) or {}, model, None)))
             self._load({"model": self.states["model"]}, path, own=False)
@@ -223,6 +230,20 @@ class CheckpointManager:
         rng = "" if same_layout else (f"; RNG states not restored (saved by mesh {info.marker.get('mesh')},"
                                       f" world size {info.marker.get('world_size')})")
         return f"resumed from step {info.step} ({info.path}){rng}"
+
+    def _load_hf(self, path: str) -> str:
+        spec = self.hf
+        flavor = self.run_info["model"].split("/", 1)[1]
+
+        def check():
+            try:
+                check_folder(path, spec.model_name, flavor, spec.args)
+            except HFFolderError as e:
+                raise CheckpointError(str(e)) from None
+
+        self._agree(check)
+        n = load_hf_weights(self.model_parts, path, spec.model_name, spec.args)
+        return f"weights loaded from Hugging Face folder {path} ({n} tensors on this rank); starting at step 0"
 
     def _load(self, states: dict, path: str, own: bool = True) -> None:
         try:
@@ -249,6 +270,9 @@ class CheckpointManager:
     # ------------------------------------------------------------------ save
 
     def maybe_save(self, step: int, last: bool) -> None:
+        if last and self.cfg.last_save_in_hf:
+            export_hf(self.model_parts, hf_export_path(self.dump_folder, step), self.hf,
+                      self.cfg.export_dtype, group=self.pg)
         if not self.cfg.enable or not (last or step % self.cfg.interval == 0):
             return
         if last and self.cfg.last_save_model_only:

@@ -47,6 +47,11 @@ class CheckpointInfo:
         return (self.marker.get("time", 0.0), self.step)
 
 
+def hf_export_path(dump_folder: str, step: int) -> str:
+    """Where checkpoint.last_save_in_hf writes the Hugging Face folder of step `step`."""
+    return os.path.join(dump_folder, "hf", f"step-{step}")
+
+
 def step_path(folder: str, step: int) -> str:
     return os.path.join(folder, f"step-{step}")
 

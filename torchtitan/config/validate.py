@@ -8,7 +8,7 @@ import math
 import os
 
 from torchtitan.config.job_config import JobConfig
-from torchtitan.components import checkpoint_files
+from torchtitan.components import checkpoint_files, hf_folder
 from torchtitan.components.corpus import LOCAL_FILE_BUILDERS
 from torchtitan.config.manager import ConfigError, _suggest
 from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE, PipelineLayoutError, plan_pipeline
@@ -351,14 +351,45 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
         return
     if cfg.job.dry_run:  # plans only; loads nothing
         return
+    check_hf_export(cfg)
     model = f"{cfg.model.name}/{cfg.model.flavor}"
     try:
         info = checkpoint_files.resolve_resume(ckpt, c.load_step) if c.enable else None
         if info is not None:
             checkpoint_files.check_compatible(info.path, info.marker, model, None if info.model_only else global_batch)
+        elif c.initial_load_path and hf_folder.is_hf_folder(c.initial_load_path):
+            hf_folder.check_folder(c.initial_load_path, cfg.model.name, cfg.model.flavor, _with_vocab(cfg))
         elif c.initial_load_path:
             checkpoint_files.check_initial_load_path(c.initial_load_path)
             marker = checkpoint_files.read_marker(c.initial_load_path) or {}
             checkpoint_files.check_compatible(c.initial_load_path, marker, model, None)
-    except checkpoint_files.CheckpointError as e:
+    except (checkpoint_files.CheckpointError, hf_folder.HFFolderError) as e:
         raise ConfigError(str(e)) from None
+
+
+def _with_vocab(cfg: JobConfig):
+    """The flavor's args with the vocabulary the run will have (the tokenizer's if open)."""
+    import dataclasses
+
+    args = MODEL_FLAVORS[cfg.model.name][cfg.model.flavor]
+    if args.vocab_size:
+        return args
+    from torchtitan.components.tokenizer import Tokenizer
+
+    return dataclasses.replace(args, vocab_size=Tokenizer(cfg.model.tokenizer_path).vocab_size)
+
+
+def check_hf_export(cfg: JobConfig) -> None:
+    """last_save_in_hf: the model has a converter and the target folder is new."""
+    if not cfg.checkpoint.last_save_in_hf:
+        return
+    from torchtitan.models.hf_converters import hf_converter
+
+    try:
+        hf_converter(cfg.model.name)
+    except ValueError as e:
+        raise ConfigError(f"--checkpoint.last_save_in_hf: {e}") from None
+    target = checkpoint_files.hf_export_path(cfg.job.dump_folder, cfg.training.steps)
+    if os.path.exists(target):
+        raise ConfigError(f"--checkpoint.last_save_in_hf: '{target}' already exists (nothing is overwritten); move it"
+                          " away or pick another --job.dump_folder")

@@ -54,11 +54,18 @@ def init_parameters(
             continue
         full = torch.empty(param.shape, dtype=torch.float32, device=device)
         init_fn_for(fqn)(full, _generator(fqn, seed, device))
-        if isinstance(param, DTensor):
-            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(local.to_local())
-        else:
-            param.copy_(full)
+        copy_full_into(param, full)
+
+
+@torch.no_grad()
+def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of the full tensor `full` into `param` (a DTensor of any
+    placements, or a plain tensor); no communication."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(local.to_local())
+    else:
+        param.copy_(full)
 
 
 def _generator(name: str, seed: int, device) -> torch.Generator:

@@ -1,0 +1,116 @@
+"""A Hugging Face model folder on disk: config.json + safetensors files (one, several with
+`model.safetensors.index.json`, or several without an index). Torch-free, so the config
+check can verify a folder's shapes against the flavor before any process group starts.
+"""
+
+import glob
+import json
+import os
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+
+
+class HFFolderError(ValueError):
+    """A Hugging Face folder that cannot start this model; the message is one line."""
+
+
+def is_hf_folder(path: str) -> bool:
+    """A folder with a config.json and safetensors weights (not a DCP checkpoint)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG)) and (
+        os.path.isfile(os.path.join(path, INDEX)) or bool(glob.glob(os.path.join(path, "*.safetensors"))))
+
+
+def read_config(path: str, key: str) -> dict:
+    file = os.path.join(path, CONFIG)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise HFFolderError(f"{key}: cannot read '{file}' ({type(e).__name__}: {str(e)[:120]}); give a Hugging"
+                            " Face model folder with a valid config.json") from None
+    if not isinstance(config, dict):
+        raise HFFolderError(f"{key}: '{file}' is not a JSON object; give a Hugging Face model folder")
+    return config
+
+
+def weight_map(path: str, key: str) -> dict[str, str]:
+    """Tensor name -> the safetensors file (full path) holding it."""
+    from safetensors import safe_open
+
+    index = os.path.join(path, INDEX)
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                names = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise HFFolderError(f"{key}: cannot read '{index}' ({type(e).__name__}); it needs a"
+                                " \"weight_map\" of tensor name -> file") from None
+        out = {name: os.path.join(path, file) for name, file in names.items()}
+        missing = sorted({f for f in out.values() if not os.path.isfile(f)})
+        if missing:
+            raise HFFolderError(f"{key}: '{index}' names {len(missing)} missing file(s), e.g."
+                                f" '{os.path.basename(missing[0])}'; the download is incomplete")
+        return out
+    out = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(file, framework="numpy") as f:
+                out.update({name: file for name in f.keys()})
+        except Exception as e:  # safetensors raises its own SafetensorError
+            raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file ({str(e)[:120]})") from None
+    return out
+
+
+def tensor_shapes(wmap: dict[str, str], names, key: str) -> dict[str, tuple[int, ...]]:
+    """Shapes of `names` read from the safetensors headers (no tensor data is read)."""
+    from safetensors import safe_open
+
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(wmap[name], []).append(name)
+    shapes = {}
+    for file, file_names in by_file.items():
+        try:
+            with safe_open(file, framework="numpy") as f:
+                for name in file_names:
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as e:
+            raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file or lacks a tensor its"
+                                f" index names ({str(e)[:120]})") from None
+    return shapes
+
+
+def resolve_names(converter, args, wmap: dict[str, str], path: str, key: str) -> dict[str, str]:
+    """Every tensor the model needs -> the name it is stored under (tied models: the embedding)."""
+    out = {}
+    for name in converter.hf_shapes(args):
+        source = name if name in wmap else converter.TIED_FALLBACK.get(name)
+        if source not in wmap:
+            raise HFFolderError(f"{key}: '{path}' has no tensor '{name}'; it is not a complete checkpoint of"
+                                " this model")
+        out[name] = source
+    return out
+
+
+def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--checkpoint.initial_load_path") -> None:
+    """config.json and every tensor shape against `args` (the flavor with its vocabulary)."""
+    from torchtitan.models.hf_converters import hf_converter
+
+    try:
+        converter = hf_converter(model_name)
+    except ValueError as e:
+        raise HFFolderError(f"{key}: '{path}' is a Hugging Face folder, but {e}") from None
+    config = read_config(path, key)
+    mismatches = converter.config_mismatches(config, args)
+    if mismatches:
+        raise HFFolderError(f"{key}: '{path}' holds another model than {model_name} {flavor}: "
+                            + ", ".join(mismatches) + "; pick the --model.flavor (and tokenizer) it was trained with")
+    wmap = weight_map(path, key)
+    sources = resolve_names(converter, args, wmap, path, key)
+    shapes = tensor_shapes(wmap, set(sources.values()), key)
+    for name, expected in converter.hf_shapes(args).items():
+        got = shapes[sources[name]]
+        if got != tuple(expected):
+            raise HFFolderError(f"{key}: tensor '{sources[name]}' in '{path}' has shape {list(got)}, {model_name}"
+                                f" {flavor} needs {list(expected)}; pick the flavor (and tokenizer) it was trained with")

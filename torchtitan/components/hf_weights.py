@@ -1,0 +1,202 @@
+"""Hugging Face safetensors weights in and out of (possibly parallelized) model parts.
+
+In: every rank reads, one tensor at a time, the full Hugging Face tensors of the
+parameters it holds, converts them (the model's converter: names, RoPE row order) and
+keeps its own shard (`copy_full_into`), so any layout (FSDP, HSDP, TP, PP, SimpleFSDP)
+starts from the same weights without a collective.
+
+Out: the ranks of each pipeline stage gather their parameters one at a time
+(`full_tensor`); the stage's first rank converts them and writes safetensors files of at
+most `shard_bytes`; rank 0 writes the index, config.json and tokenizer.json, then renames
+the folder into place, so a crash never leaves a folder that looks complete.
+"""
+
+import json
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from torchtitan.components.hf_folder import CONFIG, INDEX, resolve_names, weight_map
+from torchtitan.models.common.init import clean_fqn, copy_full_into
+from torchtitan.models.hf_converters import hf_converter
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHARD_BYTES = 4 * 2**30
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    """What a run needs to read and write Hugging Face folders of its model."""
+
+    model_name: str
+    args: object  # the flavor's args with this run's vocabulary and the flavor's context length
+    bos_id: int
+    eos_id: int
+    tokenizer_file: str
+    writes: bool  # this rank writes its pipeline stage's files (one rank per stage)
+    stage: int  # pipeline rank
+
+
+@torch.no_grad()
+def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "--checkpoint.initial_load_path") -> int:
+    """Overwrite every parameter of `model_parts` from the Hugging Face folder `path`;
+    returns the number of tensors read. The folder was checked by hf_folder.check_folder."""
+    from safetensors import safe_open
+
+    converter = hf_converter(model_name)
+    wmap = weight_map(path, key)
+    sources = resolve_names(converter, args, wmap, path, key)
+    handles = {}
+    try:
+        count = 0
+        for part in model_parts:
+            for name, param in part.named_parameters():
+                fqn = clean_fqn(name)
+                source = sources[converter.hf_name(fqn)]
+                file = wmap[source]
+                if file not in handles:
+                    handles[file] = safe_open(file, framework="pt", device="cpu").__enter__()
+                full = converter.from_hf(fqn, handles[file].get_tensor(source), args)
+                copy_full_into(param, full.to(device=param.device, dtype=param.dtype))
+                count += 1
+        return count
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+
+
+class _ShardWriter:
+    """Converted tensors -> safetensors files of at most `shard_bytes` named `<prefix>-NNNN`."""
+
+    def __init__(self, folder: str, prefix: str, shard_bytes: int):
+        self.folder, self.prefix, self.shard_bytes = folder, prefix, shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.weight_map: dict[str, str] = {}
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + nbytes > self.shard_bytes:
+            self.flush()
+        self.pending[name] = tensor
+        self.pending_bytes += nbytes
+        self.total_bytes += nbytes
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self.pending:
+            return
+        file = f"{self.prefix}-{len(set(self.weight_map.values())):04d}.safetensors"
+        save_file(self.pending, os.path.join(self.folder, file), metadata={"format": "pt"})
+        self.weight_map.update({name: file for name in self.pending})
+        self.pending, self.pending_bytes = {}, 0
+
+
+def write_metadata(folder: str, config: dict, weight_map: dict[str, str], total_bytes: int,
+                   tokenizer_file: str | None) -> None:
+    """The index, config.json and (if given) tokenizer.json beside the weights."""
+    with open(os.path.join(folder, INDEX), "w") as f:
+        json.dump({"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+    with open(os.path.join(folder, CONFIG), "w") as f:
+        json.dump(config, f, indent=2)
+    if tokenizer_file:
+        shutil.copyfile(tokenizer_file, os.path.join(folder, "tokenizer.json"))
+
+
+def convert_full(tensors, model_name: str, args, dtype: str, writer: _ShardWriter) -> None:
+    """(our name, full tensor) pairs -> converted, cast and handed to `writer`."""
+    converter = hf_converter(model_name)
+    for fqn, full in tensors:
+        hf = converter.to_hf(fqn, full, args).to(device="cpu", dtype=_DTYPES[dtype]).contiguous()
+        writer.add(converter.hf_name(fqn), hf)
+    writer.flush()
+
+
+def _full_parameters(model_parts, keep: bool):
+    """(clean name, full tensor) for every parameter; DTensors are gathered on every rank
+    of their mesh (a collective), plain tensors are taken as they are. With keep=False the
+    gathered tensor is dropped at once (ranks that help gather but do not write)."""
+    for part in model_parts:
+        for name, param in part.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+            if keep:
+                yield clean_fqn(name), full
+
+
+@torch.no_grad()
+def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) -> str:
+    """Write the weights of every rank's parts as the Hugging Face folder `folder`. Collective
+    over the world (call on every rank); `group` (default: the world) synchronises the file
+    work."""
+    rank = dist.get_rank()
+    tmp = folder + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftovers, never a finished folder
+        os.makedirs(tmp)
+    dist.barrier(group=group)
+    writer = _ShardWriter(tmp, f"model-pp{spec.stage:02d}", SHARD_BYTES)
+    params = _full_parameters(model_parts, keep=spec.writes)
+    if spec.writes:
+        convert_full(params, spec.model_name, spec.args, dtype, writer)
+    else:
+        for _ in params:  # gather along with the writer, drop the result
+            pass
+    pieces = [None] * dist.get_world_size(group)
+    dist.all_gather_object(pieces, (writer.weight_map, writer.total_bytes), group=group)
+    if rank == 0:
+        wmap = {k: v for m, _ in pieces for k, v in m.items()}
+        config = hf_converter(spec.model_name).hf_config(spec.args, dtype, spec.bos_id, spec.eos_id)
+        write_metadata(tmp, config, wmap, sum(b for _, b in pieces), spec.tokenizer_file)
+        os.replace(tmp, folder)
+    dist.barrier(group=group)
+    return folder
+
+
+def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dtype: str = "",
+                      shard_bytes: int = SHARD_BYTES) -> str:
+    """A saved checkpoint folder (step-N: full, model-only or seed) -> the Hugging Face folder
+    `folder`, in one process without a process group. The model comes from the checkpoint's
+    marker, the vocabulary from its embedding; dtype "" = the checkpoint's own."""
+    import dataclasses
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from torchtitan.components.checkpoint_files import read_marker
+    from torchtitan.components.tokenizer import Tokenizer
+    from torchtitan.models.flavors import MODEL_FLAVORS
+
+    marker = read_marker(checkpoint) or {}
+    if "/" not in marker.get("model", ""):
+        raise ValueError(f"checkpoint '{checkpoint}' has no .complete marker naming its model; give a step-N folder"
+                         " that a finished save wrote")
+    model_name, flavor = marker["model"].split("/", 1)
+    meta = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    state = {k[len("model."):]: torch.empty(v.size, dtype=v.properties.dtype)
+             for k, v in meta.items() if k.startswith("model.") and hasattr(v, "size")}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state}, checkpoint_id=checkpoint, no_dist=True)
+    vocab = state["tok_embeddings.weight"].shape[0]
+    args = dataclasses.replace(MODEL_FLAVORS[model_name][flavor], vocab_size=vocab)
+    tokenizer = Tokenizer(tokenizer_path)
+    if tokenizer.vocab_size > vocab:
+        raise ValueError(f"--tokenizer_path: '{tokenizer.path}' has {tokenizer.vocab_size} tokens, the checkpoint's"
+                         f" embedding {vocab}; give the tokenizer the model was trained with")
+    dtype = dtype or marker.get("dtype") or "float32"
+    tmp = folder + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    writer = _ShardWriter(tmp, "model", shard_bytes)
+    convert_full(state.items(), model_name, args, dtype, writer)
+    config = hf_converter(model_name).hf_config(args, dtype, tokenizer.bos_id, tokenizer.eos_id)
+    write_metadata(tmp, config, writer.weight_map, writer.total_bytes, tokenizer.path)
+    os.replace(tmp, folder)
+    return folder
