@@ -11,6 +11,7 @@ across layouts, and the per-slot state can be re-split when a checkpoint is load
 another layout.
 """
 
+import functools
 import os
 from typing import Callable, Iterator
 
@@ -21,6 +22,38 @@ from torch.utils.data import IterableDataset
 from torchtitan.components.corpus import LOCAL_FILE_BUILDERS, pydoc_documents
 from torchtitan.components.tokenizer import Tokenizer
 
+
+class DataError(RuntimeError):
+    """A document the run cannot use (no text field, not a string, unreadable data), met past
+    the first records the config check read. The message is one line naming the key."""
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(make_source: Callable) -> str:
+    """'<dataset>' (split '<split>') when the source is a partial of hf_source, as the loaders build it."""
+    if isinstance(make_source, functools.partial) and make_source.args:
+        split = make_source.args[1] if len(make_source.args) > 1 else make_source.keywords.get("split", "train")
+        return f"dataset '{make_source.args[0]}' (split '{split}')"
+    return "the dataset"
+
+
+def _is_logged_read_error(record) -> bool:
+    return not str(record.msg).startswith("Failed to ")
+
+
+def _drop_logged_read_errors() -> None:
+    """The file builders log "Failed to load JSON from file ..." (or "Failed to read ...") and
+    then raise; the raise becomes a DataError line, so the log line would only repeat it."""
+    import logging
+
+    for builder in set(LOCAL_FILE_BUILDERS.values()):
+        builder_logger = logging.getLogger(f"datasets.packaged_modules.{builder}.{builder}")
+        if _is_logged_read_error not in builder_logger.filters:
+            builder_logger.addFilter(_is_logged_read_error)
 
 
 def hf_source(dataset: str, split: str, config_name: str = ""):
@@ -42,9 +75,11 @@ def hf_source(dataset: str, split: str, config_name: str = ""):
 class _SlotStream:
     """Documents slot, slot + num_slots, ... of the source, packed into fixed windows."""
 
-    def __init__(self, make_source: Callable, slot: int, num_slots: int, tokenizer, window: int, text_field: str):
+    def __init__(self, make_source: Callable, slot: int, num_slots: int, tokenizer, window: int, text_field: str,
+                 section: str = "training"):
         self.make_source, self.slot, self.num_slots = make_source, slot, num_slots
         self.tokenizer, self.window, self.text_field = tokenizer, window, text_field
+        self.section = section
         self.buffer: list[int] = []
         self.epoch = 0
         self._source_state = None
@@ -53,16 +88,63 @@ class _SlotStream:
     def _open(self, state=None):
         from datasets.distributed import split_dataset_by_node
 
-        self.source = split_dataset_by_node(self.make_source(), rank=self.slot, world_size=self.num_slots)
-        if state is not None:
-            self.source.load_state_dict(state)
-        self.iterator = iter(self.source)
+        _drop_logged_read_errors()
+        try:
+            source = self.make_source()
+            # Split by examples (the "auto" strategy unless the shards divide evenly): this slot
+            # reads documents slot, slot + num_slots, ..., so a document's index is known.
+            by_example = self.num_slots == 1 or source.num_shards % self.num_slots != 0
+            self.source = split_dataset_by_node(source, rank=self.slot, world_size=self.num_slots)
+            if state is not None:
+                self.source.load_state_dict(state)
+            self.iterator = iter(self.source)
+        except Exception as e:
+            raise DataError(
+                f"--{self.section}.dataset: cannot open {_describe(self.make_source)} ({_one_line(e)});"
+                " check that it is still there and readable"
+            ) from e
+        self.read = 0 if state is None and by_example else None  # documents read since opening
+
+    def _where(self) -> str:
+        where = _describe(self.make_source)
+        if self.read is None:
+            return f"a document of {where} (batch row {self.slot} of {self.num_slots}, epoch {self.epoch})"
+        return f"document {self.slot + self.read * self.num_slots} of {where}"
+
+    def _next_document(self) -> str:
+        """The next document's text; StopIteration at the end of the source."""
+        try:
+            doc = next(self.iterator)
+        except StopIteration:
+            raise
+        except Exception as e:
+            raise DataError(
+                f"--{self.section}.dataset: cannot read {_describe(self.make_source)} ({_one_line(e)}); fix"
+                " or remove that record, or use another dataset"
+            ) from e
+        text = doc.get(self.text_field) if isinstance(doc, dict) else None
+        key = f"--{self.section}.dataset_text_field={self.text_field!r}"
+        if not isinstance(doc, dict) or self.text_field not in doc:
+            fields = ", ".join(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise DataError(
+                f"{key}: {self._where()} has no such field (its fields: {fields}); every document needs"
+                " its text under that key: fix the data or set the key to the text column"
+            )
+        if not isinstance(text, str):
+            what = "has no text (null or missing)" if text is None else (
+                f"holds {type(text).__name__} {_one_line(repr(text), 40)}, not a string")
+            raise DataError(
+                f"{key}: {self._where()} {what}; fix or remove that record, or set the key to the text column"
+            )
+        if self.read is not None:
+            self.read += 1
+        return text
 
     def next_window(self) -> list[int]:
         empty_epochs = 0
         while len(self.buffer) < self.window:
             try:
-                doc = next(self.iterator)
+                text = self._next_document()
                 empty_epochs = 0
             except StopIteration:
                 empty_epochs += 1
@@ -74,7 +156,7 @@ class _SlotStream:
                 self.epoch += 1
                 self._open()
                 continue
-            self.buffer.extend(self.tokenizer.encode(doc[self.text_field]))
+            self.buffer.extend(self.tokenizer.encode(text))
         out, self.buffer = self.buffer[: self.window], self.buffer[self.window :]
         return out
 
@@ -98,8 +180,12 @@ class PackedSlotDataset(IterableDataset, Stateful):
         n_slots: int,
         num_slots: int,
         text_field: str = "text",
+        section: str = "training",
     ):
+        """`section`: the config section the dataset keys come from ("training" or
+        "validation"), named in DataError messages."""
         self.make_source, self.tokenizer, self.seq_len = make_source, tokenizer, seq_len
+        self.section = section
         self.slots = list(range(first_slot, first_slot + n_slots))
         self.num_slots, self.text_field = num_slots, text_field
         self._streams: dict[int, _SlotStream] | None = None
@@ -109,7 +195,8 @@ class PackedSlotDataset(IterableDataset, Stateful):
     def _ensure_streams(self) -> dict[int, _SlotStream]:
         if self._streams is None:
             self._streams = {
-                s: _SlotStream(self.make_source, s, self.num_slots, self.tokenizer, self.seq_len + 1, self.text_field)
+                s: _SlotStream(self.make_source, s, self.num_slots, self.tokenizer, self.seq_len + 1, self.text_field,
+                               self.section)
                 for s in self.slots
             }
             if self._pending is not None:

@@ -1,5 +1,6 @@
 """Tokenizer: any Hugging Face tokenizer.json, with BOS/EOS found by their usual names."""
 
+import json
 import os
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -14,21 +15,60 @@ _SPECIAL_PAIRS = [
 ]
 
 
+class TokenizerError(ValueError):
+    """The file is not a usable tokenizer. `reason` says why in a few words, `kind` is
+    "unreadable" (not an HF tokenizer.json) or "no_bos_eos"; the message is one line."""
+
+    def __init__(self, path: str, kind: str, reason: str, message: str = ""):
+        self.path, self.kind, self.reason = path, kind, reason
+        super().__init__(message or f"tokenizer '{path}' is not an HF tokenizer.json: {reason}")
+
+
+def _why_unloadable(path: str, error: Exception) -> str:
+    """Why `tokenizers` could not load the file, in words a user recognises (its own messages
+    speak of serde variants and columns); only called after a failure, so the file is read twice
+    only then."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return f"cannot read it ({e.strerror or e})"
+    if not data.strip():
+        return "the file is empty"
+    try:
+        obj = json.loads(data)
+    except UnicodeDecodeError:
+        return "not a text file (not UTF-8)"
+    except ValueError as e:
+        return f"not JSON ({e})"
+    if not isinstance(obj, dict):
+        return f"a JSON {type(obj).__name__}, not a tokenizer object"
+    if not isinstance(obj.get("model"), dict):
+        keys = ", ".join(list(obj)[:8]) + (", ..." if len(obj) > 8 else "") or "none"
+        return f"JSON, but no tokenizer 'model' in it (its keys: {keys})"
+    return "the tokenizers library cannot load it (" + " ".join(str(error).split())[:160] + ")"
+
+
 class Tokenizer:
     def __init__(self, path: str = ""):
         path = os.path.expanduser(path) if path else BUNDLED_TOKENIZER
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
         self.path = path
-        self._tok = HFTokenizer.from_file(path)
+        try:
+            self._tok = HFTokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise TokenizerError(path, "unreadable", _why_unloadable(path, e)) from None
         vocab = self._tok.get_vocab(with_added_tokens=True)
         for bos, eos in _SPECIAL_PAIRS:
             if bos in vocab and eos in vocab:
                 self.bos_id, self.eos_id = vocab[bos], vocab[eos]
                 break
         else:
-            raise ValueError(
-                f"tokenizer '{path}' has none of the BOS/EOS token pairs {_SPECIAL_PAIRS}"
+            pairs = ", ".join(f"{bos} {eos}" if bos != eos else bos for bos, eos in _SPECIAL_PAIRS)
+            raise TokenizerError(
+                path, "no_bos_eos", f"none of the BOS/EOS token pairs {pairs}",
+                f"tokenizer '{path}' has none of the BOS/EOS token pairs {_SPECIAL_PAIRS}",
             )
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 

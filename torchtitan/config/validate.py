@@ -53,7 +53,7 @@ def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
     return shard
 
 
-def _check_path_like_dataset(dataset: str) -> None:
+def _check_path_like_dataset(dataset: str, section: str = "training") -> None:
     if dataset == "pydoc":
         return
     looks_local = (
@@ -65,11 +65,11 @@ def _check_path_like_dataset(dataset: str) -> None:
     path = os.path.expanduser(dataset)
     if looks_local and not os.path.exists(path):
         raise ConfigError(
-            f"--training.dataset: local dataset path '{dataset}' does not exist; give an existing"
+            f"--{section}.dataset: local dataset path '{dataset}' does not exist; give an existing"
             f" {kinds} file or folder, 'pydoc', or an HF hub name"
         )
     if os.path.isfile(path) and os.path.splitext(path)[1] not in LOCAL_FILE_BUILDERS:
-        raise ConfigError(f"--training.dataset: cannot read '{dataset}': use a {kinds} file or a folder")
+        raise ConfigError(f"--{section}.dataset: cannot read '{dataset}': use a {kinds} file or a folder")
 
 
 def _check_tokenizer(path: str) -> None:
@@ -92,7 +92,7 @@ def validate(cfg: JobConfig, world_size: int) -> None:
     global_batch = check_training(cfg, args, dp_shard)
     check_activation_checkpoint(cfg)
     check_validation_and_profiling(cfg)
-    check_inputs(cfg, args)
+    check_inputs(cfg, args, global_batch)
     check_fsdp_policies(cfg)
     check_outputs(cfg, world_size, global_batch)
 
@@ -192,7 +192,7 @@ def check_activation_checkpoint(cfg: JobConfig) -> None:
             )
 
 
-def check_inputs(cfg: JobConfig, args) -> None:
+def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
     """Tokenizer and datasets (training and validation), read and checked the way the run
     will read them (not by a dry run, which reads neither data nor tokenizer)."""
     from torchtitan.config.check_data import check_data_inputs
@@ -202,7 +202,9 @@ def check_inputs(cfg: JobConfig, args) -> None:
         _check_tokenizer(m.tokenizer_path)
     if not cfg.job.dry_run:
         _check_path_like_dataset(t.dataset)
-    check_data_inputs(cfg, args)
+        if cfg.validation.enable:
+            _check_path_like_dataset(cfg.validation.dataset, "validation")
+    check_data_inputs(cfg, args, global_batch)
 
 
 def check_validation_and_profiling(cfg: JobConfig) -> None:
