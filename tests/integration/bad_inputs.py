@@ -36,14 +36,42 @@ def _step(dump, step, marker=None, metadata=True):
             json.dump(marker, f)
 
 
+def _write(dump, name, text):
+    path = os.path.join(dump, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _jsonl(dump, name, records):
+    _write(dump, name, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def _docs(n, field="text"):
+    return [{field: f"document {i} " * 20, "id": i} for i in range(n)]
+
+
+def _word_tokenizer(dump, name, words):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[-1]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(dump, name))
+
+
+# The hub cases must fail at once, without the network.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 @dataclass
 class BadInput:
     name: str
-    args: list[str]
-    expect: str  # a substring of the error line
+    args: list[str]  # "{dump}" stands for the case's dump folder
+    expect: str  # a substring of the error line ("{dump}" too)
     ngpu: int = 2
     setup: Callable[[str], None] | None = None
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 CASES = [
@@ -74,6 +102,84 @@ CASES = [
              setup=lambda d: _step(d, 3, {"step": 3, "global_batch": 64})),
     BadInput("seed checkpoint on 2 ranks", ["--checkpoint.create_seed_checkpoint=true"],
              "--checkpoint.create_seed_checkpoint runs on one rank, not 2: use NGPU=1"),
+    # ---- tokenizer
+    BadInput("tokenizer is JSON but not a tokenizer", ["--model.tokenizer_path={dump}/tok.json"],
+             "--model.tokenizer_path='{dump}/tok.json': not an HF tokenizer.json: JSON, but no tokenizer 'model' in it"
+             " (its keys: a); give the tokenizer.json of a Hugging Face tokenizer",
+             setup=lambda d: _write(d, "tok.json", '{"a": 1}')),
+    BadInput("tokenizer is not JSON", ["--model.tokenizer_path={dump}/tok.json"],
+             "--model.tokenizer_path='{dump}/tok.json': not an HF tokenizer.json: not JSON (Expecting value: line 1 column 1",
+             setup=lambda d: _write(d, "tok.json", "vocab: 32000\n")),
+    BadInput("tokenizer file is empty", ["--model.tokenizer_path={dump}/tok.json"],
+             "--model.tokenizer_path='{dump}/tok.json': not an HF tokenizer.json: the file is empty",
+             setup=lambda d: _write(d, "tok.json", "")),
+    BadInput("tokenizer folder without tokenizer.json", ["--model.tokenizer_path={dump}/tokdir"],
+             "--model.tokenizer_path: '{dump}/tokdir/tokenizer.json' not found",
+             setup=lambda d: _write(d, "tokdir/tokenizer_config.json", "{}")),
+    BadInput("tokenizer without BOS/EOS", ["--model.tokenizer_path={dump}/tok.json"],
+             "--model.tokenizer_path='{dump}/tok.json': the tokenizer has none of the BOS/EOS token pairs"
+             " <|begin_of_text|> <|end_of_text|>, <s> </s>, <|endoftext|>",
+             setup=lambda d: _word_tokenizer(d, "tok.json", ["a", "b", "<unk>"])),
+    BadInput("tokenizer larger than the flavor's vocabulary", ["--model.flavor=8B", "--model.tokenizer_path={dump}/tok.json"],
+             "--model.tokenizer_path='{dump}/tok.json': the tokenizer has 128259 tokens but llama3 8B has only 128256"
+             " embeddings (its fixed vocab_size)",
+             setup=lambda d: _word_tokenizer(d, "tok.json", ["<s>", "</s>", *(f"w{i}" for i in range(128256)), "<unk>"])),
+    # ---- the embedded dataset
+    BadInput("pydoc split", ["--training.dataset_split=test"],
+             "--training.dataset_split='test': the embedded 'pydoc' dataset has the splits train, validation"),
+    BadInput("pydoc validation split", ["--validation.enable=true", "--validation.dataset_split=valid"],
+             "--validation.dataset_split='valid': the embedded 'pydoc' dataset has the splits train, validation"
+             " (did you mean 'validation'?)"),
+    BadInput("pydoc with a config name", ["--training.dataset_config_name=en"],
+             "--training.dataset_config_name='en' has no effect on the embedded 'pydoc' dataset"),
+    BadInput("pydoc smaller than a global batch", ["--training.local_batch_size=256", "--training.seq_len=64"],
+             "--training.dataset='pydoc': split 'train' has 413 documents, fewer than the 512 rows of a global batch"),
+    # ---- local datasets
+    BadInput("text field missing", ["--training.dataset={dump}/data.jsonl", "--training.dataset_text_field=body"],
+             "--training.dataset_text_field='body': '{dump}/data.jsonl' has no such column; its columns are: text, id",
+             setup=lambda d: _jsonl(d, "data.jsonl", _docs(8))),
+    BadInput("text field not a string", ["--training.dataset={dump}/data.jsonl"],
+             "--training.dataset_text_field='text': document 0 of '{dump}/data.jsonl' holds int 5, not a string",
+             setup=lambda d: _jsonl(d, "data.jsonl", [{"text": 5}] * 8)),
+    BadInput("jsonl with a broken line", ["--training.dataset={dump}/data.jsonl"],
+             "--training.dataset='{dump}/data.jsonl': cannot read the local file (ArrowInvalid: JSON parse error:",
+             setup=lambda d: _write(d, "data.jsonl", '{"text": "a"}\n{"text": "b"\n')),
+    BadInput("empty dataset file", ["--training.dataset={dump}/data.jsonl"],
+             "--training.dataset='{dump}/data.jsonl': no documents in split 'train' (the file is empty)",
+             setup=lambda d: _write(d, "data.jsonl", "")),
+    BadInput("fewer documents than global batch rows", ["--training.dataset={dump}/data.jsonl"],
+             "--training.dataset='{dump}/data.jsonl': split 'train' has 3 documents, fewer than the 8 rows of a global batch",
+             setup=lambda d: _jsonl(d, "data.jsonl", _docs(3))),
+    BadInput("split of a local file", ["--training.dataset={dump}/data.jsonl", "--training.dataset_split=test"],
+             "--training.dataset_split='test': the local file '{dump}/data.jsonl' has only the split 'train'",
+             setup=lambda d: _jsonl(d, "data.jsonl", _docs(8))),
+    BadInput("split of a local folder", ["--training.dataset={dump}/data", "--training.dataset_split=test"],
+             "--training.dataset_split='test': the local folder '{dump}/data' has only the split(s) train, validation",
+             setup=lambda d: (_jsonl(d, "data/train.jsonl", _docs(8)), _jsonl(d, "data/validation.jsonl", _docs(8)))),
+    BadInput("folder without data files", ["--training.dataset={dump}/data"],
+             "--training.dataset='{dump}/data': the folder holds no data files",
+             setup=lambda d: os.makedirs(os.path.join(d, "data"))),
+    BadInput("corrupt parquet file", ["--training.dataset={dump}/data.parquet"],
+             "--training.dataset='{dump}/data.parquet': cannot read the local file (ArrowInvalid: Parquet magic bytes not found",
+             setup=lambda d: _write(d, "data.parquet", "PAR1 not really")),
+    BadInput("validation file keeps the default split", ["--validation.enable=true", "--validation.dataset={dump}/val.jsonl"],
+             "--validation.dataset_split='validation': the local file '{dump}/val.jsonl' has only the split 'train';"
+             " set --validation.dataset_split=train",
+             setup=lambda d: _jsonl(d, "val.jsonl", _docs(8))),
+    BadInput("validation text field missing", ["--validation.enable=true", "--validation.dataset={dump}/val.jsonl",
+                                               "--validation.dataset_split=train", "--validation.dataset_text_field=content"],
+             "--validation.dataset_text_field='content': '{dump}/val.jsonl' has no such column; its columns are: body, id",
+             setup=lambda d: _jsonl(d, "val.jsonl", _docs(8, field="body"))),
+    BadInput("missing validation dataset path", ["--validation.enable=true", "--validation.dataset=./no/such/val.jsonl"],
+             "--validation.dataset: local dataset path './no/such/val.jsonl' does not exist"),
+    # ---- hub datasets (offline here, so they fail at once)
+    BadInput("hub dataset unreachable", ["--training.dataset=allenai/c4", "--training.dataset_config_name=en"],
+             "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode is on"
+             " (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE); unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE to stream it,"
+             " or use a local file or 'pydoc'", env=OFFLINE),
+    BadInput("validation hub dataset unreachable", ["--validation.enable=true", "--validation.dataset=wikitext",
+                                                    "--validation.dataset_config_name=wikitext-2-raw-v1"],
+             "--validation.dataset='wikitext': cannot reach the Hugging Face hub: offline mode is on", env=OFFLINE),
 ]
 
 
@@ -100,21 +206,29 @@ def run_case(case: BadInput, dump: str) -> tuple[int, list[str], dict, dict]:
     if case.setup:
         case.setup(dump)
     before = snapshot(dump)
-    env = {**os.environ, "NGPU": str(case.ngpu)}
-    proc = subprocess.run([run_tests.RUN_TRAIN, *case.args, f"--job.dump_folder={dump}"],
+    env = {**os.environ, "NGPU": str(case.ngpu), **case.env}
+    args = [a.replace("{dump}", dump) for a in case.args]
+    proc = subprocess.run([run_tests.RUN_TRAIN, *args, f"--job.dump_folder={dump}"],
                           env=env, capture_output=True, text=True)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     return proc.returncode, lines, before, snapshot(dump)
+
+
+def expected(case: BadInput, dump: str) -> str:
+    return case.expect.replace("{dump}", dump)
 
 
 def main() -> int:
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(CASES):
-            rc, lines, before, after = run_case(case, os.path.join(tmp, f"case{i}"))
-            ok = rc != 0 and len(lines) == 1 and case.expect in lines[0] and before == after
+            dump = os.path.join(tmp, f"case{i}")
+            rc, lines, before, after = run_case(case, dump)
+            ok = rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected(case, dump) in lines[0] \
+                and before == after
             failed += not ok
-            print(f"[{'ok' if ok else 'FAIL'}] {case.name} (NGPU={case.ngpu} {' '.join(case.args)}): exit {rc}, "
+            env = "".join(f"{k}={v} " for k, v in case.env.items())
+            print(f"[{'ok' if ok else 'FAIL'}] {case.name} ({env}NGPU={case.ngpu} {' '.join(case.args)}): exit {rc}, "
                   f"dump folder {'unchanged' if before == after else 'CHANGED'}")
             for line in lines:
                 print(f"    {line}")
