@@ -1,0 +1,523 @@
+"""check_data_inputs: the tokenizer and the datasets read before any process group, each
+problem one ConfigError line that starts with the key; DataError for a bad document met later."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from torchtitan.config import ConfigError
+from torchtitan.config import check_data
+from torchtitan.config.check_data import check_data_inputs
+from torchtitan.models.flavors import MODEL_FLAVORS
+
+from config_helpers import cfg_of, config_error
+
+DEBUG = MODEL_FLAVORS["llama3"]["debugmodel"]  # vocab_size 0: takes the tokenizer's
+FIXED = MODEL_FLAVORS["llama3"]["8B"]  # vocab_size 128256
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
+
+def check_error(argv, args=DEBUG, global_batch=0) -> str:
+    """The one-line ConfigError check_data_inputs raises for argv."""
+    with pytest.raises(ConfigError) as info:
+        check_data_inputs(cfg_of(argv), args, global_batch)
+    msg = str(info.value)
+    assert "\n" not in msg and "\r" not in msg and msg.strip() == msg, msg
+    assert msg.startswith(("--model.tokenizer_path", "--training.dataset", "--validation.dataset")), msg
+    return msg
+
+
+def write_jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def docs(n, field="text"):
+    return [{field: f"document {i} " * 10, "id": i} for i in range(n)]
+
+
+def word_tokenizer(path, words) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[-1]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return str(path)
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+TOKENIZER_FIX = "give the tokenizer.json of a Hugging Face tokenizer (or its folder), or leave it empty for the bundled tokenizer"
+
+
+@pytest.mark.parametrize("content, reason", [
+    ('{"a": 1}', "JSON, but no tokenizer 'model' in it (its keys: a)"),
+    ("vocab: 32000\n", "not JSON (Expecting value: line 1 column 1 (char 0))"),
+    ("", "the file is empty"),
+    ("  \n", "the file is empty"),
+    ("[1, 2]", "a JSON list, not a tokenizer object"),
+    ('{"version": "1.0", "model": {"type": "Nope"}}', "the tokenizers library cannot load it (data did not match"),
+])
+def test_file_that_is_not_a_tokenizer(tmp_path, content, reason):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(content)
+    msg = check_error([f"--model.tokenizer_path={path}"])
+    assert msg.startswith(f"--model.tokenizer_path='{path}': not an HF tokenizer.json: {reason}")
+    assert msg.endswith(TOKENIZER_FIX)
+
+
+def test_binary_tokenizer_file(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(b"\x89PNG\x00\xff\xfe")
+    assert check_error([f"--model.tokenizer_path={path}"]) == (
+        f"--model.tokenizer_path='{path}': not an HF tokenizer.json: not a text file (not UTF-8); {TOKENIZER_FIX}"
+    )
+
+
+def test_folder_whose_tokenizer_json_is_bad_names_the_file(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"added_tokens": []}')
+    assert check_error([f"--model.tokenizer_path={tmp_path}"]) == (
+        f"--model.tokenizer_path='{tmp_path}': not an HF tokenizer.json ('{tmp_path}/tokenizer.json'): JSON, but no"
+        f" tokenizer 'model' in it (its keys: added_tokens); {TOKENIZER_FIX}"
+    )
+
+
+def test_tokenizer_without_bos_eos(tmp_path):
+    path = word_tokenizer(tmp_path / "plain.json", ["a", "b", "<unk>"])
+    assert check_error([f"--model.tokenizer_path={path}"]) == (
+        f"--model.tokenizer_path='{path}': the tokenizer has none of the BOS/EOS token pairs <|begin_of_text|>"
+        " <|end_of_text|>, <s> </s>, <|endoftext|>; use a tokenizer that defines one of these pairs (as tokens or"
+        " added tokens)"
+    )
+
+
+def test_tokenizer_larger_than_a_fixed_vocabulary(tmp_path):
+    path = word_tokenizer(tmp_path / "t.json", ["<s>", "</s>", "a", "b", "<unk>"])
+    small = dataclasses.replace(FIXED, vocab_size=4)
+    assert check_error([f"--model.tokenizer_path={path}", "--model.flavor=8B"], args=small) == (
+        f"--model.tokenizer_path='{path}': the tokenizer has 5 tokens but llama3 8B has only 4 embeddings (its"
+        " fixed vocab_size); use the flavor's own tokenizer, or a flavor with vocab_size 0, which takes the"
+        " tokenizer's (here: debugmodel, tiny)"
+    )
+    check_data_inputs(cfg_of([f"--model.tokenizer_path={path}"]), dataclasses.replace(FIXED, vocab_size=5))
+    check_data_inputs(cfg_of([f"--model.tokenizer_path={path}"]), DEBUG)  # vocab_size 0 takes any
+
+
+def test_the_check_catches_what_model_args_would_raise(tmp_path):
+    """train_spec.model_args keeps its ValueError as a backstop; the check says it first."""
+    from torchtitan.protocols.train_spec import model_args
+
+    words = ["<s>", "</s>", *(f"w{i}" for i in range(FIXED.vocab_size)), "<unk>"]
+    path = word_tokenizer(tmp_path / "big.json", words)
+    msg = config_error([f"--model.tokenizer_path={path}", "--model.flavor=8B"])
+    assert msg.startswith(f"--model.tokenizer_path='{path}': the tokenizer has {len(words)} tokens but llama3 8B"
+                          f" has only {FIXED.vocab_size} embeddings")
+    with pytest.raises(ValueError):
+        model_args("llama3", "8B", len(words), 256)
+
+
+def test_dry_run_reads_no_tokenizer_for_a_fixed_vocabulary(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"a": 1}')
+    check_data_inputs(cfg_of([f"--model.tokenizer_path={path}", "--job.dry_run=true"]), FIXED)
+    # a flavor that takes the tokenizer's vocabulary reads it even in a dry run
+    msg = check_error([f"--model.tokenizer_path={path}", "--job.dry_run=true"])
+    assert "JSON, but no tokenizer 'model' in it" in msg
+
+
+def test_bundled_and_other_bos_eos_names_pass(tmp_path):
+    check_data_inputs(cfg_of([]), DEBUG)
+    check_data_inputs(cfg_of([]), FIXED)
+    gpt = word_tokenizer(tmp_path / "gpt.json", ["<|endoftext|>", "hi", "<unk>"])
+    check_data_inputs(cfg_of([f"--model.tokenizer_path={gpt}"]), DEBUG)
+
+
+# --------------------------------------------------------------------------- the embedded dataset
+
+
+@pytest.mark.parametrize("section", ["training", "validation"])
+def test_pydoc_split(section):
+    enable = ["--validation.enable=true"] if section == "validation" else []
+    assert check_error([*enable, f"--{section}.dataset_split=test"]) == (
+        f"--{section}.dataset_split='test': the embedded 'pydoc' dataset has the splits train, validation;"
+        f" set --{section}.dataset_split=train (or validation, the held-out docstrings)"
+    )
+
+
+def test_validation_keys_are_checked_only_when_enabled():
+    check_data_inputs(cfg_of(["--validation.dataset_split=nope", "--validation.dataset=./no/such.jsonl"]), DEBUG)
+    assert check_error(["--validation.enable=true", "--validation.dataset_split=validatoin"]).startswith(
+        "--validation.dataset_split='validatoin': the embedded 'pydoc' dataset has the splits train, validation"
+        " (did you mean 'validation'?)"
+    )
+    check_data_inputs(cfg_of(["--validation.enable=true"]), DEBUG)  # the default: pydoc / validation
+
+
+def test_pydoc_text_field_and_config_name():
+    assert check_error(["--training.dataset_text_field=body"]) == (
+        "--training.dataset_text_field='body': the embedded 'pydoc' dataset has only the column text; set"
+        " --training.dataset_text_field=text"
+    )
+    assert check_error(["--training.dataset_config_name=en"]) == (
+        "--training.dataset_config_name='en' has no effect on the embedded 'pydoc' dataset (it picks a subset of"
+        " a hub dataset); drop it"
+    )
+
+
+def test_pydoc_smaller_than_a_global_batch():
+    from torchtitan.components.corpus import pydoc_documents
+
+    n_train, n_val = len(pydoc_documents("train")), len(pydoc_documents("validation"))
+    check_data_inputs(cfg_of([]), DEBUG, global_batch=n_train)
+    assert check_error([], global_batch=n_train + 1) == (
+        f"--training.dataset='pydoc': split 'train' has {n_train} documents, fewer than the {n_train + 1} rows of"
+        " a global batch (every row reads its own documents); add documents, or lower --training.local_batch_size"
+        " (or --training.global_batch_size)"
+    )
+    assert check_error(["--validation.enable=true"], global_batch=n_val + 1).startswith(
+        f"--validation.dataset='pydoc': split 'validation' has {n_val} documents, fewer than the {n_val + 1} rows"
+    )
+    # without a given global batch: training.global_batch_size, else local_batch_size
+    assert "fewer than the 500 rows" in check_error(["--training.global_batch_size=500"])
+    check_data_inputs(cfg_of(["--training.global_batch_size=500", "--job.dry_run=true"]), DEBUG)
+
+
+# --------------------------------------------------------------------------- local datasets
+
+
+def test_text_field_missing_lists_the_columns(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "data.jsonl", docs(8))
+    assert check_error(["--training.dataset=data.jsonl", "--training.dataset_text_field=body"]) == (
+        "--training.dataset_text_field='body': 'data.jsonl' has no such column; its columns are: text, id;"
+        " set --training.dataset_text_field to the one holding the document text"
+    )
+    assert check_error(["--training.dataset=data.jsonl", "--training.dataset_text_field=txt"]).startswith(
+        "--training.dataset_text_field='txt': 'data.jsonl' has no such column (did you mean 'text'?); its columns"
+        " are: text, id;"
+    )
+
+
+@pytest.mark.parametrize("value, what", [
+    (5, "holds int 5, not a string"),
+    (["a", "b"], "holds list ['a', 'b'], not a string"),
+    (None, "has no text (null or missing)"),
+])
+def test_text_that_is_not_a_string(tmp_path, value, what):
+    path = write_jsonl(tmp_path / "d.jsonl", [*docs(3), {"text": value, "id": 3}, *docs(4)])
+    assert check_error([f"--training.dataset={path}"]) == (
+        f"--training.dataset_text_field='text': document 3 of '{path}' {what}; set --training.dataset_text_field to"
+        " the column holding the text, or fix that record"
+    )
+
+
+def test_a_record_without_the_field(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [*docs(2), {"id": 2}, *docs(5)])
+    assert f"document 2 of '{path}' has no text (null or missing)" in check_error([f"--training.dataset={path}"])
+
+
+@pytest.mark.parametrize("name, content, reason", [
+    ("d.jsonl", '{"text": "a"}\n{"text": "b"\n',
+     "ArrowInvalid: JSON parse error: Missing a comma or '}' after an object member. in row 1"),
+    ("d.json", "this is not json", "ArrowInvalid: JSON parse error: Invalid value. in row 0"),
+    ("d.parquet", "PAR1 but no parquet", "ArrowInvalid: Parquet magic bytes not found in footer."),
+])
+def test_unreadable_local_file(tmp_path, capfd, name, content, reason):
+    path = tmp_path / name
+    path.write_text(content)
+    msg = check_error([f"--training.dataset={path}"])
+    assert msg.startswith(f"--training.dataset='{path}': cannot read the local file ({reason}")
+    assert msg.endswith("); fix the data (its first records are read as the run reads them) or give another"
+                        " .json/.jsonl/.parquet/.txt/.csv/.arrow file or folder")
+    assert capfd.readouterr().err == ""  # datasets' own log line is silenced: the error is one line
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.txt", "empty.csv"])
+def test_empty_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_text("")
+    msg = check_error([f"--training.dataset={path}"])
+    assert msg.startswith(f"--training.dataset='{path}': ")
+    assert "no documents in split 'train' (the file is empty)" in msg or "cannot read the local file" in msg
+
+
+def test_fewer_documents_than_the_global_batch(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(3))
+    assert check_error([f"--training.dataset={path}", "--training.local_batch_size=2"], global_batch=4) == (
+        f"--training.dataset='{path}': split 'train' has 3 documents, fewer than the 4 rows of a global batch"
+        " (every row reads its own documents); add documents, or lower --training.local_batch_size (or"
+        " --training.global_batch_size)"
+    )
+    check_data_inputs(cfg_of([f"--training.dataset={path}"]), DEBUG, global_batch=3)
+
+
+def test_validate_passes_the_global_batch_of_the_world(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(6))
+    config_error_msg = config_error([f"--training.dataset={path}", "--training.local_batch_size=2"], world_size=4)
+    assert "has 6 documents, fewer than the 8 rows of a global batch" in config_error_msg
+    from torchtitan.config import load_config
+
+    load_config([f"--training.dataset={path}", "--training.local_batch_size=2"], 3)
+
+
+def test_only_the_first_global_batch_of_records_is_checked(tmp_path):
+    """A big local dataset does not slow start-up: the check reads one global batch of rows."""
+    path = write_jsonl(tmp_path / "d.jsonl", [*docs(4), *({"id": i} for i in range(20000))])
+    start = time.perf_counter()
+    check_data_inputs(cfg_of([f"--training.dataset={path}"]), DEBUG, global_batch=4)
+    assert time.perf_counter() - start < 5
+    assert "document 4 of" in check_error([f"--training.dataset={path}"], global_batch=5)
+
+
+def test_split_of_a_local_file(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(8))
+    assert check_error([f"--training.dataset={path}", "--training.dataset_split=validation"]) == (
+        f"--training.dataset_split='validation': the local file '{path}' has only the split 'train'; set"
+        " --training.dataset_split=train"
+    )
+    # [validation] defaults to the split 'validation', which a local file does not have
+    assert check_error(["--validation.enable=true", f"--validation.dataset={path}"]) == (
+        f"--validation.dataset_split='validation': the local file '{path}' has only the split 'train'; set"
+        " --validation.dataset_split=train"
+    )
+    check_data_inputs(cfg_of(["--validation.enable=true", f"--validation.dataset={path}",
+                              "--validation.dataset_split=train"]), DEBUG)
+
+
+def test_local_folder(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    assert check_error([f"--training.dataset={folder}"]) == (
+        f"--training.dataset='{folder}': the folder holds no data files (looked for"
+        " .json/.jsonl/.parquet/.txt/.csv/.arrow); put the data files in it or give one file"
+    )
+    write_jsonl(folder / "train.jsonl", docs(8))
+    write_jsonl(folder / "validation.jsonl", docs(8))
+    check_data_inputs(cfg_of([f"--training.dataset={folder}", "--validation.enable=true",
+                              f"--validation.dataset={folder}"]), DEBUG)
+    assert check_error([f"--training.dataset={folder}", "--training.dataset_split=tests"]) == (
+        f"--training.dataset_split='tests': the local folder '{folder}' has only the split(s) train, validation"
+        " (one per file name: train.jsonl, validation.jsonl, ...); set --training.dataset_split to one of them"
+    )
+    assert check_error(["--validation.enable=true", f"--validation.dataset={folder}",
+                        "--validation.dataset_text_field=body"]).startswith(
+        f"--validation.dataset_text_field='body': '{folder}' has no such column; its columns are: text, id;"
+    )
+    # splits whose columns differ: datasets casts every split to the first one's columns
+    write_jsonl(folder / "validation.jsonl", docs(8, field="body"))
+    assert check_error(["--validation.enable=true", f"--validation.dataset={folder}"]).startswith(
+        f"--validation.dataset='{folder}': cannot read the local folder (CastError: Couldn't cast"
+    )
+
+
+def test_csv_and_txt_columns(tmp_path):
+    csv = tmp_path / "d.csv"
+    csv.write_text("title,body\n" + "".join(f"t{i},b{i}\n" for i in range(8)))
+    assert check_error([f"--training.dataset={csv}"]).startswith(
+        f"--training.dataset_text_field='text': '{csv}' has no such column; its columns are: title, body;"
+    )
+    check_data_inputs(cfg_of([f"--training.dataset={csv}", "--training.dataset_text_field=body"]), DEBUG)
+    txt = tmp_path / "d.txt"
+    txt.write_text("".join(f"line {i}\n" for i in range(8)))
+    check_data_inputs(cfg_of([f"--training.dataset={txt}"]), DEBUG)
+
+
+def test_config_name_has_no_effect_on_a_local_dataset(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(8))
+    assert check_error([f"--training.dataset={path}", "--training.dataset_config_name=en"]) == (
+        f"--training.dataset_config_name='en' has no effect on the local dataset '{path}' (it picks a subset of a"
+        " hub dataset); drop it"
+    )
+
+
+def test_dry_run_reads_no_data(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(1, field="body"))
+    check_data_inputs(cfg_of([f"--training.dataset={path}", "--job.dry_run=true"]), DEBUG)
+    monkeypatch.setattr(check_data, "_read_records", lambda *a: pytest.fail("a dry run reads no hub data"))
+    check_data_inputs(cfg_of(["--training.dataset=allenai/c4", "--job.dry_run=true"]), DEBUG)
+
+
+def test_the_check_imports_no_torch(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", docs(8))
+    code = (
+        "import sys\n"
+        "from torchtitan.config import ConfigError, load_config\n"
+        f"load_config(['--training.dataset={path}', '--validation.enable=true'], 1)\n"
+        f"try:\n    load_config(['--training.dataset={path}', '--training.dataset_text_field=x'], 1)\n"
+        "except ConfigError:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- hub datasets
+
+
+def _hub_raises(monkeypatch, error):
+    def read(name, split, config, limit):
+        assert limit == 1  # the hub gives one record
+        raise error
+
+    monkeypatch.setattr(check_data, "_read_records", read)
+
+
+def test_hub_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    _hub_raises(monkeypatch, ConnectionError("Couldn't reach 'allenai/c4' on the Hub (OfflineModeIsEnabled)"))
+    assert check_error(["--training.dataset=allenai/c4", "--training.dataset_config_name=en"]) == (
+        "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode is on (HF_HUB_OFFLINE);"
+        " unset HF_HUB_OFFLINE to stream it, or use a local file or 'pydoc'"
+    )
+
+
+def test_hub_without_network(monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    _hub_raises(monkeypatch, ConnectionError("Couldn't reach 'allenai/c4' on the Hub (LocalEntryNotFoundError)"))
+    assert check_error(["--training.dataset=allenai/c4"]) == (
+        "--training.dataset='allenai/c4': cannot reach the Hugging Face hub (Couldn't reach 'allenai/c4' on the Hub"
+        " (LocalEntryNotFoundError)); check the network (proxy, HF_ENDPOINT), or use a local file or 'pydoc'"
+    )
+
+
+def test_hub_dataset_not_found_or_gated(monkeypatch):
+    from datasets.exceptions import DatasetNotFoundError
+
+    _hub_raises(monkeypatch, DatasetNotFoundError("Dataset 'me/nope' doesn't exist on the Hub or cannot be accessed."))
+    assert check_error(["--training.dataset=me/nope"]) == (
+        "--training.dataset='me/nope': Dataset 'me/nope' doesn't exist on the Hub or cannot be accessed; check the"
+        " name (owner/name as on huggingface.co/datasets), and set HF_TOKEN for a gated or private dataset (after"
+        " accepting its terms), or use a local file or 'pydoc'"
+    )
+
+
+def test_hub_config_and_split(monkeypatch):
+    _hub_raises(monkeypatch, ValueError(
+        "Config name is missing.\nPlease pick one among the available configs: ['en', 'realnewslike']"
+        "\nExample of usage:\n\t`load_dataset('allenai/c4', 'en')`"))
+    assert check_error(["--validation.enable=true", "--validation.dataset=allenai/c4"]) == (
+        "--validation.dataset_config_name='': the hub dataset 'allenai/c4' has several configs (en, realnewslike);"
+        " set --validation.dataset_config_name to one of them"
+    )
+    _hub_raises(monkeypatch, ValueError("BuilderConfig 'eng' not found. Available: ['en', 'realnewslike']"))
+    assert check_error(["--training.dataset=allenai/c4", "--training.dataset_config_name=eng"]) == (
+        "--training.dataset_config_name='eng': the hub dataset 'allenai/c4' has no such config (did you mean 'en'?)"
+        " (it has: en, realnewslike); set --training.dataset_config_name to one of them"
+    )
+    _hub_raises(monkeypatch, ValueError("Bad split: valid. Available splits: ['train', 'validation']"))
+    assert check_error(["--training.dataset=allenai/c4", "--training.dataset_split=valid"]) == (
+        "--training.dataset_split='valid': the hub dataset 'allenai/c4' has no such split (did you mean"
+        " 'validation'?) (it has: train, validation); set --training.dataset_split to one of them"
+    )
+
+
+def test_hub_other_failure(monkeypatch):
+    _hub_raises(monkeypatch, RuntimeError("something\nbroke   badly"))
+    assert check_error(["--training.dataset=me/data"]) == (
+        "--training.dataset='me/data': cannot stream it from the Hugging Face hub (RuntimeError: something broke"
+        " badly); check the name, the --training.dataset_config_name and dataset_split, the network and HF_TOKEN,"
+        " or use a local file or 'pydoc'"
+    )
+
+
+def test_hub_that_does_not_answer_in_time(monkeypatch):
+    monkeypatch.setattr(check_data, "HUB_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(check_data, "_read_records", lambda *a: time.sleep(5))
+    start = time.perf_counter()
+    assert check_error(["--training.dataset=me/data"]) == (
+        "--training.dataset='me/data': no answer from the Hugging Face hub within 0.2 s; check the network (proxy,"
+        " HF_ENDPOINT), or use a local file or 'pydoc'"
+    )
+    assert time.perf_counter() - start < 2
+
+
+def test_hub_first_record(monkeypatch):
+    monkeypatch.setattr(check_data, "_read_records", lambda *a: [{"content": "x", "url": "u"}])
+    assert check_error(["--training.dataset=me/data"]) == (
+        "--training.dataset_text_field='text': 'me/data' has no such column; its columns are: content, url; set"
+        " --training.dataset_text_field to the one holding the document text"
+    )
+    check_data_inputs(cfg_of(["--training.dataset=me/data", "--training.dataset_text_field=content"]), DEBUG)
+    monkeypatch.setattr(check_data, "_read_records", lambda *a: [])
+    assert check_error(["--training.dataset=me/data", "--training.dataset_split=test"]) == (
+        "--training.dataset='me/data': the hub dataset has no documents in split 'test'; pick another"
+        " --training.dataset_split, or use a local file or 'pydoc'"
+    )
+
+
+def test_real_hub_lookup_offline_fails_at_once():
+    code = (
+        "from torchtitan.config import ConfigError, load_config\n"
+        "try:\n    load_config(['--training.dataset=allenai/c4', '--training.dataset_config_name=en'], 1)\n"
+        "except ConfigError as e:\n    print(e)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.startswith("--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode"
+                                  " is on (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"), proc.stdout + proc.stderr
+    assert proc.stderr == ""
+
+
+# --------------------------------------------------------------------------- at run time: DataError
+
+
+def _first_batches(path, n, lbs=2, **kw):
+    from torchtitan.components.dataloader import build_dataloader
+    from torchtitan.components.tokenizer import Tokenizer
+
+    cfg = cfg_of([f"--training.dataset={path}", f"--training.local_batch_size={lbs}", "--training.seq_len=8"])
+    loader = iter(build_dataloader(cfg.training, Tokenizer(), dp_rank=0, dp_degree=1, accum_steps=1))
+    return [next(loader) for _ in range(n)]
+
+
+@pytest.mark.parametrize("bad, what", [
+    ({"id": 6}, "has no text (null or missing)"),
+    ({"text": 7, "id": 6}, "holds int 7, not a string"),
+])
+def test_a_later_bad_document_is_a_data_error(tmp_path, bad, what):
+    from torchtitan.components.datasets import DataError
+
+    path = write_jsonl(tmp_path / "d.jsonl", [*docs(6), bad, *docs(3)])
+    check_data_inputs(cfg_of([f"--training.dataset={path}"]), DEBUG, global_batch=2)  # reads documents 0-1
+    with pytest.raises(DataError) as info:
+        _first_batches(path, 100)
+    assert str(info.value) == (
+        f"--training.dataset_text_field='text': document 6 of dataset '{path}' (split 'train') {what}; fix or"
+        " remove that record, or set the key to the text column"
+    )
+
+
+def test_a_missing_column_at_run_time_is_a_data_error(tmp_path):
+    from torchtitan.components.datasets import DataError
+
+    path = write_jsonl(tmp_path / "d.jsonl", docs(4, field="body"))
+    with pytest.raises(DataError) as info:
+        _first_batches(path, 1)
+    assert str(info.value) == (
+        f"--training.dataset_text_field='text': document 0 of dataset '{path}' (split 'train') has no such field"
+        " (its fields: body, id); every document needs its text under that key: fix the data or set the key to"
+        " the text column"
+    )
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_an_unreadable_record_at_run_time_is_a_data_error(tmp_path, capfd):
+    from torchtitan.components.datasets import DataError
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs(4)) + '{"text": \n')
+    with pytest.raises(DataError) as info:
+        _first_batches(path, 100)
+    assert str(info.value).startswith(
+        f"--training.dataset: cannot read dataset '{path}' (split 'train') (JSON parse error: "
+    )
+    assert "Failed to load JSON" not in capfd.readouterr().err
