@@ -4,7 +4,8 @@
     python scripts/plot_loss.py outputs/a/metrics.jsonl outputs/b/metrics.jsonl --out loss.png
 
 Each input is a metrics.jsonl written by the trainer (or the run's dump folder holding one);
-the legend shows the path unless --labels is given.
+the legend shows the path unless --labels is given. Runs with [validation] enabled also get
+their held-out loss, dashed with markers in the same color ("<label> (validation)").
 """
 
 import argparse
@@ -13,7 +14,9 @@ import os
 import sys
 
 
-def read_losses(path: str) -> tuple[list[int], list[float]]:
+def read_losses(path: str, key: str = "loss") -> tuple[list[int], list[float]]:
+    """(steps, values) of the records that have `key` (training records: loss; validation
+    records: validation_loss)."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     steps, losses = [], []
@@ -21,8 +24,9 @@ def read_losses(path: str) -> tuple[list[int], list[float]]:
         for line in f:
             if line.strip():
                 rec = json.loads(line)
-                steps.append(rec["step"])
-                losses.append(rec["loss"])
+                if key in rec:
+                    steps.append(rec["step"])
+                    losses.append(rec[key])
     return steps, losses
 
 
@@ -31,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("metrics", nargs="+", help="metrics.jsonl files or dump folders")
     ap.add_argument("--out", default="loss.png", help="PNG to write (default loss.png)")
     ap.add_argument("--labels", help="comma-separated legend labels, one per input")
-    ap.add_argument("--title", default="training loss")
+    ap.add_argument("--title", default="loss")
     args = ap.parse_args(argv)
 
     labels = args.labels.split(",") if args.labels else args.metrics
@@ -52,7 +56,11 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     for path, label in zip(args.metrics, labels):
         steps, losses = read_losses(path)
-        ax.plot(steps, losses, label=label, linewidth=1.5)
+        (line,) = ax.plot(steps, losses, label=label, linewidth=1.5)
+        val_steps, val_losses = read_losses(path, "validation_loss")
+        if val_steps:
+            ax.plot(val_steps, val_losses, "--o", color=line.get_color(), markersize=4, linewidth=1.2,
+                    label=f"{label} (validation)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(args.title)

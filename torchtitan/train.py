@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.checkpoint_files import CheckpointError
 from torchtitan.components.dataloader import build_dataloader
+from torchtitan.components.datasets import DataError
 from torchtitan.components.expert_balance import ExpertBalancer
 from torchtitan.components.hf_weights import HFSpec
 from torchtitan.models.common.moe import moe_aux_loss
@@ -27,11 +28,14 @@ from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, memory_gib, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.tokenizer import Tokenizer
+from torchtitan.components.validation import Validator
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.comm_stats import CommStats, mesh_group_dims
+from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.model_parts import parallelize_parts, plan_records, resolve_parts
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
+from torchtitan.distributed.pipeline_layout import V_SCHEDULES
 from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import (
@@ -86,7 +90,7 @@ class Trainer:
 
         self.global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * self.dims.dp
         self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
-        self.pipeline = None
+        self.pipeline = self.layout = None
         self.layout_note = ""
         self.held_bytes = 0
         self.comm = CommStats(mesh_group_dims(self.mesh, self.dims.flattened_names())) if cfg.metrics.comm_stats else None
@@ -101,6 +105,7 @@ class Trainer:
         self.model_parts = parts.modules
         if parts.layout is not None:
             layout, n_mb = parts.layout, parts.n_microbatches
+            self.layout = layout
             scale = n_mb * self.accum_steps
             self.pipeline = build_pipeline(
                 list(zip(parts.stage_ids, parts.modules)), layout, self.device,
@@ -122,6 +127,8 @@ class Trainer:
             self.balancer = ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(),
                                            self.dims.submesh("pp").get_group() if self.dims.pp > 1 else None)
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
+        self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
+                          if cfg.validation.enable else None)
         self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, self.device.type, t.steps, cfg.lr_scheduler)
         self.train_state = TrainState(self.rank)
         self.checkpoint = CheckpointManager(
@@ -229,12 +236,9 @@ class Trainer:
         if self.comm is not None:
             self.comm.phase_name = "other"
         pp_group = self.dims.submesh("pp").get_group() if self.pipeline is not None else None
-        if pp_group is not None:  # only the last stage computed a loss; the others add 0
-            dist.all_reduce(loss_sum, group=pp_group)
         params = [p for m in self.model_parts for p in m.parameters()]
         grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group).item()
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
-        loss = loss_sum.item() / self.dims.dp
+        loss = self._global_loss(loss_sum)
         # Checked before the update, so a bad step never reaches the weights (or a checkpoint).
         for what, value in (("loss", loss), ("gradient norm", grad_norm)):
             if not math.isfinite(value):
@@ -249,14 +253,56 @@ class Trainer:
             moe["aux_loss"] = aux_sum.item() / self.dims.dp
         return loss, grad_norm, moe
 
-    def _pipeline_microbatches(self, inputs, labels) -> torch.Tensor:
-        """Run the schedule over one local batch; return its (scaled) loss on the last stage."""
+    def _global_loss(self, loss_sum: torch.Tensor) -> float:
+        """This rank's sum of scaled micro-batch losses -> the mean over the global batch."""
+        if self.pipeline is not None:  # only the last stage computed a loss; the others add 0
+            dist.all_reduce(loss_sum, group=self.dims.submesh("pp").get_group())
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
+        return loss_sum.item() / self.dims.dp
+
+    @torch.no_grad()
+    def eval_step(self, batches) -> float:
+        """train_step's loss of one global batch without backward or update (validation)."""
+        loss_sum = torch.zeros((), device=self.device)
+        with loss_parallel_context(self.loss_parallel):
+            for inputs, labels in batches:
+                inputs, labels = inputs.to(self.device), labels.to(self.device)
+                if self.pipeline is not None:
+                    loss_sum += self._pipeline_microbatches(inputs, labels, train=False)
+                    continue
+                logits = self.model_parts[0](inputs)
+                loss_sum += _local(cross_entropy_loss(logits, labels) / self.accum_steps)
+        return self._global_loss(loss_sum)
+
+    def _validate(self, step: int) -> None:
+        start = time.perf_counter()
+        self.activity = f"validation after step {step}"
+        for m in self.model_parts:
+            m.eval()  # e.g. MoE layers do not count tokens for load balancing
+        try:
+            values = self.validator.measure(self.eval_step)
+        finally:
+            for m in self.model_parts:
+                m.train()
+                m.zero_grad(set_to_none=True)  # V schedules validate with a backward
+            reshard_after_eval(self.model_parts)
+        self.metrics.log_validation(step, values, self.cfg.validation.steps, time.perf_counter() - start)
+
+    def _pipeline_microbatches(self, inputs, labels, train: bool = True) -> torch.Tensor:
+        """Run the schedule (forward only unless `train`) over one local batch; return its
+        (scaled) loss on the last stage."""
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first else ()
+        run = self.pipeline.step if train else self.pipeline.eval
+        if not train and self.layout.schedule in V_SCHEDULES:
+            # torch 2.13's V schedules cannot run forward only (eval() asks a stage without
+            # backward for its input gradients): run the full step, _validate drops the gradients.
+            with torch.enable_grad():
+                return self._pipeline_microbatches(inputs, labels, train=True)
         if self.has_last:
-            self.pipeline.step(*args, target=labels, losses=losses)
+            run(*args, target=labels, losses=losses)
             return sum(_local(x.detach()) for x in losses)
-        self.pipeline.step(*args)
+        run(*args)
         return torch.zeros((), device=self.device)
 
     def train(self) -> None:
@@ -274,6 +320,9 @@ class Trainer:
         t = self.cfg.training
         data = iter(self.dataloader)
         tokens_per_step = self.global_batch * t.seq_len
+        start_step = self.train_state.step
+        if self.validator is not None and self.validator.due(0, t.steps, start_step):
+            self._validate(0)
         while self.train_state.step < t.steps:
             step = self.train_state.step + 1
             start = time.perf_counter()
@@ -303,6 +352,8 @@ class Trainer:
                     "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
                     **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
+            if self.validator is not None and self.validator.due(step, t.steps, start_step):
+                self._validate(step)
             self.activity = f"the checkpoint save after step {step}"
             self.checkpoint.maybe_save(step, last=step == t.steps)
 
@@ -328,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         _error_line(f"error: {e}")
         shutdown_distributed()
         return 1
+    except DataError as e:  # a bad document on this rank's rows only: the others wait in a collective
+        _error_line(f"error: rank {os.environ.get('RANK')}: {e}")
+        os._exit(1)  # torchrun then stops the other ranks
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         if not is_comm_failure(e):
             raise

@@ -145,7 +145,8 @@ CASES = [
 
 def read_losses(dump: str, key: str = "loss") -> list[float]:
     with open(os.path.join(dump, "metrics.jsonl")) as f:
-        return [json.loads(line)[key] for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r[key] for r in records if "loss" in r]  # training records (validation ones have no "loss")
 
 
 def read_grad_norms(dump: str) -> list[float]:

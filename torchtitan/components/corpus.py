@@ -29,19 +29,25 @@ def _docstrings() -> dict[str, str]:
     """Module name -> its docstring and those of its public classes and functions, in order."""
     import importlib
     import inspect
+    import warnings
 
     out = {}
-    for name in _VALIDATION_MODULES:
-        module = importlib.import_module(name)
-        parts = [inspect.getdoc(module) or ""]
-        for attr in sorted(vars(module)):
-            obj = getattr(module, attr)
-            if attr.startswith("_") or getattr(obj, "__module__", None) != name:
-                continue
-            if inspect.isclass(obj) or inspect.isfunction(obj):
-                parts.append(inspect.getdoc(obj) or "")
-        out[name] = "\n\n".join(p for p in parts if p)
+    with warnings.catch_warnings():  # typing's deprecated aliases warn when their docstrings are read
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in _VALIDATION_MODULES:
+            out[name] = _module_docs(importlib.import_module(name), name, inspect)
     return out
+
+
+def _module_docs(module, name: str, inspect) -> str:
+    parts = [inspect.getdoc(module) or ""]
+    for attr in sorted(vars(module)):
+        obj = getattr(module, attr)
+        if attr.startswith("_") or getattr(obj, "__module__", None) != name:
+            continue
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            parts.append(inspect.getdoc(obj) or "")
+    return "\n\n".join(p for p in parts if p)
 
 
 def pydoc_documents(split: str = "train") -> list[str]:

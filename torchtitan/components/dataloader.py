@@ -9,7 +9,7 @@ from torchtitan.components.tokenizer import Tokenizer
 
 
 def build_dataloader(
-    training, tokenizer: Tokenizer, dp_rank: int, dp_degree: int, accum_steps: int
+    training, tokenizer: Tokenizer, dp_rank: int, dp_degree: int, accum_steps: int, section: str = "training"
 ) -> StatefulDataLoader:
     """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step.
 
@@ -25,5 +25,6 @@ def build_dataloader(
         n_slots=rows_per_rank,
         num_slots=rows_per_rank * dp_degree,
         text_field=training.dataset_text_field,
+        section=section,  # which config keys a data error names
     )
     return StatefulDataLoader(dataset, batch_size=training.local_batch_size, num_workers=0)

@@ -107,6 +107,21 @@ class MetricsLogger:
                     self.tb.add_scalar(key, value, step)
             self.tb.flush()
 
+    def log_validation(self, step: int, values: dict, batches: int, seconds: float) -> None:
+        """A validation record: {"step", "validation_loss", "validation_perplexity", ...} of its
+        own in metrics.jsonl (readers of training records skip it: it has no "loss")."""
+        if not self.enabled:
+            return
+        print(f"validation after step {step}:  loss {values['validation_loss']:.4f}"
+              f"  perplexity {values['validation_perplexity']:,.2f}  ({batches} batches, {seconds:.2f}s)", flush=True)
+        record = {"step": step, **values, "validation_batches": batches, "validation_time": round(seconds, 3)}
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(key, value, step)
+            self.tb.flush()
+
     def close(self) -> None:
         if self.jsonl is not None:
             self.jsonl.close()

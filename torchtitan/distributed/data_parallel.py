@@ -93,3 +93,19 @@ def fsdp_ac_groups(dims, cfg) -> frozenset[str]:
     if cfg.parallelism.fsdp_implementation != "simple_fsdp":
         return frozenset()
     return frozenset(fsdp_group_names(dims.mesh, dims.dp_dims(), experts=dims.ep > 1))
+
+
+def reshard_after_eval(model_parts) -> None:
+    """Free the parameters FSDP2 left gathered after forwards without backward (evaluation).
+
+    FSDP2 keeps a unit gathered after forward when it is not resharded (the root always),
+    expecting the backward. After a no_grad forward none comes, and in torch 2.13 the next
+    training backward then doubles that unit's gradients (measured: tok_embeddings, norm and
+    output of the root, 2.0x). Resharding restores the state a training step starts from.
+    SimpleFSDP keeps nothing after a no_grad forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
