@@ -27,6 +27,7 @@ from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, memory_gib, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
+from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.components.validation import Validator
 from torchtitan.config import JobConfig, load_config_or_exit
@@ -310,13 +311,15 @@ class Trainer:
             path = self.checkpoint.save_seed()
             self.log(f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder")
             return
-        with self.comm if self.comm is not None else contextlib.nullcontext():
-            self._train_loop()
+        profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
+                            self.train_state.step, self.cfg.training.steps, self.log)
+        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler:
+            self._train_loop(profiler)
         self.metrics.close()
         self.checkpoint.close()
         self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
 
-    def _train_loop(self) -> None:
+    def _train_loop(self, profiler: Profiler) -> None:
         t = self.cfg.training
         data = iter(self.dataloader)
         tokens_per_step = self.global_batch * t.seq_len
@@ -356,6 +359,7 @@ class Trainer:
                 self._validate(step)
             self.activity = f"the checkpoint save after step {step}"
             self.checkpoint.maybe_save(step, last=step == t.steps)
+            profiler.step(step)
 
 
 def _error_line(text: str) -> None:

@@ -19,8 +19,17 @@ def test_outputs_metrics_tensorboard_plot(tmp_path):
     dump = tmp_path / "run"
     # From another working directory, with the default config file, to check the launcher.
     proc = _run(["--model.flavor=tiny", "--training.steps=3", "--training.seq_len=32",
-                 f"--job.dump_folder={dump}"], cwd=str(tmp_path))
+                 "--profiling.enable_profiling=true", "--profiling.profile_freq=2",
+                 "--profiling.enable_memory_snapshot=true", f"--job.dump_folder={dump}"], cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # Profiler: step 2 (a multiple of profile_freq) traced by every rank, named after its step.
+    traces = sorted(p.relative_to(dump / "profile_traces").as_posix() for p in (dump / "profile_traces").rglob("*"))
+    assert traces == ["iteration_2", "iteration_2/rank0_trace.json", "iteration_2/rank1_trace.json"], traces
+    events = json.loads((dump / "profile_traces/iteration_2/rank1_trace.json").read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert len(events) > 1000 and "ProfilerStep#2" in names and "gloo:all_gather" in names
+    assert "[torchtitan] profiling.enable_memory_snapshot is CUDA-only (this run is on cpu)" in proc.stdout
+    assert not (dump / "memory_snapshot").exists()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
     assert len(lines) == 3 and "eta" in lines[-1] and "tok/s" in lines[-1]
     records = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
