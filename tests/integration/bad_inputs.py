@@ -63,6 +63,25 @@ def _word_tokenizer(dump, name, words):
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
+def _hf_folder(dump, hidden_size=256, missing_file=False):
+    """A Hugging Face folder at <dump>/hf: config.json and one safetensors file (or an index
+    naming a file the download lacks)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = os.path.join(dump, "hf")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"model_type": "llama", "hidden_size": hidden_size, "num_hidden_layers": 6, "rope_theta": 500000.0,
+                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}, f)
+    save_file({"model.norm.weight": np.ones(hidden_size, dtype=np.float32)}, os.path.join(folder, "model-1.safetensors"))
+    if missing_file:
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {"model.norm.weight": "model-1.safetensors",
+                                      "lm_head.weight": "model-2.safetensors"}}, f)
+
+
 @dataclass
 class BadInput:
     name: str
@@ -173,6 +192,23 @@ CASES = [
     BadInput("missing validation dataset path", ["--validation.enable=true", "--validation.dataset=./no/such/val.jsonl"],
              "--validation.dataset: local dataset path './no/such/val.jsonl' does not exist"),
     # ---- hub datasets (offline here, so they fail at once)
+    BadInput("HF weights of another flavor", ["--checkpoint.initial_load_path={dump}/hf"],
+             "--checkpoint.initial_load_path: '{dump}/hf' holds another model than llama3 debugmodel: hidden_size=128"
+             " (ours: 256); pick the --model.flavor (and tokenizer) it was trained with",
+             setup=lambda d: _hf_folder(d, hidden_size=128)),
+    BadInput("HF weights incompletely downloaded", ["--checkpoint.initial_load_path={dump}/hf"],
+             "'{dump}/hf/model.safetensors.index.json' names 1 missing file(s), e.g. 'model-2.safetensors';"
+             " the download is incomplete", setup=lambda d: _hf_folder(d, missing_file=True)),
+    BadInput("HF export would overwrite", ["--checkpoint.last_save_in_hf=true"],
+             "--checkpoint.last_save_in_hf: '{dump}/hf/step-50' already exists (nothing is overwritten)",
+             setup=lambda d: os.makedirs(os.path.join(d, "hf", "step-50"))),
+    BadInput("HF export of a model without converter", ["--job.config_file=train_configs/deepseek_v3_debug.toml",
+                                                        "--checkpoint.last_save_in_hf=true"],
+             "--checkpoint.last_save_in_hf: model deepseek_v3 has no Hugging Face weight converter yet"),
+    BadInput("validation every 0 steps", ["--validation.enable=true", "--validation.freq=0"],
+             "--validation.freq=0: must be >= 1"),
+    BadInput("profile every 0 steps", ["--profiling.enable_profiling=true", "--profiling.profile_freq=0"],
+             "--profiling.profile_freq=0: must be >= 1"),
     BadInput("hub dataset unreachable", ["--training.dataset=allenai/c4", "--training.dataset_config_name=en"],
              "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode is on"
              " (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE); unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE to stream it,"
