@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	NGPU=$(NGPU) PATH=$(CURDIR)/$(VENV)/bin:$$PATH ./run_train.sh --job.dump_folder=$(DUMP) $(ARGS)
+	NGPU=$(NGPU) PATH=$(CURDIR)/$(VENV)/bin:$$PATH ./run_train.sh --job.dump_folder=$(DUMP) \
+		--validation.enable=true --validation.freq=10 --validation.steps=2 $(ARGS)
 	$(PY) scripts/plot_loss.py $(DUMP)/metrics.jsonl --out $(DUMP)/loss.png
 
 test: $(STAMP)
