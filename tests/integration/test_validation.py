@@ -26,23 +26,35 @@ def _run(tmp_path, name, ngpu, overrides):
     return _records(dump), out
 
 
-def test_pp_accum_simple_fsdp_validates_like_step_1_and_leaves_training_alone(tmp_path):
-    # 4 ranks: pp 2 x dp_shard 2; local batch 2 of a global 8 -> 2 accumulation steps x 2 microbatches.
-    layout = [*PP, "--parallelism.fsdp_implementation=simple_fsdp", "--training.steps=3"]
-    records, out = _run(tmp_path, "val", 4, [*layout, *ON_TRAIN_DATA, "--validation.freq=2"])
+def test_fsdp2_accum_validates_like_step_1_and_leaves_training_alone(tmp_path):
+    # 2 ranks of FSDP2, local batch 1 of a global 8: 4 accumulation steps. Without the reshard
+    # after validation, step 3 would train with the root unit's gradients doubled (torch 2.13).
+    layout = ["--training.local_batch_size=1", "--training.steps=3"]
+    records, out = _run(tmp_path, "val", 2, [*layout, *ON_TRAIN_DATA, "--validation.freq=2"])
     val = {r["step"]: r for r in records if "validation_loss" in r}
     train = [r for r in records if "loss" in r]
     assert sorted(val) == [0, 2, 3]  # at start, every freq steps, after the last step
     assert val[0]["validation_loss"] == train[0]["loss"], (val[0], train[0])
     assert "validation after step 2:  loss" in out
-    plain, _ = _run(tmp_path, "plain", 4, layout)
+    plain, _ = _run(tmp_path, "plain", 2, layout)
     assert [(r["loss"], r["grad_norm"]) for r in train] == [(r["loss"], r["grad_norm"]) for r in plain]
 
 
-def test_v_schedule_tp_loss_parallel_accum_validates_like_step_1(tmp_path):
-    # 4 ranks: pp 2 (ZBVZeroBubble, 2 stages per rank) x tp 2, 2 accumulation steps x 4 microbatches.
+def test_pp_forward_only_accum_validates_like_step_1(tmp_path):
+    # 2 ranks: pp 2 (1F1B, eval() runs forward only); 4 accumulation steps x 2 microbatches.
+    records, _ = _run(tmp_path, "pp", 2, [*PP, "--training.steps=1", *ON_TRAIN_DATA])
+    val = [r for r in records if "validation_loss" in r]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in val] == [0, 1]
+    assert val[0]["validation_loss"] == train[0]["loss"], (val[0], train[0])
+
+
+def test_v_schedule_tp_loss_parallel_simple_fsdp_validates_like_step_1(tmp_path):
+    # 4 ranks: pp 2 (ZBVZeroBubble, 2 stages per rank) x tp 2, SimpleFSDP (its units gathered
+    # once per pipeline step), 2 accumulation steps x 4 microbatches.
     records, _ = _run(tmp_path, "v", 4, [*PP, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
                                          "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4",
+                                         "--parallelism.fsdp_implementation=simple_fsdp",
                                          "--training.steps=1", *ON_TRAIN_DATA])
     val = [r for r in records if "validation_loss" in r]
     train = [r for r in records if "loss" in r]
