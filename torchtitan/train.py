@@ -22,7 +22,7 @@ from torchtitan.components.checkpoint_files import CheckpointError
 from torchtitan.components.dataloader import build_dataloader
 from torchtitan.components.datasets import DataError
 from torchtitan.components.expert_balance import ExpertBalancer
-from torchtitan.components.hf_weights import HFSpec
+from torchtitan.components.hf_weights import HFExportError, HFSpec
 from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, memory_gib, peak_tflops
@@ -135,7 +135,8 @@ class Trainer:
         self.checkpoint = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
             self.train_state, {"world_size": world, "global_batch": self.global_batch,
-                               "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape)},
+                               "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape),
+                               "tokenizer": os.path.abspath(self.tokenizer.path)},
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, hf=self._hf_spec(pp_rank),
         )
         if cfg.checkpoint.create_seed_checkpoint:
@@ -334,7 +335,8 @@ class Trainer:
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             self.activity = f"step {step}"
-            loss, grad_norm, moe = self.train_step(batches)
+            with profiler.step(step):
+                loss, grad_norm, moe = self.train_step(batches)
             comm = {}
             if self.comm is not None:
                 counts, nbytes = self.comm.reset()
@@ -359,7 +361,6 @@ class Trainer:
                 self._validate(step)
             self.activity = f"the checkpoint save after step {step}"
             self.checkpoint.maybe_save(step, last=step == t.steps)
-            profiler.step(step)
 
 
 def _error_line(text: str) -> None:
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg)
         trainer.train()
-    except (NonFiniteLossError, CheckpointError) as e:  # raised alike on every rank
+    except (NonFiniteLossError, CheckpointError, HFExportError) as e:  # raised alike on every rank
         _error_line(f"error: {e}")
         shutdown_distributed()
         return 1

@@ -4,6 +4,7 @@ from the run's own checkpoint of the same step, and scripts/convert_hf.py export
 checkpoint to bitwise the same tensors."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import run_tests
 
 PP = "--parallelism.pipeline_parallel_degree=2"
 TP = "--parallelism.tensor_parallel_degree=2"
+ON_TRAIN_DATA = ["--validation.enable=true", "--validation.dataset_split=train", "--validation.steps=1",
+                 "--validation.freq=100"]
 
 
 def _tensors(folder):
@@ -43,10 +46,13 @@ def test_export_from_pp_then_start_tp_from_it(tmp_path):
     results = {}
     for name, path in (("hf", hf), ("dcp", os.path.join(src, "checkpoint", "step-2"))):
         dump = str(tmp_path / name)
+        # Also validates on the training data before step 1 (TP's loss parallel: the same loss).
         rc, _, out = run_tests.run(2, [TP, "--training.steps=2", "--training.local_batch_size=8",
-                                       f"--checkpoint.initial_load_path={path}"], dump)
+                                       f"--checkpoint.initial_load_path={path}", *ON_TRAIN_DATA], dump)
         assert rc == 0, out[-3000:]
         results[name] = (run_tests.read_losses(dump), run_tests.read_grad_norms(dump))
+        first_val = next(json.loads(x) for x in open(os.path.join(dump, "metrics.jsonl")) if "validation_loss" in x)
+        assert first_val["step"] == 0 and first_val["validation_loss"] == results[name][0][0], first_val
         if name == "hf":
             assert f"weights loaded from Hugging Face folder {hf}" in out, out[-3000:]
     assert results["hf"] == results["dcp"], results

@@ -49,12 +49,12 @@ def test_pp_forward_only_accum_validates_like_step_1(tmp_path):
     assert val[0]["validation_loss"] == train[0]["loss"], (val[0], train[0])
 
 
-def test_v_schedule_tp_loss_parallel_simple_fsdp_validates_like_step_1(tmp_path):
-    # 4 ranks: pp 2 (ZBVZeroBubble, 2 stages per rank) x tp 2, SimpleFSDP (its units gathered
-    # once per pipeline step), 2 accumulation steps x 4 microbatches.
-    records, _ = _run(tmp_path, "v", 4, [*PP, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-                                         "--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4",
-                                         "--parallelism.fsdp_implementation=simple_fsdp",
+def test_v_schedule_simple_fsdp_validates_like_step_1(tmp_path):
+    # 2 ranks: pp 2 (ZBVZeroBubble, 2 stages per rank), SimpleFSDP (its units gathered once per
+    # pipeline step), 2 accumulation steps x 4 microbatches. (TP's loss parallel: the TP runs of
+    # test_hf_weights_run.py validate at start too.)
+    records, _ = _run(tmp_path, "v", 2, [*PP, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                                         "--training.local_batch_size=4", "--parallelism.fsdp_implementation=simple_fsdp",
                                          "--training.steps=1", *ON_TRAIN_DATA])
     val = [r for r in records if "validation_loss" in r]
     train = [r for r in records if "loss" in r]

@@ -9,7 +9,7 @@ import torch
 from torchtitan.components import corpus
 from torchtitan.components.corpus import pydoc_documents
 from torchtitan.components.dataloader import build_dataloader
-from torchtitan.components.datasets import PackedSlotDataset, hf_source
+from torchtitan.components.datasets import DataError, PackedSlotDataset, hf_source
 from torchtitan.components.tokenizer import BUNDLED_TOKENIZER, Tokenizer
 from torchtitan.config import ConfigError, build_config, load_config
 
@@ -305,10 +305,11 @@ def test_dataset_with_fewer_documents_than_rows(tmp_path, tok):
     path = write_jsonl(tmp_path / "one.jsonl", ["only one document"])
     # the config check rejects this dataset (test_check_data.py); the loader's own error is the backstop
     cfg = build_config([f"--training.dataset={path}", "--training.local_batch_size=2", "--training.seq_len=8"])[0].training
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(DataError) as info:
         next(iter(build_dataloader(cfg, tok, dp_rank=0, dp_degree=1, accum_steps=1)))
     assert str(info.value) == (
-        "dataset slot 1 of 2 holds no documents: the dataset has fewer documents than global_batch_size rows"
+        f"--training.dataset: dataset '{path}' (split 'train'): dataset slot 1 of 2 holds no documents: the dataset"
+        " has fewer documents than the 2 rows of a global batch; add documents or lower the batch size"
     )
 
 

@@ -107,7 +107,23 @@ def test_folder_checks_name_the_key_and_the_fix(tiny, tmp_path):
     with pytest.raises(HFFolderError, match=r"--checkpoint.initial_load_path: tensor 'model.layers.0.mlp.gate_proj.weight'"
                                             r" in '.*' has shape \[192, 64\], llama3 tiny needs \[256, 64\]"):
         check_folder(folder, "llama3", "tiny", dataclasses.replace(args, multiple_of=256))
+    config["attention_bias"] = True  # Qwen-like: biases our attention has no place for
+    json.dump(config, open(os.path.join(folder, "config.json"), "w"))
+    with pytest.raises(HFFolderError, match=r"attention_bias=True \(ours: False\)"):
+        check_folder(folder, "llama3", "tiny", dataclasses.replace(args, multiple_of=256))
+    del config["attention_bias"]
+    json.dump(config, open(os.path.join(folder, "config.json"), "w"))
+    from safetensors.torch import save_file
+    save_file({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}, os.path.join(folder, "extra.safetensors"))
     index = os.path.join(folder, "model.safetensors.index.json")
+    data = json.load(open(index))
+    data["weight_map"]["model.layers.0.self_attn.q_proj.bias"] = "extra.safetensors"
+    json.dump(data, open(index, "w"))
+    with pytest.raises(HFFolderError, match=r"holds 1 tensor\(s\) llama3 tiny has no place for, e.g."
+                                            r" 'model.layers.0.self_attn.q_proj.bias'"):
+        check_folder(folder, "llama3", "tiny", args)
+    del data["weight_map"]["model.layers.0.self_attn.q_proj.bias"]
+    json.dump(data, open(index, "w"))
     data = json.load(open(index))
     data["weight_map"]["model.norm.weight"] = "model-9999.safetensors"
     json.dump(data, open(index, "w"))
@@ -138,3 +154,24 @@ def test_a_saved_checkpoint_exports_like_the_model(tiny, tmp_path):
     hf_weights.load_hf_weights([fresh], out, "llama3", args)
     assert torch.equal(fresh.tok_embeddings.weight, model.tok_embeddings.weight.bfloat16().float())
     assert not os.path.exists(out + ".tmp")
+
+
+def test_export_writes_atomically_and_fails_alike_on_every_rank(tiny, tmp_path, gloo_world, monkeypatch):
+    tok, args, export_args, model = tiny
+    spec = hf_weights.HFSpec("llama3", export_args, tok.bos_id, tok.eos_id, tok.path, writes=True, stage=0)
+    folder = str(tmp_path / "hf" / "step-3")
+    os.makedirs(os.path.dirname(folder))
+    assert hf_weights.export_hf([model], folder, spec, "float32") == folder
+    assert sorted(os.listdir(folder)) == ["config.json", "model-pp00-0000.safetensors", "model.safetensors.index.json",
+                                          "tokenizer.json"]
+    check_folder(folder, "llama3", "tiny", args)
+    # A write that fails (here: the disk is full) fails the export on every rank, leaving nothing.
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("safetensors.torch.save_file", full_disk)
+    other = str(tmp_path / "hf" / "step-4")
+    with pytest.raises(hf_weights.HFExportError, match=r"^--checkpoint.last_save_in_hf: the Hugging Face export to"
+                                                       r" '.*step-4' failed \(rank 0: writing model-pp00-0000.safetensors"
+                                                       r" failed \(OSError: \[Errno 28\] No space left on device\)\)"):
+        hf_weights.export_hf([model], other, spec, "float32")
+    assert sorted(os.listdir(tmp_path / "hf")) == ["step-3"]

@@ -270,17 +270,27 @@ class CheckpointManager:
     # ------------------------------------------------------------------ save
 
     def maybe_save(self, step: int, last: bool) -> None:
-        if last and self.cfg.last_save_in_hf:
-            export_hf(self.model_parts, hf_export_path(self.dump_folder, step), self.hf,
-                      self.cfg.export_dtype, group=self.pg)
-        if not self.cfg.enable or not (last or step % self.cfg.interval == 0):
+        if self.cfg.enable and (last or step % self.cfg.interval == 0):
+            if last and self.cfg.last_save_model_only:
+                dtype = _DTYPES[self.cfg.export_dtype]
+                self._save(step, {"model": ModelState(self.model_parts, dtype)}, model_only=True,
+                           dtype=self.cfg.export_dtype)
+            else:
+                self._save(step, self.states, model_only=False)
+            self._prune()
+        if last and self.cfg.last_save_in_hf:  # after the checkpoint: a failed export loses nothing
+            self._export_hf(step)
+
+    def _export_hf(self, step: int) -> None:
+        folder = hf_export_path(self.dump_folder, step)
+        if self._agree(lambda: os.path.exists(folder)):  # e.g. a resumed run that exported before
+            if _is_main():
+                print(f"[torchtitan] Hugging Face export skipped: '{folder}' already exists (nothing is overwritten)",
+                      flush=True)
             return
-        if last and self.cfg.last_save_model_only:
-            dtype = _DTYPES[self.cfg.export_dtype]
-            self._save(step, {"model": ModelState(self.model_parts, dtype)}, model_only=True, dtype=self.cfg.export_dtype)
-        else:
-            self._save(step, self.states, model_only=False)
-        self._prune()
+        export_hf(self.model_parts, folder, self.hf, self.cfg.export_dtype, group=self.pg)
+        if _is_main():
+            print(f"[torchtitan] Hugging Face folder written to {folder}", flush=True)
 
     def save_seed(self) -> str:
         self._save(0, {"model": ModelState(self.model_parts)}, model_only=True, dtype="float32")

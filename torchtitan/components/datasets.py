@@ -149,9 +149,10 @@ class _SlotStream:
             except StopIteration:
                 empty_epochs += 1
                 if empty_epochs > 1:
-                    raise RuntimeError(
-                        f"dataset slot {self.slot} of {self.num_slots} holds no documents: the dataset"
-                        " has fewer documents than global_batch_size rows"
+                    raise DataError(
+                        f"--{self.section}.dataset: {_describe(self.make_source)}: dataset slot {self.slot} of"
+                        f" {self.num_slots} holds no documents: the dataset has fewer documents than the"
+                        f" {self.num_slots} rows of a global batch; add documents or lower the batch size"
                     ) from None
                 self.epoch += 1
                 self._open()

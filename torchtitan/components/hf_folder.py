@@ -108,6 +108,10 @@ def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--ch
                             + ", ".join(mismatches) + "; pick the --model.flavor (and tokenizer) it was trained with")
     wmap = weight_map(path, key)
     sources = resolve_names(converter, args, wmap, path, key)
+    unused = sorted(n for n in set(wmap) - set(sources.values()) if not converter.IGNORED.search(n))
+    if unused:
+        raise HFFolderError(f"{key}: '{path}' holds {len(unused)} tensor(s) {model_name} {flavor} has no place for,"
+                            f" e.g. '{unused[0]}'; it is another architecture or flavor")
     shapes = tensor_shapes(wmap, set(sources.values()), key)
     for name, expected in converter.hf_shapes(args).items():
         got = shapes[sources[name]]

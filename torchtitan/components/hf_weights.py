@@ -71,7 +71,10 @@ def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "-
 
 
 class _ShardWriter:
-    """Converted tensors -> safetensors files of at most `shard_bytes` named `<prefix>-NNNN`."""
+    """Converted tensors -> safetensors files of at most `shard_bytes` named `<prefix>-NNNN`.
+
+    A write that fails (disk full, folder not visible) is kept as `error` and later tensors
+    are dropped, so a writer that also gathers keeps taking part in its stage's collectives."""
 
     def __init__(self, folder: str, prefix: str, shard_bytes: int):
         self.folder, self.prefix, self.shard_bytes = folder, prefix, shard_bytes
@@ -79,8 +82,11 @@ class _ShardWriter:
         self.pending_bytes = 0
         self.weight_map: dict[str, str] = {}
         self.total_bytes = 0
+        self.error = ""
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
+        if self.error:
+            return
         nbytes = tensor.numel() * tensor.element_size()
         if self.pending and self.pending_bytes + nbytes > self.shard_bytes:
             self.flush()
@@ -91,10 +97,13 @@ class _ShardWriter:
     def flush(self) -> None:
         from safetensors.torch import save_file
 
-        if not self.pending:
+        if not self.pending or self.error:
             return
         file = f"{self.prefix}-{len(set(self.weight_map.values())):04d}.safetensors"
-        save_file(self.pending, os.path.join(self.folder, file), metadata={"format": "pt"})
+        try:
+            save_file(self.pending, os.path.join(self.folder, file), metadata={"format": "pt"})
+        except Exception as e:  # OSError, or safetensors' own error
+            self.error = f"writing {file} failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
         self.weight_map.update({name: file for name in self.pending})
         self.pending, self.pending_bytes = {}, 0
 
@@ -134,7 +143,8 @@ def _full_parameters(model_parts, keep: bool):
 def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) -> str:
     """Write the weights of every rank's parts as the Hugging Face folder `folder`. Collective
     over the world (call on every rank); `group` (default: the world) synchronises the file
-    work."""
+    work. A failure on any rank (folder not shared, disk full, target taken) raises
+    HFExportError on every rank, after every rank has finished its gathers."""
     rank = dist.get_rank()
     tmp = folder + ".tmp"
     if rank == 0:
@@ -142,6 +152,8 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
         os.makedirs(tmp)
     dist.barrier(group=group)
     writer = _ShardWriter(tmp, f"model-pp{spec.stage:02d}", SHARD_BYTES)
+    if spec.writes and not os.path.isdir(tmp):
+        writer.error = f"'{tmp}' made by rank 0 is not visible here: put --job.dump_folder on a file system every node shares"
     params = _full_parameters(model_parts, keep=spec.writes)
     if spec.writes:
         convert_full(params, spec.model_name, spec.args, dtype, writer)
@@ -149,14 +161,30 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
         for _ in params:  # gather along with the writer, drop the result
             pass
     pieces = [None] * dist.get_world_size(group)
-    dist.all_gather_object(pieces, (writer.weight_map, writer.total_bytes), group=group)
-    if rank == 0:
-        wmap = {k: v for m, _ in pieces for k, v in m.items()}
-        config = hf_converter(spec.model_name).hf_config(spec.args, dtype, spec.bos_id, spec.eos_id)
-        write_metadata(tmp, config, wmap, sum(b for _, b in pieces), spec.tokenizer_file)
-        os.replace(tmp, folder)
-    dist.barrier(group=group)
+    dist.all_gather_object(pieces, (writer.weight_map, writer.total_bytes, writer.error), group=group)
+    errors = [f"rank {r}: {e}" for r, (_, _, e) in enumerate(pieces) if e]
+    if rank == 0 and not errors:
+        try:
+            wmap = {k: v for m, _, _ in pieces for k, v in m.items()}
+            config = hf_converter(spec.model_name).hf_config(spec.args, dtype, spec.bos_id, spec.eos_id)
+            write_metadata(tmp, config, wmap, sum(b for _, b, _ in pieces), spec.tokenizer_file)
+            if os.path.exists(folder):
+                raise FileExistsError(f"'{folder}' appeared meanwhile (nothing is overwritten)")
+            os.replace(tmp, folder)
+        except Exception as e:
+            errors.append(f"rank 0: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
+    box = [errors]
+    dist.broadcast_object_list(box, src=0, group=group)
+    if box[0]:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise HFExportError(f"--checkpoint.last_save_in_hf: the Hugging Face export to '{folder}' failed ({box[0][0]});"
+                            " the weights are in the checkpoint, export them with scripts/convert_hf.py")
     return folder
+
+
+class HFExportError(RuntimeError):
+    """An export that failed on some rank; raised alike on every rank, one line."""
 
 
 def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dtype: str = "",
@@ -186,16 +214,22 @@ def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dt
         dcp.load({"model": state}, checkpoint_id=checkpoint, no_dist=True)
     vocab = state["tok_embeddings.weight"].shape[0]
     args = dataclasses.replace(MODEL_FLAVORS[model_name][flavor], vocab_size=vocab)
+    # The tokenizer the run recorded in the marker, unless another is given.
+    if not tokenizer_path and os.path.isfile(marker.get("tokenizer", "")):
+        tokenizer_path = marker["tokenizer"]
     tokenizer = Tokenizer(tokenizer_path)
-    if tokenizer.vocab_size > vocab:
+    if tokenizer.vocab_size > vocab or (not tokenizer_path and tokenizer.vocab_size != vocab):
         raise ValueError(f"--tokenizer_path: '{tokenizer.path}' has {tokenizer.vocab_size} tokens, the checkpoint's"
-                         f" embedding {vocab}; give the tokenizer the model was trained with")
+                         f" embedding {vocab} rows; give the tokenizer the model was trained with")
     dtype = dtype or marker.get("dtype") or "float32"
     tmp = folder + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     writer = _ShardWriter(tmp, "model", shard_bytes)
     convert_full(state.items(), model_name, args, dtype, writer)
+    if writer.error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(writer.error)
     config = hf_converter(model_name).hf_config(args, dtype, tokenizer.bos_id, tokenizer.eos_id)
     write_metadata(tmp, config, writer.weight_map, writer.total_bytes, tokenizer.path)
     os.replace(tmp, folder)

@@ -5,6 +5,10 @@ Every rank writes its own files under the dump folder:
     <save_memory_snapshot_folder>/iteration_N/rank{R}_memory_snapshot.pickle   (CUDA only)
 Step N is a multiple of profile_freq; the steps just before it warm the profiler up, so the
 traced step shows steady-state work, not the profiler's own start-up.
+
+A trace holds the training step alone (the span "ProfilerStep#N"), not the validation or
+checkpoint save that may follow it: each iteration is two profiler windows, the training
+step (window 2N) and what runs between steps (window 2N + 1), and only the first is saved.
 """
 
 import contextlib
@@ -12,16 +16,18 @@ import os
 import warnings
 
 import torch
+from torch.profiler import ProfilerAction, record_function
 
 # Each traced step is its own profiler cycle by design; torch warns that cycles do not accumulate.
-warnings.filterwarnings("ignore", message="Profiler clears events at the end of each cycle")
+warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
 
 _WARMUP = 3  # steps recorded and discarded before each traced step (fewer when profile_freq is small)
 _SNAPSHOT_ENTRIES = 100_000  # allocator events kept for the memory snapshot
 
 
 class Profiler:
-    """Use as a context manager around the training loop; call step(n) after step n."""
+    """A context manager around the training loop; each training step runs inside
+    `with profiler.step(n):`."""
 
     def __init__(self, cfg, dump_folder: str, rank: int, device: torch.device, start_step: int, last_step: int, log):
         self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
@@ -30,7 +36,6 @@ class Profiler:
         self.start_step, self.last_step = start_step, last_step
         self.prof = None
         self.snapshots = cfg.enable_memory_snapshot and device.type == "cuda"
-        self.written: list[str] = []
 
     def __enter__(self):
         if self.cfg.enable_memory_snapshot and not self.snapshots:
@@ -46,38 +51,54 @@ class Profiler:
                 activities=activities,
                 schedule=self._action, on_trace_ready=self._write_trace, record_shapes=True, with_stack=True,
             )
-            # The profiler's step number is the training step being run (trace: "ProfilerStep#N"),
-            # also after a resume; set before it starts, which acts on the first step's action.
-            self.prof.step_num = self.start_step + 1
+            self.prof.record_steps = False  # step() writes its own "ProfilerStep#N" span
+            # Start in the window between steps before the first one (a resumed run: its start step).
+            self.prof.step_num = 2 * self.start_step + 1
             self.prof.current_action = self._action(self.prof.step_num)
             self.prof.__enter__()
         return self
 
-    def _action(self, step: int):
+    def _train_action(self, step: int) -> ProfilerAction:
         """What the profiler does during training step `step`."""
         freq = self.cfg.profile_freq
         warmup = min(_WARMUP, freq - 1)
-        if step > self.last_step:  # after training: leaving WARMUP at exit saves nothing
-            return torch.profiler.ProfilerAction.WARMUP
+        if step > self.last_step:
+            return ProfilerAction.NONE
         if step % freq == 0:
-            return torch.profiler.ProfilerAction.RECORD_AND_SAVE
+            return ProfilerAction.RECORD_AND_SAVE
         if step % freq >= freq - warmup:
-            return torch.profiler.ProfilerAction.WARMUP
-        return torch.profiler.ProfilerAction.NONE
+            return ProfilerAction.WARMUP
+        return ProfilerAction.NONE
+
+    def _action(self, window: int) -> ProfilerAction:
+        step = window // 2
+        if window % 2 == 0:
+            return self._train_action(step)
+        # Between steps: keep warming up into a warmup or traced step (recorded, never saved); a
+        # traced step before it is saved by leaving it. After the last step warmup ends unsaved.
+        after, this = self._train_action(step + 1), self._train_action(step)
+        if after != ProfilerAction.NONE or (step == self.last_step and this == ProfilerAction.WARMUP):
+            return ProfilerAction.WARMUP
+        return ProfilerAction.NONE
 
     def _write_trace(self, prof) -> None:
-        step = prof.step_num - 1  # called from step() after the traced step, whose number it has advanced
+        step = prof.step_num // 2  # window 2N (a step that raised) or 2N + 1 (left normally)
         folder = os.path.join(self.trace_dir, f"iteration_{step}")
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"rank{self.rank}_trace.json")
         prof.export_chrome_trace(path)
-        self.written.append(path)
         self.log(f"[torchtitan] profiler trace of step {step} written to {path}")
 
-    def step(self, step: int) -> None:
-        """Step `step` has finished."""
-        if self.prof is not None:
-            self.prof.step()
+    @contextlib.contextmanager
+    def step(self, step: int):
+        """Training step `step` runs inside this block."""
+        if self.prof is None:
+            yield
+        else:
+            self.prof.step()  # into window 2 * step
+            with record_function(f"ProfilerStep#{step}"):
+                yield
+            self.prof.step()  # out of it: a traced step is saved here
         if self.snapshots and step % self.cfg.profile_freq == 0:
             self.dump_snapshot(f"iteration_{step}")
 

@@ -94,7 +94,7 @@ def check_dataset(cfg: JobConfig, section: str, rows: int) -> None:
         return
     elif local:
         _check_local(section, name, split, field, rows)
-    else:
+    elif os.environ.get("RANK", "0") == "0":  # one hub request per job: rank 0 (or run_train.sh's check)
         _check_hub(section, name, split, field, config)
 
 

@@ -392,6 +392,8 @@ def check_hf_export(cfg: JobConfig) -> None:
     except ValueError as e:
         raise ConfigError(f"--checkpoint.last_save_in_hf: {e}") from None
     target = checkpoint_files.hf_export_path(cfg.job.dump_folder, cfg.training.steps)
-    if os.path.exists(target):
+    # Without checkpoints a rerun trains from scratch and would have to overwrite the folder; with
+    # them it resumes, and the export is skipped with a line if the folder is already there.
+    if os.path.exists(target) and not cfg.checkpoint.enable:
         raise ConfigError(f"--checkpoint.last_save_in_hf: '{target}' already exists (nothing is overwritten); move it"
                           " away or pick another --job.dump_folder")

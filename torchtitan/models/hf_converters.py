@@ -2,7 +2,8 @@
 
 A converter module provides: hf_name(fqn), to_hf(fqn, tensor, args), from_hf(fqn, tensor,
 args), hf_shapes(args), hf_config(args, dtype, bos_id, eos_id), config_mismatches(config,
-args), and TIED_FALLBACK (Hugging Face names that a tied model stores under another name).
+args), TIED_FALLBACK (Hugging Face names that a tied model stores under another name) and
+IGNORED (a regex of stored tensors that are not weights).
 """
 
 import importlib

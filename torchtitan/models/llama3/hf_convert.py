@@ -133,4 +133,12 @@ def config_mismatches(config: dict, args: Llama3Args) -> list[str]:
         out.append(f"rope scaling {kind!r} (ours: llama3 {ROPE_SCALING})")
     if not args.rope_scaling and kind not in ("default", None):
         out.append(f"rope scaling {kind!r} (ours: none)")
+    # Architecture switches our model does not have: loading would drop their tensors.
+    for key, ours in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
+        if config.get(key, ours) != ours:
+            out.append(f"{key}={config[key]!r} (ours: {ours!r})")
     return out
+
+
+# Tensors a Hugging Face Llama folder may hold that carry no weights of the model.
+IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
