@@ -4,6 +4,7 @@
 # NGPU      processes (default: number of CUDA devices, else 2 CPU ranks)
 # CONFIG_FILE  TOML file (default: train_configs/llama3_debug.toml)
 # LOG_RANK  whose console output to show (default 0; comma-separated list allowed)
+# TORCHRUN_LOG_DIR  also write every rank's stdout/stderr to files under this folder
 # Several nodes (one launch per node, e.g. scripts/multinode_trainer.slurm): NNODES (default 1),
 #   RDZV_ENDPOINT=host:port or MASTER_ADDR (+ MASTER_PORT, default 29500) of the rendezvous
 #   host, RDZV_ID (default torchtitan), NODE_RANK (optional: c10d rendezvous assigns ranks).
@@ -54,6 +55,7 @@ CONFIG_FILE="${CONFIG_FILE:-$ROOT/train_configs/llama3_debug.toml}"
 # A relative config path may be given from the repo root while running elsewhere.
 [[ -f "$CONFIG_FILE" || ! -f "$ROOT/$CONFIG_FILE" ]] || CONFIG_FILE="$ROOT/$CONFIG_FILE"
 LOG_RANK="${LOG_RANK:-0}"
+[[ -z "${TORCHRUN_LOG_DIR:-}" ]] || LAUNCH+=(--log-dir="$TORCHRUN_LOG_DIR" --tee=3)
 
 for arg in "$@"; do
   if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.config.check --help; fi

@@ -25,7 +25,7 @@ from torchtitan.components.expert_balance import ExpertBalancer
 from torchtitan.components.hf_weights import HFExportError, HFSpec
 from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.components.memory_probe import HeldForBackward
-from torchtitan.components.metrics import MetricsLogger, memory_gib, peak_tflops
+from torchtitan.components.metrics import MetricsLogger, memory_stats, peak_tflops, reset_memory_peak
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
@@ -40,7 +40,8 @@ from torchtitan.distributed.pipeline_layout import V_SCHEDULES
 from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import (
-    clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device, shutdown_distributed,
+    DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
+    shutdown_distributed,
 )
 from torchtitan.models.flavors import MODEL_FLAVORS
 from torchtitan.protocols.train_spec import get_train_spec, model_args
@@ -147,6 +148,9 @@ class Trainer:
             total_steps=t.steps, resume_step=self.train_state.step,
         )
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
+        if self.device.type == "cuda" and self.peak_flops is None:
+            self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
+                     " set --metrics.peak_tflops (dense bf16) to get it")
         self._log_header(load_note)
 
     def _hf_spec(self, pp_rank: int) -> HFSpec:
@@ -332,6 +336,7 @@ class Trainer:
             start = time.perf_counter()
             batches = [next(data) for _ in range(self.accum_steps)]
             lr = self.optimizers.last_lr()
+            reset_memory_peak(self.device)
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             self.activity = f"step {step}"
@@ -353,7 +358,7 @@ class Trainer:
                 self.metrics.log(step, {
                     "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
                     "tokens_per_sec_per_device": per_device, "mfu": mfu,
-                    "memory_gib": memory_gib(self.device), "step_time": step_time,
+                    **memory_stats(self.device), "step_time": step_time,
                     "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
                     **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
@@ -380,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg)
         trainer.train()
+    except DeviceError as e:  # before any process group, alike on every rank of the node
+        _error_line(f"error: {e}")
+        return 2
     except (NonFiniteLossError, CheckpointError, HFExportError) as e:  # raised alike on every rank
         _error_line(f"error: {e}")
         shutdown_distributed()

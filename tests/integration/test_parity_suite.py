@@ -13,15 +13,19 @@ _COMM: dict[str, dict] = {}
 _LOADS: dict[str, list] = {}  # MoE: (min, max) tokens per expert over the mean, per step
 
 
+_REFERENCES = {run_tests.reference_name(c.model, c.dtype): (c.model, c.dtype) for c in run_tests.CASES}
+
+
 def _losses(name: str, tmp_path_factory) -> list[float]:
-    """Run a case once per session (reference_<model> is the 1-rank run) and keep its losses."""
+    """Run a case once per session (reference* are the 1-rank runs) and keep its losses."""
     if name not in _LOSSES:
-        if name.startswith("reference"):
-            ngpu, overrides, model = 1, [], name.partition("_")[2] or "llama3"
+        if name in _REFERENCES:
+            (model, dtype), ngpu, overrides = _REFERENCES[name], 1, []
         else:
-            ngpu, overrides, model = _CASES[name].ngpu, _CASES[name].overrides, _CASES[name].model
+            c = _CASES[name]
+            ngpu, overrides, model, dtype = c.ngpu, c.overrides, c.model, c.dtype
         dump = str(tmp_path_factory.mktemp(name.replace("+", "_")))
-        rc, _, log = run_tests.run(ngpu, overrides, dump, model=model)
+        rc, _, log = run_tests.run(ngpu, overrides, dump, model=model, dtype=dtype)
         assert rc == 0, log[-3000:]
         _LOSSES[name] = run_tests.read_losses(dump)
         _GRAD_NORMS[name] = run_tests.read_grad_norms(dump)
@@ -37,13 +41,13 @@ SLOW = [c for c in run_tests.CASES if c.slow]
 
 
 def _check(case, tmp_path_factory):
-    ref_name = "reference" if case.model == "llama3" else f"reference_{case.model}"
+    ref_name = run_tests.reference_name(case.model, case.dtype)
     reference = _losses(ref_name, tmp_path_factory)
     losses = _losses(case.name, tmp_path_factory)
     assert len(losses) == run_tests.STEPS
-    assert run_tests.max_rel_diff(losses, reference) <= 1e-4, (losses, reference)
+    assert run_tests.max_rel_diff(losses, reference) <= case.rtol, (losses, reference)
     norms, ref_norms = _GRAD_NORMS[case.name], _GRAD_NORMS[ref_name]
-    assert run_tests.max_rel_diff(norms, ref_norms) <= 1e-4, (norms, ref_norms)
+    assert run_tests.max_rel_diff(norms, ref_norms) <= case.rtol, (norms, ref_norms)
     if case.model != "llama3":  # the same routing and bias updates in every layout
         assert _LOADS[case.name] == _LOADS[ref_name], (_LOADS[case.name], _LOADS[ref_name])
 

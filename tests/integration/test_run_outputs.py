@@ -31,10 +31,11 @@ def test_outputs_metrics_tensorboard_plot(tmp_path):
     assert "[torchtitan] profiling.enable_memory_snapshot is CUDA-only (this run is on cpu)" in proc.stdout
     assert not (dump / "memory_snapshot").exists()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert len(lines) == 3 and "eta" in lines[-1] and "tok/s" in lines[-1]
+    assert len(lines) == 3 and "eta" in lines[-1] and "tok/s/dev" in lines[-1] and " rss " in lines[-1]
     records = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
-    for key in ("step", "loss", "grad_norm", "lr", "tokens_per_sec", "memory_gib", "eta_sec"):
+    for key in ("step", "loss", "grad_norm", "lr", "tokens_per_sec", "tokens_per_sec_per_device", "memory_rss_gib",
+                "eta_sec"):
         assert all(key in r for r in records), key
     events = list((dump / "tb").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0

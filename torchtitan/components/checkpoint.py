@@ -155,9 +155,9 @@ def _is_main() -> bool:
 class CheckpointManager:
     """Save and load of one run's checkpoint folder; every method is called on all ranks.
 
-    Checkpoint I/O synchronises over its own gloo group whose timeout is
-    [comm] checkpoint_timeout_seconds: writing a large checkpoint to a slow file system can
-    take longer than a training collective may wait. Rank 0 alone decides which checkpoint
+    Checkpoint I/O synchronises over its own gloo group (created at the first save or load)
+    whose timeout is [comm] checkpoint_timeout_seconds: writing a large checkpoint to a slow
+    file system can take longer than a training collective may wait. Rank 0 alone decides which checkpoint
     to load and renames folders; the folder must be on a file system all ranks share.
     """
 
@@ -177,8 +177,18 @@ class CheckpointManager:
         }
         self.train_state = train_state
         self.run_info = run_info  # world_size, global_batch, model, mesh: written into each marker
-        self.pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=io_timeout_seconds))
+        self._io_timeout = timedelta(seconds=io_timeout_seconds)
+        self._pg = None
         self._deleting: threading.Thread | None = None
+
+    @property
+    def pg(self):
+        """The checkpoint I/O group, created at the first save or load (every rank reaches it
+        at the same point): a run that neither saves nor loads never depends on gloo reaching
+        every node."""
+        if self._pg is None:
+            self._pg = dist.new_group(backend="gloo", timeout=self._io_timeout)
+        return self._pg
 
     def _barrier(self) -> None:
         dist.barrier(group=self.pg)

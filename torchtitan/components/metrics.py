@@ -6,29 +6,49 @@ scripts/plot_loss.py and the tests read its keys (step, loss, grad_norm, lr, tok
 
 import json
 import os
-import resource
 import time
 
 import torch
 
-# Dense bf16 peak TFLOPS per device, by a substring of torch.cuda.get_device_name().
-_PEAK_TFLOPS = {"H200": 989.5, "H100": 989.5, "H800": 989.5, "A100": 312.0, "A800": 312.0,
-                "B200": 2250.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
-
+from torchtitan.components.peak_flops import peak_bf16_tflops
 
 def peak_tflops(device: torch.device, configured: float) -> float | None:
+    """--metrics.peak_tflops, else the GPU's dense bf16 peak from its exact name; None on CPU
+    or for a GPU the table does not know (no MFU then)."""
     if configured > 0:
         return configured
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in _PEAK_TFLOPS.items() if k in name), None)
+    return peak_bf16_tflops(torch.cuda.get_device_name(device))
 
 
-def memory_gib(device: torch.device) -> float:
+def reset_memory_peak(device: torch.device) -> None:
+    """Start a step's memory peak (CUDA); CPU has no resettable peak."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (peak RSS)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def memory_stats(device: torch.device) -> dict:
+    """This step's memory. CUDA: the peak of tensor memory allocated and of memory the caching
+    allocator reserved since reset_memory_peak. CPU: the process's resident set at the end of
+    the step (the OS keeps no per-step peak) - another quantity, hence another key."""
+    if device.type == "cuda":
+        return {"memory_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                "memory_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # not Linux: the lifetime peak is what is there
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"memory_rss_gib": rss / 2**30}
+
+
+def _memory_text(values: dict) -> str:
+    if "memory_peak_allocated_gib" in values:
+        return f"mem {values['memory_peak_allocated_gib']:.2f}/{values['memory_peak_reserved_gib']:.2f}GiB"
+    return f"rss {values['memory_rss_gib']:.2f}GiB"
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -80,7 +100,8 @@ class MetricsLogger:
         return (self.total_steps - step) * sum(recent) / len(recent)
 
     def log(self, step: int, values: dict) -> None:
-        """values: loss, grad_norm, lr, tokens_per_sec, mfu (or None), memory_gib, step_time;
+        """values: loss, grad_norm, lr, tokens_per_sec(_per_device), mfu (or None), the
+        memory_stats keys, step_time;
         for MoE models also expert_load_min / expert_load_max (tokens per expert relative to
         the mean, over the step and all layers) and aux_loss when the balance loss is on."""
         eta = self.eta(step, values["step_time"])
@@ -95,8 +116,8 @@ class MetricsLogger:
             + f"  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
             + (f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
                if "expert_load_max" in values else "")
-            + f"  tok/s {values['tokens_per_sec']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
-            f"  mem {values['memory_gib']:.2f}GiB  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}",
+            + f"  tok/s/dev {values['tokens_per_sec_per_device']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
+            f"  {_memory_text(values)}  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}",
             flush=True,
         )
         self.jsonl.write(json.dumps(record) + "\n")

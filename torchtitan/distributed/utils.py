@@ -9,12 +9,24 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
+class DeviceError(RuntimeError):
+    """The ranks do not fit the devices; raised alike on every rank of a node, before any
+    process group, so the logged rank reports it too."""
+
+
 def pick_device(choice: str) -> torch.device:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("--training.device=cuda but no CUDA device is visible; use auto or cpu")
+            raise DeviceError("--training.device=cuda but no CUDA device is visible; use auto or cpu")
+        gpus = torch.cuda.device_count()
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if per_node > gpus:
+            raise DeviceError(
+                f"{per_node} ranks per node (NGPU) but {gpus} GPU(s) visible: one rank per GPU; set NGPU={gpus}"
+                " or fewer, or --training.device=cpu"
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)

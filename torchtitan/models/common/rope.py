@@ -9,13 +9,13 @@ import math
 import torch
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: bool) -> torch.Tensor:
+def rope_frequencies(head_dim: int, theta: float, scaling: bool, factor: float = 8.0) -> torch.Tensor:
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if not scaling:
         return freqs
-    # Llama 3.1: slow down the low frequencies (long wavelengths) by `factor`, keep the high
-    # ones, and blend linearly in between.
-    factor, low_ff, high_ff, old_ctx = 8.0, 1.0, 4.0, 8192
+    # Llama 3.1 / 3.2: slow down the low frequencies (long wavelengths) by `factor`, keep the
+    # high ones, and blend linearly in between.
+    low_ff, high_ff, old_ctx = 1.0, 4.0, 8192
     low_wavelen, high_wavelen = old_ctx / low_ff, old_ctx / high_ff
     wavelen = 2 * math.pi / freqs
     smooth = ((old_ctx / wavelen) - low_ff) / (high_ff - low_ff)
@@ -24,9 +24,9 @@ def rope_frequencies(head_dim: int, theta: float, scaling: bool) -> torch.Tensor
     return torch.where(wavelen < high_wavelen, freqs, out)
 
 
-def rope_cache(seq_len: int, head_dim: int, theta: float, scaling: bool, device=None) -> torch.Tensor:
+def rope_cache(seq_len: int, head_dim: int, theta: float, scaling: bool, device=None, factor: float = 8.0) -> torch.Tensor:
     """[seq_len, head_dim]: cos of every (position, frequency) pair, then sin."""
-    freqs = rope_frequencies(head_dim, theta, scaling).to(device)
+    freqs = rope_frequencies(head_dim, theta, scaling, factor).to(device)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float64), freqs)
     return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
 

@@ -188,7 +188,7 @@ class Transformer(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per ACTIVE non-embedding weight (a token runs top-k of
-        the routed experts) plus causal attention scores and values."""
+        the routed experts) plus attention scores and values (see Llama3's flops_per_token)."""
         a = self.args
         routed = sum(
             p.numel() for n, p in self.named_parameters() if _is_expert_stack(n)
@@ -196,8 +196,9 @@ class Transformer(nn.Module):
         active_routed = routed * a.n_activated_experts / a.n_routed_experts
         n_params = sum(p.numel() for p in self.parameters()) - routed + active_routed
         emb = self.tok_embeddings.weight.numel() if self.tok_embeddings is not None else 0
-        # per layer and token: 2 * seq * heads * (qk + v) forward, x3 with backward, /2 causal
-        attn = 3.0 * len(self.layers) * seq_len * a.n_heads * (a.qk_head_dim + a.v_head_dim)
+        # per layer and token: 2 * seq * heads * (qk + v) forward, x3 with backward; not halved
+        # for the causal mask (torchtitan's and Megatron-LM's convention)
+        attn = 6.0 * len(self.layers) * seq_len * a.n_heads * (a.qk_head_dim + a.v_head_dim)
         return 6.0 * (n_params - emb) + attn
 
     def init_fn_for(self, fqn: str) -> InitFn:

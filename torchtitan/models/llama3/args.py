@@ -1,4 +1,4 @@
-"""Llama3 shapes: the published 8B / 70B / 405B flavors and small ones for tests.
+"""Llama3 shapes: the published Llama 3.2 1B / 3B and 3.1 8B / 70B / 405B flavors and small ones for tests.
 
 Torch-free so that the config check can validate `model.flavor` without importing torch.
 """
@@ -18,6 +18,7 @@ class Llama3Args:
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     rope_scaling: bool = True  # Llama-3.1 long-context frequency scaling
+    rope_factor: float = 8.0  # its factor: 8 for Llama 3.1, 32 for Llama 3.2
     max_seq_len: int = 131072
 
     @property
@@ -42,6 +43,16 @@ FLAVORS: dict[str, Llama3Args] = {
     "tiny": Llama3Args(
         dim=64, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=0,
         multiple_of=64, ffn_dim_multiplier=None,
+    ),
+    # Llama 3.2 (published shapes; Hugging Face ties their output layer to the embedding,
+    # ours is a separate parameter started from the embedding when loaded from there).
+    "1B": Llama3Args(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+        multiple_of=256, ffn_dim_multiplier=1.5, rope_factor=32.0,
+    ),
+    "3B": Llama3Args(
+        dim=3072, n_layers=28, n_heads=24, n_kv_heads=8,
+        multiple_of=256, ffn_dim_multiplier=1.0, rope_factor=32.0,
     ),
     "8B": Llama3Args(
         dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,

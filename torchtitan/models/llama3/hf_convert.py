@@ -29,7 +29,8 @@ _NAMES = {
 }
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
-# Llama 3.1's RoPE frequency scaling (rope.py), as Hugging Face's config spells it.
+# Llama 3.1's RoPE frequency scaling (rope.py), as Hugging Face's config spells it (the factor
+# is the flavor's: 8 for 3.1, 32 for 3.2).
 ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
 
@@ -103,7 +104,7 @@ def hf_config(args: Llama3Args, dtype: str, bos_id: int, eos_id: int) -> dict:
         "num_hidden_layers": args.n_layers, "num_attention_heads": args.n_heads,
         "num_key_value_heads": args.n_kv_heads, "head_dim": args.head_dim, "vocab_size": args.vocab_size,
         "rms_norm_eps": args.norm_eps, "rope_theta": args.rope_theta,
-        "rope_scaling": dict(ROPE_SCALING) if args.rope_scaling else None,
+        "rope_scaling": {**ROPE_SCALING, "factor": args.rope_factor} if args.rope_scaling else None,
         "max_position_embeddings": args.max_seq_len, "hidden_act": "silu",
         "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
         "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": dtype, "initializer_range": 0.02,
@@ -129,8 +130,9 @@ def config_mismatches(config: dict, args: Llama3Args) -> list[str]:
         out.append(f"rope_theta={theta} (ours: {args.rope_theta})")
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if args.rope_scaling and (kind != "llama3" or any(scaling.get(k) != v for k, v in ROPE_SCALING.items() if k != "rope_type")):
-        out.append(f"rope scaling {kind!r} (ours: llama3 {ROPE_SCALING})")
+    ours = {**ROPE_SCALING, "factor": args.rope_factor}
+    if args.rope_scaling and (kind != "llama3" or any(scaling.get(k) != v for k, v in ours.items() if k != "rope_type")):
+        out.append(f"rope scaling {kind!r} {scaling} (ours: {ours})")
     if not args.rope_scaling and kind not in ("default", None):
         out.append(f"rope scaling {kind!r} (ours: none)")
     # Architecture switches our model does not have: loading would drop their tensors.

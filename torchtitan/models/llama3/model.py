@@ -69,7 +69,7 @@ class Transformer(nn.Module):
 
     def _rope(self, device=None) -> torch.Tensor:
         a = self.args
-        return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling, device=device)
+        return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling, device=device, factor=a.rope_factor)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
@@ -84,10 +84,12 @@ class Transformer(nn.Module):
         return units + [(f"layers.{k}", f"layers.{k}", False) for k in self.layers.keys()]
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 per non-embedding weight (forward + backward) plus
-        causal attention scores and values (6 x layers x seq x dim)."""
+        """Training FLOPs per token as torchtitan reports them (Megatron-LM's paper has the same
+        attention term): 6 per non-embedding weight (forward + backward) plus 12 x layers x
+        heads x head_dim x seq for attention scores and values, not halved for the causal mask."""
+        a = self.args
         n_params = sum(p.numel() for p in self.parameters())
-        return 6.0 * (n_params - self.tok_embeddings.weight.numel()) + 6.0 * self.args.n_layers * seq_len * self.args.dim
+        return 6.0 * (n_params - self.tok_embeddings.weight.numel()) + 12.0 * a.n_layers * a.n_heads * a.head_dim * seq_len
 
     def init_fn_for(self, fqn: str) -> InitFn:
         """The initial distribution of parameter `fqn` (original, unwrapped name)."""

@@ -1,0 +1,65 @@
+"""Run by test_init_blocks.py in a fresh process: weight init in row blocks on a fake
+8-rank world (every rank's shard computed in turn), and its peak memory."""
+
+import json
+import resource
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from torchtitan.models.common.init import _generator, init_in_blocks, normal, trunc_normal
+
+
+def _fake_world(rank: int, world: int = 8) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+
+
+def equality() -> dict:
+    """Every rank's block-drawn shard == its shard of one whole-tensor draw."""
+    checked = 0
+    cases = [  # (shape, mesh shape, placements, init): FSDP x TP rowwise, FSDP over TP colwise, uneven
+        ((37, 6), (4, 2), (Shard(0), Shard(1)), trunc_normal(0.02)),
+        ((40, 8), (4, 2), (_StridedShard(0, split_factor=2), Shard(0)), normal(1.0)),
+        ((101,), (8,), (Shard(0),), normal(1.0)),
+    ]
+    for rank in range(8):
+        _fake_world(rank)
+        for shape, mesh_shape, placements, init in cases:
+            mesh = init_device_mesh("cpu", mesh_shape)
+            whole = torch.empty(shape)
+            init(whole, _generator("w", 0, "cpu"))
+            expected = distribute_tensor(whole, mesh, placements, src_data_rank=None)
+            param = distribute_tensor(torch.zeros(shape), mesh, placements, src_data_rank=None)
+            for chunk in (16, 48, 1 << 30):  # blocks of 16-element multiples, and one block
+                param.to_local().zero_()
+                init_in_blocks(param, init, _generator("w", 0, "cpu"), "cpu", chunk_elements=chunk)
+                assert torch.equal(param.to_local(), expected.to_local()), (rank, shape, placements, chunk)
+                checked += 1
+    return {"checked": checked}
+
+
+def peak(chunk: int) -> dict:
+    """Peak resident-memory growth of rank 3 of 8 initialising a 128256 x 256 embedding
+    (fp32: 125 MiB whole, 16 MiB per rank)."""
+    _fake_world(3)
+    mesh = init_device_mesh("cpu", (8,))
+    shape = (128256, 256)
+    local = torch.zeros(shape[0] // 8, shape[1])  # rank 3's shard, touched before the baseline
+    param = DTensor.from_local(local, mesh, (Shard(0),), shape=shape, stride=(shape[1], 1))
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    init_in_blocks(param, normal(1.0), _generator("w", 0, "cpu"), "cpu", chunk_elements=chunk)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    return {"peak_growth_mib": round(grown, 1), "shard_mib": round(local.numel() * 4 / 2**20, 1)}
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    out = equality() if mode == "equality" else peak(int(sys.argv[2]))
+    print(json.dumps(out))
