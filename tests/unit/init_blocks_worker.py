@@ -22,7 +22,8 @@ def _fake_world(rank: int, world: int = 8) -> None:
 
 
 def equality() -> dict:
-    """Every rank's block-drawn shard == its shard of one whole-tensor draw."""
+    """Every rank's shard == its rows and columns of the same tensor initialised on one rank
+    (blocks of 16 and 48 elements: several blocks; 2**30: one whole-tensor draw)."""
     checked = 0
     cases = [  # (shape, mesh shape, placements, init): FSDP x TP rowwise, FSDP over TP colwise, uneven
         ((37, 6), (4, 2), (Shard(0), Shard(1)), trunc_normal(0.02)),
@@ -33,13 +34,16 @@ def equality() -> dict:
         _fake_world(rank)
         for shape, mesh_shape, placements, init in cases:
             mesh = init_device_mesh("cpu", mesh_shape)
-            whole = torch.empty(shape)
-            init(whole, _generator("w", 0, "cpu"))
-            expected = distribute_tensor(whole, mesh, placements, src_data_rank=None)
-            param = distribute_tensor(torch.zeros(shape), mesh, placements, src_data_rank=None)
-            for chunk in (16, 48, 1 << 30):  # blocks of 16-element multiples, and one block
-                param.to_local().zero_()
-                init_in_blocks(param, init, _generator("w", 0, "cpu"), "cpu", chunk_elements=chunk)
+            for chunk in (16, 48, 1 << 30):
+                whole = torch.empty(shape)
+                init_in_blocks(whole, init, "w", 0, "cpu", chunk_elements=chunk)  # one rank: a plain tensor
+                if chunk == 1 << 30:  # one block is exactly one draw of the whole tensor
+                    one_draw = torch.empty(shape)
+                    init(one_draw, _generator("w", 0, "cpu"))
+                    assert torch.equal(whole, one_draw)
+                expected = distribute_tensor(whole, mesh, placements, src_data_rank=None)
+                param = distribute_tensor(torch.zeros(shape), mesh, placements, src_data_rank=None)
+                init_in_blocks(param, init, "w", 0, "cpu", chunk_elements=chunk)
                 assert torch.equal(param.to_local(), expected.to_local()), (rank, shape, placements, chunk)
                 checked += 1
     return {"checked": checked}
@@ -54,7 +58,7 @@ def peak(chunk: int) -> dict:
     local = torch.zeros(shape[0] // 8, shape[1])  # rank 3's shard, touched before the baseline
     param = DTensor.from_local(local, mesh, (Shard(0),), shape=shape, stride=(shape[1], 1))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    init_in_blocks(param, normal(1.0), _generator("w", 0, "cpu"), "cpu", chunk_elements=chunk)
+    init_in_blocks(param, normal(1.0), "w", 0, "cpu", chunk_elements=chunk)
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
     return {"peak_growth_mib": round(grown, 1), "shard_mib": round(local.numel() * 4 / 2**20, 1)}
 

@@ -48,3 +48,16 @@ def test_llama3_8b_flops_follow_torchtitans_convention():
 def test_cpu_memory_is_the_resident_set_under_its_own_key():
     stats = memory_stats(torch.device("cpu"))
     assert list(stats) == ["memory_rss_gib"] and 0.01 < stats["memory_rss_gib"] < 64
+
+
+def test_llama_3_2_flavors_have_the_published_shapes():
+    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.llama3.model import Transformer
+
+    for flavor, published in (("1B", 1_235_814_400), ("3B", 3_212_749_824)):  # Hugging Face counts, tied output
+        args = MODEL_FLAVORS["llama3"][flavor]
+        assert args.ffn_hidden_dim == 8192 and args.rope_factor == 32.0
+        with torch.device("meta"):
+            model = Transformer(args)
+        untied = sum(p.numel() for p in model.parameters())
+        assert untied - model.output.weight.numel() == published, (flavor, untied)

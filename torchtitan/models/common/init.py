@@ -1,19 +1,14 @@
 """Layout-independent weight init.
 
-Each parameter is drawn from its own generator (seed + a hash of its name), in row blocks of
-at most CHUNK_ELEMENTS in order, and this rank keeps only the rows (and columns) of each
-block that its shard holds. Every layout (1 rank, FSDP, HSDP, TP, PP) therefore starts from
-bitwise the same weights, which is what makes loss-parity checks meaningful, and no rank
-ever holds more than one block beside its shards (a full 128K x 16K output layer would be
-8.4 GB per rank). On CPU the blocks draw exactly what one draw of the whole tensor would
-(CPU generators are sequential; blocks are multiples of 16 elements, the unit of torch's
-normal_). CUDA's generator differs from CPU's, so the weights are the same in every layout
-of one device type, not across device types: start from a seed checkpoint
+Each parameter is drawn from its own generator (seed + a hash of its name). A tensor larger
+than CHUNK_ELEMENTS is drawn in row blocks of at most that size, block b from the generator
+of f"{name}#block{b}", and a rank draws only the blocks that hold rows of its shard, keeping
+those rows (and its columns). Every layout (1 rank, FSDP, HSDP, TP, PP) therefore starts from
+bitwise the same weights, which is what makes loss-parity checks meaningful, and no rank ever
+holds more than one block beside its shards (a whole 128K x 16K output layer would be 8.4 GB
+on every rank). CUDA's generator draws other numbers than CPU's, so the weights are the same
+in every layout of one device type, not across device types: start from a seed checkpoint
 (--checkpoint.create_seed_checkpoint) for the same weights anywhere.
-
-Stacks of routed experts ([E, ...], named by `init_parameters(..., per_expert=...)`) are
-drawn one expert at a time from generators named `f"{fqn}[{e}]"`, so a rank holding some
-experts (expert parallelism: a DTensor sharded on dim 0) draws only those, never all E.
 """
 
 import math
@@ -60,47 +55,48 @@ def init_parameters(
         if per_expert is not None and per_expert(fqn):
             init_expert_stack(param, fqn, init_fn_for(fqn), seed, device)
             continue
-        init_in_blocks(param, init_fn_for(fqn), _generator(fqn, seed, device), device)
+        init_in_blocks(param, init_fn_for(fqn), fqn, seed, device)
 
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of fp32 per block
 
 
 @torch.no_grad()
-def init_in_blocks(param: torch.Tensor, init_fn: InitFn, gen: torch.Generator, device,
+def init_in_blocks(param: torch.Tensor, init_fn: InitFn, fqn: str, seed: int, device,
                    chunk_elements: int = CHUNK_ELEMENTS) -> None:
-    """Fill `param` (its local shard if a DTensor) with what init_fn would draw for the whole
-    tensor, drawing row blocks of the whole tensor in order and keeping this rank's part."""
+    """Fill `param` (its local shard if a DTensor): one draw of the whole tensor if it fits
+    in `chunk_elements`, else row blocks, each from its own generator; only the blocks
+    holding this rank's rows are drawn."""
     shape = tuple(param.shape)
     row = math.prod(shape[1:]) if len(shape) > 1 else 1
-    rows_per_block = max(1, chunk_elements // row) if shape else 1
-    if row * rows_per_block % 16 and rows_per_block < (shape[0] if shape else 1):
-        rows_per_block = max(16, rows_per_block - rows_per_block % 16)  # 16 rows: a multiple of 16 elements
+    rows_per_block = max(1, chunk_elements // row)
     if not shape or rows_per_block >= shape[0]:  # one block: the whole tensor
         full = torch.empty(shape, dtype=torch.float32, device=device)
-        init_fn(full, gen)
+        init_fn(full, _generator(fqn, seed, device))
         copy_full_into(param, full)
         return
+
+    def draw(block: int, start: int, stop: int) -> torch.Tensor:
+        drawn = torch.empty((stop - start, *shape[1:]), dtype=torch.float32, device=device)
+        init_fn(drawn, _generator(f"{fqn}#block{block}", seed, device))
+        return drawn
+
+    blocks = [(b, start, min(start + rows_per_block, shape[0]))
+              for b, start in enumerate(range(0, shape[0], rows_per_block))]
     if not isinstance(param, DTensor):
-        for start in range(0, shape[0], rows_per_block):
-            block = param[start:start + rows_per_block]
-            drawn = torch.empty(block.shape, dtype=torch.float32, device=device)
-            init_fn(drawn, gen)
-            block.copy_(drawn)
+        for b, start, stop in blocks:
+            param[start:stop].copy_(draw(b, start, stop))
         return
     rows = local_indices(param, 0).to(device)
     cols = [local_indices(param, d).to(device) if any(getattr(p, "dim", None) == d for p in param.placements)
             else None for d in range(1, len(shape))]
     local = param.to_local()
     filled = 0
-    for start in range(0, shape[0], rows_per_block):
-        stop = min(start + rows_per_block, shape[0])
-        drawn = torch.empty((stop - start, *shape[1:]), dtype=torch.float32, device=device)
-        init_fn(drawn, gen)  # every rank draws every block: the generator advances identically
+    for b, start, stop in blocks:
         mine = ((rows >= start) & (rows < stop)).nonzero().flatten()  # local rows in this block
         if mine.numel() == 0:
-            continue
-        picked = drawn.index_select(0, rows[mine] - start)
+            continue  # another rank's rows: not drawn here
+        picked = draw(b, start, stop).index_select(0, rows[mine] - start)
         for d, idx in enumerate(cols, start=1):
             if idx is not None:
                 picked = picked.index_select(d, idx)
