@@ -46,9 +46,13 @@ def test_outputs_metrics_tensorboard_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_nonfinite_loss_stops_with_step(tmp_path):
-    proc = _run(["--model.flavor=tiny", "--training.seq_len=32", "--optimizer.lr=1e25",
-                 "--training.max_norm=0", "--lr_scheduler.warmup_steps=0", f"--job.dump_folder={tmp_path / 'nan'}"])
-    assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert errors and "at step 2: training stopped" in errors[0], proc.stderr[-2000:]
+def test_nonfinite_loss_stops_with_step_and_every_rank_shows_its_last_lines(tmp_path):
+    rc, _, out = run_tests.run(2, ["--optimizer.lr=1e25", "--training.max_norm=0", "--lr_scheduler.warmup_steps=0"],
+                               str(tmp_path / "nan"))
+    assert rc != 0
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert errors and "at step 2: training stopped" in errors[0], out[-2000:]
+    # run_tests.run keeps each rank's output (torchrun --log-dir) and shows every rank's tail on failure
+    for rank in (0, 1):
+        tail = out.split(f"--- rank {rank} stderr.log:\n", 1)[1]
+        assert tail.splitlines()[0].startswith("error: gradient norm is nan at step 2"), out[-3000:]

@@ -63,13 +63,13 @@ CHUNK_ELEMENTS = 1 << 22  # 16 MiB of fp32 per block
 
 @torch.no_grad()
 def init_in_blocks(param: torch.Tensor, init_fn: InitFn, fqn: str, seed: int, device,
-                   chunk_elements: int = CHUNK_ELEMENTS) -> None:
+                   chunk_elements: int | None = None) -> None:
     """Fill `param` (its local shard if a DTensor): one draw of the whole tensor if it fits
     in `chunk_elements`, else row blocks, each from its own generator; only the blocks
     holding this rank's rows are drawn."""
     shape = tuple(param.shape)
     row = math.prod(shape[1:]) if len(shape) > 1 else 1
-    rows_per_block = max(1, chunk_elements // row)
+    rows_per_block = max(1, (chunk_elements or CHUNK_ELEMENTS) // row)
     if not shape or rows_per_block >= shape[0]:  # one block: the whole tensor
         full = torch.empty(shape, dtype=torch.float32, device=device)
         init_fn(full, _generator(fqn, seed, device))

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Peak memory per rank while weights are initialised, FSDP over N CPU ranks.
+
+    python scripts/init_memory.py --ngpu 8 --flavor 1B            # row blocks (the trainer's way)
+    python scripts/init_memory.py --ngpu 8 --flavor 1B --whole    # one draw of each whole tensor
+    python scripts/init_memory.py --ngpu 8 --flavor 1B --dim 512 --layers 2   # a smaller 128K-vocabulary model
+
+Each rank builds the flavor on meta, shards every block and the root with fully_shard over
+all ranks, materialises its shards, then runs the model's init_weights. Reported per rank:
+its shards' size and how much its peak resident memory grew during init (ru_maxrss; the
+shards' pages are first touched by init, so growth = shards + the largest transient).
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, ROOT)
+    from torchtitan.models.common import init
+    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.llama3.model import Transformer
+
+    if args.whole:
+        init.CHUNK_ELEMENTS = 1 << 62
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    import dataclasses
+
+    flavor = MODEL_FLAVORS["llama3"][args.flavor]
+    flavor = dataclasses.replace(flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers)
+    if not flavor.vocab_size:
+        raise SystemExit(f"--flavor {args.flavor} takes its vocabulary from a tokenizer; pick one with a fixed vocabulary")
+    with torch.device("meta"):
+        model = Transformer(flavor)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    shard_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
+    largest = max(p.numel() * 4 for p in model.parameters())
+    dist.barrier()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    model.init_weights(0, torch.device("cpu"))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    rows = [None] * world
+    dist.all_gather_object(rows, (rank, shard_bytes, grown * 1024, largest))
+    if rank == 0:
+        print(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ngpu", type=int, default=8, help="CPU ranks (default 8)")
+    ap.add_argument("--flavor", default="1B", help="llama3 flavor with a fixed vocabulary (default 1B)")
+    ap.add_argument("--dim", type=int, default=0, help="override the flavor's model width")
+    ap.add_argument("--layers", type=int, default=0, help="override the flavor's number of blocks")
+    ap.add_argument("--whole", action="store_true", help="draw every tensor whole (the former init)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ngpu}",
+           os.path.abspath(__file__), "--worker", f"--flavor={args.flavor}", f"--dim={args.dim}",
+           f"--layers={args.layers}"] + (["--whole"] if args.whole else [])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:] + proc.stderr[-3000:], file=sys.stderr)
+        return 1
+    rows = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("[")][-1])
+    mib = 2**20
+    shape = f" (dim {args.dim or 'as flavor'}, {args.layers or 'all'} blocks)" if args.dim or args.layers else ""
+    print(f"llama3 {args.flavor}{shape}, FSDP over {args.ngpu} CPU ranks, init {'whole tensors' if args.whole else 'in row blocks'}"
+          f" (largest tensor {rows[0][3] / mib:,.0f} MiB)")
+    print(f"{'rank':>4} {'shards MiB':>11} {'peak growth MiB':>16} {'growth - shards':>16}")
+    for rank, shard, grown, _ in rows:
+        print(f"{rank:>4} {shard / mib:>11,.0f} {grown / mib:>16,.0f} {(grown - shard) / mib:>16,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
