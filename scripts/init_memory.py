@@ -7,19 +7,25 @@
 
 Each rank builds the flavor on meta, shards every block and the root with fully_shard over
 all ranks, materialises its shards, then runs the model's init_weights. Reported per rank:
-its shards' size and how much its peak resident memory grew during init (ru_maxrss; the
+its shards' size and how much its peak resident memory grew during init (VmHWM; the
 shards' pages are first touched by init, so growth = shards + the largest transient).
 """
 
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux keeps that across
+    execve, so a child of a large process (pytest) would start from its parent's peak."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 def worker(args) -> None:
     import torch
@@ -52,9 +58,9 @@ def worker(args) -> None:
     shard_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
     largest = max(p.numel() * 4 for p in model.parameters())
     dist.barrier()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss_kib()
     model.init_weights(0, torch.device("cpu"))
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    grown = peak_rss_kib() - before
     rows = [None] * world
     dist.all_gather_object(rows, (rank, shard_bytes, grown * 1024, largest))
     if rank == 0:

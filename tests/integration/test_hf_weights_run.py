@@ -26,11 +26,21 @@ def _tensors(folder):
     return out
 
 
+def _first_validation_is_step_1(dump):
+    records = [json.loads(x) for x in open(os.path.join(dump, "metrics.jsonl")) if x.strip()]
+    first_val = next(r for r in records if "validation_loss" in r)
+    first_step = next(r for r in records if "loss" in r)
+    assert first_val["step"] == 0 and first_val["validation_loss"] == first_step["loss"], (first_val, first_step)
+
+
 def test_export_from_pp_then_start_tp_from_it(tmp_path):
     src = str(tmp_path / "src")
+    # The export run also validates on the training data before step 1: 1F1B's forward-only eval,
+    # 4 accumulation steps x 2 microbatches, gives step 1's loss.
     rc, _, out = run_tests.run(2, [PP, "--training.steps=2", "--checkpoint.enable=true",
-                                   "--checkpoint.last_save_in_hf=true"], src)
+                                   "--checkpoint.last_save_in_hf=true", *ON_TRAIN_DATA], src)
     assert rc == 0, out[-3000:]
+    _first_validation_is_step_1(src)
     hf = os.path.join(src, "hf", "step-2")
     files = sorted(os.listdir(hf))
     assert files == ["config.json", "model-pp00-0000.safetensors", "model-pp01-0000.safetensors",
@@ -51,8 +61,7 @@ def test_export_from_pp_then_start_tp_from_it(tmp_path):
                                        f"--checkpoint.initial_load_path={path}", *ON_TRAIN_DATA], dump)
         assert rc == 0, out[-3000:]
         results[name] = (run_tests.read_losses(dump), run_tests.read_grad_norms(dump))
-        first_val = next(json.loads(x) for x in open(os.path.join(dump, "metrics.jsonl")) if "validation_loss" in x)
-        assert first_val["step"] == 0 and first_val["validation_loss"] == results[name][0][0], first_val
+        _first_validation_is_step_1(dump)
         if name == "hf":
             assert f"weights loaded from Hugging Face folder {hf}" in out, out[-3000:]
     assert results["hf"] == results["dcp"], results

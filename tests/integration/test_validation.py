@@ -40,19 +40,10 @@ def test_fsdp2_accum_validates_like_step_1_and_leaves_training_alone(tmp_path):
     assert [(r["loss"], r["grad_norm"]) for r in train] == [(r["loss"], r["grad_norm"]) for r in plain]
 
 
-def test_pp_forward_only_accum_validates_like_step_1(tmp_path):
-    # 2 ranks: pp 2 (1F1B, eval() runs forward only); 4 accumulation steps x 2 microbatches.
-    records, _ = _run(tmp_path, "pp", 2, [*PP, "--training.steps=1", *ON_TRAIN_DATA])
-    val = [r for r in records if "validation_loss" in r]
-    train = [r for r in records if "loss" in r]
-    assert [r["step"] for r in val] == [0, 1]
-    assert val[0]["validation_loss"] == train[0]["loss"], (val[0], train[0])
-
-
 def test_v_schedule_simple_fsdp_validates_like_step_1(tmp_path):
     # 2 ranks: pp 2 (ZBVZeroBubble, 2 stages per rank), SimpleFSDP (its units gathered once per
-    # pipeline step), 2 accumulation steps x 4 microbatches. (TP's loss parallel: the TP runs of
-    # test_hf_weights_run.py validate at start too.)
+    # pipeline step), 2 accumulation steps x 4 microbatches. (1F1B's forward-only eval and TP's
+    # loss parallel: the PP and TP runs of test_hf_weights_run.py validate at start too.)
     records, _ = _run(tmp_path, "v", 2, [*PP, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
                                          "--training.local_batch_size=4", "--parallelism.fsdp_implementation=simple_fsdp",
                                          "--training.steps=1", *ON_TRAIN_DATA])

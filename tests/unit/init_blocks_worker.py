@@ -2,7 +2,6 @@
 8-rank world (every rank's shard computed in turn), and its peak memory."""
 
 import json
-import resource
 import sys
 
 import torch
@@ -13,6 +12,14 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torchtitan.models.common.init import _generator, init_in_blocks, normal, trunc_normal
+
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux keeps that across
+    execve, so a child of a large process (pytest) would start from its parent's peak."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 
 def _fake_world(rank: int, world: int = 8) -> None:
@@ -57,9 +64,9 @@ def peak(chunk: int) -> dict:
     shape = (128256, 256)
     local = torch.zeros(shape[0] // 8, shape[1])  # rank 3's shard, touched before the baseline
     param = DTensor.from_local(local, mesh, (Shard(0),), shape=shape, stride=(shape[1], 1))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_rss_kib()
     init_in_blocks(param, normal(1.0), "w", 0, "cpu", chunk_elements=chunk)
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    grown = (peak_rss_kib() - base) / 1024
     return {"peak_growth_mib": round(grown, 1), "shard_mib": round(local.numel() * 4 / 2**20, 1)}
 
 

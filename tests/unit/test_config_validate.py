@@ -112,10 +112,10 @@ def test_global_batch_size_counts_replicas_too():
 def test_unknown_model_flavor_with_suggestion():
     assert config_error(["--model.flavor=debugmodle"]) == (
         "--model.flavor: unknown flavor 'debugmodle' of llama3 (did you mean 'debugmodel'?);"
-        " choose one of debugmodel, tiny, 8B, 70B, 405B"
+        " choose one of debugmodel, tiny, 1B, 3B, 8B, 70B, 405B"
     )
     assert config_error(["--model.flavor=9B"]) == (
-        "--model.flavor: unknown flavor '9B' of llama3; choose one of debugmodel, tiny, 8B, 70B, 405B"
+        "--model.flavor: unknown flavor '9B' of llama3; choose one of debugmodel, tiny, 1B, 3B, 8B, 70B, 405B"
     )
 
 

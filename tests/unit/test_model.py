@@ -47,7 +47,7 @@ def expected_params(a: Llama3Args) -> int:
 
 
 def test_flavor_registry():
-    assert list(FLAVORS) == ["debugmodel", "tiny", "8B", "70B", "405B"]
+    assert list(FLAVORS) == ["debugmodel", "tiny", "1B", "3B", "8B", "70B", "405B"]
     assert MODEL_FLAVORS["llama3"] is FLAVORS
     spec = get_train_spec("llama3")
     assert spec.name == "llama3" and spec.model_cls is Transformer and spec.flavors is FLAVORS
