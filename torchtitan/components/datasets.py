@@ -21,16 +21,12 @@ from torch.utils.data import IterableDataset
 
 from torchtitan.components.corpus import LOCAL_FILE_BUILDERS, pydoc_documents
 from torchtitan.components.tokenizer import Tokenizer
+from torchtitan.messages import one_line
 
 
 class DataError(RuntimeError):
     """A document the run cannot use (no text field, not a string, unreadable data), met past
     the first records the config check read. The message is one line naming the key."""
-
-
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe(make_source: Callable) -> str:
@@ -100,7 +96,7 @@ class _SlotStream:
             self.iterator = iter(self.source)
         except Exception as e:
             raise DataError(
-                f"--{self.section}.dataset: cannot open {_describe(self.make_source)} ({_one_line(e)});"
+                f"--{self.section}.dataset: cannot open {_describe(self.make_source)} ({one_line(e)});"
                 " check that it is still there and readable"
             ) from e
         self.read = 0 if state is None and by_example else None  # documents read since opening
@@ -119,7 +115,7 @@ class _SlotStream:
             raise
         except Exception as e:
             raise DataError(
-                f"--{self.section}.dataset: cannot read {_describe(self.make_source)} ({_one_line(e)}); fix"
+                f"--{self.section}.dataset: cannot read {_describe(self.make_source)} ({one_line(e)}); fix"
                 " or remove that record, or use another dataset"
             ) from e
         text = doc.get(self.text_field) if isinstance(doc, dict) else None
@@ -132,7 +128,7 @@ class _SlotStream:
             )
         if not isinstance(text, str):
             what = "has no text (null or missing)" if text is None else (
-                f"holds {type(text).__name__} {_one_line(repr(text), 40)}, not a string")
+                f"holds {type(text).__name__} {one_line(repr(text), 40)}, not a string")
             raise DataError(
                 f"{key}: {self._where()} {what}; fix or remove that record, or set the key to the text column"
             )

@@ -7,6 +7,8 @@ import glob
 import json
 import os
 
+from torchtitan.messages import one_line
+
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 
@@ -27,7 +29,7 @@ def read_config(path: str, key: str) -> dict:
         with open(file) as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
-        raise HFFolderError(f"{key}: cannot read '{file}' ({type(e).__name__}: {str(e)[:120]}); give a Hugging"
+        raise HFFolderError(f"{key}: cannot read '{file}' ({type(e).__name__}: {one_line(e, 120)}); give a Hugging"
                             " Face model folder with a valid config.json") from None
     if not isinstance(config, dict):
         raise HFFolderError(f"{key}: '{file}' is not a JSON object; give a Hugging Face model folder")
@@ -58,7 +60,7 @@ def weight_map(path: str, key: str) -> dict[str, str]:
             with safe_open(file, framework="numpy") as f:
                 out.update({name: file for name in f.keys()})
         except Exception as e:  # safetensors raises its own SafetensorError
-            raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file ({str(e)[:120]})") from None
+            raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file ({one_line(e, 120)})") from None
     return out
 
 
@@ -77,7 +79,7 @@ def tensor_shapes(wmap: dict[str, str], names, key: str) -> dict[str, tuple[int,
                     shapes[name] = tuple(f.get_slice(name).get_shape())
         except Exception as e:
             raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file or lacks a tensor its"
-                                f" index names ({str(e)[:120]})") from None
+                                f" index names ({one_line(e, 120)})") from None
     return shapes
 
 

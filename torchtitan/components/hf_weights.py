@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.components.hf_folder import CONFIG, INDEX, resolve_names, weight_map
 from torchtitan.models.common.init import clean_fqn, copy_full_into
+from torchtitan.messages import one_line
 from torchtitan.models.hf_converters import hf_converter
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,7 +104,7 @@ class _ShardWriter:
         try:
             save_file(self.pending, os.path.join(self.folder, file), metadata={"format": "pt"})
         except Exception as e:  # OSError, or safetensors' own error
-            self.error = f"writing {file} failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+            self.error = f"writing {file} failed ({type(e).__name__}: {one_line(e, 160)})"
         self.weight_map.update({name: file for name in self.pending})
         self.pending, self.pending_bytes = {}, 0
 
@@ -172,7 +173,7 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
                 raise FileExistsError(f"'{folder}' appeared meanwhile (nothing is overwritten)")
             os.replace(tmp, folder)
         except Exception as e:
-            errors.append(f"rank 0: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
+            errors.append(f"rank 0: {type(e).__name__}: {one_line(e, 160)}")
     box = [errors]
     dist.broadcast_object_list(box, src=0, group=group)
     if box[0]:

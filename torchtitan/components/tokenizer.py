@@ -5,6 +5,8 @@ import os
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from torchtitan.messages import one_line
+
 BUNDLED_TOKENIZER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "tokenizer.json")
 
 # (bos, eos) names in the order we look for them: Llama3, Llama2/SentencePiece style, GPT-2 style.
@@ -46,7 +48,7 @@ def _why_unloadable(path: str, error: Exception) -> str:
     if not isinstance(obj.get("model"), dict):
         keys = ", ".join(list(obj)[:8]) + (", ..." if len(obj) > 8 else "") or "none"
         return f"JSON, but no tokenizer 'model' in it (its keys: {keys})"
-    return "the tokenizers library cannot load it (" + " ".join(str(error).split())[:160] + ")"
+    return f"the tokenizers library cannot load it ({one_line(error, 160)})"
 
 
 class Tokenizer:

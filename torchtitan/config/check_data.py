@@ -18,6 +18,7 @@ import warnings
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.config.manager import ConfigError, _suggest
+from torchtitan.messages import one_line
 
 HUB_TIMEOUT_S = 60.0  # how long the hub may take to give the first record of a dataset
 _OTHER_SOURCE = "or use a local file or 'pydoc'"
@@ -187,12 +188,6 @@ def _read_records(name: str, split: str, config: str, limit: int) -> list:
         return []
 
 
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(error).split())
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text or type(error).__name__
-
-
 def _listed(message: str, marker: str) -> str:
     """The Python list printed after `marker` in a datasets error message, as 'a, b'."""
     found = re.search(re.escape(marker) + r"\s*(\[[^\]]*\])", message)
@@ -235,7 +230,7 @@ def _check_local(section: str, name: str, split: str, field: str, rows: int) -> 
 def _local_error(section: str, name: str, split: str, is_file: bool, e: Exception) -> str:
     from torchtitan.components.corpus import LOCAL_FILE_BUILDERS
 
-    msg = _one_line(e)
+    msg = one_line(e)
     kinds = "/".join(LOCAL_FILE_BUILDERS)
     if msg.startswith("Bad split"):
         have = _listed(msg, "Available splits:")
@@ -270,7 +265,7 @@ def _check_text(section: str, name: str, field: str, records: list) -> None:
         text = record[field]
         if not isinstance(text, str):
             what = "has no text (null or missing)" if text is None else (
-                f"holds {type(text).__name__} {_one_line(repr(text), 40)}, not a string")
+                f"holds {type(text).__name__} {one_line(repr(text), 40)}, not a string")
             raise ConfigError(
                 f"{key}: document {i} of '{name}' {what}; set --{section}.dataset_text_field to the column"
                 " holding the text, or fix that record"
@@ -316,7 +311,7 @@ def _offline_vars() -> list[str]:
 
 
 def _hub_error(section: str, name: str, split: str, config: str, e: BaseException) -> str:
-    msg, kind = _one_line(e), type(e).__name__
+    msg, kind = one_line(e), type(e).__name__
     key = f"--{section}.dataset={name!r}"
     if isinstance(e, ConnectionError) or "OfflineModeIsEnabled" in msg or kind == "OfflineModeIsEnabled":
         offline = _offline_vars()
