@@ -55,7 +55,13 @@ CONFIG_FILE="${CONFIG_FILE:-$ROOT/train_configs/llama3_debug.toml}"
 # A relative config path may be given from the repo root while running elsewhere.
 [[ -f "$CONFIG_FILE" || ! -f "$ROOT/$CONFIG_FILE" ]] || CONFIG_FILE="$ROOT/$CONFIG_FILE"
 LOG_RANK="${LOG_RANK:-0}"
-[[ -z "${TORCHRUN_LOG_DIR:-}" ]] || LAUNCH+=(--log-dir="$TORCHRUN_LOG_DIR" --tee=3)
+if [[ -n "${TORCHRUN_LOG_DIR:-}" ]]; then
+  if [[ -e "$TORCHRUN_LOG_DIR" && ! -d "$TORCHRUN_LOG_DIR" ]]; then
+    echo "error: TORCHRUN_LOG_DIR='$TORCHRUN_LOG_DIR' is not a folder; give a folder for the ranks' logs or unset it" >&2
+    exit 2
+  fi
+  LAUNCH+=(--log-dir="$TORCHRUN_LOG_DIR" --tee=3)
+fi
 
 for arg in "$@"; do
   if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.config.check --help; fi

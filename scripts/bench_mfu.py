@@ -91,7 +91,18 @@ def main(argv=None) -> int:
         if bad:
             print(f"error: {key}: unknown {bad[0]!r}; use {', '.join(allowed)}", file=sys.stderr)
             return 2
-    out = args.out or tempfile.mkdtemp(prefix="bench_mfu_")
+    sys.path.insert(0, ROOT)
+    from torchtitan.models.flavors import MODEL_FLAVORS
+
+    unknown = [f for f in args.flavors.split(",") if f not in MODEL_FLAVORS["llama3"]]
+    if unknown:
+        print(f"error: --flavors: unknown llama3 flavor {unknown[0]!r}; choose from {', '.join(MODEL_FLAVORS['llama3'])}",
+              file=sys.stderr)
+        return 2
+    if args.steps <= args.warmup:
+        print(f"error: --steps={args.steps} leaves no step after --warmup={args.warmup}; raise --steps", file=sys.stderr)
+        return 2
+    out = args.out or ("<temporary folder>" if args.dry_run else tempfile.mkdtemp(prefix="bench_mfu_"))
     env = {**os.environ, "NGPU": str(args.ngpu)}
 
     import torch  # only for the header

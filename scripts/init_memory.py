@@ -47,8 +47,6 @@ def worker(args) -> None:
 
     flavor = MODEL_FLAVORS["llama3"][args.flavor]
     flavor = dataclasses.replace(flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers)
-    if not flavor.vocab_size:
-        raise SystemExit(f"--flavor {args.flavor} takes its vocabulary from a tokenizer; pick one with a fixed vocabulary")
     with torch.device("meta"):
         model = Transformer(flavor)
     for block in model.layers.values():
@@ -80,6 +78,17 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    sys.path.insert(0, ROOT)
+    from torchtitan.models.flavors import MODEL_FLAVORS
+
+    fixed = [f for f, a in MODEL_FLAVORS["llama3"].items() if a.vocab_size]
+    if args.flavor not in fixed:
+        print(f"error: --flavor={args.flavor!r}: pick a llama3 flavor with a fixed vocabulary: {', '.join(fixed)}",
+              file=sys.stderr)
+        return 2
+    if args.ngpu < 1 or args.dim < 0 or args.layers < 0:
+        print("error: --ngpu must be >= 1, --dim and --layers >= 0 (0 = the flavor's)", file=sys.stderr)
+        return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ngpu}",
            os.path.abspath(__file__), "--worker", f"--flavor={args.flavor}", f"--dim={args.dim}",
            f"--layers={args.layers}"] + (["--whole"] if args.whole else [])

@@ -209,6 +209,10 @@ CASES = [
              "--validation.freq=0: must be >= 1"),
     BadInput("profile every 0 steps", ["--profiling.enable_profiling=true", "--profiling.profile_freq=0"],
              "--profiling.profile_freq=0: must be >= 1"),
+    BadInput("trace folder is a file", ["--profiling.enable_profiling=true", "--profiling.save_traces_folder=traces"],
+             "--profiling.save_traces_folder: '{dump}/traces' is a file; give a folder name",
+             setup=lambda d: open(os.path.join(d, "traces"), "w").close()),
+    BadInput("rank log folder is a file", [], "TORCHRUN_LOG_DIR='/dev/null' is not a folder", env={"TORCHRUN_LOG_DIR": "/dev/null"}),
     BadInput("hub dataset unreachable", ["--training.dataset=allenai/c4", "--training.dataset_config_name=en"],
              "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode is on"
              " (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE); unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE to stream it,"

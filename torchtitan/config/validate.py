@@ -213,6 +213,11 @@ def check_validation_and_profiling(cfg: JobConfig) -> None:
                        ("profiling.profile_freq", cfg.profiling.profile_freq)):
         if value < 1:
             raise ConfigError(f"--{key}={value}: must be >= 1")
+    p = cfg.profiling
+    for key, enabled in (("save_traces_folder", p.enable_profiling), ("save_memory_snapshot_folder", p.enable_memory_snapshot)):
+        path = os.path.join(cfg.job.dump_folder, getattr(p, key))
+        if enabled and os.path.isfile(path):
+            raise ConfigError(f"--profiling.{key}: '{path}' is a file; give a folder name (relative to --job.dump_folder)")
 
 
 def check_fsdp_policies(cfg: JobConfig) -> None:
