@@ -375,15 +375,12 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
 
 
 def _with_vocab(cfg: JobConfig):
-    """The flavor's args with the vocabulary the run will have (the tokenizer's if open)."""
-    import dataclasses
-
-    args = MODEL_FLAVORS[cfg.model.name][cfg.model.flavor]
-    if args.vocab_size:
-        return args
+    """The args the run will build its model from (the tokenizer's vocabulary if open)."""
     from torchtitan.components.tokenizer import Tokenizer
+    from torchtitan.models.flavors import model_args
 
-    return dataclasses.replace(args, vocab_size=Tokenizer(cfg.model.tokenizer_path).vocab_size)
+    m = cfg.model
+    return model_args(m.name, m.flavor, Tokenizer(m.tokenizer_path).vocab_size, cfg.training.seq_len, cfg.moe)
 
 
 def check_hf_export(cfg: JobConfig) -> None:

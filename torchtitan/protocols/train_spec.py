@@ -1,12 +1,11 @@
 """Registry: model name -> what the trainer needs to build and parallelize it."""
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 from torch import nn
 
-from torchtitan.models.flavors import MODEL_FLAVORS
+from torchtitan.models.flavors import MODEL_FLAVORS, model_args  # noqa: F401 (model_args: re-exported)
 
 
 @dataclass(frozen=True)
@@ -43,21 +42,3 @@ def get_train_spec(name: str) -> TrainSpec:
     if name not in _REGISTRY:
         raise ValueError(f"--model.name: no train spec for '{name}'; registered: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]()
-
-
-def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None):
-    """The flavor's args with the tokenizer's vocabulary (when the flavor leaves it open),
-    a RoPE cache just long enough for training and the [moe] overrides (`moe`: JobConfig.moe)."""
-    args = MODEL_FLAVORS[name][flavor]
-    if moe is not None and getattr(args, "n_routed_experts", 0):
-        overrides = {"n_activated_experts": moe.top_k or None,
-                     "score_func": None if moe.score_func == "flavor" else moe.score_func,
-                     "load_balance_coeff": None if moe.load_balance_coeff == -1 else moe.load_balance_coeff,
-                     "aux_loss_coeff": None if moe.aux_loss_coeff == -1 else moe.aux_loss_coeff}
-        args = dataclasses.replace(args, **{k: v for k, v in overrides.items() if v is not None})
-    if args.vocab_size and args.vocab_size < vocab_size:
-        raise ValueError(
-            f"--model.tokenizer_path: tokenizer has {vocab_size} tokens but {name} {flavor} has only"
-            f" {args.vocab_size} embeddings; use a matching tokenizer"
-        )
-    return dataclasses.replace(args, vocab_size=args.vocab_size or vocab_size, max_seq_len=seq_len)
