@@ -18,31 +18,31 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config import load_config_or_exit
-from torchtitan.distributed.model_parts import parallelize_parts, plan_records, resolve_parts
+from torchtitan.distributed.model_parts import ModelParts, build_parts, plan_records
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.reshard_policy import kept_bytes
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 GIB = 2**30
 
 
-def memory_estimate(parts, param_dtype: str) -> dict:
+def memory_estimate(parts: ModelParts) -> dict:
     """Per-rank bytes: fp32 sharded params, grads and AdamW states; peak unsharded params =
     units kept between forward and backward + the two largest resharded units (one in use,
     one prefetched). Activations are not included."""
     sharded = sum(
         (p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for m in parts.modules for p in m.parameters()
     )
-    freed = sorted((u.param_bytes for p in parts.parts for u in p.units if p.reshard[u.name].reshard), reverse=True)
-    peak_unsharded = kept_bytes([p.reshard for p in parts.parts], [p.units for p in parts.parts]) + sum(freed[:2])
+    units = [u for plan in parts.plans for u in plan.units]
+    freed = sorted((u.param_bytes for u in units if u.reshard), reverse=True)
+    peak_unsharded = sum(u.param_bytes for u in units if not u.reshard) + sum(freed[:2])
     return {
         "params_bytes": sharded,
         "grads_bytes": sharded,
         "optimizer_bytes": 2 * sharded,
         "peak_unsharded_params_bytes": peak_unsharded,
         "total_bytes": 4 * sharded + peak_unsharded,
-        "param_dtype": param_dtype,
+        "param_dtype": parts.param_dtype,
     }
 
 
@@ -56,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     dims = ParallelDims.from_config(cfg, world)
     dims.build_mesh("cpu")
-    param_dtype = cfg.training.mixed_precision_param
-    if param_dtype == "auto":  # the target machine: CUDA unless the job says cpu
-        param_dtype = "float32" if cfg.training.device == "cpu" else "bfloat16"
+    target = "cpu" if cfg.training.device == "cpu" else "cuda"  # the machine the job is planned for
 
     spec = get_train_spec(cfg.model.name)
     vocab = 0
@@ -73,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
     records, memory = [], []
     for pp_rank in range(dims.pp):
-        parts = resolve_parts(spec, model, dims, cfg, param_dtype, pp_rank)
-        parallelize_parts(spec, parts, dims, cfg, param_dtype)
+        parts = build_parts(spec, model, dims, cfg, target, pp_rank)
         records += plan_records(parts)
-        memory.append({"pp_rank": pp_rank, "stages": parts.stage_ids, **memory_estimate(parts, param_dtype)})
+        memory.append({"pp_rank": pp_rank, "stages": parts.stage_ids, **memory_estimate(parts)})
+    param_dtype = parts.param_dtype
 
     print(f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
           f" mesh {dims.mesh_shape}, params {param_dtype}, reshard_after_forward"

@@ -32,12 +32,12 @@ from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.components.validation import Validator
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.comm_stats import CommStats, mesh_group_dims
+from torchtitan.distributed.comm_stats import CommStats
 from torchtitan.distributed.data_parallel import reshard_after_eval
-from torchtitan.distributed.model_parts import parallelize_parts, plan_records, resolve_parts
+from torchtitan.distributed.job_shape import batch_shape
+from torchtitan.distributed.model_parts import ModelParts, build_parts, plan_records
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
-from torchtitan.distributed.pipeline_layout import V_SCHEDULES
-from torchtitan.distributed.pipeline_parallel import build_pipeline
+from torchtitan.distributed.pipeline_parallel import build_pipeline, run_schedule
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
@@ -78,9 +78,6 @@ class Trainer:
 
         self.dims = ParallelDims.from_config(cfg, world)
         self.mesh = self.dims.build_mesh(self.device.type, cfg.comm.timeout_seconds)
-        self.param_dtype = t.mixed_precision_param
-        if self.param_dtype == "auto":
-            self.param_dtype = "bfloat16" if self.device.type == "cuda" else "float32"
 
         self.tokenizer = Tokenizer(cfg.model.tokenizer_path)
         spec = get_train_spec(cfg.model.name)
@@ -90,32 +87,31 @@ class Trainer:
         self.n_params = sum(p.numel() for p in model.parameters())
         self.flops_per_token = model.flops_per_token(t.seq_len)
 
-        self.global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * self.dims.dp
-        self.accum_steps = self.global_batch // (t.local_batch_size * self.dims.dp)
+        shape = batch_shape(cfg, self.dims.dp)
+        self.global_batch, self.accum_steps = shape.global_batch, shape.accum_steps
         self.pipeline = self.layout = None
         self.layout_note = ""
         self.held_bytes = 0
-        self.comm = CommStats(mesh_group_dims(self.mesh, self.dims.flattened_names())) if cfg.metrics.comm_stats else None
-        pp_rank = self.dims.submesh("pp").get_local_rank() if self.dims.pp > 1 else 0
-        parts = resolve_parts(spec, model, self.dims, cfg, self.param_dtype, pp_rank)
+        self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
+        pp_rank = self.dims.pp_rank()
+        parts = build_parts(spec, model, self.dims, cfg, self.device.type, pp_rank)
+        self.param_dtype = parts.param_dtype
         self._report_plan(parts)
-        parallelize_parts(spec, parts, self.dims, cfg, self.param_dtype)
         for part in parts.modules:
             part.to_empty(device=self.device)
             part.init_weights(t.seed, self.device)
             part.train()
         self.model_parts = parts.modules
+        self.stage_ids = parts.stage_ids
         if parts.layout is not None:
-            layout, n_mb = parts.layout, parts.n_microbatches
+            layout, n_mb = parts.layout, parts.microbatches
             self.layout = layout
             scale = n_mb * self.accum_steps
             self.pipeline = build_pipeline(
-                list(zip(parts.stage_ids, parts.modules)), layout, self.device,
-                self.dims.submesh("pp").get_group(), n_mb,
+                list(zip(parts.stage_ids, parts.modules)), layout, self.device, self.dims.pp_group(), n_mb,
                 loss_fn=lambda pred, target: cross_entropy_loss(pred, target) / scale,
                 backward_phase=(lambda: self.comm.phase("backward")) if self.comm is not None else None,
             )
-            self.has_first, self.has_last = 0 in parts.stage_ids, layout.num_stages - 1 in parts.stage_ids
             held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in parts.stage_ids)
             self.layout_note = (
                 f"pipeline {cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
@@ -126,8 +122,7 @@ class Trainer:
         self.balancer = None
         self.model_args_aux_loss = getattr(self.model_args, "aux_loss_coeff", 0.0) > 0
         if getattr(self.model_args, "n_routed_experts", 0):
-            self.balancer = ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(),
-                                           self.dims.submesh("pp").get_group() if self.dims.pp > 1 else None)
+            self.balancer = ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group())
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
         self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
                           if cfg.validation.enable else None)
@@ -162,12 +157,12 @@ class Trainer:
         args = dataclasses.replace(self.model_args, max_seq_len=MODEL_FLAVORS[m.name][m.flavor].max_seq_len)
         return HFSpec(m.name, args, self.tokenizer.bos_id, self.tokenizer.eos_id, self.tokenizer.path, writes, pp_rank)
 
-    def _report_plan(self, parts) -> None:
+    def _report_plan(self, parts: ModelParts) -> None:
         """Every pipeline rank's plan -> rank 0 prints the table and writes plan.json."""
         records = plan_records(parts)
         if self.dims.pp > 1:
             gathered = [None] * self.dims.pp
-            dist.all_gather_object(gathered, records, group=self.dims.submesh("pp").get_group())
+            dist.all_gather_object(gathered, records, group=self.dims.pp_group())
             records = [r for rank_records in gathered for r in rank_records]
         if self.rank == 0:
             p = self.cfg.parallelism
@@ -241,7 +236,7 @@ class Trainer:
                     aux_sum += aux.detach() / self.accum_steps
         if self.comm is not None:
             self.comm.phase_name = "other"
-        pp_group = self.dims.submesh("pp").get_group() if self.pipeline is not None else None
+        pp_group = self.dims.pp_group() if self.pipeline is not None else None
         params = [p for m in self.model_parts for p in m.parameters()]
         grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group).item()
         loss = self._global_loss(loss_sum)
@@ -255,15 +250,15 @@ class Trainer:
         self.optimizers.step()
         moe = self.balancer.step() if self.balancer is not None else {}
         if self.model_args_aux_loss:
-            dist.all_reduce(aux_sum, group=self.dims.submesh("dp").get_group())
+            dist.all_reduce(aux_sum, group=self.dims.loss_group())
             moe["aux_loss"] = aux_sum.item() / self.dims.dp
         return loss, grad_norm, moe
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
         """This rank's sum of scaled micro-batch losses -> the mean over the global batch."""
         if self.pipeline is not None:  # only the last stage computed a loss; the others add 0
-            dist.all_reduce(loss_sum, group=self.dims.submesh("pp").get_group())
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.submesh("dp").get_group())
+            dist.all_reduce(loss_sum, group=self.dims.pp_group())
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.loss_group())
         return loss_sum.item() / self.dims.dp
 
     @torch.no_grad()
@@ -296,20 +291,10 @@ class Trainer:
 
     def _pipeline_microbatches(self, inputs, labels, train: bool = True) -> torch.Tensor:
         """Run the schedule (forward only unless `train`) over one local batch; return its
-        (scaled) loss on the last stage."""
-        losses: list[torch.Tensor] = []
-        args = (inputs,) if self.has_first else ()
-        run = self.pipeline.step if train else self.pipeline.eval
-        if not train and self.layout.schedule in V_SCHEDULES:
-            # torch 2.13's V schedules cannot run forward only (eval() asks a stage without
-            # backward for its input gradients): run the full step, _validate drops the gradients.
-            with torch.enable_grad():
-                return self._pipeline_microbatches(inputs, labels, train=True)
-        if self.has_last:
-            run(*args, target=labels, losses=losses)
-            return sum(_local(x.detach()) for x in losses)
-        run(*args)
-        return torch.zeros((), device=self.device)
+        (scaled) loss on the last stage (V schedules validate with a backward: _validate drops
+        its gradients)."""
+        losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train)
+        return sum((_local(x.detach()) for x in losses), torch.zeros((), device=self.device))
 
     def train(self) -> None:
         if self.cfg.checkpoint.create_seed_checkpoint:

@@ -32,7 +32,7 @@ def main() -> None:
                 grads[clean_fqn(name)] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
     if trainer.pipeline is not None:  # every stage's gradients, gathered on rank 0
         parts = [None] * trainer.dims.pp
-        dist.all_gather_object(parts, grads, group=trainer.dims.submesh("pp").get_group())
+        dist.all_gather_object(parts, grads, group=trainer.dims.pp_group())
         grads = {k: v for p in parts for k, v in p.items()}
     if dist.get_rank() == 0:
         torch.save(grads, out)

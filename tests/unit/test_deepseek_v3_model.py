@@ -89,10 +89,10 @@ def test_exact_small_flavor_sizes_and_names():
     assert "layers.1.moe.expert_bias" in keys  # checkpointed
     assert "layers.1.moe.tokens_per_expert" not in keys and "rope" not in keys
     assert tiny.rope.shape == (SEQ, a.qk_rope_head_dim)
-    units = tiny.fsdp_units()
-    assert units[:3] == [("tok_embeddings", None, False), ("layers.0", "layers.0", False),
-                         ("layers.1", "layers.1", False)]
-    assert ("layers.1.moe.experts", "layers.1", True) in units
+    units = [(u.name, u.block, u.kind.value) for u in tiny.fsdp_units()]
+    assert units[:3] == [("tok_embeddings", None, "dense"), ("layers.0", "layers.0", "dense"),
+                         ("layers.1", "layers.1", "dense")]
+    assert ("layers.1.moe.experts", "layers.1", "experts") in units
 
 
 # --------------------------------------------------------------------------- MLA and YaRN

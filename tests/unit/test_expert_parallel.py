@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, apply_expert_parallel
+from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, AllToAllDispatcher, LocalDispatcher, apply_expert_parallel
 
 WORLD = 2
 DIM, HIDDEN = 8, 16
@@ -58,6 +58,19 @@ class StandInExperts(nn.Module):
         return torch.cat(outs)
 
 
+class Owner(nn.Module):
+    """What a MoE layer is to EP: it owns `experts` and a dispatcher, and sends its sorted
+    rows through `dispatcher(experts, x, counts)` with counts per GLOBAL expert."""
+
+    def __init__(self, experts: nn.Module):
+        super().__init__()
+        self.experts = experts
+        self.dispatcher = LocalDispatcher()
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return self.dispatcher(self.experts, x, counts)
+
+
 def _data(counts):
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(sum(c), DIM, generator=g) for c in counts]
@@ -84,9 +97,10 @@ def _routing(rank, mesh, counts_all):
     """EP forward/backward vs the per-expert loop on one process with all experts."""
     torch.manual_seed(0)
     full = StandInExperts(8, grouped_mm=False)
-    ep = copy.deepcopy(full)
-    ep.grouped_mm = True
+    ep = Owner(copy.deepcopy(full))
+    ep.experts.grouped_mm = True
     apply_expert_parallel(ep, mesh)
+    assert isinstance(ep.dispatcher, AllToAllDispatcher)
     xs, gs = _data(counts_all)
     loss, x_refs, y_refs = 0, [], []
     for x, g, c in zip(xs, gs, counts_all):  # reference: both ranks' tokens, all experts
@@ -98,6 +112,7 @@ def _routing(rank, mesh, counts_all):
     y = ep(x, torch.tensor(counts_all[rank]))
     (y * gs[rank]).sum().backward()
     lo, hi = rank * 4, rank * 4 + 4
+    ep = ep.experts
     return {
         "y": _max_diff(y, y_refs[rank]), "x_grad": _max_diff(x.grad, x_refs[rank].grad), "y_plain": type(y) is torch.Tensor,
         "w_grad": max(_max_diff(getattr(ep, n).grad.to_local(), getattr(full, n).grad[lo:hi]) for n in ("w1", "w2", "w3")),
@@ -113,18 +128,19 @@ def _params(rank, mesh):
                 for n, p in m.named_parameters()}
 
     with torch.device("meta"):
-        m = StandInExperts(4)
-    apply_expert_parallel(m, mesh)
+        owner = Owner(StandInExperts(4))
+    apply_expert_parallel(owner, mesh)
+    m = owner.experts
     on_meta = describe(m)
     before = dict(m.named_parameters())
-    apply_expert_parallel(m, mesh)  # a second call on the same mesh is a no-op
+    apply_expert_parallel(owner, mesh)  # a second call on the same mesh is a no-op
     same = all(p is before[n] for n, p in m.named_parameters())
     m.to_empty(device="cpu")
     with torch.no_grad():
         for p in m.parameters():
             p.normal_()  # a layout-independent init on the materialised shards
     try:
-        apply_expert_parallel(StandInExperts(3), mesh)
+        apply_expert_parallel(Owner(StandInExperts(3)), mesh)
         error = None
     except ValueError as e:
         error = str(e)
@@ -136,7 +152,7 @@ def _sac(rank, mesh, mode):
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
     torch.manual_seed(0)
-    ep = StandInExperts(8)
+    ep = Owner(StandInExperts(8))
     apply_expert_parallel(ep, mesh)
     counts_all = PATTERNS["uneven"]
     xs, gs = _data(counts_all)
@@ -163,7 +179,7 @@ def _sac(rank, mesh, mode):
     with counter:
         (y * gs[rank]).sum().backward()
     return {"seen": seen, "backward_all_to_all": counter.n, "y": y.detach(), "x_grad": x.grad,
-            "w_grad": [ep.w1.grad.to_local(), ep.w2.grad.to_local(), ep.w3.grad.to_local()]}
+            "w_grad": [w.grad.to_local() for w in (ep.experts.w1, ep.experts.w2, ep.experts.w3)]}
 
 
 def _worker(rank, port, out_dir):

@@ -11,20 +11,20 @@ from torchtitan.distributed.reshard_policy import (
     POLICIES,
     Decision,
     ReshardPolicyError,
-    Unit,
     kept_bytes,
     resolve,
 )
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.distributed.data_parallel import build_units
+from torchtitan.distributed.data_parallel import size_units
+from torchtitan.distributed.plan import FsdpUnit, UnitKind
 from torchtitan.protocols.train_spec import model_args
 
 MIB = 2**20
 
 
-def fsdp_units(model, tp: int, dtype_bytes: int) -> list[Unit]:
-    """Llama3's units: its train spec calls the shared builder with nothing model-specific."""
-    return build_units(model, tp, 1, dtype_bytes)
+def fsdp_units(model, tp: int, dtype_bytes: int) -> list[FsdpUnit]:
+    """Llama3's units: the shared sizing with nothing model-specific."""
+    return size_units(model, tp, 1, dtype_bytes)
 
 # The reasons resolve gives; asserted verbatim so that a change of wording is noticed.
 NEVER = "never: kept for backward (ZeRO-2)"
@@ -43,11 +43,11 @@ OTHER_SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS"]
 ALL_SCHEDULES = OTHER_SCHEDULES + ZERO_BUBBLE
 
 
-def whole_model(block_gib=(1, 1, 1), emb_gib=1, root_gib=1) -> list[Unit]:
+def whole_model(block_gib=(1, 1, 1), emb_gib=1, root_gib=1) -> list[FsdpUnit]:
     """One part without PP: embeddings, blocks, root, sizes in GiB."""
-    units = [Unit("tok_embeddings", int(emb_gib * GIB))]
-    units += [Unit(f"layers.{i}", int(g * GIB)) for i, g in enumerate(block_gib)]
-    return units + [Unit("", int(root_gib * GIB), is_root=True)]
+    units = [FsdpUnit("tok_embeddings", int(emb_gib * GIB))]
+    units += [FsdpUnit(f"layers.{i}", int(g * GIB)) for i, g in enumerate(block_gib)]
+    return units + [FsdpUnit("", int(root_gib * GIB))]
 
 
 def flags(plan) -> list[dict[str, bool]]:
@@ -122,7 +122,7 @@ def test_always_ignores_the_budget():
 
 @pytest.mark.parametrize("pp_enabled,schedule", [(False, "1F1B"), (True, "1F1B"), (True, "ZBVZeroBubble"), (True, "DualPipeV")])
 def test_never_keeps_every_unit_root_included(pp_enabled, schedule):
-    parts = [whole_model(), [Unit("layers.7", GIB), Unit("", GIB, is_root=True)]]
+    parts = [whole_model(), [FsdpUnit("layers.7", GIB), FsdpUnit("", GIB)]]
     plan = resolve("never", pp_enabled, schedule, 4, parts, budget_bytes=1)  # budget ignored
     assert plan == [
         {name: Decision(False, NEVER) for name in ["tok_embeddings", "layers.0", "layers.1", "layers.2", ""]},
@@ -154,7 +154,7 @@ def test_auto_plan_keeps_the_forward_order_of_the_units():
 
 
 def test_auto_last_block_is_the_last_non_root_unit_even_when_the_root_is_not_last():
-    units = [Unit("", GIB, is_root=True), Unit("layers.0", GIB), Unit("layers.1", GIB)]
+    units = [FsdpUnit("", GIB), FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB)]
     plan = resolve("auto", False, "1F1B", 1, [units])
     assert plan == [{
         "": Decision(False, ROOT),
@@ -164,14 +164,14 @@ def test_auto_last_block_is_the_last_non_root_unit_even_when_the_root_is_not_las
 
 
 def test_auto_single_root_unit():
-    parts = [[Unit("", 5 * GIB, is_root=True)]]
+    parts = [[FsdpUnit("", 5 * GIB)]]
     plan = resolve("auto", False, "1F1B", 1, parts)
     assert plan == [{"": Decision(False, ROOT)}]
     assert kept_bytes(plan, parts) == 5 * GIB
 
 
 def test_auto_embeddings_alone_before_the_root_are_the_last_block():
-    plan = resolve("auto", False, "1F1B", 1, [[Unit("tok_embeddings", 1), Unit("", 1, is_root=True)]])
+    plan = resolve("auto", False, "1F1B", 1, [[FsdpUnit("tok_embeddings", 1), FsdpUnit("", 1)]])
     assert plan == [{"tok_embeddings": Decision(False, LAST), "": Decision(False, ROOT)}]
 
 
@@ -187,8 +187,8 @@ def test_auto_with_a_zero_bubble_schedule_name_but_no_pp_is_the_plain_plan():
 @pytest.mark.parametrize("n_microbatches", [2, 8, 32])
 def test_auto_under_pp_keeps_everything(schedule, n_microbatches):
     parts = [
-        [Unit("tok_embeddings", GIB), Unit("layers.0", GIB), Unit("layers.1", GIB)],
-        [Unit("layers.4", GIB), Unit("layers.5", GIB), Unit("", GIB, is_root=True)],
+        [FsdpUnit("tok_embeddings", GIB), FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB)],
+        [FsdpUnit("layers.4", GIB), FsdpUnit("layers.5", GIB), FsdpUnit("", GIB)],
     ]
     plan = resolve("auto", True, schedule, n_microbatches, parts)
     kept = pp_kept(n_microbatches)
@@ -202,7 +202,7 @@ def test_auto_under_pp_keeps_everything(schedule, n_microbatches):
 
 def test_resolve_returns_one_dict_per_part_even_for_empty_parts():
     assert resolve("auto", True, "1F1B", 4, []) == []
-    assert resolve("auto", True, "Interleaved1F1B", 4, [[], [Unit("layers.0", 1)]]) == [
+    assert resolve("auto", True, "Interleaved1F1B", 4, [[], [FsdpUnit("layers.0", 1)]]) == [
         {}, {"layers.0": Decision(False, pp_kept(4))}
     ]
 
@@ -245,7 +245,7 @@ def test_zero_or_negative_budget_means_no_bound(budget):
 
 def test_budget_that_cannot_be_met_goes_through_every_non_root_unit():
     # Under PP everything starts kept; the root alone (3 GiB) exceeds the 2 GiB budget.
-    parts = [[Unit("layers.0", GIB), Unit("layers.1", GIB), Unit("", 3 * GIB, is_root=True)]]
+    parts = [[FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB), FsdpUnit("", 3 * GIB)]]
     plan = resolve("auto", True, "1F1B", 4, parts, budget_bytes=2 * GIB)
     assert plan == [{
         "layers.0": Decision(True, "auto, budget: 5.00 GiB kept > 2.00 GiB, freed (earliest first)"),
@@ -256,8 +256,8 @@ def test_budget_that_cannot_be_met_goes_through_every_non_root_unit():
 
 
 def test_budget_under_pp_flips_the_earliest_units_first():
-    parts = [[Unit("layers.0", GIB), Unit("layers.1", 2 * GIB), Unit("layers.2", GIB), Unit("layers.3", GIB),
-              Unit("", GIB, is_root=True)]]
+    parts = [[FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", 2 * GIB), FsdpUnit("layers.2", GIB), FsdpUnit("layers.3", GIB),
+              FsdpUnit("", GIB)]]
     plan = resolve("auto", True, "GPipe", 4, parts, budget_bytes=3 * GIB)  # 6 GiB kept at first
     note = "; fits the budget once earlier units reshard (3.00 GiB <= 3.00 GiB)"
     assert plan == [{
@@ -271,14 +271,14 @@ def test_budget_under_pp_flips_the_earliest_units_first():
 
 
 def test_budget_never_flips_the_root_even_when_it_is_first():
-    parts = [[Unit("", 4 * GIB, is_root=True), Unit("layers.0", GIB), Unit("layers.1", GIB)]]
+    parts = [[FsdpUnit("", 4 * GIB), FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB)]]
     plan = resolve("auto", True, "1F1B", 2, parts, budget_bytes=5 * GIB)
     assert flags(plan) == [{"": False, "layers.0": True, "layers.1": False}]
     assert plan[0][""].reason == ROOT + "; fits the budget once earlier units reshard (5.00 GiB <= 5.00 GiB)"
 
 
 def test_budget_reasons_show_fractions_of_a_gib():
-    parts = [[Unit("layers.0", 512 * MIB), Unit("layers.1", 256 * MIB), Unit("", 256 * MIB, is_root=True)]]
+    parts = [[FsdpUnit("layers.0", 512 * MIB), FsdpUnit("layers.1", 256 * MIB), FsdpUnit("", 256 * MIB)]]
     plan = resolve("auto", True, "1F1B", 2, parts, budget_bytes=600 * MIB)
     assert reasons(plan) == [{
         "layers.0": "auto, budget: 1.00 GiB kept > 0.59 GiB, freed (earliest first)",
@@ -290,11 +290,11 @@ def test_budget_reasons_show_fractions_of_a_gib():
 # --------------------------------------------------------------------------- budget, several parts
 
 
-def interleaved_parts() -> list[list[Unit]]:
+def interleaved_parts() -> list[list[FsdpUnit]]:
     """Pipeline rank 0 of an interleaved schedule: stages 0 and 2 (5 GiB in all)."""
     return [
-        [Unit("tok_embeddings", GIB // 2), Unit("layers.0", GIB), Unit("layers.1", GIB)],
-        [Unit("layers.4", GIB), Unit("layers.5", GIB), Unit("", GIB // 2, is_root=True)],
+        [FsdpUnit("tok_embeddings", GIB // 2), FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB)],
+        [FsdpUnit("layers.4", GIB), FsdpUnit("layers.5", GIB), FsdpUnit("", GIB // 2)],
     ]
 
 
@@ -368,7 +368,7 @@ def test_budget_that_fits_under_zero_bubble_is_accepted(schedule):
 
 def test_unmeetable_budget_with_only_a_root_under_zero_bubble_does_not_raise():
     # Nothing could be resharded, so the zero-bubble restriction is not violated.
-    plan = resolve("auto", True, "ZBVZeroBubble", 4, [[Unit("", 2 * GIB, is_root=True)]], budget_bytes=GIB)
+    plan = resolve("auto", True, "ZBVZeroBubble", 4, [[FsdpUnit("", 2 * GIB)]], budget_bytes=GIB)
     assert plan == [{"": Decision(False, f"{ROOT}; budget 1.00 GiB cannot be met (2.00 GiB kept)")}]
 
 
@@ -376,7 +376,7 @@ def test_unmeetable_budget_with_only_a_root_under_zero_bubble_does_not_raise():
 
 
 def test_kept_bytes_sums_only_kept_units_over_all_parts():
-    parts = [[Unit("a", 3), Unit("b", 5)], [Unit("c", 7), Unit("", 11, is_root=True)]]
+    parts = [[FsdpUnit("a", 3), FsdpUnit("b", 5)], [FsdpUnit("c", 7), FsdpUnit("", 11)]]
     plan = [
         {"a": Decision(True, "x"), "b": Decision(False, "y")},
         {"c": Decision(False, "z"), "": Decision(False, "w")},
@@ -419,7 +419,7 @@ def test_fsdp_units_of_the_whole_model(flavor, n_layers):
     assert [u.name for u in units] == names
     assert [u.is_root for u in units] == [False] * (n_layers + 1) + [True]
     assert [u.block for u in units] == [None] + names[1:-1] + [None]
-    assert {u.mesh for u in units} == {"dp"}
+    assert {u.kind for u in units} == {UnitKind.DENSE}
     matrices, norms = block_params(a)
     assert units[0].param_bytes == 4 * VOCAB * a.dim
     assert all(u.param_bytes == 4 * (matrices + norms) for u in units[1:-1])
@@ -461,7 +461,7 @@ def test_fsdp_units_of_pipeline_stages_and_their_plan():
     layout = plan_pipeline(6, 2, "1F1B", -1, [], 8)
     units = {}
     for pp_rank in range(2):
-        ((stage_id, part),) = split_model(model, layout, pp_rank, ("tok_embeddings",), ("norm", "output"))
+        ((stage_id, part),) = split_model(model, layout, pp_rank)
         units[stage_id] = fsdp_units(part, tp=1, dtype_bytes=4)
     # The first stage has no root unit (nothing is left for it); the last one holds norm + output.
     assert [u.name for u in units[0]] == ["tok_embeddings", "layers.0", "layers.1", "layers.2"]

@@ -8,7 +8,9 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from torchtitan.distributed.simple_fsdp import UnitSpec, simple_fsdp
+from torchtitan.distributed.parallel_dims import DataParallelMesh, MeshDim
+from torchtitan.distributed.plan import Decision, FsdpUnit, PartPlan, RegionSpec
+from torchtitan.distributed.simple_fsdp import simple_fsdp
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +27,17 @@ class Block(nn.Module):
         return x + self.b(torch.relu(self.a(x)))
 
 
-def _pair(mesh, **spec):
+def _pair(mesh, regather_by_hooks=False, once_per_step=False):
+    """The block as one root unit whose plan makes it regather by hooks (resharded, eager, no
+    AC region), gather once per step (kept, 2 pipeline microbatches), or neither."""
     torch.manual_seed(0)
     plain = Block()
     sharded = copy.deepcopy(plain)
-    simple_fsdp(sharded, mesh, ["dp_shard"], "float32", "float32", [UnitSpec("", **spec)], microbatches=2)
+    region = RegionSpec("none", "recompute", by_hooks=True) if regather_by_hooks else None
+    unit = FsdpUnit("", decision=Decision(regather_by_hooks, "test"), region=region)
+    plan = PartPlan(0, (unit,), microbatches=2 if once_per_step or regather_by_hooks else 1)
+    dp = DataParallelMesh(mesh, (MeshDim.DP_SHARD,), MeshDim.DP_SHARD, None)
+    simple_fsdp(sharded, plan, lambda kind: dp, "float32", "float32")
     return plain, sharded
 
 

@@ -45,8 +45,8 @@ from torchtitan.components.checkpoint_files import (
     step_path,
     write_marker,
 )
+from torchtitan.dtypes import DTYPES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Optimizer state flattened to one entry per parameter ("state.<fqn>.exp_avg",
 # "param_groups.<fqn>.lr"), so it does not depend on how parameters are grouped per rank.
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
@@ -282,7 +282,7 @@ class CheckpointManager:
     def maybe_save(self, step: int, last: bool) -> None:
         if self.cfg.enable and (last or step % self.cfg.interval == 0):
             if last and self.cfg.last_save_model_only:
-                dtype = _DTYPES[self.cfg.export_dtype]
+                dtype = DTYPES[self.cfg.export_dtype]
                 self._save(step, {"model": ModelState(self.model_parts, dtype)}, model_only=True,
                            dtype=self.cfg.export_dtype)
             else:

@@ -25,8 +25,8 @@ from torchtitan.components.hf_folder import CONFIG, INDEX, resolve_names, weight
 from torchtitan.models.common.init import clean_fqn, copy_full_into
 from torchtitan.messages import one_line
 from torchtitan.models.hf_converters import hf_converter
+from torchtitan.dtypes import DTYPES
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHARD_BYTES = 4 * 2**30
 
 
@@ -124,7 +124,7 @@ def convert_full(tensors, model_name: str, args, dtype: str, writer: _ShardWrite
     """(our name, full tensor) pairs -> converted, cast and handed to `writer`."""
     converter = hf_converter(model_name)
     for fqn, full in tensors:
-        hf = converter.to_hf(fqn, full, args).to(device="cpu", dtype=_DTYPES[dtype]).contiguous()
+        hf = converter.to_hf(fqn, full, args).to(device="cpu", dtype=DTYPES[dtype]).contiguous()
         writer.add(converter.hf_name(fqn), hf)
     writer.flush()
 

@@ -29,10 +29,10 @@ def check_data_inputs(cfg: JobConfig, args, global_batch: int = 0) -> None:
     """Tokenizer, training dataset and (when validation is enabled) validation dataset.
 
     `args`: the flavor's model args (vocab_size 0 = take the tokenizer's). `global_batch`: rows
-    per optimizer step over all data-parallel ranks (0: training.global_batch_size, or
-    local_batch_size when that is -1, i.e. one data-parallel rank)."""
-    t = cfg.training
-    rows = global_batch or (t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size)
+    per optimizer step over all data-parallel ranks (0: that of one data-parallel rank)."""
+    from torchtitan.distributed.job_shape import global_batch as rows_per_step
+
+    rows = global_batch or rows_per_step(cfg, 1)
     check_tokenizer(cfg, args)
     check_dataset(cfg, "training", rows)
     if cfg.validation.enable:
@@ -50,6 +50,13 @@ def check_tokenizer(cfg: JobConfig, args) -> None:
     from torchtitan.components.tokenizer import Tokenizer, TokenizerError
 
     m = cfg.model
+    if m.tokenizer_path:
+        full = os.path.expanduser(m.tokenizer_path)
+        if os.path.isdir(full):
+            full = os.path.join(full, "tokenizer.json")
+        if not os.path.isfile(full):
+            raise ConfigError(f"--model.tokenizer_path: '{full}' not found; give an HF tokenizer.json file (or its"
+                              " folder), or leave it empty for the bundled tokenizer")
     key = f"--model.tokenizer_path={m.tokenizer_path!r}"
     try:
         tokenizer = Tokenizer(m.tokenizer_path)

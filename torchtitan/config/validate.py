@@ -11,46 +11,17 @@ from torchtitan.config.job_config import JobConfig
 from torchtitan.components import checkpoint_files, hf_folder
 from torchtitan.components.corpus import LOCAL_FILE_BUILDERS
 from torchtitan.config.manager import ConfigError, _suggest
-from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE, PipelineLayoutError, plan_pipeline
+from torchtitan.distributed.job_shape import ShapeError, batch_shape, degrees, pipeline_microbatches
+from torchtitan.distributed.pipeline_layout import PipelineLayoutError, plan_pipeline
+from torchtitan.distributed.reshard_policy import ReshardPolicyError, check_policy
 from torchtitan.models.flavors import MODEL_FLAVORS
 
-
-
-def check_degrees(cfg: JobConfig) -> None:
-    p = cfg.parallelism
-    degrees = {
-        "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
-        "tensor_parallel_degree": p.tensor_parallel_degree,
-        "pipeline_parallel_degree": p.pipeline_parallel_degree,
-        "expert_parallel_degree": p.expert_parallel_degree,
-    }
-    for key, value in degrees.items():
-        if value < 1:
-            raise ConfigError(f"--parallelism.{key}={value}: must be >= 1")
-
-
 def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
-    check_degrees(cfg)
-    p = cfg.parallelism
-    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
-    shard = p.data_parallel_shard_degree
-    if shard == -1:
-        if world_size % others:
-            raise ConfigError(
-                f"world size {world_size} is not divisible by data_parallel_replicate_degree x "
-                f"tensor_parallel_degree x pipeline_parallel_degree = {others}; change the degrees or NGPU"
-            )
-        return world_size // others
-    if shard < 1:
-        raise ConfigError(f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or -1 (the rest)")
-    if shard * others != world_size:
-        raise ConfigError(
-            f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
-            f" x shard {shard} x tp {p.tensor_parallel_degree} x pp {p.pipeline_parallel_degree})"
-            f" but the world size is {world_size}; make them multiply to {world_size}"
-            f" or set --parallelism.data_parallel_shard_degree=-1"
-        )
-    return shard
+    """The data-parallel shard degree (-1 resolved), by job_shape's rule."""
+    try:
+        return degrees(cfg, world_size).dp_shard
+    except ShapeError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_path_like_dataset(dataset: str, section: str = "training") -> None:
@@ -70,19 +41,6 @@ def _check_path_like_dataset(dataset: str, section: str = "training") -> None:
         )
     if os.path.isfile(path) and os.path.splitext(path)[1] not in LOCAL_FILE_BUILDERS:
         raise ConfigError(f"--{section}.dataset: cannot read '{dataset}': use a {kinds} file or a folder")
-
-
-def _check_tokenizer(path: str) -> None:
-    if not path:
-        return
-    full = os.path.expanduser(path)
-    if os.path.isdir(full):
-        full = os.path.join(full, "tokenizer.json")
-    if not os.path.isfile(full):
-        raise ConfigError(
-            f"--model.tokenizer_path: '{full}' not found; give an HF tokenizer.json file (or its"
-            " folder), or leave it empty for the bundled tokenizer"
-        )
 
 
 def validate(cfg: JobConfig, world_size: int) -> None:
@@ -118,7 +76,7 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
     """Degrees vs world size and the model's shapes (heads, experts, layers per stage);
     returns the data-parallel shard degree."""
     m, t, p = cfg.model, cfg.training, cfg.parallelism
-    check_degrees(cfg)
+    dp_shard = resolve_dp_shard(cfg, world_size)
     tp = p.tensor_parallel_degree
     for key in ("n_heads", "n_kv_heads"):
         heads = getattr(args, key, None)
@@ -127,23 +85,15 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
                 f"--parallelism.tensor_parallel_degree={tp} does not divide {m.name} {m.flavor}"
                 f" {key}={heads}; pick a divisor of {heads}"
             )
-    dp_shard = resolve_dp_shard(cfg, world_size)
     check_moe(cfg, args)
     check_expert_parallel(cfg, args, dp_shard)
     if p.pipeline_parallel_degree > 1:
-        mb = p.pipeline_parallel_microbatch_size
-        if mb < 1 or t.local_batch_size % mb:
-            raise ConfigError(
-                f"--training.local_batch_size={t.local_batch_size} does not split into microbatches of"
-                f" --parallelism.pipeline_parallel_microbatch_size={mb}; make it a multiple"
-            )
         try:
             plan_pipeline(
                 args.n_layers, p.pipeline_parallel_degree, p.pipeline_parallel_schedule,
-                p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points,
-                t.local_batch_size // mb,
+                p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points, pipeline_microbatches(cfg),
             )
-        except PipelineLayoutError as e:
+        except (ShapeError, PipelineLayoutError) as e:
             raise ConfigError(str(e)) from None
     return dp_shard
 
@@ -158,14 +108,10 @@ def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
         raise ConfigError(
             f"--training.seq_len={t.seq_len} exceeds the model's max_seq_len {args.max_seq_len}"
         )
-    dp = p.data_parallel_replicate_degree * dp_shard
-    per_step = t.local_batch_size * dp
-    if t.global_batch_size != -1 and (t.global_batch_size < per_step or t.global_batch_size % per_step):
-        raise ConfigError(
-            f"--training.global_batch_size={t.global_batch_size} must be a positive multiple of"
-            f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} = {per_step}"
-            " (or -1)"
-        )
+    try:
+        global_batch = batch_shape(cfg, p.data_parallel_replicate_degree * dp_shard).global_batch
+    except ShapeError as e:
+        raise ConfigError(str(e)) from None
     if t.max_norm < 0:
         raise ConfigError(f"--training.max_norm={t.max_norm}: must be >= 0 (0 disables clipping)")
     if cfg.optimizer.lr <= 0:
@@ -178,7 +124,7 @@ def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
         raise ConfigError(f"--metrics.log_freq={cfg.metrics.log_freq}: must be >= 1")
     if cfg.checkpoint.interval < 1:
         raise ConfigError(f"--checkpoint.interval={cfg.checkpoint.interval}: must be >= 1")
-    return t.global_batch_size if t.global_batch_size != -1 else per_step
+    return global_batch
 
 
 def check_activation_checkpoint(cfg: JobConfig) -> None:
@@ -197,9 +143,7 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
     will read them (not by a dry run, which reads neither data nor tokenizer)."""
     from torchtitan.config.check_data import check_data_inputs
 
-    m, t = cfg.model, cfg.training
-    if not cfg.job.dry_run or not args.vocab_size:
-        _check_tokenizer(m.tokenizer_path)
+    t = cfg.training
     if not cfg.job.dry_run:
         _check_path_like_dataset(t.dataset)
         if cfg.validation.enable:
@@ -244,12 +188,10 @@ def check_fsdp_policies(cfg: JobConfig) -> None:
     budget = p.reshard_budget_gib
     if not math.isfinite(budget) or budget < 0:
         raise ConfigError(f"--parallelism.reshard_budget_gib={budget}: must be >= 0 (0 = no bound)")
-    if p.pipeline_parallel_degree > 1 and p.reshard_after_forward == "always" and p.pipeline_parallel_schedule in ZERO_BUBBLE:
-        raise ConfigError(
-            f"--parallelism.reshard_after_forward=always with --parallelism.pipeline_parallel_schedule="
-            f"{p.pipeline_parallel_schedule}: zero-bubble schedules give wrong gradients when FSDP2 reshards"
-            " after forward (torch 2.13); use auto or never, or a non-zero-bubble schedule"
-        )
+    try:
+        check_policy(p.reshard_after_forward, p.pipeline_parallel_degree > 1, p.pipeline_parallel_schedule)
+    except ReshardPolicyError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_outputs(cfg: JobConfig, world_size: int, global_batch: int) -> None:

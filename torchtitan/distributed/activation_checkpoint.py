@@ -12,7 +12,6 @@ without any user AC gets a region that saves everything except its gather under 
 in eager code the unit re-gathers through saved-tensor hooks instead (RegionSpec.by_hooks).
 """
 
-from dataclasses import dataclass
 from functools import lru_cache, partial
 
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
 
+from torchtitan.distributed.plan import RegionSpec
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 
 aten = torch.ops.aten
@@ -48,26 +48,6 @@ _ATTENTION_OPS = [
 ]
 SAVE_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, *(getattr(aten, n).default for n in _ATTENTION_OPS)}
 MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
-
-
-@dataclass(frozen=True)
-class RegionSpec:
-    """What one block's checkpoint region does."""
-
-    compute: str  # "none" (no user AC), "full", or "op"
-    fsdp_comm: str | None  # "save" | "recompute" | None (FSDP2: gathers happen outside the region)
-    # A region only there to re-gather a resharding SimpleFSDP unit, in eager code: the unit
-    # does it with saved-tensor hooks instead (no dispatch mode over every op of the block).
-    by_hooks: bool = False
-
-    @property
-    def wrapped(self) -> bool:
-        return (self.compute != "none" or self.fsdp_comm == "recompute") and not self.by_hooks
-
-    @property
-    def label(self) -> str:
-        base = {"none": "no AC", "full": "full AC", "op": "op SAC"}[self.compute]
-        return base if self.fsdp_comm is None else f"{base}, FSDP gathers {self.fsdp_comm}d"
 
 
 def compute_policy(func) -> CheckpointPolicy:
@@ -115,7 +95,8 @@ def _context_fn(spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozen
     return partial(_context, spec, fsdp_groups, extra_save_ops)
 
 
-def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops=frozenset()) -> nn.Module:
+def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str],
+                extra_save_ops: tuple | frozenset = frozenset()) -> nn.Module:
     if not spec.wrapped:
         return module
     if spec.compute == "full" and spec.fsdp_comm is None:
@@ -161,7 +142,8 @@ def region_specs(
     return specs
 
 
-def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str], extra_save_ops=()) -> None:
+def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str],
+             extra_save_ops: tuple | frozenset = ()) -> None:
     """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region."""
     for name, spec in specs.items():
         parent_name, _, child = name.rpartition(".")

@@ -1,101 +1,78 @@
 """The FSDP units of a model part, and the one function that applies data parallelism
 (FSDP2, HSDP, DDP or SimpleFSDP) to a part from its plan. Every model's parallelize calls
-`apply_data_parallel`; every model's train spec builds its units with `build_units`.
+`apply_data_parallel`; the build path sizes every model's units with `size_units`.
 
 A model says only which submodules are units, in forward order, with the block each
-belongs to and whether it holds routed experts (model.fsdp_units()). Everything else is
-decided here: what a unit's parameters cost on one rank, which mesh it shards over, the
-root unit ("" = whatever no unit took: final norm, output, ...).
+belongs to and its kind (model.fsdp_units()). Everything else is decided here: what a
+unit's parameters cost on one rank, the root unit ("" = whatever no unit took: final norm,
+output, ...); ParallelDims says which mesh each kind shards over.
 """
 
-from typing import Callable
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision, unit_param_bytes
-from torchtitan.distributed.reshard_policy import Unit
-from torchtitan.distributed.simple_fsdp import UnitSpec, fsdp_group_names, simple_fsdp
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.plan import FsdpUnit, PartPlan, UnitKind
+from torchtitan.distributed.simple_fsdp import simple_fsdp
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+if TYPE_CHECKING:
+    from torchtitan.config.job_config import JobConfig
 
 
-def build_units(
-    model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: Callable[[str], bool] = lambda name: False,
-) -> list[Unit]:
-    """FSDP units of a model part in forward order with the unsharded bytes one rank holds.
+def size_units(model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: tuple[str, ...] = ()) -> list[FsdpUnit]:
+    """The model's declared FSDP units in forward order, with the unsharded bytes one rank
+    holds, and the root unit when it owns anything.
 
-    TP splits every matrix except those `tp_whole(param name)` names (e.g. replicated LoRA
-    down-projections) and replicates vectors; EP splits routed experts, which TP never does.
+    TP splits every matrix except those whose name contains one of `tp_whole` (e.g.
+    replicated LoRA down-projections) and replicates vectors; EP splits routed experts,
+    which TP never does.
     """
-    declared = list(model.fsdp_units())  # (name, block or None, holds routed experts)
-    names = [name for name, _, _ in declared] + [""]
-    experts = {name for name, _, is_experts in declared if is_experts}
-
-    def owner_prefix(pname: str) -> str | None:
-        return next((u for u in experts if pname.startswith(u + ".")), None)
+    declared: list[FsdpUnit] = list(model.fsdp_units())
+    experts = [u.name for u in declared if u.kind is UnitKind.EXPERTS]
 
     def size_of(pname: str, p) -> int:
-        if owner_prefix(pname) is not None:
+        if any(pname.startswith(name + ".") for name in experts):
             return dtype_bytes * (p.numel() // ep)
-        return dtype_bytes * (p.numel() // tp if p.dim() >= 2 and not tp_whole(pname) else p.numel())
+        split = p.dim() >= 2 and not any(k in pname for k in tp_whole)
+        return dtype_bytes * (p.numel() // tp if split else p.numel())
 
-    sizes = unit_param_bytes(model, names, size_of)
-    units = [Unit(name, sizes[name], block=block, mesh="experts" if is_experts else "dp")
-             for name, block, is_experts in declared if sizes[name] > 0]
+    sizes = unit_param_bytes(model, [u.name for u in declared] + [""], size_of)
+    units = [replace(u, param_bytes=sizes[u.name]) for u in declared if sizes[u.name] > 0]
     if sizes[""] > 0:
-        units.append(Unit("", sizes[""], is_root=True))
+        units.append(FsdpUnit("", sizes[""]))
     return units
 
 
-def simple_fsdp_units(plan, ep: int) -> list[UnitSpec]:
-    """SimpleFSDP's view of a part's plan. Under PP a unit the plan keeps is gathered once per
-    step, unless its AC region recomputes FSDP's gathers (fsdp_ac_policy=recompute asks for
-    a gather per microbatch, redone in backward)."""
-    specs = []
-    for u in plan.units:
-        region = plan.regions.get(u.block if u.block is not None else u.name)  # a block's, or its own
-        reshard = plan.reshard[u.name].reshard
-        specs.append(UnitSpec(
-            u.name, experts=ep > 1 and u.mesh == "experts",
-            once_per_step=plan.microbatches > 1 and not reshard and (region is None or region.fsdp_comm != "recompute"),
-            regather_by_hooks=reshard and region is not None and region.by_hooks,
-        ))
-    return specs
-
-
-def apply_data_parallel(model: nn.Module, dims, cfg, param_dtype: str, plan) -> None:
-    """FSDP2 / HSDP / DDP / SimpleFSDP on one model part, each unit as `plan` (a ModelPart)
-    says.
-
-    FSDP2 shards nested units (experts) before their block, each on its own mesh. Experts'
-    gradients are averaged over every data-parallel rank, not only over the experts' mesh:
-    each EP rank's expert gradient already sums the tokens of its whole EP group.
-    """
+def apply_data_parallel(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan, param_dtype: str) -> None:
+    """FSDP2 / HSDP / DDP / SimpleFSDP on one model part, each unit as `plan` says, on the
+    data-parallel mesh of its kind (ParallelDims.dp_mesh)."""
     p = cfg.parallelism
-    mp = mixed_precision(param_dtype, cfg.training.mixed_precision_reduce)
-    mesh, dp_dims = dims.mesh, dims.dp_dims()
-    units, reshard = plan.units, plan.reshard_flags
+    reduce_dtype = cfg.training.mixed_precision_reduce
     if p.fsdp_implementation == "simple_fsdp":
-        simple_fsdp(model, mesh, dp_dims, param_dtype, cfg.training.mixed_precision_reduce,
-                    simple_fsdp_units(plan, dims.ep), plan.microbatches)
-    elif dp_dims == ["dp_replicate"]:
-        apply_ddp(model, mesh["dp_replicate"], mp, [u.name for u in units])
+        simple_fsdp(model, plan, dims.dp_mesh, param_dtype, reduce_dtype)
+        return
+    mp = mixed_precision(param_dtype, reduce_dtype)
+    dense = dims.dp_mesh(UnitKind.DENSE)
+    if dense.shard is None:
+        apply_ddp(model, plan, dense, mp)
     else:
-        meshes = {"dp": dims.submesh("fsdp"), "experts": dims.submesh("experts_fsdp")}
-        apply_fsdp2(model, meshes["dp"], [(u.name, meshes[u.mesh], reshard[u.name]) for u in units], mp,
-                    experts_divide_factor=dims.dp if dims.ep > 1 else None,
-                    experts={u.name for u in units if u.mesh == "experts"})
+        apply_fsdp2(model, plan, dims.dp_mesh, mp)
 
 
-def fsdp_ac_groups(dims, cfg) -> frozenset[str]:
+def fsdp_ac_groups(dims: ParallelDims, cfg: JobConfig) -> frozenset[str]:
     """Process groups whose all-gathers are FSDP's inside AC regions (SimpleFSDP only):
     what fsdp_ac_policy saves or recomputes, never TP's or EP's collectives."""
     if cfg.parallelism.fsdp_implementation != "simple_fsdp":
         return frozenset()
-    return frozenset(fsdp_group_names(dims.mesh, dims.dp_dims(), experts=dims.ep > 1))
+    return dims.fsdp_group_names()
 
 
-def reshard_after_eval(model_parts) -> None:
+def reshard_after_eval(model_parts: list[nn.Module]) -> None:
     """Free the parameters FSDP2 left gathered after forwards without backward (evaluation).
 
     FSDP2 keeps a unit gathered after forward when it is not resharded (the root always),

@@ -1,12 +1,21 @@
-"""Expert parallelism (EP): shard a grouped-experts module's experts over a 1-D mesh and
-route each token copy to the rank that owns its expert, then back.
+"""Token dispatch for routed experts: the seam between a MoE layer and expert parallelism.
 
-`apply_expert_parallel(experts, ep_mesh)` works on any module whose parameters are stacked
-per expert on dim 0 ([E, ...]) and whose forward is `forward(x, counts) -> y` with
-`x` [T, dim] rows sorted by expert, `counts` int64 [E_local] (rows per local expert) and
-`y` [T, dim] in the same row order; E_local is read from the (local) weights. The MoE layer
-keeps calling `experts(x_sorted, counts)` with `counts` = this rank's rows per GLOBAL expert
-[E]; after EP the call does, on the EP group of W ranks (E_local = E / W):
+A MoE layer owns a dispatcher and hands it its rows sorted by expert:
+`dispatcher(experts, x, counts) -> y`, with `x` [T, dim] rows grouped by expert in order,
+`counts` int64 [E] (this rank's rows per GLOBAL expert) and `y` [T, dim] in the same row
+order. `experts(x, counts_local)` is the grouped-experts module: parameters stacked per
+expert on dim 0 ([E, ...]), forward on rows grouped by its (local) experts.
+
+- `LocalDispatcher` (every MoE layer starts with it): all experts are here, call them.
+- `AllToAllDispatcher` (expert parallel, chosen when the model is parallelized by
+  `apply_expert_parallel(moe, ep_mesh)`, which also shards the experts' stacks over the EP
+  mesh): route each token copy to the rank that owns its expert, then back. A DeepEP-style
+  dispatcher plugs in the same way: any object with this call.
+
+No module's forward is replaced: FSDP (FSDP2's hooks, SimpleFSDP's unit class) wraps the
+experts module as any other.
+
+The all-to-all dispatch does, on the EP group of W ranks (E_local = E / W):
 
 1. counts exchange: `counts` viewed as [W, E_local] is "what I send to rank r's expert e".
    One all-to-all of E int64 gives `recv` [W, E_local] = "what rank r sends to my expert e".
@@ -18,7 +27,7 @@ keeps calling `experts(x_sorted, counts)` with `counts` = this rank's rows per G
    permutation built from `recv` by tensor ops (repeat_interleave + cumsums, no Python
    loop) regroups them as (local expert, source rank), which is what the local grouped GEMM
    wants, with local counts `recv.sum(0)`. Local experts may receive 0 rows.
-4. the original forward runs on the local experts (weights are DTensors Shard(0) on the EP
+4. the experts module runs on its local experts (weights are DTensors Shard(0) on the EP
    mesh; the experts module uses their local shards).
 5. combine: the inverse permutation, then the all-to-all with the splits swapped, returns
    the rows to their sender in the caller's original order.
@@ -45,7 +54,7 @@ The op alone does not tell EP's all-to-alls from others; the group name (last po
 argument of `all_to_all_single`) does, if a policy needs to be that precise.
 """
 
-import types
+from typing import Protocol
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -84,40 +93,62 @@ def _regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
     return src_start_t[chunk] + torch.arange(n_rows, device=recv.device) - start_t[chunk]
 
 
-def _ep_forward(self: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    group, w = self._ep_group, self._ep_size
-    if counts.shape != (self._ep_num_experts,):
-        raise ValueError(f"counts must hold one entry per global expert "
-                         f"({self._ep_num_experts}), got shape {tuple(counts.shape)}")
-    e_local = self._ep_num_experts // w
-    # 1. who sends how many rows to which local expert (one small all-to-all, one host sync)
-    recv = _wait(funcol.all_to_all_single(counts, None, None, group)).view(w, e_local)
-    splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
-    in_splits, out_splits = splits[:w], splits[w:]
-    n_rows = sum(out_splits)
-    # 2. dispatch the rows; 3. regroup them by local expert
-    x_recv = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)
-    idx = _regroup_index(recv, n_rows)  # built while the rows are in flight
-    x_recv = _wait(x_recv)
-    # 4. the local experts on their rows
-    y_local = self._ep_inner_forward(x_recv[idx], recv.sum(0))
-    # 5. undo the regrouping, send the rows home
-    # (out of place: a checkpoint region may keep this op's output for backward)
-    inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
-    return _wait(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
+class TokenDispatcher(Protocol):
+    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor: ...
 
 
-def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh) -> None:
-    """Shard `experts`' stacked [E, ...] parameters on dim 0 over the 1-D `ep_mesh` (as
-    `nn.Parameter(DTensor)`, `Shard(0)`; meta parameters stay on meta) and route its forward's
-    rows to the experts' owners and back (module docstring). Weights are split locally, with
-    no communication: every rank must hold the same full weights (or meta ones)."""
+class LocalDispatcher:
+    """Every expert is on this rank: the sorted rows go straight to the experts."""
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return experts(x, counts)
+
+
+class AllToAllDispatcher:
+    """Expert parallel: rows travel to their expert's owner and back (module docstring)."""
+
+    def __init__(self, ep_mesh: DeviceMesh, num_experts: int):
+        self.mesh = ep_mesh
+        self.group = ep_mesh.get_group().group_name  # a name: the owner stays deep-copyable
+        self.size = ep_mesh.size()
+        self.num_experts = num_experts
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        group, w = self.group, self.size
+        if counts.shape != (self.num_experts,):
+            raise ValueError(f"counts must hold one entry per global expert "
+                             f"({self.num_experts}), got shape {tuple(counts.shape)}")
+        e_local = self.num_experts // w
+        # 1. who sends how many rows to which local expert (one small all-to-all, one host sync)
+        recv = _wait(funcol.all_to_all_single(counts, None, None, group)).view(w, e_local)
+        splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
+        in_splits, out_splits = splits[:w], splits[w:]
+        n_rows = sum(out_splits)
+        # 2. dispatch the rows; 3. regroup them by local expert
+        x_recv = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)
+        idx = _regroup_index(recv, n_rows)  # built while the rows are in flight
+        x_recv = _wait(x_recv)
+        # 4. the local experts on their rows
+        y_local = experts(x_recv[idx], recv.sum(0))
+        # 5. undo the regrouping, send the rows home
+        # (out of place: a checkpoint region may keep this op's output for backward)
+        inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
+        return _wait(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
+
+
+def apply_expert_parallel(moe: nn.Module, ep_mesh: DeviceMesh) -> None:
+    """Shard `moe.experts`' stacked [E, ...] parameters on dim 0 over the 1-D `ep_mesh` (as
+    `nn.Parameter(DTensor)`, `Shard(0)`; meta parameters stay on meta) and give `moe` an
+    all-to-all dispatcher (module docstring). Weights are split locally, with no
+    communication: every rank must hold the same full weights (or meta ones)."""
     if ep_mesh.ndim != 1:
         raise ValueError(f"expert parallelism needs a 1-D mesh, got {ep_mesh.ndim} dims")
-    if getattr(experts, "_ep_mesh", None) is not None:
-        if experts._ep_mesh is ep_mesh:
+    current = getattr(moe, "dispatcher", None)
+    if isinstance(current, AllToAllDispatcher):
+        if current.mesh is ep_mesh:
             return  # already applied on this mesh
         raise ValueError("expert parallelism was already applied to this module on another mesh")
+    experts = moe.experts
     params = list(experts.named_parameters(recurse=False))
     if not params:
         raise ValueError("the experts module has no parameters to shard")
@@ -131,9 +162,4 @@ def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh) -> None:
     for name, p in params:
         dt = distribute_tensor(p.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
         experts.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
-    experts._ep_mesh = ep_mesh
-    experts._ep_group = ep_mesh.get_group().group_name  # a name: the module stays deep-copyable
-    experts._ep_size = w
-    experts._ep_num_experts = num_experts
-    experts._ep_inner_forward = experts.forward
-    experts.forward = types.MethodType(_ep_forward, experts)
+    moe.dispatcher = AllToAllDispatcher(ep_mesh, num_experts)

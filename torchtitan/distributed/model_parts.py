@@ -1,41 +1,52 @@
-"""From the whole model on meta to this rank's parallelized model parts:
-pipeline split -> FSDP units -> the reshard plan (resolved once, over all of the rank's
-stages) -> the model's parallelize function per part. Shared by the trainer and the dry run.
+"""The one build path, from the whole model on meta to a rank's parallelized model parts:
+pipeline split -> FSDP units -> the plan (reshard decisions resolved once over all of the
+rank's stages, AC regions) -> the model's parallelize function per part (TP -> AC ->
+compile -> data parallel). The trainer, the dry run and the scripts all call `build_parts`.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from torchtitan.distributed import reshard_policy
-from torchtitan.distributed.activation_checkpoint import RegionSpec, region_specs
-from torchtitan.distributed.data_parallel import DTYPE_BYTES
+from torchtitan.distributed.activation_checkpoint import region_specs
+from torchtitan.distributed.data_parallel import size_units
+from torchtitan.distributed.job_shape import pipeline_microbatches
+from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_layout import PipelineLayout, plan_pipeline
-from torchtitan.distributed.reshard_policy import GIB, Decision, Unit
+from torchtitan.distributed.pipeline_parallel import split_model
+from torchtitan.distributed.plan import BLOCKS, FsdpUnit, PartPlan, RegionSpec
+from torchtitan.distributed.reshard_policy import GIB
+from torchtitan.dtypes import dtype_bytes, param_dtype
+
+if TYPE_CHECKING:
+    from torchtitan.config.job_config import JobConfig
+    from torchtitan.protocols.train_spec import TrainSpec
 
 
 @dataclass
 class ModelPart:
-    """One model part (the whole model, or one pipeline stage) and everything decided for it
-    before it is parallelized."""
+    """One model part (the whole model, or one pipeline stage) and its plan."""
 
-    stage_id: int
     module: nn.Module
-    units: list[Unit]  # FSDP units in forward order
-    reshard: dict[str, Decision]  # unit name -> reshard_after_forward and why
-    regions: dict[str, RegionSpec]  # checkpoint region (a block, or a unit outside blocks) -> what it does
-    microbatches: int = 1  # forward/backward passes per pipeline step (1 without PP)
+    plan: PartPlan
 
     @property
-    def reshard_flags(self) -> dict[str, bool]:
-        return {name: d.reshard for name, d in self.reshard.items()}
+    def stage_id(self) -> int:
+        return self.plan.stage_id
 
 
 @dataclass
 class ModelParts:
+    """What one rank holds: its parts in pipeline order, the layout they come from."""
+
     parts: list[ModelPart]
     layout: PipelineLayout | None
-    n_microbatches: int
+    microbatches: int
+    param_dtype: str  # the parameters' compute dtype ("float32", "bfloat16")
 
     @property
     def stage_ids(self) -> list[int]:
@@ -45,24 +56,22 @@ class ModelParts:
     def modules(self) -> list[nn.Module]:
         return [p.module for p in self.parts]
 
-
-def n_microbatches(cfg, dims) -> int:
-    if dims.pp == 1:
-        return 1
-    return cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+    @property
+    def plans(self) -> list[PartPlan]:
+        return [p.plan for p in self.parts]
 
 
-def pipeline_layout(cfg, dims, n_layers: int) -> PipelineLayout | None:
+def pipeline_layout(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> PipelineLayout | None:
     if dims.pp == 1:
         return None
     p = cfg.parallelism
     return plan_pipeline(
         n_layers, dims.pp, p.pipeline_parallel_schedule, p.pipeline_parallel_layers_per_stage,
-        p.pipeline_parallel_split_points, n_microbatches(cfg, dims),
+        p.pipeline_parallel_split_points, pipeline_microbatches(cfg),
     )
 
 
-def _regions(cfg, units: list[Unit], flags: dict[str, bool], simple: bool) -> dict[str, RegionSpec]:
+def _regions(cfg: JobConfig, units: list[FsdpUnit], flags: dict[str, bool], simple: bool) -> dict[str, RegionSpec]:
     """AC regions of one part: one per block; under SimpleFSDP also one around each resharded
     unit outside any block (e.g. embeddings), whose gathers must be redone in backward."""
     blocks = list(dict.fromkeys(u.block for u in units if u.block is not None))
@@ -72,45 +81,38 @@ def _regions(cfg, units: list[Unit], flags: dict[str, bool], simple: bool) -> di
     return {**outside, **specs}
 
 
-def resolve_parts(spec, model: nn.Module, dims, cfg, param_dtype: str, pp_rank: int) -> ModelParts:
+def resolve_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, param_dtype: str,
+                  pp_rank: int) -> ModelParts:
     """Split (on meta) and plan, without parallelizing: what pipeline rank `pp_rank` holds."""
-    layout = pipeline_layout(cfg, dims, model.args.n_layers)
-    split = spec.pipeline_fn(model, layout, pp_rank) if layout is not None else [(0, model)]
-    units = [spec.fsdp_units_fn(m, dims, DTYPE_BYTES[param_dtype]) for _, m in split]
+    layout = pipeline_layout(cfg, dims, len(getattr(model, BLOCKS)))
+    split = split_model(model, layout, pp_rank) if layout is not None else [(0, model)]
+    units = [size_units(m, dims.tp, dims.ep, dtype_bytes(param_dtype), spec.tp_replicated) for _, m in split]
     p = cfg.parallelism
-    plan = reshard_policy.resolve(
-        p.reshard_after_forward, dims.pp > 1, p.pipeline_parallel_schedule, n_microbatches(cfg, dims),
+    microbatches = pipeline_microbatches(cfg)
+    decisions = reshard_policy.resolve(
+        p.reshard_after_forward, dims.pp > 1, p.pipeline_parallel_schedule, microbatches,
         units, int(p.reshard_budget_gib * GIB),
     )
     simple = p.fsdp_implementation == "simple_fsdp" and dims.dp_shard > 1
     parts = []
-    for (stage_id, module), part_units, decisions in zip(split, units, plan):
-        flags = {name: d.reshard for name, d in decisions.items()}
-        parts.append(ModelPart(stage_id, module, part_units, decisions, _regions(cfg, part_units, flags, simple),
-                               n_microbatches(cfg, dims)))
-    return ModelParts(parts, layout, n_microbatches(cfg, dims))
+    for (stage_id, module), part_units, decided in zip(split, units, decisions):
+        flags = {name: d.reshard for name, d in decided.items()}
+        plan = PartPlan.assemble(stage_id, part_units, decided, _regions(cfg, part_units, flags, simple), microbatches)
+        parts.append(ModelPart(module, plan))
+    return ModelParts(parts, layout, microbatches, param_dtype)
 
 
-def parallelize_parts(spec, parts: ModelParts, dims, cfg, param_dtype: str) -> None:
-    """TP -> AC -> compile -> data parallel on every part, with its slice of the plan."""
+def build_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str,
+                pp_rank: int) -> ModelParts:
+    """What pipeline rank `pp_rank` trains, planned and parallelized, still on meta. The
+    parameter dtype follows the device the job targets (`device_type`)."""
+    parts = resolve_parts(spec, model, dims, cfg, param_dtype(cfg.training.mixed_precision_param, device_type),
+                          pp_rank)
     for part in parts.parts:
-        part.module = spec.parallelize_fn(part.module, dims, cfg, param_dtype, part)
+        part.module = spec.parallelize_fn(part.module, dims, cfg, part.plan, parts.param_dtype)
+    return parts
 
 
 def plan_records(parts: ModelParts) -> list[dict]:
-    """The plan.json `model_parts` entries of these parts. A unit's mesh is named only when
-    it is not the dense data-parallel one (experts)."""
-    return [
-        {
-            "stage": part.stage_id,
-            "fsdp_units": [
-                {"name": u.name or "<root>", "reshard_after_forward": part.reshard[u.name].reshard,
-                 "reason": part.reshard[u.name].reason, "param_bytes": u.param_bytes,
-                 **({"mesh": u.mesh} if u.mesh != "dp" else {})}
-                for u in part.units
-            ],
-            "ac_regions": [{"name": name, "mode": spec.compute, "fsdp_ac_policy": spec.fsdp_comm or "n/a",
-                            "label": spec.label} for name, spec in part.regions.items()],
-        }
-        for part in parts.parts
-    ]
+    """The plan.json `model_parts` entries of these parts."""
+    return [plan.record() for plan in parts.plans]

@@ -15,11 +15,17 @@ split over it, never over TP) and the experts' FSDP mesh = dp_replicate x dp_sha
 8 ranks, dp_shard 4, tp 2, ep 4:  dp_shard_mod_ep 2 x dp_shard_in_ep 2 x tp 2.
 """
 
+from __future__ import annotations
+
 import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 
+from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from torchtitan.distributed.job_shape import Degrees, degrees
+from torchtitan.distributed.plan import UnitKind
 from torchtitan.distributed.utils import group_options
 
 # Slicing by a flattened dim name (dp_shard under EP) is what this module is for; torch 2.13
@@ -27,46 +33,81 @@ from torchtitan.distributed.utils import group_options
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 
+class MeshDim(str, Enum):
+    """Every mesh dimension a job may have. Only this module spells them; everyone else asks
+    ParallelDims for a role (the dense / experts data-parallel mesh, the loss group, ...)."""
+
+    PP = "pp"
+    DP_REPLICATE = "dp_replicate"
+    DP_SHARD = "dp_shard"  # real, or under EP flattened from the next two
+    DP_SHARD_MOD_EP = "dp_shard_mod_ep"  # under EP: what EP leaves of dp_shard (experts' FSDP)
+    DP_SHARD_IN_EP = "dp_shard_in_ep"  # under EP: what EP takes of dp_shard
+    TP = "tp"
+    # flattened
+    DP = "dp"  # dp_replicate x dp_shard: the ranks that see different data
+    DP_SHARD_TP = "dp_shard_tp"  # one collective over FSDP and TP shards (e.g. the grad norm)
+    EP = "ep"  # dp_shard_in_ep x tp: expert parallel's all-to-all group
+    DP_TP = "dp_tp"  # every rank of one pipeline stage
+
+
+@dataclass(frozen=True)
+class DataParallelMesh:
+    """The ranks one kind of FSDP unit shards and replicates its parameters over."""
+
+    root: DeviceMesh
+    dims: tuple[MeshDim, ...]  # outermost first: the replicate dim (HSDP, DDP), then the shard dim
+    shard: MeshDim | None  # None: DDP, parameters replicated
+    replicate: MeshDim | None  # None: FSDP without replicas
+    # Gradients are averaged over every data-parallel rank. Experts under EP shard over fewer
+    # ranks (EP took the rest, each EP rank's gradient already sums its group's tokens), so
+    # their FSDP must divide by this instead of by its own mesh size.
+    divide_factor: int | None = None
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The 1-D mesh, or the 2-D (replicate, shard) mesh of HSDP."""
+        return self.root[tuple(d.value for d in self.dims)] if len(self.dims) > 1 else self.root[self.dims[0].value]
+
+    def with_model_dim(self, model_mesh: DeviceMesh) -> DeviceMesh:
+        """These dims plus a 1-D model-parallel mesh's dim (TP or EP) of the same root."""
+        return self.root[(*(d.value for d in self.dims), *model_mesh.mesh_dim_names)]
+
+    def size(self, dim: MeshDim | None) -> int:
+        return self.root[dim.value].size() if dim is not None else 1
+
+    def group_name(self, dim: MeshDim | None) -> str | None:
+        return self.root[dim.value].get_group().group_name if dim is not None else None
+
+    def local_rank(self, dim: MeshDim) -> int:
+        return self.root[dim.value].get_local_rank()
+
+    @property
+    def group_names(self) -> set[str]:
+        return {self.group_name(d) for d in self.dims}
+
+
 @dataclass
-class ParallelDims:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    ep: int
-    world_size: int
+class ParallelDims(Degrees):
     _mesh: DeviceMesh | None = field(default=None, repr=False)
     _group_opts: tuple | None = field(default=None, repr=False)
 
     @classmethod
-    def from_config(cls, cfg, world_size: int) -> "ParallelDims":
-        """Degrees of a validated config (config.validate has checked that they fit)."""
-        p = cfg.parallelism
-        others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
-        shard = p.data_parallel_shard_degree if p.data_parallel_shard_degree != -1 else world_size // others
-        return cls(
-            dp_replicate=p.data_parallel_replicate_degree, dp_shard=shard, tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree, world_size=world_size,
-        )
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def ep_from_dp_shard(self) -> int:
-        """How many of dp_shard's ranks EP takes (the rest of EP comes from tp)."""
-        return self.ep // self.tp if self.ep > 1 else 1
+    def from_config(cls, cfg, world_size: int) -> ParallelDims:
+        """Degrees of a config, by the rule the config check applies (job_shape.degrees)."""
+        d = degrees(cfg, world_size)
+        return cls(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.ep, world_size)
 
     @property
     def mesh_shape(self) -> dict[str, int]:
         """The real (not flattened) mesh dims, outermost first."""
         if self.ep > 1:
-            shard = {"dp_shard_mod_ep": self.dp_shard // self.ep_from_dp_shard, "dp_shard_in_ep": self.ep_from_dp_shard}
+            shard = {MeshDim.DP_SHARD_MOD_EP: self.dp_shard // self.ep_from_dp_shard,
+                     MeshDim.DP_SHARD_IN_EP: self.ep_from_dp_shard}
         else:
-            shard = {"dp_shard": self.dp_shard}
-        dims = {"pp": self.pp, "dp_replicate": self.dp_replicate, **shard, "tp": self.tp}
-        return {k: v for k, v in dims.items() if v > 1 or k.startswith("dp_shard")}
+            shard = {MeshDim.DP_SHARD: self.dp_shard}
+        dims = {MeshDim.PP: self.pp, MeshDim.DP_REPLICATE: self.dp_replicate, **shard, MeshDim.TP: self.tp}
+        # dp_shard is always there, so data parallelism (and mixed precision) applies alike on 1 rank
+        return {k.value: v for k, v in dims.items() if v > 1 or k.value.startswith(MeshDim.DP_SHARD.value)}
 
     def build_mesh(self, device_type: str, timeout_seconds: int | None = None) -> DeviceMesh:
         shape = self.mesh_shape
@@ -75,18 +116,17 @@ class ParallelDims:
         override = {name: opts for name in shape} if opts else None
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape), backend_override=override)
 
-        def flatten(dims: tuple[str, ...], name: str) -> None:
-            mesh[dims]._flatten(name, backend_override=opts)
+        def flatten(dims: tuple[MeshDim, ...], name: MeshDim) -> None:
+            mesh[tuple(d.value for d in dims)]._flatten(name.value, backend_override=opts)
 
+        shard = (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP) if self.ep > 1 else (MeshDim.DP_SHARD,)
         if self.ep > 1:
-            flatten(("dp_shard_mod_ep", "dp_shard_in_ep"), "dp_shard")
-            flatten(("dp_shard_in_ep", "tp") if self.tp > 1 else ("dp_shard_in_ep",), "ep")
+            flatten(shard, MeshDim.DP_SHARD)
+            flatten((MeshDim.DP_SHARD_IN_EP, MeshDim.TP) if self.tp > 1 else (MeshDim.DP_SHARD_IN_EP,), MeshDim.EP)
         if self.dp_replicate > 1:
-            flatten(("dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep") if self.ep > 1
-                    else ("dp_replicate", "dp_shard"), "dp")
+            flatten((MeshDim.DP_REPLICATE, *shard), MeshDim.DP)
         if self.dp_shard > 1 and self.tp > 1:
-            # Lets DTensor reduce over FSDP and TP shards in one collective (e.g. the grad norm).
-            flatten(("dp_shard_mod_ep", "dp_shard_in_ep", "tp") if self.ep > 1 else ("dp_shard", "tp"), "dp_shard_tp")
+            flatten((*shard, MeshDim.TP), MeshDim.DP_SHARD_TP)
         self._mesh = mesh
         return mesh
 
@@ -95,42 +135,77 @@ class ParallelDims:
         assert self._mesh is not None, "call build_mesh first"
         return self._mesh
 
-    def submesh(self, name: str) -> DeviceMesh | None:
-        """The named mesh dimension (flattened ones included), or None when that degree is 1.
+    def has(self, dim: MeshDim) -> bool:
+        """Whether the mesh has this dimension (real or flattened)."""
+        return dim.value in self.mesh_shape or dim.value in self.flattened_names()
 
-        fsdp: the 1-D or 2-D (HSDP) mesh dense parameters shard / replicate over.
-        experts_fsdp: the mesh the experts shard / replicate over (EP took the rest).
-        """
-        if name == "dp":
-            return self.mesh["dp"] if self.dp_replicate > 1 else self.mesh["dp_shard"]
-        if name == "fsdp":
-            return self.mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else self.mesh["dp_shard"]
-        if name == "ep":
-            return self.mesh["ep"] if self.ep > 1 else None
-        if name == "experts_fsdp":
-            if self.ep == 1:
-                return self.submesh("fsdp")
-            return self.mesh["dp_replicate", "dp_shard_mod_ep"] if self.dp_replicate > 1 else self.mesh["dp_shard_mod_ep"]
-        return self.mesh[name] if name in self.mesh_shape else None
+    def submesh(self, dim: MeshDim) -> DeviceMesh:
+        """One dimension of the mesh; KeyError when this job has none (its degree is 1)."""
+        dim = MeshDim(dim)  # a mistyped name raises here
+        if not self.has(dim):
+            raise KeyError(f"this job's mesh has no {dim.value!r} dimension (mesh {self.mesh_shape});"
+                           " its degree is 1: check the degree before asking for it")
+        return self.mesh[dim.value]
 
-    def batch_group(self):
+    # ---------------------------------------------------------------- roles
+
+    def dp_mesh(self, kind: UnitKind = UnitKind.DENSE) -> DataParallelMesh:
+        """Where units of `kind` shard / replicate: FSDP (dp_shard), HSDP (dp_replicate,
+        dp_shard) or DDP (dp_replicate). Routed experts under EP use what EP left of dp_shard."""
+        replicate = MeshDim.DP_REPLICATE if self.dp_replicate > 1 else None
+        if self.dp_shard == 1 and replicate is not None:  # DDP
+            return DataParallelMesh(self.mesh, (replicate,), None, replicate)
+        if kind is UnitKind.EXPERTS and self.ep > 1:
+            shard = MeshDim.DP_SHARD_MOD_EP
+            dims = (replicate, shard) if replicate else (shard,)
+            return DataParallelMesh(self.mesh, dims, shard, replicate, divide_factor=self.dp)
+        dims = (replicate, MeshDim.DP_SHARD) if replicate else (MeshDim.DP_SHARD,)
+        return DataParallelMesh(self.mesh, dims, MeshDim.DP_SHARD, replicate)
+
+    def fsdp_group_names(self) -> frozenset[str]:
+        """Every process group FSDP's own collectives run on (dense units' and experts')."""
+        return frozenset(self.dp_mesh(UnitKind.DENSE).group_names | self.dp_mesh(UnitKind.EXPERTS).group_names)
+
+    def loss_mesh(self) -> DeviceMesh:
+        """The ranks that see different data: losses and batch-level sums are reduced over it."""
+        return self.mesh[MeshDim.DP.value] if self.dp_replicate > 1 else self.mesh[MeshDim.DP_SHARD.value]
+
+    def loss_group(self) -> ProcessGroup:
+        return self.loss_mesh().get_group()
+
+    def dp_rank(self) -> int:
+        """Which slice of the global batch this rank reads."""
+        return self.loss_mesh().get_local_rank()
+
+    def tp_mesh(self) -> DeviceMesh | None:
+        return self.submesh(MeshDim.TP) if self.tp > 1 else None
+
+    def ep_mesh(self) -> DeviceMesh | None:
+        return self.submesh(MeshDim.EP) if self.ep > 1 else None
+
+    def pp_group(self) -> ProcessGroup | None:
+        return self.submesh(MeshDim.PP).get_group() if self.pp > 1 else None
+
+    def pp_rank(self) -> int:
+        return self.submesh(MeshDim.PP).get_local_rank() if self.pp > 1 else 0
+
+    def batch_group(self) -> ProcessGroup:
         """The process group of one pipeline stage's ranks (data-parallel and TP): together
         they route the whole global batch through the stage's layers. Made on first use."""
-        dims = tuple(d for d in self.mesh_shape if d != "pp")
+        dims = tuple(d for d in self.mesh_shape if d != MeshDim.PP.value)
         if len(dims) == 1:
             return self.mesh[dims[0]].get_group()
         # flattening again returns the same group; it gets the job's collective timeout too
-        return self.mesh[dims]._flatten("dp_tp", backend_override=self._group_opts).get_group()
-
-    def dp_dims(self) -> list[str]:
-        """Mesh dims data parallelism runs over: FSDP, HSDP or DDP."""
-        if self.dp_shard == 1 and self.dp_replicate > 1:
-            return ["dp_replicate"]
-        return ["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else ["dp_shard"]
-
-    def dp_rank(self) -> int:
-        return self.submesh("dp").get_local_rank()
+        return self.mesh[dims]._flatten(MeshDim.DP_TP.value, backend_override=self._group_opts).get_group()
 
     def flattened_names(self) -> tuple[str, ...]:
-        """Flattened dims that comm stats should name (those that exist in this mesh)."""
-        return ("dp", "dp_shard_tp", "ep") + (("dp_shard",) if self.ep > 1 else ())
+        """Flattened dims of this mesh, in the order comm stats name collectives by them."""
+        built = {MeshDim.DP: self.dp_replicate > 1, MeshDim.DP_SHARD_TP: self.dp_shard > 1 and self.tp > 1,
+                 MeshDim.EP: self.ep > 1, MeshDim.DP_SHARD: self.ep > 1}
+        return tuple(d.value for d, exists in built.items() if exists)
+
+    def named_groups(self) -> dict[str, str]:
+        """Process-group name -> mesh dimension name, flattened dims included (comm stats)."""
+        from torchtitan.distributed.comm_stats import mesh_group_dims
+
+        return mesh_group_dims(self.mesh, self.flattened_names())

@@ -4,6 +4,8 @@ the config check can reject an impossible split before any process starts.
 
 from dataclasses import dataclass
 
+from torchtitan.distributed.plan import BLOCKS
+
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -42,15 +44,15 @@ def plan_pipeline(
     key = "--parallelism.pipeline_parallel"
     if split_points:
         try:
-            bounds = [int(s.split(".")[-1]) for s in split_points]
+            bounds = [int(s.split(".")[-1]) for s in split_points]  # block names: f"{BLOCKS}.<i>"
         except ValueError:
             raise PipelineLayoutError(
-                f"{key}_split_points={','.join(split_points)}: use block names like layers.2,layers.4"
+                f"{key}_split_points={','.join(split_points)}: use block names like {BLOCKS}.2,{BLOCKS}.4"
             ) from None
         if bounds != sorted(set(bounds)) or bounds[0] <= 0 or bounds[-1] >= n_layers:
             raise PipelineLayoutError(
                 f"{key}_split_points={','.join(split_points)}: boundaries must increase strictly"
-                f" within layers.1 .. layers.{n_layers - 1}"
+                f" within {BLOCKS}.1 .. {BLOCKS}.{n_layers - 1}"
             )
         edges = [0, *bounds, n_layers]
     else:

@@ -14,25 +14,27 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-from torchtitan.distributed.pipeline_layout import PipelineLayout
+from torchtitan.distributed.pipeline_layout import V_SCHEDULES, PipelineLayout
+from torchtitan.distributed.plan import BLOCKS
 
 
-def split_model(
-    model: nn.Module, layout: PipelineLayout, pp_rank: int, first_modules: tuple[str, ...], last_modules: tuple[str, ...]
-) -> list[tuple[int, nn.Module]]:
-    """(stage id, stage module) for each stage this pipeline rank holds."""
+def split_model(model: nn.Module, layout: PipelineLayout, pp_rank: int) -> list[tuple[int, nn.Module]]:
+    """(stage id, stage module) for each stage this pipeline rank holds. `model` follows
+    protocols.model.TrainableModel: blocks in `.layers`, and the modules only the first /
+    last stage keeps in `.first_stage_modules` / `.last_stage_modules`."""
     parts = []
     for stage_id in layout.stage_ids(pp_rank):
         part = copy.deepcopy(model)
         keep = {str(i) for i in layout.stages[stage_id]}
-        for name in list(part.layers.keys()):
+        blocks = getattr(part, BLOCKS)
+        for name in list(blocks.keys()):
             if name not in keep:
-                del part.layers[name]
+                del blocks[name]
         if stage_id != 0:
-            for name in first_modules:
+            for name in model.first_stage_modules:
                 setattr(part, name, None)
         if stage_id != layout.num_stages - 1:
-            for name in last_modules:
+            for name in model.last_stage_modules:
                 setattr(part, name, None)
         parts.append((stage_id, part))
     return parts
@@ -76,3 +78,22 @@ def build_pipeline(
     if issubclass(schedule_cls, PipelineScheduleSingle):
         return schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
     return schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+def run_schedule(schedule, layout: PipelineLayout, stage_ids: list[int], inputs: torch.Tensor,
+                 labels: torch.Tensor, train: bool = True) -> list[torch.Tensor]:
+    """One pass of the schedule over a local batch (forward only unless `train`); the last
+    stage's per-microbatch losses, [] on other ranks."""
+    if not train and layout.schedule in V_SCHEDULES:
+        # torch 2.13's V schedules cannot run forward only (eval() asks a stage without
+        # backward for its input gradients): run the full step; the caller drops the gradients.
+        with torch.enable_grad():
+            return run_schedule(schedule, layout, stage_ids, inputs, labels, train=True)
+    run = schedule.step if train else schedule.eval
+    args = (inputs,) if 0 in stage_ids else ()
+    losses: list[torch.Tensor] = []
+    if layout.num_stages - 1 in stage_ids:
+        run(*args, target=labels, losses=losses)
+    else:
+        run(*args)
+    return losses

@@ -14,9 +14,8 @@ Why "auto" decides as it does:
   gathers it again at once, so it never reshards.
 """
 
-from dataclasses import dataclass
-
 from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE
+from torchtitan.distributed.plan import Decision, FsdpUnit
 
 POLICIES = ("auto", "always", "never")
 GIB = 2**30
@@ -26,24 +25,14 @@ class ReshardPolicyError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Unit:
-    name: str  # FSDP unit module name; "" is the root (what no other unit took)
-    param_bytes: int  # unsharded parameter bytes on this rank, in the param dtype
-    is_root: bool = False
-    block: str | None = None  # the transformer block it belongs to (a block, or experts nested in one)
-    mesh: str = "dp"  # what it shards over: "dp" (dense data-parallel mesh) or "experts" (experts' FSDP mesh)
-
-    @property
-    def position(self) -> str:
-        """What the rules order by: its block, or itself when it is in none (embeddings)."""
-        return self.block or self.name
-
-
-@dataclass(frozen=True)
-class Decision:
-    reshard: bool
-    reason: str
+def check_policy(policy: str, pp_enabled: bool, schedule: str) -> None:
+    """The policy name, and the schedules it cannot run with (the config check calls this too)."""
+    if policy not in POLICIES:
+        raise ReshardPolicyError(
+            f"--parallelism.reshard_after_forward={policy!r}: choose one of {', '.join(POLICIES)}"
+        )
+    if policy == "always" and pp_enabled and schedule in ZERO_BUBBLE:
+        raise ReshardPolicyError(_zero_bubble_message(schedule, "reshard_after_forward=always"))
 
 
 def _gib(n: int) -> str:
@@ -55,18 +44,13 @@ def resolve(
     pp_enabled: bool,
     schedule: str,
     n_microbatches: int,
-    parts: list[list[Unit]],
+    parts: list[list[FsdpUnit]],
     budget_bytes: int = 0,
 ) -> list[dict[str, Decision]]:
     """One {unit name: Decision} per model part of this rank (parts in pipeline order, units
     in forward order)."""
-    if policy not in POLICIES:
-        raise ReshardPolicyError(
-            f"--parallelism.reshard_after_forward={policy!r}: choose one of {', '.join(POLICIES)}"
-        )
+    check_policy(policy, pp_enabled, schedule)
     zero_bubble = pp_enabled and schedule in ZERO_BUBBLE
-    if policy == "always" and zero_bubble:
-        raise ReshardPolicyError(_zero_bubble_message(schedule, "reshard_after_forward=always"))
 
     plan: list[dict[str, Decision]] = []
     for units in parts:
@@ -97,7 +81,8 @@ def resolve(
     return plan
 
 
-def _fit_budget(plan, parts, budget: int, zero_bubble: bool, schedule: str) -> None:
+def _fit_budget(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]], budget: int, zero_bubble: bool,
+                schedule: str) -> None:
     """Reshard kept non-root blocks (each with its nested units), earliest in forward order
     first, until the kept bytes of all of the rank's parts fit the budget."""
     sizes = {(i, u.name): u.param_bytes for i, units in enumerate(parts) for u in units}
@@ -131,7 +116,7 @@ def _fit_budget(plan, parts, budget: int, zero_bubble: bool, schedule: str) -> N
         _note_kept(plan, f"fits the budget once earlier units reshard ({_gib(kept())} <= {_gib(budget)})")
 
 
-def _note_kept(plan, note: str) -> None:
+def _note_kept(plan: list[dict[str, Decision]], note: str) -> None:
     for decisions in plan:
         for name, dec in decisions.items():
             if not dec.reshard:
@@ -146,5 +131,5 @@ def _zero_bubble_message(schedule: str, what: str) -> str:
     )
 
 
-def kept_bytes(plan: list[dict[str, Decision]], parts: list[list[Unit]]) -> int:
+def kept_bytes(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]]) -> int:
     return sum(u.param_bytes for d, units in zip(plan, parts) for u in units if not d[u.name].reshard)

@@ -27,6 +27,7 @@ unsharded, and the backward of the step's last microbatch reduce-scatters the su
 
 import contextlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -36,7 +37,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.nn.utils.stateless import _reparametrize_module
 
-from torchtitan.distributed.fsdp import DTYPES
+from torchtitan.distributed.parallel_dims import DataParallelMesh
+from torchtitan.distributed.plan import FsdpUnit, PartPlan, UnitKind
+from torchtitan.dtypes import DTYPES
 
 _fc = torch.ops._c10d_functional
 # A unit's forward receives its input from a pre-hook on the outermost wrapper, i.e. from
@@ -289,9 +292,8 @@ def _unit_class(cls: type) -> type:
                 values = _GatherUnit.apply(unit.layout, unit.regather, *kwargs.pop(_SHARDS_KWARG))
             saving = (torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
                       if unit.regather is not None else contextlib.nullcontext())
-            inner = self.__dict__.get("_simple_fsdp_inner")  # an instance's own forward (expert parallel)
             with saving, _reparametrize_module(self, unit.bind(values)):
-                return inner(*args, **kwargs) if inner is not None else cls.forward(self, *args, **kwargs)
+                return cls.forward(self, *args, **kwargs)
 
         _UNIT_CLASSES[cls] = type(f"SimpleFSDP{cls.__name__}", (cls,), {"forward": forward})
     return _UNIT_CLASSES[cls]
@@ -320,38 +322,32 @@ def _dp_placement(tp_placement, tp_size: int):
     return Shard(0)
 
 
-def _shard_param(param: nn.Parameter, mesh: DeviceMesh, dims: list[str], shard_dim: str | None) -> nn.Parameter:
+def _shard_param(param: nn.Parameter, dp: DataParallelMesh, kind: UnitKind) -> nn.Parameter:
     """A meta parameter (plain, or a TP / EP DTensor) -> a DTensor on the data-parallel dims
-    (+ its model-parallel dim), sharded on dim 0 over `shard_dim` when there is one."""
+    (+ its model-parallel dim), sharded on dim 0 over the shard dim when there is one."""
     if isinstance(param, DTensor):
         tp_mesh, tp_placements, local = param.device_mesh, list(param.placements), param.to_local()
-        full_mesh = mesh[(*dims, tp_mesh.mesh_dim_names[0])]
+        full_mesh = dp.with_model_dim(tp_mesh)
     else:
         tp_mesh, tp_placements, local = None, [], param.data
-        full_mesh = mesh[tuple(dims)] if len(dims) > 1 else mesh[dims[0]]
-    placements = [Replicate()] * len(dims)
-    if shard_dim is not None:
-        shard_coord = full_mesh.get_local_rank(dims.index(shard_dim))
-        shard_size = full_mesh.size(dims.index(shard_dim))
+        full_mesh = dp.mesh
+    placements = [Replicate()] * len(dp.dims)
+    if dp.shard is not None:
+        shard_coord, shard_size = dp.local_rank(dp.shard), dp.size(dp.shard)
         if local.shape[0] % shard_size:
             what = ("data_parallel_shard_degree / (expert_parallel_degree / tensor_parallel_degree)"
-                    if shard_dim == "dp_shard_mod_ep" else "data_parallel_shard_degree")
+                    if kind is UnitKind.EXPERTS else "data_parallel_shard_degree")
             raise ValueError(
                 f"--parallelism.fsdp_implementation=simple_fsdp: a parameter of shape {tuple(param.shape)} has"
                 f" dim 0 = {local.shape[0]} on this TP/EP rank, not divisible by {what} = {shard_size} (SimpleFSDP"
                 " does not pad); use fsdp2 or other degrees"
             )
         tp_size = tp_mesh.size() if tp_mesh is not None else 1
-        placements[dims.index(shard_dim)] = _dp_placement(tp_placements[0] if tp_placements else None, tp_size)
+        placements[dp.dims.index(dp.shard)] = _dp_placement(tp_placements[0] if tp_placements else None, tp_size)
         local = local.chunk(shard_size, dim=0)[shard_coord]
     dt = DTensor.from_local(local, full_mesh, placements + tp_placements, run_check=False,
                             shape=param.shape, stride=param.stride())
     return nn.Parameter(dt, requires_grad=param.requires_grad)
-
-
-def experts_dims(dims: list[str]) -> list[str]:
-    """The data-parallel dims of routed experts under EP: what EP left of dp_shard."""
-    return [d for d in dims if d == "dp_replicate"] + ["dp_shard_mod_ep"]
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -363,33 +359,36 @@ def unwrap(module: nn.Module) -> nn.Module:
         module = inner
 
 
-@dataclass(frozen=True)
-class UnitSpec:
-    """What simple_fsdp needs of one unit of the plan."""
+def gathers_once_per_step(unit: FsdpUnit, microbatches: int) -> bool:
+    """Under PP a unit the plan keeps is gathered once per step, unless its AC region
+    recomputes FSDP's gathers (fsdp_ac_policy=recompute asks for a gather per microbatch,
+    redone in backward)."""
+    region = unit.region
+    return microbatches > 1 and not unit.reshard and (region is None or region.fsdp_comm != "recompute")
 
-    name: str  # submodule path ("" = the root: whatever no other unit owns)
-    experts: bool = False  # routed experts split by EP: sharded over dp_shard_mod_ep
-    once_per_step: bool = False  # PP and kept by the plan: gathered once per step
-    regather_by_hooks: bool = False  # resharded, no AC region, eager: saved-tensor hooks re-gather
+
+def regathers_by_hooks(unit: FsdpUnit) -> bool:
+    """A resharded unit whose region leaves the re-gather to saved-tensor hooks (eager)."""
+    return unit.reshard and unit.region is not None and unit.region.by_hooks
 
 
 def simple_fsdp(
-    model: nn.Module, mesh: DeviceMesh, dp_dims: list[str], param_dtype: str, reduce_dtype: str,
-    units: list[UnitSpec], microbatches: int = 1,
+    model: nn.Module, plan: PartPlan, mesh_of: Callable[[UnitKind], DataParallelMesh], param_dtype: str,
+    reduce_dtype: str,
 ) -> nn.Module:
-    """Make every unit of `model` (on meta, after TP / EP / AC / compile) a SimpleFSDP unit,
-    in place. dp_dims: ["dp_shard"] (FSDP), ["dp_replicate", "dp_shard"] (HSDP) or
-    ["dp_replicate"] (DDP). Experts' gradients are averaged over every data-parallel rank."""
+    """Make every unit of `plan` a SimpleFSDP unit of `model` (on meta, after TP / EP / AC /
+    compile), in place, on its kind's data-parallel mesh (FSDP, HSDP or DDP). Gradients,
+    experts' too, are averaged over every data-parallel rank."""
+    dense = mesh_of(UnitKind.DENSE)
     dp_size = 1
-    for d in dp_dims:
-        dp_size *= mesh[d].size()
+    for d in dense.dims:
+        dp_size *= dense.size(d)
     claimed: set[int] = set()
     # Nested units (experts) first, the root last: a unit owns what no inner unit took.
-    for spec in sorted(units, key=lambda u: (u.name == "", -u.name.count("."), -len(u.name))):
+    for spec in sorted(plan.units, key=lambda u: (u.is_root, -u.name.count("."), -len(u.name))):
         holder = model.get_submodule(spec.name) if spec.name else model
         module = unwrap(holder)
-        dims = experts_dims(dp_dims) if spec.experts else dp_dims
-        shard_dim = ("dp_shard_mod_ep" if spec.experts else "dp_shard") if "dp_shard" in dp_dims else None
+        dp = mesh_of(spec.kind)
         entries, local_shapes, shapes, tp_specs = [], [], [], []
         for path, param in list(module.named_parameters()):
             if id(param) in claimed:
@@ -398,37 +397,26 @@ def simple_fsdp(
             owner = module.get_submodule(owner_path) if owner_path else module
             is_tp = isinstance(param, DTensor)
             tp_specs.append((param.device_mesh, tuple(param.placements), param.shape, param.stride()) if is_tp else None)
-            sharded = _shard_param(param, mesh, dims, shard_dim)
+            sharded = _shard_param(param, dp, spec.kind)
             owner._parameters[attr] = sharded
             claimed.add(id(sharded))
             local = sharded.to_local()
             entries.append((owner, attr, path))
             local_shapes.append(local.shape)
-            n = mesh[shard_dim].size() if shard_dim else 1
-            shapes.append(torch.Size((local.shape[0] * n, *local.shape[1:])))
+            shapes.append(torch.Size((local.shape[0] * dp.size(dp.shard), *local.shape[1:])))
         if not entries:
             continue
-        gathers = shard_dim is not None and mesh[shard_dim].size() > 1  # (experts: EP may take all of dp_shard)
+        gathers = dp.size(dp.shard) > 1  # (experts: EP may take all of dp_shard)
         layout = UnitLayout(
-            shard_group=mesh[shard_dim].get_group().group_name if gathers else None,
-            shard_size=mesh[shard_dim].size() if shard_dim else 1,
-            replicate_group=mesh["dp_replicate"].get_group().group_name if "dp_replicate" in dims else None,
+            shard_group=dp.group_name(dp.shard) if gathers else None,
+            shard_size=dp.size(dp.shard),
+            replicate_group=dp.group_name(dp.replicate),
             grad_scale=1.0 / dp_size, param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype],
             local_shapes=tuple(local_shapes), gathered_shapes=tuple(shapes),
         )
-        unit = _Unit(entries, layout, tp_specs, _StepState(microbatches) if spec.once_per_step else None,
-                     spec.regather_by_hooks)
+        step = _StepState(plan.microbatches) if gathers_once_per_step(spec, plan.microbatches) else None
+        unit = _Unit(entries, layout, tp_specs, step, regathers_by_hooks(spec))
         module._simple_fsdp_unit = unit
-        inner = module.__dict__.pop("forward", None)  # an instance's own forward (expert parallel's dispatch)
-        if inner is not None:
-            module._simple_fsdp_inner = inner
         module.__class__ = _unit_class(module.__class__)
         holder.register_forward_pre_hook(_pass_inputs(unit), with_kwargs=True)  # outermost wrapper
     return model
-
-
-def fsdp_group_names(mesh: DeviceMesh, dp_dims: list[str], experts: bool = False) -> set[str]:
-    """Process groups whose collectives are SimpleFSDP's (what SAC policies recognise): the
-    data-parallel dims, and with experts under EP also theirs."""
-    dims = set(dp_dims) | (set(experts_dims(dp_dims)) if experts else set())
-    return {mesh[d].get_group().group_name for d in dims}

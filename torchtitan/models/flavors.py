@@ -3,13 +3,9 @@ the config check)."""
 
 import dataclasses
 
-from torchtitan.models.deepseek_v3.args import FLAVORS as DEEPSEEK_V3_FLAVORS
-from torchtitan.models.llama3.args import FLAVORS as LLAMA3_FLAVORS
+from torchtitan.models.registry import MODELS
 
-MODEL_FLAVORS: dict[str, dict] = {
-    "llama3": LLAMA3_FLAVORS,
-    "deepseek_v3": DEEPSEEK_V3_FLAVORS,
-}
+MODEL_FLAVORS: dict[str, dict] = {name: entry.flavors for name, entry in MODELS.items()}
 
 
 def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None):

@@ -8,7 +8,9 @@ IGNORED (a regex of stored tensors that are not weights).
 
 import importlib
 
-_CONVERTERS = {"llama3": "torchtitan.models.llama3.hf_convert"}
+from torchtitan.models.registry import MODELS
+
+_CONVERTERS = {name: entry.hf_converter for name, entry in MODELS.items() if entry.hf_converter}
 
 
 def hf_converter(model_name: str):

@@ -43,6 +43,26 @@ def ones() -> InitFn:
     return lambda t, g: t.fill_(1.0)
 
 
+# Output projections of attention and FFN (and the experts' stacks of them): their init
+# shrinks with depth, which keeps the residual stream's variance flat with depth.
+_DEPTH_SCALED = ("wo.weight", "w2.weight", "w3.weight", "experts.w2", "experts.w3")
+
+
+def transformer_init_fn(fqn: str, dim: int) -> InitFn:
+    """The initial distribution of parameter `fqn` (original, unwrapped name) of a decoder
+    whose blocks are `layers.<i>` with embeddings `tok_embeddings`, head `output`, norms `*norm`."""
+    if fqn.endswith("norm.weight"):
+        return ones()
+    if fqn.startswith("tok_embeddings"):
+        return normal(1.0)
+    if fqn.startswith("output"):
+        return trunc_normal(dim**-0.5)
+    layer_id = int(fqn.split(".")[1])
+    if fqn.endswith(_DEPTH_SCALED):
+        return trunc_normal(0.02 / math.sqrt(2 * (layer_id + 1)))
+    return trunc_normal(0.02)
+
+
 @torch.no_grad()
 def init_parameters(
     model: nn.Module, init_fn_for: Callable[[str], InitFn], seed: int, device,

@@ -2,9 +2,10 @@
 group-limited routing, grouped experts, and the MoE layer with DeepSeek-V3's load balancing.
 
 Dispatch: every token's k (token, expert) copies are sorted by expert with a stable argsort,
-the sorted rows go through ONE call `experts(x_sorted, counts)` (expert parallelism wraps
-that call with its all-to-all, see torchtitan/distributed/expert_parallel.py), and the
-outputs are un-permuted and combined with the routing weights. Nothing syncs with the host.
+the sorted rows go through ONE call of the layer's dispatcher, `dispatcher(experts, x_sorted,
+counts)`: local by default, an all-to-all one once expert parallelism is applied (see
+torchtitan/distributed/expert_parallel.py), and the outputs are un-permuted and combined
+with the routing weights. Without EP nothing syncs with the host.
 
 Load balancing (DeepSeek-V3 report, section 2.1.2):
 - aux-loss-free: a per-expert `expert_bias` is added to the scores for SELECTION only; the
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from torchtitan.distributed.expert_parallel import LocalDispatcher, TokenDispatcher
 from torchtitan.models.common.feed_forward import FeedForward
 
 
@@ -180,6 +182,8 @@ class MoE(nn.Module):
             dim, n_experts, top_k, n_groups, n_limited_groups, score_func, route_norm, route_scale
         )
         self.experts = GroupedExperts(dim, hidden, n_experts)
+        # How sorted rows reach the experts; expert parallelism swaps in its all-to-all one.
+        self.dispatcher: TokenDispatcher = LocalDispatcher()
         self.shared_experts = FeedForward(dim, hidden * n_shared_experts) if n_shared_experts > 0 else None
         self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.int64), persistent=False)
@@ -224,7 +228,7 @@ class MoE(nn.Module):
         order = torch.argsort(slot_expert, stable=True)
         # advanced indexing (not index_select): its backward is index_put with accumulate,
         # which CUDA computes deterministically (sorted), unlike index_add's atomics
-        y_sorted = _run_experts(self.experts, flat[order // k], counts)
+        y_sorted = _run_experts(self.dispatcher, self.experts, flat[order // k], counts)
         inverse = torch.empty_like(order).scatter(0, order, torch.arange(order.numel(), device=order.device))
         y = y_sorted[inverse].view(n_tok, k, dim)
         # combine the k copies of a token in a fixed order: [T, 1, k] @ [T, k, dim]
@@ -236,11 +240,11 @@ class MoE(nn.Module):
 
 
 @torch._dynamo.disable
-def _run_experts(experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def _run_experts(dispatcher: TokenDispatcher, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """The routed experts (and expert-parallel dispatch, with its host sync), kept out of
     torch.compile's graph: the split sizes are data-dependent, and torch 2.13 traces grouped
     GEMM in bfloat16 only. The rest of the block (attention, router, sort, combine) compiles."""
-    return experts(x, counts)
+    return dispatcher(experts, x, counts)
 
 
 def moe_modules(model: nn.Module) -> list[MoE]:

@@ -1,5 +1,6 @@
-"""TP plans shared by the decoder models: the root (embeddings, final norm, output) and a
-SwiGLU feed-forward, Megatron-style with sequence parallel between blocks."""
+"""TP shardings (parallelize_module layouts) shared by the decoder models: the root
+(embeddings, final norm, output) and a SwiGLU feed-forward, Megatron-style with sequence
+parallel between blocks."""
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -10,24 +11,24 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def root_plan(model, loss_parallel: bool) -> dict:
+def root_sharding(model, loss_parallel: bool) -> dict:
     """Embeddings row-wise (output sharded over the sequence), final norm sequence-parallel,
     output column-wise (logits sharded over the vocabulary for the loss-parallel loss)."""
-    plan = {}
+    sharding = {}
     if model.tok_embeddings is not None:
-        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        sharding["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
     if model.norm is not None:
-        plan["norm"] = SequenceParallel()
+        sharding["norm"] = SequenceParallel()
     if model.output is not None:
-        plan["output"] = ColwiseParallel(
+        sharding["output"] = ColwiseParallel(
             input_layouts=Shard(1),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
-    return plan
+    return sharding
 
 
-def feed_forward_plan(name: str) -> dict:
+def feed_forward_sharding(name: str) -> dict:
     """A SwiGLU feed-forward at `name`: the sequence gathered in, hidden units split, the
     output reduce-scattered back over the sequence."""
     return {

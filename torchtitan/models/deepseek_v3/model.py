@@ -8,12 +8,14 @@ the same code runs on TP-sharded weights (wq / wq_b / wkv_b column-split, wo row
 """
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtitan.models.common.init import InitFn, init_parameters, normal, ones, trunc_normal
+from torchtitan.distributed.plan import FsdpUnit, UnitKind
+from torchtitan.models.common.init import init_parameters, transformer_init_fn
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.common.rmsnorm import RMSNorm
@@ -158,7 +160,11 @@ def _is_expert_stack(fqn: str) -> bool:
 
 
 class Transformer(nn.Module):
-    """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection."""
+    """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection.
+    Implements protocols.model.TrainableModel."""
+
+    first_stage_modules = ("tok_embeddings",)  # kept by the first pipeline stage only
+    last_stage_modules = ("norm", "output")  # kept by the last pipeline stage only
 
     def __init__(self, args: DeepSeekV3Args):
         super().__init__()
@@ -176,14 +182,14 @@ class Transformer(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
-    def fsdp_units(self) -> list[tuple[str, str | None, bool]]:
-        """(submodule, block it belongs to, holds routed experts) per FSDP unit, forward order;
-        a MoE block's routed experts are their own unit (they shard over the experts' mesh)."""
-        units = [("tok_embeddings", None, False)] if self.tok_embeddings is not None else []
+    def fsdp_units(self) -> list[FsdpUnit]:
+        """FSDP units in forward order; a MoE block's routed experts are their own unit, of
+        their block, on the experts' data-parallel mesh."""
+        units = [FsdpUnit("tok_embeddings")] if self.tok_embeddings is not None else []
         for k, block in self.layers.items():
-            units.append((f"layers.{k}", f"layers.{k}", False))
+            units.append(FsdpUnit(f"layers.{k}", block=f"layers.{k}"))
             if getattr(block, "moe_enabled", False):
-                units.append((f"layers.{k}.moe.experts", f"layers.{k}", True))
+                units.append(FsdpUnit(f"layers.{k}.moe.experts", block=f"layers.{k}", kind=UnitKind.EXPERTS))
         return units
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -201,24 +207,11 @@ class Transformer(nn.Module):
         attn = 6.0 * len(self.layers) * seq_len * a.n_heads * (a.qk_head_dim + a.v_head_dim)
         return 6.0 * (n_params - emb) + attn
 
-    def init_fn_for(self, fqn: str) -> InitFn:
-        """The initial distribution of parameter `fqn` (original, unwrapped name)."""
-        if fqn.endswith("norm.weight"):
-            return ones()
-        if fqn.startswith("tok_embeddings"):
-            return normal(1.0)
-        if fqn.startswith("output"):
-            return trunc_normal(self.args.dim**-0.5)
-        layer_id = int(fqn.split(".")[1])
-        if fqn.endswith(("wo.weight", "w2.weight", "w3.weight", "experts.w2", "experts.w3")):
-            # Depth-scaled init keeps the residual stream's variance flat with depth.
-            return trunc_normal(0.02 / math.sqrt(2 * (layer_id + 1)))
-        return trunc_normal(0.02)
-
     def init_weights(self, seed: int, device) -> None:
         """Materialised (to_empty) model -> deterministic weights, zeroed MoE buffers and the
         RoPE cache. Routed-expert stacks are drawn per expert (only this rank's experts)."""
-        init_parameters(self, self.init_fn_for, seed, device, per_expert=_is_expert_stack)
+        init_parameters(self, partial(transformer_init_fn, dim=self.args.dim), seed, device,
+                        per_expert=_is_expert_stack)
         for m in self.modules():
             if isinstance(m, MoE):
                 m.reset_buffers()

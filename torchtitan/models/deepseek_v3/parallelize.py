@@ -15,21 +15,23 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.data_parallel import apply_data_parallel, build_units, fsdp_ac_groups
+from torchtitan.distributed.data_parallel import apply_data_parallel, fsdp_ac_groups
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, apply_expert_parallel
-from torchtitan.distributed.reshard_policy import Unit
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.plan import PartPlan
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
-from torchtitan.models.common.tensor_parallel import feed_forward_plan, root_plan
+from torchtitan.models.common.moe import moe_modules
+from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
+from torchtitan.models.deepseek_v3.args import FLAVORS
+from torchtitan.models.deepseek_v3.model import Transformer
+from torchtitan.protocols.train_spec import TrainSpec
 
 # Modules TP keeps whole: MLA's LoRA down-projections (their outputs are small and feed the
 # norms before the head-split up-projections) and the router.
 _TP_WHOLE = ("attention.wq_a.", "attention.wkv_a.", "moe.router.")
-
-
-def fsdp_units(model: nn.Module, dims, dtype_bytes: int) -> list[Unit]:
-    return build_units(model, dims.tp, dims.ep, dtype_bytes, tp_whole=lambda name: any(k in name for k in _TP_WHOLE))
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -38,10 +40,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     and shared experts column/row-wise. Routed experts are not TP-split: under sequence
     parallel each TP rank routes its own tokens, and EP (which includes the TP ranks) moves
     them to their experts."""
-    parallelize_module(model, tp_mesh, root_plan(model, loss_parallel))
+    parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
     for block in model.layers.values():
         attn = block.attention
-        plan = {
+        sharding = {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
                                             use_local_output=True),
@@ -53,40 +55,40 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
             "ffn_norm": SequenceParallel(),
         }
         if getattr(attn, "wq", None) is not None:
-            plan["attention.wq"] = ColwiseParallel()
+            sharding["attention.wq"] = ColwiseParallel()
         else:
-            plan.update({"attention.wq_a": ReplicateParallel(), "attention.q_norm": ReplicateParallel(),
+            sharding.update({"attention.wq_a": ReplicateParallel(), "attention.q_norm": ReplicateParallel(),
                          "attention.wq_b": ColwiseParallel()})
         if block.moe_enabled:
-            plan.update({
+            sharding.update({
                 # Each TP rank keeps its own tokens: the router's gradient is summed over TP.
                 "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
                                           use_local_output=True),
                 "moe.router.gate": ReplicateParallel(input_layout=Shard(0)),
             })
             if block.moe.shared_experts is not None:
-                plan.update(feed_forward_plan("moe.shared_experts"))
+                sharding.update(feed_forward_sharding("moe.shared_experts"))
         else:
-            plan.update(feed_forward_plan("feed_forward"))
-        parallelize_module(block, tp_mesh, plan)
+            sharding.update(feed_forward_sharding("feed_forward"))
+        parallelize_module(block, tp_mesh, sharding)
 
 
-def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
-    for block in model.layers.values():
-        if block.moe_enabled:
-            apply_expert_parallel(block.moe.experts, ep_mesh)
-
-
-def parallelize_deepseekv3(model: nn.Module, dims, cfg, param_dtype: str, plan) -> nn.Module:
-    """`plan` (a ModelPart: units, reshard decisions, AC regions) was resolved beforehand."""
-    tp_mesh = dims.submesh("tp")
+def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan,
+                           param_dtype: str) -> nn.Module:
+    """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
+    tp_mesh = dims.tp_mesh()
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, cfg.parallelism.loss_parallel)
-    if dims.ep > 1:
-        apply_ep(model, dims.submesh("ep"))
+    ep_mesh = dims.ep_mesh()
+    if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
+        for moe in moe_modules(model):
+            apply_expert_parallel(moe, ep_mesh)
     # Op SAC also keeps the dispatched tokens: recompute then neither re-routes nor re-sends.
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS)
     if cfg.compile.enable:
         apply_compile(model.layers, cfg.compile, fullgraph=False)  # MoE dispatch + experts stay eager
-    apply_data_parallel(model, dims, cfg, param_dtype, plan)
+    apply_data_parallel(model, dims, cfg, plan, param_dtype)
     return model
+
+
+TRAIN_SPEC = TrainSpec("deepseek_v3", Transformer, FLAVORS, parallelize_deepseekv3, tp_replicated=_TP_WHOLE)

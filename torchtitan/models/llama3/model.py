@@ -6,14 +6,15 @@ output has those attributes set to None and passes hidden states through.
 Head counts are read from tensor shapes, so the same code runs on TP-sharded weights.
 """
 
-import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.models.common.feed_forward import FeedForward
-from torchtitan.models.common.init import InitFn, init_parameters, normal, ones, trunc_normal
+from torchtitan.distributed.plan import FsdpUnit
+from torchtitan.models.common.init import init_parameters, transformer_init_fn
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import apply_rope, rope_cache
 from torchtitan.models.llama3.args import Llama3Args
@@ -58,6 +59,12 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection.
+    Implements protocols.model.TrainableModel."""
+
+    first_stage_modules = ("tok_embeddings",)  # kept by the first pipeline stage only
+    last_stage_modules = ("norm", "output")  # kept by the last pipeline stage only
+
     def __init__(self, args: Llama3Args):
         super().__init__()
         self.args = args
@@ -78,10 +85,10 @@ class Transformer(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
-    def fsdp_units(self) -> list[tuple[str, str | None, bool]]:
-        """(submodule, block it belongs to, holds routed experts) per FSDP unit, forward order."""
-        units = [("tok_embeddings", None, False)] if self.tok_embeddings is not None else []
-        return units + [(f"layers.{k}", f"layers.{k}", False) for k in self.layers.keys()]
+    def fsdp_units(self) -> list[FsdpUnit]:
+        """FSDP units in forward order: the embeddings, then each block."""
+        units = [FsdpUnit("tok_embeddings")] if self.tok_embeddings is not None else []
+        return units + [FsdpUnit(f"layers.{k}", block=f"layers.{k}") for k in self.layers.keys()]
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token as torchtitan reports them (Megatron-LM's paper has the same
@@ -91,21 +98,7 @@ class Transformer(nn.Module):
         n_params = sum(p.numel() for p in self.parameters())
         return 6.0 * (n_params - self.tok_embeddings.weight.numel()) + 12.0 * a.n_layers * a.n_heads * a.head_dim * seq_len
 
-    def init_fn_for(self, fqn: str) -> InitFn:
-        """The initial distribution of parameter `fqn` (original, unwrapped name)."""
-        if fqn.endswith("norm.weight"):
-            return ones()
-        if fqn.startswith("tok_embeddings"):
-            return normal(1.0)
-        if fqn.startswith("output"):
-            return trunc_normal(self.args.dim**-0.5)
-        layer_id = int(fqn.split(".")[1])
-        if fqn.endswith(("wo.weight", "w2.weight", "w3.weight")):
-            # Depth-scaled init keeps the residual stream's variance flat with depth.
-            return trunc_normal(0.02 / math.sqrt(2 * (layer_id + 1)))
-        return trunc_normal(0.02)
-
     def init_weights(self, seed: int, device) -> None:
         """Materialised (to_empty) model -> deterministic weights and the RoPE cache."""
-        init_parameters(self, self.init_fn_for, seed, device)
+        init_parameters(self, partial(transformer_init_fn, dim=self.args.dim), seed, device)
         self.rope = self._rope(device=device)

@@ -1,0 +1,120 @@
+"""The shape of a job, each rule stated once: parallel degrees (dp_shard = what the others
+leave), global batch, gradient-accumulation steps and pipeline microbatches.
+
+Torch-free: the config check (before any process group) and the owners at run time
+(ParallelDims, the trainer, the data checks, the build path) all call these functions, so
+a rule cannot drift between the check and the run. Errors are one line naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchtitan.config.job_config import JobConfig
+
+
+class ShapeError(ValueError):
+    """A degree or batch setting that cannot work; the text names the key and the fix."""
+
+
+@dataclass
+class Degrees:
+    """Parallel degrees of a job whose world size they multiply to."""
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    ep: int
+    world_size: int
+
+    @property
+    def dp(self) -> int:
+        """Ranks that see different data (replicas x shards)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def ep_from_dp_shard(self) -> int:
+        """How many of dp_shard's ranks EP takes (the rest of EP comes from tp)."""
+        return self.ep // self.tp if self.ep > 1 else 1
+
+
+def degrees(cfg: JobConfig, world_size: int) -> Degrees:
+    """The [parallelism] degrees, dp_shard = -1 resolved to what the others leave."""
+    p = cfg.parallelism
+    named = {
+        "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+        "tensor_parallel_degree": p.tensor_parallel_degree,
+        "pipeline_parallel_degree": p.pipeline_parallel_degree,
+        "expert_parallel_degree": p.expert_parallel_degree,
+    }
+    for key, value in named.items():
+        if value < 1:
+            raise ShapeError(f"--parallelism.{key}={value}: must be >= 1")
+    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        if world_size % others:
+            raise ShapeError(
+                f"world size {world_size} is not divisible by data_parallel_replicate_degree x "
+                f"tensor_parallel_degree x pipeline_parallel_degree = {others}; change the degrees or NGPU"
+            )
+        shard = world_size // others
+    elif shard < 1:
+        raise ShapeError(f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or -1 (the rest)")
+    elif shard * others != world_size:
+        raise ShapeError(
+            f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
+            f" x shard {shard} x tp {p.tensor_parallel_degree} x pp {p.pipeline_parallel_degree})"
+            f" but the world size is {world_size}; make them multiply to {world_size}"
+            f" or set --parallelism.data_parallel_shard_degree=-1"
+        )
+    return Degrees(p.data_parallel_replicate_degree, shard, p.tensor_parallel_degree,
+                   p.pipeline_parallel_degree, p.expert_parallel_degree, world_size)
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """Rows per optimizer step and how they are cut."""
+
+    global_batch: int  # rows per optimizer step over every data-parallel rank
+    accum_steps: int  # forward/backward passes (local batches) per rank and step
+    microbatches: int  # pipeline microbatches per local batch (1 without PP)
+
+
+def pipeline_microbatches(cfg: JobConfig) -> int:
+    """Microbatches per local batch under pipeline parallel (1 without it)."""
+    t, p = cfg.training, cfg.parallelism
+    if p.pipeline_parallel_degree == 1:
+        return 1
+    mb = p.pipeline_parallel_microbatch_size
+    if mb < 1 or t.local_batch_size % mb:
+        raise ShapeError(
+            f"--training.local_batch_size={t.local_batch_size} does not split into microbatches of"
+            f" --parallelism.pipeline_parallel_microbatch_size={mb}; make it a multiple"
+        )
+    return t.local_batch_size // mb
+
+
+def global_batch(cfg: JobConfig, dp: int) -> int:
+    """Rows per optimizer step: training.global_batch_size, or (-1) one local batch per
+    data-parallel rank. Unchecked: batch_shape checks it against the degrees."""
+    t = cfg.training
+    return t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dp
+
+
+def batch_shape(cfg: JobConfig, dp: int) -> BatchShape:
+    """global_batch_size (-1: one local batch per data-parallel rank), accumulation and PP
+    microbatches, for `dp` data-parallel ranks."""
+    t = cfg.training
+    per_step = t.local_batch_size * dp
+    if t.global_batch_size != -1 and (t.global_batch_size < per_step or t.global_batch_size % per_step):
+        raise ShapeError(
+            f"--training.global_batch_size={t.global_batch_size} must be a positive multiple of"
+            f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} = {per_step}"
+            " (or -1)"
+        )
+    rows = global_batch(cfg, dp)
+    return BatchShape(rows, rows // per_step if per_step > 0 else 0, pipeline_microbatches(cfg))
