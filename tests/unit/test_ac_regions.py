@@ -1,0 +1,404 @@
+"""activation_checkpoint's two pure pieces, without running a model:
+
+- region_policy, driven by a fake op stream: the policy function is called directly, the way
+  SAC's caching mode calls it in forward (ctx, func, *args), and every answer is compared
+  with the exact CheckpointPolicy it must give;
+- region_specs / block_compute / resolve_fsdp_comm and RegionSpec's wrapped / label, as
+  tables over the AC modes, fsdp_ac_policy, SimpleFSDP on/off and compile on/off."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+from torchtitan.config.job_config import ActivationCheckpoint
+from torchtitan.distributed.activation_checkpoint import (
+    SAVE_OPS,
+    RegionSpec,
+    block_compute,
+    region_policy,
+    region_specs,
+    resolve_fsdp_comm,
+    wrap_region,
+)
+from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS
+from torchtitan.distributed.simple_fsdp import GATHER_OP
+
+aten = torch.ops.aten
+_fc = torch.ops._c10d_functional
+
+SAVE = CheckpointPolicy.MUST_SAVE
+MUST_RE = CheckpointPolicy.MUST_RECOMPUTE
+RE = CheckpointPolicy.PREFER_RECOMPUTE
+
+A2A = _fc.all_to_all_single.default
+WAIT = _fc.wait_tensor.default
+WRAP = _fc._wrap_tensor_autograd.default
+ALL_GATHER = _fc.all_gather_into_tensor.default
+REDUCE_SCATTER = _fc.reduce_scatter_tensor.default
+
+# Group names as SAC sees them: FSDP's (dense dp_shard, and the experts' data-parallel dims)
+# and two that are not FSDP's. Real names are numbers ("0", "3"); only membership matters.
+DP, EXPERTS_DP, TP, EP = "group_dp_shard", "group_experts_fsdp", "group_tp", "group_ep"
+FSDP_GROUPS = frozenset({DP, EXPERTS_DP})
+EP_OPS = frozenset(SAC_SAVE_OPS)
+
+T = torch.zeros(2)  # a stand-in argument: the policy must not need real values
+
+
+def gather(group: str):
+    """One SimpleFSDP unit gather as SAC sees it: (op, args), the group name at index 2."""
+    return GATHER_OP, ([T], 2, group, torch.bfloat16, [2], [1, 4])
+
+
+def a2a(group: str = EP):
+    return A2A, (T, [1, 1], [1, 1], group)
+
+
+def op(func, *args):
+    return func, args or (T,)
+
+
+def answers(policy, stream) -> list[CheckpointPolicy]:
+    return [policy(None, func, *args) for func, args in stream]
+
+
+def ep_policy(spec=RegionSpec("op", None)):
+    return region_policy(spec, FSDP_GROUPS, EP_OPS)
+
+
+# --------------------------------------------------------------------------------------------
+# region_policy: compute decision
+
+
+def test_save_ops_are_the_matmuls_and_the_attention_kernels():
+    attention = {getattr(aten, n).default for n in (
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, n)}
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default in attention  # what CPU runs
+    assert SAVE_OPS == {aten.mm.default, aten.addmm.default, aten.bmm.default} | attention
+
+
+@pytest.mark.parametrize("func", sorted(SAVE_OPS, key=str), ids=str)
+def test_op_sac_saves_each_save_op_and_full_ac_recomputes_it(func):
+    assert answers(region_policy(RegionSpec("op", None), frozenset()), [op(func)]) == [SAVE]
+    assert answers(region_policy(RegionSpec("full", "save"), FSDP_GROUPS), [op(func)]) == [RE]
+    assert answers(region_policy(RegionSpec("none", "recompute"), FSDP_GROUPS), [op(func)]) == [SAVE]
+
+
+# Cheap ops op SAC recomputes: casts (never saved: a cast of a parameter would keep a copy
+# of it), views, norms, activations, elementwise, routing index math; matmul / linear are
+# composite (SAC only ever sees the mm they decompose to), so not named.
+CHEAP = [aten._to_copy.default, aten.add.Tensor, aten.mul.Tensor, aten.silu.default, aten.view.default,
+         aten.t.default, aten.cat.default, aten.index.Tensor, aten.cumsum.default, aten._unsafe_view.default,
+         aten.rsqrt.default, aten.matmul.default, aten.linear.default]
+
+
+USER_REGIONS = [RegionSpec(compute, comm) for compute in ("op", "full") for comm in (None, "save", "recompute")]
+
+
+@pytest.mark.parametrize("spec", USER_REGIONS, ids=lambda s: s.label)
+def test_cheap_ops_and_casts_are_recomputed_in_every_user_region(spec):
+    for extra in (frozenset(), EP_OPS):
+        policy = region_policy(spec, FSDP_GROUPS, extra)
+        assert answers(policy, [op(f) for f in CHEAP]) == [RE] * len(CHEAP), (spec, extra)
+
+
+def test_full_ac_recomputes_the_all_to_alls_and_their_waits():
+    stream = [a2a(), op(WRAP), op(WAIT), op(aten.mm.default), a2a(), op(WAIT)]
+    for comm in (None, "save", "recompute"):
+        assert answers(region_policy(RegionSpec("full", comm), FSDP_GROUPS, EP_OPS), stream) == [RE] * 6, comm
+
+
+def test_gather_only_region_saves_everything_but_the_fsdp_gather():
+    policy = region_policy(RegionSpec("none", "recompute"), FSDP_GROUPS, EP_OPS)
+    stream = [gather(DP), op(aten._to_copy.default), op(aten.mm.default), gather(TP), gather(EXPERTS_DP),
+              a2a(), op(WAIT), op(WAIT), op(aten.silu.default), gather("")]
+    assert answers(policy, stream) == [MUST_RE, SAVE, SAVE, SAVE, MUST_RE, SAVE, SAVE, SAVE, SAVE, SAVE]
+
+
+# --------------------------------------------------------------------------------------------
+# region_policy: SimpleFSDP's gather, recognised by its group only
+
+GATHER_TABLE = [
+    # (compute, fsdp_comm, group) -> policy
+    ("op", "save", DP, SAVE), ("op", "recompute", DP, MUST_RE),
+    ("op", "save", EXPERTS_DP, SAVE), ("op", "recompute", EXPERTS_DP, MUST_RE),
+    ("full", "save", DP, SAVE), ("full", "recompute", DP, MUST_RE),
+    ("none", "recompute", DP, MUST_RE), ("none", "save", DP, SAVE),
+    # the same op over a group that is not FSDP's follows the compute decision
+    ("op", "save", TP, RE), ("op", "recompute", EP, RE), ("op", "recompute", "", RE),
+    ("full", "save", TP, RE), ("full", "recompute", EP, RE),
+    ("none", "recompute", TP, SAVE), ("none", "recompute", "", SAVE),
+    # no FSDP comm decision (FSDP2 or no SimpleFSDP): never recognised, even on a dp group
+    ("op", None, DP, RE), ("full", None, DP, RE), ("none", None, DP, SAVE),
+]
+
+
+@pytest.mark.parametrize("compute, comm, group, expected", GATHER_TABLE)
+def test_fsdp_gather_follows_the_comm_decision_only_on_fsdp_groups(compute, comm, group, expected):
+    for extra in (frozenset(), EP_OPS):
+        assert answers(region_policy(RegionSpec(compute, comm), FSDP_GROUPS, extra), [gather(group)]) == [expected]
+
+
+def test_without_fsdp_groups_no_gather_is_fsdps():
+    policy = region_policy(RegionSpec("op", "recompute"), frozenset())
+    assert answers(policy, [gather(DP), gather("")]) == [RE, RE]
+
+
+def test_fsdp_group_name_does_not_make_other_ops_fsdps():
+    # only GATHER_OP is recognised: a bare all-gather on a dp group (or its wait) is not
+    policy = region_policy(RegionSpec("op", "recompute"), FSDP_GROUPS, EP_OPS)
+    stream = [op(ALL_GATHER, T, 2, DP), op(WAIT), op(REDUCE_SCATTER, T, "sum", 2, DP), op(WAIT)]
+    assert answers(policy, stream) == [RE, RE, RE, RE]
+
+
+# --------------------------------------------------------------------------------------------
+# region_policy: expert parallel's all-to-alls and the waits that complete them
+
+
+def test_all_to_all_then_two_waits_saves_only_the_first_wait():
+    assert answers(ep_policy(), [a2a(), op(WAIT), op(WAIT)]) == [SAVE, SAVE, RE]
+
+
+def test_wrap_tensor_autograd_is_saved_and_does_not_open_a_wait():
+    assert answers(ep_policy(), [a2a(), op(WRAP), op(WAIT), op(WRAP), op(WAIT)]) == [SAVE, SAVE, SAVE, SAVE, RE]
+
+
+def test_two_all_to_alls_then_two_waits_are_all_saved_and_a_third_wait_is_not():
+    stream = [a2a(), a2a(), op(aten.add.Tensor), op(WAIT), op(aten.mm.default), op(WAIT), op(WAIT)]
+    assert answers(ep_policy(), stream) == [SAVE, SAVE, RE, SAVE, SAVE, SAVE, RE]
+
+
+def test_waits_before_any_all_to_all_are_not_saved():
+    # TP's and FSDP's own waits come with no all-to-all pending
+    stream = [op(ALL_GATHER, T, 2, TP), op(WAIT), op(REDUCE_SCATTER, T, "sum", 2, DP), op(WAIT), a2a(), op(WAIT)]
+    assert answers(ep_policy(), stream) == [RE, RE, RE, RE, SAVE, SAVE]
+
+
+def test_a_wait_after_the_pairs_are_balanced_is_not_saved():
+    stream = [a2a(), op(WAIT), a2a(), op(WAIT), op(ALL_GATHER, T, 2, TP), op(WAIT), a2a(), op(WAIT)]
+    assert answers(ep_policy(), stream) == [SAVE, SAVE, SAVE, SAVE, RE, RE, SAVE, SAVE]
+
+
+def test_an_all_to_all_on_any_group_is_saved_under_op_sac():
+    # the op alone does not name the group (expert_parallel's docstring): TP's would be kept too
+    assert answers(ep_policy(), [a2a(TP), op(WAIT), a2a(DP), op(WAIT)]) == [SAVE] * 4
+
+
+def test_one_moe_block_under_op_sac_with_fsdp_gathers_recomputed():
+    """The stream of a MoE block (SimpleFSDP + TP + EP), as op SAC sees it in forward."""
+    stream = [
+        (gather(DP), MUST_RE),  # the block's dense unit
+        (op(ALL_GATHER, T, 2, TP), RE), (op(WAIT), RE),  # sequence parallel -> replicate
+        (op(aten.mm.default), SAVE), (op(aten._to_copy.default), RE),
+        (op(aten._scaled_dot_product_flash_attention_for_cpu.default), SAVE),
+        (op(REDUCE_SCATTER, T, "sum", 2, TP), RE), (op(WAIT), RE),
+        (op(aten.mm.default), SAVE), (op(aten.topk.default), RE),  # router
+        (gather(EXPERTS_DP), MUST_RE),  # the routed experts' unit
+        (a2a(), SAVE), (op(WRAP), SAVE), (op(WAIT), SAVE),  # counts exchange
+        (op(aten.cat.default), RE), (op(aten.sum.dim_IntList), RE),
+        (a2a(), SAVE), (op(WRAP), SAVE),  # dispatch, waited after the regroup index is built
+        (op(aten.cumsum.default), RE), (op(aten.repeat_interleave.Tensor), RE),
+        (op(WAIT), SAVE),
+        (op(aten.index.Tensor), RE), (op(aten.silu.default), RE),
+        (a2a(), SAVE), (op(WRAP), SAVE), (op(WAIT), SAVE),  # combine
+        (op(aten.mm.default), SAVE), (op(REDUCE_SCATTER, T, "sum", 2, TP), RE), (op(WAIT), RE),  # shared experts
+        (op(aten.add.Tensor), RE),
+    ]
+    policy = region_policy(RegionSpec("op", "recompute"), FSDP_GROUPS, EP_OPS)
+    assert answers(policy, [s for s, _ in stream]) == [p for _, p in stream]
+
+
+def test_without_extra_save_ops_all_to_alls_and_waits_are_recomputed():
+    assert answers(region_policy(RegionSpec("op", None), frozenset()), [a2a(), op(WRAP), op(WAIT)]) == [RE, RE, RE]
+
+
+def test_only_the_extra_ops_named_are_saved():
+    no_wait = region_policy(RegionSpec("op", None), frozenset(), frozenset({A2A}))
+    assert answers(no_wait, [a2a(), op(WAIT), op(WRAP)]) == [SAVE, RE, RE]
+    # a wait alone is never paired: it completes no all-to-all that was kept
+    only_wait = region_policy(RegionSpec("op", None), frozenset(), frozenset({WAIT}))
+    assert answers(only_wait, [a2a(), op(WAIT)]) == [RE, RE]
+    # another collective named extra is kept, but does not make its wait kept
+    gathers = region_policy(RegionSpec("op", None), frozenset(), frozenset({ALL_GATHER, WAIT}))
+    assert answers(gathers, [op(ALL_GATHER, T, 2, TP), op(WAIT)]) == [SAVE, RE]
+
+
+def test_a_fresh_policy_does_not_inherit_pending_all_to_alls():
+    first = ep_policy()
+    assert answers(first, [a2a(), a2a()]) == [SAVE, SAVE]  # two left pending
+    second = ep_policy()  # the next region (or the next forward of the same region)
+    assert answers(second, [op(WAIT)]) == [RE]
+    assert answers(first, [op(WAIT), op(WAIT), op(WAIT)]) == [SAVE, SAVE, RE]
+    assert answers(second, [a2a(), op(WAIT), op(WAIT)]) == [SAVE, SAVE, RE]
+
+
+def test_each_wrapped_region_call_gets_a_fresh_policy_from_one_shared_context_fn():
+    """wrap_region: equal regions share one context_fn object (torch.compile guards on it),
+    and each checkpointed call builds its own policy (no pending count carried over)."""
+    spec = RegionSpec("op", "recompute")
+    a = wrap_region(nn.Linear(2, 2), spec, {DP, EXPERTS_DP}, SAC_SAVE_OPS)
+    b = wrap_region(nn.Linear(2, 2), spec, [EXPERTS_DP, DP], list(SAC_SAVE_OPS))
+    context_fn = a.checkpoint_fn.keywords["context_fn"]
+    assert b.checkpoint_fn.keywords["context_fn"] is context_fn
+    first, second = context_fn()[0].policy_fn, context_fn()[0].policy_fn
+    assert first is not second
+    assert answers(first, [a2a(), gather(DP), gather(TP)]) == [SAVE, MUST_RE, RE]
+    assert answers(second, [op(WAIT)]) == [RE]
+    assert answers(first, [op(WAIT)]) == [SAVE]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="waits are paired with all-to-alls by count, not by tensor: "
+                          "a TP wait issued while an all-to-all is pending is kept instead of it")
+def test_a_tp_wait_inside_an_all_to_all_pair_is_not_saved():
+    """The all-to-all's own wait (its output as argument) is kept; TP's wait, which
+    completes no all-to-all, is not, even while an all-to-all is in flight. SAC calls the
+    policy after the op ran, with its output as ctx.op_output."""
+    policy = ep_policy()
+    a2a_out, ag_out = torch.zeros(2), torch.zeros(4)
+
+    def ask(func, args, out):
+        return policy(SelectiveCheckpointContext(is_recompute=False, op_output=out), func, *args)
+
+    got = [ask(A2A, (T, [1, 1], [1, 1], EP), a2a_out), ask(ALL_GATHER, (T, 2, TP), ag_out),
+           ask(WAIT, (ag_out,), ag_out), ask(WAIT, (a2a_out,), a2a_out)]
+    assert got == [SAVE, RE, RE, SAVE]  # today: [SAVE, RE, SAVE, RE]
+
+
+# --------------------------------------------------------------------------------------------
+# RegionSpec
+
+
+@pytest.mark.parametrize("spec, wrapped, label", [
+    (RegionSpec("none", None), False, "no AC"),
+    (RegionSpec("none", "recompute"), True, "no AC, FSDP gathers recomputed"),
+    (RegionSpec("none", "recompute", by_hooks=True), False, "no AC, FSDP gathers recomputed"),
+    (RegionSpec("full", None), True, "full AC"),
+    (RegionSpec("full", "save"), True, "full AC, FSDP gathers saved"),
+    (RegionSpec("full", "recompute"), True, "full AC, FSDP gathers recomputed"),
+    (RegionSpec("op", None), True, "op SAC"),
+    (RegionSpec("op", "save"), True, "op SAC, FSDP gathers saved"),
+    (RegionSpec("op", "recompute"), True, "op SAC, FSDP gathers recomputed"),
+])
+def test_region_spec_wrapped_and_label(spec, wrapped, label):
+    assert (spec.wrapped, spec.label) == (wrapped, label)
+
+
+# --------------------------------------------------------------------------------------------
+# block_compute / resolve_fsdp_comm / region_specs
+
+
+def ac(mode="none", option="op", policy="auto") -> ActivationCheckpoint:
+    return ActivationCheckpoint(mode=mode, selective_ac_option=option, fsdp_ac_policy=policy)
+
+
+BLOCK_COMPUTE = [
+    (ac("none"), ["none"] * 7),
+    (ac("none", "2"), ["none"] * 7),  # the option matters only under selective
+    (ac("full"), ["full"] * 7),
+    (ac("full", "2"), ["full"] * 7),
+    (ac("selective", "op"), ["op"] * 7),
+    (ac("selective", "1"), ["full"] * 7),
+    (ac("selective", "2"), ["full", "none", "full", "none", "full", "none", "full"]),
+    (ac("selective", "3"), ["full", "none", "none", "full", "none", "none", "full"]),
+]
+
+
+@pytest.mark.parametrize("cfg, expected", BLOCK_COMPUTE,
+                         ids=[f"{c.mode}-{c.selective_ac_option}" for c, _ in BLOCK_COMPUTE])
+def test_block_compute(cfg, expected):
+    assert [block_compute(cfg, position) for position in range(7)] == expected
+
+
+def test_block_compute_takes_a_simple_namespace_too():
+    from types import SimpleNamespace
+    assert block_compute(SimpleNamespace(mode="selective", selective_ac_option="4"), 8) == "full"
+    assert block_compute(SimpleNamespace(mode="selective", selective_ac_option="4"), 6) == "none"
+
+
+@pytest.mark.parametrize("policy, reshard, simple, expected", [
+    ("auto", True, True, "recompute"), ("auto", False, True, "save"),
+    ("save", True, True, "save"), ("save", False, True, "save"),
+    ("recompute", True, True, "recompute"), ("recompute", False, True, "recompute"),
+    ("auto", True, False, None), ("auto", False, False, None),
+    ("save", True, False, None), ("recompute", False, False, None),
+])
+def test_resolve_fsdp_comm(policy, reshard, simple, expected):
+    assert resolve_fsdp_comm(policy, reshard, simple) == expected
+
+
+BLOCKS = ["layers.0", "layers.1", "layers.2", "layers.3"]
+# layers.3 is absent from the plan: it counts as kept (not resharded)
+RESHARD = {"layers.0": False, "layers.1": True, "layers.2": True}
+
+N, HOOKS, SAC_RE = RegionSpec("none", None), RegionSpec("none", "recompute", True), RegionSpec("none", "recompute")
+
+SPECS_TABLE = [
+    # (mode, option, fsdp_ac_policy, simple_fsdp, compiled) -> specs of BLOCKS
+    (("none", "op", "auto", False, False), [N, N, N, N]),
+    (("none", "op", "auto", False, True), [N, N, N, N]),
+    (("none", "op", "auto", True, False), [N, HOOKS, HOOKS, N]),  # eager: re-gather by hooks
+    (("none", "op", "auto", True, True), [N, SAC_RE, SAC_RE, N]),  # compiled: a real region
+    (("none", "op", "save", True, False), [N, HOOKS, HOOKS, N]),  # fsdp_ac_policy: only inside AC
+    (("none", "op", "recompute", True, True), [N, SAC_RE, SAC_RE, N]),
+    (("full", "op", "auto", False, False), [RegionSpec("full", None)] * 4),
+    (("full", "op", "auto", True, False), [RegionSpec("full", c) for c in ("save", "recompute", "recompute", "save")]),
+    (("full", "op", "auto", True, True), [RegionSpec("full", c) for c in ("save", "recompute", "recompute", "save")]),
+    (("full", "op", "save", True, False), [RegionSpec("full", "save")] * 4),
+    (("full", "op", "recompute", True, True), [RegionSpec("full", "recompute")] * 4),
+    (("selective", "op", "auto", False, True), [RegionSpec("op", None)] * 4),
+    (("selective", "op", "auto", True, False),
+     [RegionSpec("op", c) for c in ("save", "recompute", "recompute", "save")]),
+    (("selective", "op", "save", True, True), [RegionSpec("op", "save")] * 4),
+    (("selective", "op", "recompute", True, False), [RegionSpec("op", "recompute")] * 4),
+    (("selective", "2", "auto", False, False), [RegionSpec("full", None), N, RegionSpec("full", None), N]),
+    (("selective", "2", "auto", True, False), [RegionSpec("full", "save"), HOOKS, RegionSpec("full", "recompute"), N]),
+    (("selective", "2", "auto", True, True), [RegionSpec("full", "save"), SAC_RE, RegionSpec("full", "recompute"), N]),
+    (("selective", "2", "save", True, False), [RegionSpec("full", "save"), HOOKS, RegionSpec("full", "save"), N]),
+    (("selective", "2", "recompute", True, True),
+     [RegionSpec("full", "recompute"), SAC_RE, RegionSpec("full", "recompute"), N]),
+    (("selective", "3", "auto", True, False), [RegionSpec("full", "save"), HOOKS, HOOKS, RegionSpec("full", "save")]),
+]
+
+
+@pytest.mark.parametrize("args, expected", SPECS_TABLE, ids=["-".join(map(str, a)) for a, _ in SPECS_TABLE])
+def test_region_specs(args, expected):
+    mode, option, policy, simple, compiled = args
+    specs = region_specs(ac(mode, option, policy), BLOCKS, RESHARD, simple, compiled)
+    assert list(specs) == BLOCKS  # in block order
+    assert list(specs.values()) == expected
+
+
+def test_region_specs_labels_and_wrapping_of_selective_every_second_block():
+    specs = region_specs(ac("selective", "2"), BLOCKS, RESHARD, simple_fsdp=True)
+    assert [(s.label, s.wrapped, s.by_hooks) for s in specs.values()] == [
+        ("full AC, FSDP gathers saved", True, False),
+        ("no AC, FSDP gathers recomputed", False, True),
+        ("full AC, FSDP gathers recomputed", True, False),
+        ("no AC", False, False),
+    ]
+
+
+def test_region_specs_count_positions_within_the_model_part():
+    # a later pipeline stage's first block is position 0 of its part: checkpointed under "2"
+    specs = region_specs(ac("selective", "2"), ["layers.5", "layers.6", "layers.7"], {}, simple_fsdp=False)
+    assert [s.compute for s in specs.values()] == ["full", "none", "full"]
+
+
+def test_region_specs_compiled_changes_only_by_hooks_of_blocks_without_ac():
+    for mode, option in (("none", "op"), ("full", "op"), ("selective", "op"), ("selective", "2")):
+        for policy in ("auto", "save", "recompute"):
+            cfg = ac(mode, option, policy)
+            eager = region_specs(cfg, BLOCKS, RESHARD, True, compiled=False)
+            compiled = region_specs(cfg, BLOCKS, RESHARD, True, compiled=True)
+            for name in BLOCKS:
+                e, c = eager[name], compiled[name]
+                assert (e.compute, e.fsdp_comm) == (c.compute, c.fsdp_comm)
+                assert not c.by_hooks
+                assert e.by_hooks == (e.compute == "none" and RESHARD.get(name, False)), (cfg, name)
+
+
+def test_region_specs_of_no_blocks_is_empty():
+    assert region_specs(ac("full"), [], {}, True, True) == {}
