@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy
 
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, AllToAllDispatcher, LocalDispatcher, apply_expert_parallel
 
@@ -149,7 +150,9 @@ def _params(rank, mesh):
 
 def _sac(rank, mesh, mode):
     """One checkpointed EP call: what the policy sees, how many all-to-alls backward runs."""
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from torchtitan.distributed.activation_checkpoint import RegionSpec, region_policy
 
     torch.manual_seed(0)
     ep = Owner(StandInExperts(8))
@@ -159,12 +162,14 @@ def _sac(rank, mesh, mode):
     counts = torch.tensor(counts_all[rank])
     seen = []
 
+    # the production policy of a region holding the experts (op SAC keeps EP's collectives)
+    decide = region_policy(RegionSpec("op" if mode == "save" else "full", None), frozenset(), frozenset(SAC_SAVE_OPS))
+
     def policy(ctx, func, *args, **kwargs):
+        decision = decide(ctx, func, *args, **kwargs)
         if func.namespace != "aten":
-            seen.append((ctx.is_recompute, str(func)))
-        if mode == "save" and func in SAC_SAVE_OPS:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
+            seen.append((ctx.is_recompute, str(func), decision))
+        return decision
 
     def region(x):
         return nn.functional.silu(ep(x * 1.5, counts))
@@ -247,7 +252,10 @@ def test_sac_policy_saves_the_collectives_and_recompute_stays_correct(ranks):
             for a, b in zip(mode["w_grad"], base["w_grad"]):
                 torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
         # the policy sees each collective (counts, dispatch, combine) in forward, all in SAC_SAVE_OPS
-        fwd = [f for is_re, f in save["seen"] if not is_re]
+        fwd = [f for is_re, f, _ in save["seen"] if not is_re]
+        # op SAC saves all 9 (3 x all-to-all, wrap, its paired wait); full AC recomputes them
+        assert [d for _, _, d in save["seen"]] == [CheckpointPolicy.MUST_SAVE] * 9, save["seen"]
+        assert [d for _, _, d in full["seen"]] == [CheckpointPolicy.PREFER_RECOMPUTE] * 9, full["seen"]
         assert fwd.count("_c10d_functional.all_to_all_single.default") == 3
         assert fwd.count("_c10d_functional.wait_tensor.default") == 3
         assert {str(op) for op in SAC_SAVE_OPS} >= set(fwd)

@@ -13,6 +13,7 @@ in eager code the unit re-gathers through saved-tensor hooks instead (RegionSpec
 """
 
 from functools import lru_cache, partial
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -55,12 +56,13 @@ def compute_policy(func) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: frozenset = frozenset()):
+def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: Iterable = ()) -> Callable:
     """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
     and copy-out as one op) over an FSDP group by the comm decision, every other op by the
     compute decision. Op SAC also keeps the outputs of
     the model's `extra_save_ops` (e.g. expert parallel's all-to-alls, and the wait that
     completes each), so that recompute neither communicates nor routes again."""
+    extra_save_ops = frozenset(extra_save_ops)
     extra_pending = [0]  # extra collectives awaiting their wait
     extra_waits = extra_save_ops & {_fc.wait_tensor.default}
     extra_ops = extra_save_ops - extra_waits
