@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
 
+from torchtitan.config.job_config import ActivationCheckpoint
 from torchtitan.distributed.plan import RegionSpec
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 
@@ -51,7 +52,7 @@ SAVE_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, *(getattr(ate
 MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
 
 
-def compute_policy(func) -> CheckpointPolicy:
+def compute_policy(func: torch._ops.OpOverload) -> CheckpointPolicy:
     """Op policy: keep the outputs of matmuls and attention, recompute everything else."""
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -108,7 +109,7 @@ def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str]
     return checkpoint_wrapper(module, context_fn=context, preserve_rng_state=False)
 
 
-def block_compute(ac_cfg, position: int) -> str:
+def block_compute(ac_cfg: ActivationCheckpoint, position: int) -> str:
     """The user's compute decision for the block at `position` (0-based) of a model part."""
     if ac_cfg.mode == "none":
         return "none"
@@ -129,7 +130,8 @@ def resolve_fsdp_comm(fsdp_ac_policy: str, reshard: bool, simple_fsdp: bool) -> 
 
 
 def region_specs(
-    ac_cfg, block_names: list[str], reshard: dict[str, bool], simple_fsdp: bool, compiled: bool = False,
+    ac_cfg: ActivationCheckpoint, block_names: list[str], reshard: dict[str, bool], simple_fsdp: bool,
+    compiled: bool = False,
 ) -> dict[str, RegionSpec]:
     """{block name: RegionSpec} for the blocks of one model part, in order. `compiled`:
     blocks run under torch.compile, where a re-gather needs a real (SAC) region."""

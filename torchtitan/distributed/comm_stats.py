@@ -16,9 +16,11 @@ all_reduce / broadcast / send / recv / all_to_all.
 
 import contextlib
 from collections import Counter
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -82,7 +84,7 @@ class CommStats(TorchDispatchMode):
         return True
 
     @contextlib.contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str) -> Iterator[None]:
         """Attribute collectives inside to `name` (backward detection still applies)."""
         self.forced.append(name)
         try:
@@ -132,7 +134,7 @@ class CommStats(TorchDispatchMode):
         self.bytes[key] += nbytes
 
 
-def mesh_group_dims(mesh, extra_names=("dp", "dp_shard_tp")) -> dict[str, str]:
+def mesh_group_dims(mesh: DeviceMesh, extra_names: tuple[str, ...] = ("dp", "dp_shard_tp")) -> dict[str, str]:
     """Process-group name -> mesh dimension name, flattened dims included."""
     out = {}
     for name in list(mesh.mesh_dim_names) + list(extra_names):

@@ -62,6 +62,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from torchtitan.distributed.plan import PartPlan, UnitKind
+
 _fc = torch.ops._c10d_functional
 SAC_SAVE_OPS = tuple(
     op
@@ -134,6 +136,14 @@ class AllToAllDispatcher:
         # (out of place: a checkpoint region may keep this op's output for backward)
         inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
         return _wait(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
+
+
+def expert_parallel_from_plan(model: nn.Module, plan: PartPlan, ep_mesh: DeviceMesh) -> None:
+    """Expert parallel for every routed-experts unit of a part's plan: the module that holds
+    an experts unit (its parent, e.g. the MoE layer) owns its dispatcher."""
+    for unit in plan.units:
+        if unit.kind is UnitKind.EXPERTS:
+            apply_expert_parallel(model.get_submodule(unit.name.rpartition(".")[0]), ep_mesh)
 
 
 def apply_expert_parallel(moe: nn.Module, ep_mesh: DeviceMesh) -> None:

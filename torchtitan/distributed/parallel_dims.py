@@ -24,6 +24,7 @@ from enum import Enum
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.job_shape import Degrees, degrees
 from torchtitan.distributed.plan import UnitKind
 from torchtitan.distributed.utils import group_options
@@ -92,7 +93,7 @@ class ParallelDims(Degrees):
     _group_opts: tuple | None = field(default=None, repr=False)
 
     @classmethod
-    def from_config(cls, cfg, world_size: int) -> ParallelDims:
+    def from_config(cls, cfg: JobConfig, world_size: int) -> ParallelDims:
         """Degrees of a config, by the rule the config check applies (job_shape.degrees)."""
         d = degrees(cfg, world_size)
         return cls(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.ep, world_size)

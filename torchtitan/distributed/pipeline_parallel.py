@@ -8,11 +8,13 @@ so weight init, checkpoints and plans name parameters identically in every layou
 
 import contextlib
 import copy
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+from torch.distributed import ProcessGroup
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineSchedule, get_schedule_class
 
 from torchtitan.distributed.pipeline_layout import V_SCHEDULES, PipelineLayout
 from torchtitan.distributed.plan import BLOCKS
@@ -64,9 +66,10 @@ class _Stage(PipelineStage):
 
 
 def build_pipeline(
-    parts: list[tuple[int, nn.Module]], layout: PipelineLayout, device: torch.device, pp_group,
-    n_microbatches: int, loss_fn, backward_phase=None,
-):
+    parts: list[tuple[int, nn.Module]], layout: PipelineLayout, device: torch.device, pp_group: ProcessGroup,
+    n_microbatches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    backward_phase: Callable[[], ContextManager] | None = None,
+) -> _PipelineSchedule:
     """PipelineStage per part and the configured schedule over them. Gradients are not
     rescaled by the schedule: loss_fn already divides by the number of microbatches.
     backward_phase: a context manager factory marking work as backward (comm stats)."""
@@ -80,7 +83,7 @@ def build_pipeline(
     return schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
-def run_schedule(schedule, layout: PipelineLayout, stage_ids: list[int], inputs: torch.Tensor,
+def run_schedule(schedule: _PipelineSchedule, layout: PipelineLayout, stage_ids: list[int], inputs: torch.Tensor,
                  labels: torch.Tensor, train: bool = True) -> list[torch.Tensor]:
     """One pass of the schedule over a local batch (forward only unless `train`); the last
     stage's per-microbatch losses, [] on other ranks."""

@@ -27,7 +27,7 @@ unsharded, and the backward of the step's last microbatch reduce-scatters the su
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -99,20 +99,20 @@ class UnitLayout:
     def local_numels(self) -> list[int]:
         return [s.numel() for s in self.local_shapes]
 
-    def gather(self, shards) -> tuple[torch.Tensor, ...]:
+    def gather(self, shards: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Local shards -> every parameter's gathered value, in the param dtype."""
         shapes = [x for shape in self.gathered_shapes for x in (len(shape), *shape)]
         return tuple(GATHER_OP(list(shards), self.shard_size, self.shard_group or "", self.param_dtype,
                                self.local_numels, shapes))
 
-    def join(self, grads) -> torch.Tensor:
+    def join(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """Gathered-shape gradients (None: unused) -> one rank-major buffer in the reduce dtype."""
         device = next(g.device for g in grads if g is not None)
         parts = [(g if g is not None else torch.zeros(shape, dtype=self.param_dtype, device=device))
                  .reshape(self.shard_size, -1) for g, shape in zip(grads, self.gathered_shapes)]
         return torch.cat(parts, dim=1).to(self.reduce_dtype)  # .to: no copy when the dtypes agree
 
-    def reduce(self, joined: torch.Tensor, like) -> tuple[torch.Tensor, ...]:
+    def reduce(self, joined: torch.Tensor, like: Sequence[tuple[torch.Size, torch.dtype]]) -> tuple[torch.Tensor, ...]:
         """A joined gradient (consumed) -> this rank's shard of its data-parallel average, one
         tensor per parameter with the (shape, dtype) of `like`."""
         g = joined.reshape(-1).mul_(self.grad_scale)
@@ -252,7 +252,7 @@ class _Unit:
         """Views of this rank's shards (no copy: an AC region keeps its inputs until backward)."""
         return tuple(owner._parameters[attr].to_local() for owner, attr, _ in self.entries)
 
-    def bind(self, values) -> dict[str, torch.Tensor]:
+    def bind(self, values: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """{path: value} for the unit's forward; TP parameters become DTensors on their TP mesh."""
         out = {}
         for (_, _, path), value, tp in zip(self.entries, values, self.tp_specs):

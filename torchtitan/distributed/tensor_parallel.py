@@ -1,6 +1,7 @@
-"""Tensor-parallel helpers shared by the models' TP plans."""
+"""Tensor-parallel helpers shared by the models' TP shardings."""
 
 import contextlib
+from typing import ContextManager
 
 import torch
 from torch import nn
@@ -9,7 +10,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, dis
 from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel
 
 
-def loss_parallel_context(enabled: bool):
+def loss_parallel_context(enabled: bool) -> ContextManager:
     """Cross-entropy on vocabulary-sharded logits (forward and backward must both run in it)."""
     return loss_parallel() if enabled else contextlib.nullcontext()
 

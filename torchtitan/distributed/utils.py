@@ -2,6 +2,7 @@
 
 import gc
 import os
+from typing import Iterable
 from datetime import timedelta
 
 import torch
@@ -45,7 +46,7 @@ def init_distributed(device: torch.device, timeout_seconds: int = 300) -> None:
         )
 
 
-def group_options(device_type: str, timeout_seconds: int):
+def group_options(device_type: str, timeout_seconds: int) -> object:
     """Process-group options carrying the collective timeout. DeviceMesh creates its groups
     with the backend's default (30 min on gloo) unless given options, not the world's."""
     if device_type == "cuda":
@@ -99,7 +100,8 @@ def comm_failure_summary(e: BaseException) -> str:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float, pp_group=None) -> torch.Tensor:
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None
+                    ) -> torch.Tensor:
     """Global L2 norm of all gradients (over shards, and over stages when pp_group is given);
     clips in place when max_norm > 0. Returns the norm before clipping as a plain tensor.
 

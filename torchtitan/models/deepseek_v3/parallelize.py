@@ -1,7 +1,8 @@
 """parallelize_deepseekv3: TP -> expert parallel -> activation checkpointing -> torch.compile
 -> data parallel, applied to one DeepSeek-V3 model part (the whole model, or one stage).
 
-Everything but the TP plan and the expert split is the shared machinery Llama3 uses.
+Everything but the TP sharding is the shared machinery Llama3 uses (expert parallel reads
+the plan: each routed-experts unit's parent, the MoE layer, gets the all-to-all dispatcher).
 """
 
 from torch import nn
@@ -19,11 +20,10 @@ from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
 from torchtitan.distributed.data_parallel import apply_data_parallel, fsdp_ac_groups
-from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, apply_expert_parallel
+from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
-from torchtitan.models.common.moe import moe_modules
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import Transformer
@@ -81,8 +81,7 @@ def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig,
         apply_tp(model, tp_mesh, cfg.parallelism.loss_parallel)
     ep_mesh = dims.ep_mesh()
     if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
-        for moe in moe_modules(model):
-            apply_expert_parallel(moe, ep_mesh)
+        expert_parallel_from_plan(model, plan, ep_mesh)
     # Op SAC also keeps the dispatched tokens: recompute then neither re-routes nor re-sends.
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS)
     if cfg.compile.enable:
