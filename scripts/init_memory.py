@@ -5,8 +5,8 @@
     python scripts/init_memory.py --ngpu 8 --flavor 1B --whole    # one draw of each whole tensor
     python scripts/init_memory.py --ngpu 8 --flavor 1B --dim 512 --layers 2   # a smaller 128K-vocabulary model
 
-Each rank builds the flavor on meta, shards every block and the root with fully_shard over
-all ranks, materialises its shards, then runs the model's init_weights. Reported per rank:
+Each rank builds the flavor on meta and parallelizes it through the trainer's build path
+(FSDP over all ranks), materialises its shards, then runs the model's init_weights. Reported per rank:
 its shards' size and how much its peak resident memory grew during init (VmHWM; the
 shards' pages are first touched by init, so growth = shards + the largest transient).
 """
@@ -28,30 +28,32 @@ def peak_rss_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 def worker(args) -> None:
+    import dataclasses
+
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     sys.path.insert(0, ROOT)
+    from torchtitan.config import load_config
+    from torchtitan.distributed.model_parts import build_parts
+    from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models.common import init
-    from torchtitan.models.flavors import MODEL_FLAVORS
-    from torchtitan.models.llama3.model import Transformer
+    from torchtitan.protocols.train_spec import get_train_spec
 
     if args.whole:
         init.CHUNK_ELEMENTS = 1 << 62
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
-    import dataclasses
-
-    flavor = MODEL_FLAVORS["llama3"][args.flavor]
+    # the trainer's build path: FSDP over every rank, the default plan, fp32 parameters
+    cfg, _ = load_config([f"--model.flavor={args.flavor}", "--training.device=cpu"], world)
+    dims = ParallelDims.from_config(cfg, world)
+    dims.build_mesh("cpu")
+    spec = get_train_spec("llama3")
+    flavor = spec.flavors[args.flavor]
     flavor = dataclasses.replace(flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers)
     with torch.device("meta"):
-        model = Transformer(flavor)
-    for block in model.layers.values():
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        whole = spec.model_cls(flavor)
+    (model,) = build_parts(spec, whole, dims, cfg, "cpu", dims.pp_rank()).modules
     model.to_empty(device="cpu")
     shard_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
     largest = max(p.numel() * 4 for p in model.parameters())

@@ -151,9 +151,7 @@ class Trainer:
     def _hf_spec(self, pp_rank: int) -> HFSpec:
         """Hugging Face import/export facts; the first rank of each pipeline stage writes."""
         m = self.cfg.model
-        names = self.mesh.mesh_dim_names or ()
-        coords = self.mesh.get_coordinate() or []
-        writes = all(c == 0 for name, c in zip(names, coords) if name != "pp")
+        writes = self.dims.leads_stage()
         args = dataclasses.replace(self.model_args, max_seq_len=MODEL_FLAVORS[m.name][m.flavor].max_seq_len)
         return HFSpec(m.name, args, self.tokenizer.bos_id, self.tokenizer.eos_id, self.tokenizer.path, writes, pp_rank)
 

@@ -329,8 +329,8 @@ class FakeMesh:
 def test_mesh_group_dims_without_a_process_group():
     if dist.is_initialized():
         pytest.skip("a default process group exists in this process")
-    assert mesh_group_dims(FakeMesh()) == {"g1": "pp", "g2": "dp_shard", "g5": "dp"}
-    assert mesh_group_dims(FakeMesh(), extra_names=()) == {"g1": "pp", "g2": "dp_shard"}
+    assert mesh_group_dims(FakeMesh(), ("dp", "dp_shard_tp")) == {"g1": "pp", "g2": "dp_shard", "g5": "dp"}
+    assert mesh_group_dims(FakeMesh()) == {"g1": "pp", "g2": "dp_shard"}
 
 
 # --------------------------------------------------------------------------- one real gloo rank
@@ -420,7 +420,8 @@ def test_group_name_of_a_boxed_process_group(gloo_world):
 
 def test_mesh_group_dims_adds_the_world_group(gloo_world):
     # A fake mesh whose groups are not the world: the world is added as "world".
-    assert mesh_group_dims(FakeMesh()) == {"g1": "pp", "g2": "dp_shard", "g5": "dp", gloo_world.group_name: "world"}
+    assert mesh_group_dims(FakeMesh(), ("dp",)) == {"g1": "pp", "g2": "dp_shard", "g5": "dp",
+                                                     gloo_world.group_name: "world"}
 
 
 def test_mesh_group_dims_of_a_real_one_rank_mesh(gloo_world):

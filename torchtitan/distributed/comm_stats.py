@@ -134,7 +134,7 @@ class CommStats(TorchDispatchMode):
         self.bytes[key] += nbytes
 
 
-def mesh_group_dims(mesh: DeviceMesh, extra_names: tuple[str, ...] = ("dp", "dp_shard_tp")) -> dict[str, str]:
+def mesh_group_dims(mesh: DeviceMesh, extra_names: tuple[str, ...] = ()) -> dict[str, str]:
     """Process-group name -> mesh dimension name, flattened dims included."""
     out = {}
     for name in list(mesh.mesh_dim_names) + list(extra_names):

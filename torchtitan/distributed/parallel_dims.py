@@ -190,6 +190,11 @@ class ParallelDims(Degrees):
     def pp_rank(self) -> int:
         return self.submesh(MeshDim.PP).get_local_rank() if self.pp > 1 else 0
 
+    def leads_stage(self) -> bool:
+        """Whether this rank is the first of its pipeline stage (coordinate 0 on every other dim)."""
+        coords = self.mesh.get_coordinate() or []
+        return all(c == 0 for name, c in zip(self.mesh.mesh_dim_names or (), coords) if name != MeshDim.PP.value)
+
     def batch_group(self) -> ProcessGroup:
         """The process group of one pipeline stage's ranks (data-parallel and TP): together
         they route the whole global batch through the stage's layers. Made on first use."""
