@@ -339,11 +339,10 @@ def test_config_rejects_always_with_a_zero_bubble_schedule_under_pp(schedule):
         "--parallelism.pipeline_parallel_degree=3", f"--parallelism.pipeline_parallel_schedule={schedule}",
         "--parallelism.reshard_after_forward=always",
     ]
-    # the same rule and words as reshard_policy.resolve (one check, called by both)
     assert config_error(argv, 3) == (
-        f"--parallelism.pipeline_parallel_schedule={schedule} with reshard_after_forward=always:"
+        f"--parallelism.reshard_after_forward=always with --parallelism.pipeline_parallel_schedule={schedule}:"
         " zero-bubble schedules give wrong gradients when FSDP2 reshards after forward (torch 2.13);"
-        " use --parallelism.reshard_after_forward=auto without a budget, or never, or another schedule"
+        " use auto or never, or a non-zero-bubble schedule"
     )
 
 

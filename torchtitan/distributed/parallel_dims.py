@@ -89,6 +89,10 @@ class DataParallelMesh:
 
 @dataclass
 class ParallelDims(Degrees):
+    """The job's degrees, the one mesh built from them, and the roles the rest of the code
+    asks for (a data-parallel mesh per unit kind, the loss group, the TP / EP / PP groups)
+    instead of spelling mesh dimensions."""
+
     _mesh: DeviceMesh | None = field(default=None, repr=False)
     _group_opts: tuple | None = field(default=None, repr=False)
 

@@ -32,7 +32,11 @@ def check_policy(policy: str, pp_enabled: bool, schedule: str) -> None:
             f"--parallelism.reshard_after_forward={policy!r}: choose one of {', '.join(POLICIES)}"
         )
     if policy == "always" and pp_enabled and schedule in ZERO_BUBBLE:
-        raise ReshardPolicyError(_zero_bubble_message(schedule, "reshard_after_forward=always"))
+        raise ReshardPolicyError(
+            f"--parallelism.reshard_after_forward=always with --parallelism.pipeline_parallel_schedule={schedule}:"
+            " zero-bubble schedules give wrong gradients when FSDP2 reshards after forward (torch 2.13); use"
+            " auto or never, or a non-zero-bubble schedule"
+        )
 
 
 def _gib(n: int) -> str:
