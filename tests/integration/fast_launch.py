@@ -33,12 +33,14 @@ import atexit
 import importlib
 import io
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
+import types
 from multiprocessing.connection import wait
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,6 +50,7 @@ GRACE_S = 5.0  # after a rank failed: SIGTERM to the others, SIGKILL after this
 IMPORT_TIME_PREFIXES = ("HF_", "TORCH", "PYTORCH", "TRANSFORMERS", "TOKENIZERS", "DATASETS", "KMP_", "MKL_", "LD_")
 
 _zygote_env: dict | None = None  # the environment the fork server imported with
+PRELOADED = None  # in a rank: whether it was forked with zygote_imports already imported
 
 
 def _context():
@@ -55,8 +58,17 @@ def _context():
     ctx = multiprocessing.get_context("forkserver")
     if _zygote_env is None:
         ctx.set_forkserver_preload(["zygote_imports"])
-        if HERE not in sys.path:  # the fork server imports by name, with this sys.path
-            sys.path.insert(0, HERE)
+        # The fork server is `python -c ...` with the default sys.path (3.11 ignores the one it is
+        # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved] if saved else [])])
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
         _zygote_env = dict(os.environ)
     return ctx
 
@@ -96,6 +108,8 @@ def _exit_code(code) -> int:
 
 def _worker(entry: str, argv: list[str], env: dict, cwd: str, rank_dir: str, threads: int) -> None:
     """One rank, in a process forked from the fork server."""
+    global PRELOADED
+    PRELOADED = "zygote_imports" in sys.modules  # the fork server imported it (test_fast_launch.py)
     os.setsid()
     try:  # die with the fork server (it exits with the session that started it)
         import ctypes
@@ -104,10 +118,15 @@ def _worker(entry: str, argv: list[str], env: dict, cwd: str, rank_dir: str, thr
     except Exception:
         pass
     os.makedirs(rank_dir, exist_ok=True)
+    inherited = (sys.stdout, sys.stderr)  # logging handlers made at import time may hold these
+    for stream in inherited:
+        stream.flush()
     for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
         f = os.open(os.path.join(rank_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
         os.close(f)
+    for stream in inherited:  # they write to the files now too: line by line
+        stream.reconfigure(line_buffering=True)
     # As python -u (PYTHONUNBUFFERED, which run_train.sh sets): every write reaches the file.
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
@@ -118,6 +137,7 @@ def _worker(entry: str, argv: list[str], env: dict, cwd: str, rank_dir: str, thr
     sys.argv = [entry, *argv]
     rc = 1
     try:
+        import zygote_imports  # noqa: F401  (else now: this checkout's torchtitan, never another one)
         import torch
 
         torch.set_num_threads(threads)
@@ -133,6 +153,11 @@ def _worker(entry: str, argv: list[str], env: dict, cwd: str, rank_dir: str, thr
                     t.join()
             atexit._run_exitfuncs()
         finally:
+            for stream in (*inherited, sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
             os._exit(rc)
 
 
@@ -206,6 +231,10 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     console: list[str] = []
     start = time.monotonic()
     timed_out, stopping_since, first_failure = False, None, None
+    # multiprocessing re-runs the parent's __main__ script in each child (spawn semantics: run_tests.py
+    # as a CLI, a pytest console script): the ranks run `entry`, so show it a __main__ without a file.
+    main_module = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         for rank in range(ngpu):
             renv = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
@@ -219,6 +248,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                                                   threads), name=f"rank{rank}")
             p.start()
             procs.append(p)
+        sys.modules["__main__"] = main_module
         while any(p.exitcode is None for p in procs):
             wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.1)
             console.append(tail.read())
@@ -240,6 +270,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                 for p in procs:
                     _signal_group(p.pid, signal.SIGKILL)
     finally:
+        sys.modules["__main__"] = main_module
         for p in procs:  # interrupted (^C, an error here): leave nothing running
             if p.exitcode is None:
                 _signal_group(p.pid, signal.SIGKILL)

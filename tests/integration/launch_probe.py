@@ -19,7 +19,7 @@ def main() -> int:
     import torch
 
     seen = {"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "threads": torch.get_num_threads(), "cwd": os.getcwd(),
-            "preloaded": "torchtitan.train" in sys.modules and "datasets" in sys.modules,
+            "preloaded": sys.modules["fast_launch"].PRELOADED,
             "torchtitan": sys.modules["torchtitan.train"].__file__ if "torchtitan.train" in sys.modules else None}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
