@@ -24,7 +24,7 @@ bad device); else 1 (torchrun's code).
 The config check run_train.sh does before launching is repeated by every rank at start-up
 (load_config_or_exit), so a success path checks exactly what it did.
 
-Not covered (use run_train.sh): several nodes, dry runs, --help, and runs whose environment
+Not covered (use run_train.sh): several nodes, --help, and runs whose environment
 changes a variable read while importing (IMPORT_TIME_PREFIXES): the fork server imported
 with the session's environment. `needs_torchrun(env)` tells.
 """
@@ -47,7 +47,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CONFIG = os.path.join(ROOT, "train_configs", "llama3_debug.toml")
 GRACE_S = 5.0  # after a rank failed: SIGTERM to the others, SIGKILL after this
-IMPORT_TIME_PREFIXES = ("HF_", "TORCH", "PYTORCH", "TRANSFORMERS", "TOKENIZERS", "DATASETS", "KMP_", "MKL_", "LD_")
+# Variables torch, datasets, tokenizers & co. may read while being imported (TORCHRUN_LOG_DIR is
+# run_train.sh's, read by no import).
+IMPORT_TIME_PREFIXES = ("HF_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "TRANSFORMERS_", "TOKENIZERS_",
+                        "DATASETS_", "KMP_", "MKL_", "LD_")
 
 _zygote_env: dict | None = None  # the environment the fork server imported with
 PRELOADED = None  # in a rank: whether it was forked with zygote_imports already imported
@@ -201,19 +204,26 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
-           entry: str = "torchtitan.train", with_config: bool = True) -> tuple[int, str]:
+           entry: str = "torchtitan.train", with_config: bool = True, dry_run: bool = False) -> tuple[int, str]:
     """Run `entry`'s main() on `ngpu` forked ranks; (exit code, console output).
 
     argv: the overrides run_train.sh is given; with_config puts `--job.config_file <config>`
     first, as run_train.sh does (entry torchtitan.train), else argv is passed as it is.
     env: the environment run_train.sh would be started with (NGPU, LOG_RANK, ...).
+    dry_run: as run_train.sh runs a --job.dry_run=true job: torchtitan.dry_run in one process,
+    WORLD_SIZE=ngpu, no torchrun variables, threads left alone.
     """
     from torch.distributed import TCPStore
 
     ctx = _context()
+    if dry_run:
+        env = {**env, "WORLD_SIZE": str(ngpu)}
+        entry, ngpu = "torchtitan.dry_run", 1
     threads = threads_per_rank(env, ngpu)
     base = {**env, "PYTHONPATH": ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
+            "PYTHONUNBUFFERED": "1"}
+    if not dry_run:
+        base["OMP_NUM_THREADS"] = str(threads)
     if with_config:
         argv = ["--job.config_file", config_file(env), *argv]
     log_ranks = sorted({int(r) for r in env.get("LOG_RANK", "0").split(",") if r.strip()})
@@ -237,7 +247,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         for rank in range(ngpu):
-            renv = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            renv = base if dry_run else {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                     "ROLE_NAME": "default", "WORLD_SIZE": str(ngpu), "LOCAL_WORLD_SIZE": str(ngpu),
                     "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ngpu), "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0",

@@ -208,6 +208,17 @@ def launcher_name(launcher: str | None = None) -> str:
     return name
 
 
+def run_env(ngpu: int, log_dir: str, extra_env: dict | None = None) -> dict:
+    """The environment run_train.sh is started with (launch())."""
+    return {**os.environ, "NGPU": str(ngpu), "TORCHRUN_LOG_DIR": log_dir, **(extra_env or {})}
+
+
+def chosen_launcher(env: dict, launcher: str | None = None) -> str:
+    """launcher_name(), but "torchrun" when env changes a variable read at import time."""
+    name = launcher_name(launcher)
+    return "torchrun" if name == "fast" and fast_launch.needs_torchrun(env) else name
+
+
 def launch(ngpu: int, args: list[str], log_dir: str, extra_env: dict | None = None,
            launcher: str | None = None) -> tuple[int, float, str]:
     """Train with `run_train.sh <args>` on `ngpu` ranks; (exit code, seconds, console output).
@@ -218,10 +229,11 @@ def launch(ngpu: int, args: list[str], log_dir: str, extra_env: dict | None = No
     files under log_dir and console), unless extra_env changes what is read at import time.
     The console is what run_train.sh shows: the LOG_RANK ranks' output (default rank 0).
     Exit code 124: killed at TIMEOUT_S."""
-    env = {**os.environ, "NGPU": str(ngpu), "TORCHRUN_LOG_DIR": log_dir, **(extra_env or {})}
+    env = run_env(ngpu, log_dir, extra_env)
     start = time.perf_counter()
-    if launcher_name(launcher) == "fast" and not fast_launch.needs_torchrun(env):
-        rc, out = fast_launch.launch(ngpu, args, log_dir, env, TIMEOUT_S)
+    if chosen_launcher(env, launcher) == "fast":
+        # run_train.sh runs a dry run (--job.dry_run=true) in one process of torchtitan.dry_run
+        rc, out = fast_launch.launch(ngpu, args, log_dir, env, TIMEOUT_S, dry_run="--job.dry_run=true" in args)
     else:
         proc = subprocess.Popen([RUN_TRAIN, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)  # its own process group: a timeout kills every rank

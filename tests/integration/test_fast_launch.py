@@ -9,6 +9,7 @@ import os
 import checkpoint_checks
 import fast_launch
 import pytest
+import run_tests
 
 ROOT = fast_launch.ROOT
 
@@ -78,8 +79,17 @@ def test_timeout_kills_every_rank_and_exits_124(tmp_path):
     assert sorted(seen) == [0, 1] and not any(checkpoint_checks._running(s["pid"]) for s in seen.values())
 
 
-def test_a_variable_read_at_import_time_sends_the_run_to_torchrun():
+def test_runs_use_the_fast_launcher_unless_an_import_time_variable_changes(monkeypatch):
+    monkeypatch.delenv("TITAN_TEST_LAUNCHER", raising=False)
     fast_launch._context()  # the fork server's environment is this process's from now on
-    assert fast_launch.needs_torchrun(dict(os.environ)) == []
-    assert fast_launch.needs_torchrun({**os.environ, "HF_TITAN_PROBE": "1"}) == ["HF_TITAN_PROBE"]
-    assert fast_launch.needs_torchrun({**os.environ, "TITAN_PROBE": "1", "LOG_RANK": "1"}) == []
+    env = run_tests.run_env(2, "/x/ranks", {"LOG_RANK": "0,1"})  # what run() launches with
+    assert run_tests.chosen_launcher(env) == "fast" and fast_launch.needs_torchrun(env) == []
+    assert run_tests.chosen_launcher(env, "torchrun") == "torchrun"
+    changed = run_tests.run_env(2, "/x/ranks", {"HF_TITAN_PROBE": "1", "TORCHINDUCTOR_TITAN_PROBE": "1"})
+    assert fast_launch.needs_torchrun(changed) == ["HF_TITAN_PROBE", "TORCHINDUCTOR_TITAN_PROBE"]
+    assert run_tests.chosen_launcher(changed) == "torchrun"
+    monkeypatch.setenv("TITAN_TEST_LAUNCHER", "torchrun")
+    assert run_tests.chosen_launcher(env) == "torchrun"
+    monkeypatch.setenv("TITAN_TEST_LAUNCHER", "forkserver")
+    with pytest.raises(ValueError, match="TITAN_TEST_LAUNCHER"):
+        run_tests.chosen_launcher(env)
