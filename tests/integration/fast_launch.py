@@ -235,7 +235,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                   for name in ("stdout.log", "stderr.log")])
     # torchrun's agent hosts the rendezvous store and the ranks connect to it
     # (TORCHELASTIC_USE_AGENT_STORE): a port taken by the store itself, nothing to race for.
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = None if dry_run else TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     run_id = f"fast{os.getpid()}_{time.monotonic_ns()}"
     procs = []
     console: list[str] = []
@@ -247,13 +247,13 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         for rank in range(ngpu):
-            renv = base if dry_run else {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                    "ROLE_NAME": "default", "WORLD_SIZE": str(ngpu), "LOCAL_WORLD_SIZE": str(ngpu),
-                    "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ngpu), "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0",
-                    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
-                    "TORCHELASTIC_USE_AGENT_STORE": "True",
-                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+            renv = base if dry_run else {
+                **base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                "ROLE_NAME": "default", "WORLD_SIZE": str(ngpu), "LOCAL_WORLD_SIZE": str(ngpu),
+                "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ngpu), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
             p = ctx.Process(target=_worker, args=(entry, argv, renv, os.getcwd(), os.path.join(log_dir, str(rank)),
                                                   threads), name=f"rank{rank}")
             p.start()
