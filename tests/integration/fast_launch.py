@@ -15,8 +15,8 @@ run forks its N ranks from it. Every rank gets what torchrun would give it:
   --local-ranks-filter show them;
 - its own session, so that a failed or timed-out run's ranks are stopped with their children.
 
-A rank leaves with os._exit() after main() returns (atexit handlers run, the interpreter is
-not torn down: the gloo exit-time abort of CPU_NOTES.md cannot happen). When a rank fails the
+A rank leaves with os._exit() after main() returns (threads joined and atexit handlers run as
+at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of CPU_NOTES.md cannot happen). When a rank fails the
 others get SIGTERM, then SIGKILL after GRACE_S, as torchrun does. Exit code: 0 when every
 rank exited 0; 124 after the timeout; 2 when the first rank to fail exited 2 (main's code
 for a bad config, which run_train.sh's config check reports with 2 before launching, or a
@@ -151,9 +151,9 @@ def _worker(entry: str, argv: list[str], env: dict, cwd: str, rank_dir: str, thr
         traceback.print_exc()
     finally:
         try:
-            for t in threading.enumerate():  # as at interpreter exit: non-daemon threads finish
-                if t is not threading.current_thread() and not t.daemon:
-                    t.join()
+            # As at interpreter exit: threading's exit hooks (they stop e.g. ThreadPoolExecutor
+            # workers), non-daemon threads joined, then the atexit handlers.
+            threading._shutdown()
             atexit._run_exitfuncs()
         finally:
             for stream in (*inherited, sys.stdout, sys.stderr):

@@ -1,7 +1,7 @@
 """A stand-in for torchtitan.train under fast_launch.py (test_fast_launch.py): each rank
 writes what it was given to <out>/rank<RANK>.json, then acts as its argv says.
 
-    launch_probe.py OUT [print] [ignore_sigterm RANK] [exit RANK CODE] [sleep SECONDS] ...
+    launch_probe.py OUT [print] [thread_pool] [ignore_sigterm RANK] [exit RANK CODE] [sleep SECONDS] ...
 
 (RANK -1: every rank.)
 """
@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 import time
+
+POOLS = []
 
 
 def main() -> int:
@@ -38,6 +40,11 @@ def main() -> int:
             if who in (rank, -1):
                 code = value
                 break
+        elif what == "thread_pool":  # a pool worker waits for work until the interpreter's exit hooks
+            from concurrent.futures import ThreadPoolExecutor
+
+            POOLS.append(ThreadPoolExecutor(1))  # kept, as inductor keeps its pool
+            POOLS[-1].submit(print, f"pool {rank}").result()
         elif what == "sleep":
             time.sleep(float(actions.pop(0)))
     return code

@@ -66,6 +66,13 @@ def test_a_failed_rank_stops_the_others_like_torchrun(tmp_path):
     assert not any(checkpoint_checks._running(s["pid"]) for s in seen.values())
 
 
+def test_a_rank_leaves_like_an_interpreter_with_an_idle_thread_pool(tmp_path):
+    # Inductor's compile workers are a ThreadPoolExecutor: its threads wait for work until
+    # threading's exit hooks tell them to stop; joining them first would wait forever.
+    rc, console, _ = _launch(tmp_path, 2, ["thread_pool"], timeout=60)
+    assert rc == 0 and console == "pool 0\n", console
+
+
 def test_a_config_error_exits_2_as_run_train_sh_does(tmp_path):
     rc, console, _ = _launch(tmp_path, 2, ["exit", "-1", "2"])  # load_config_or_exit on every rank
     assert rc == 2, console
