@@ -76,6 +76,11 @@ def _context():
     return ctx
 
 
+def start() -> None:
+    """Start the fork server (its imports run in the background); launch() does it otherwise."""
+    _context()
+
+
 def needs_torchrun(env: dict) -> list[str]:
     """The variables of `env` read at import time that differ from the fork server's."""
     base = _zygote_env if _zygote_env is not None else os.environ
