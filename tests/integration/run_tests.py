@@ -12,7 +12,9 @@ Llama3 (or DeepSeek-V3, cases named deepseek_*) for 10 steps with the same globa
 its 1-rank reference of the same model and dtype (fp32, or bf16 for cases named bf16_*), and
 passes when it exits 0 within --timeout seconds and every step's loss and gradient norm are
 within the case's tolerance (relative) of the reference's (the table shows the largest
-difference of each). A failing case shows every rank's last lines.
+difference of each). A failing case shows every rank's last lines. Runs get run_train.sh's
+argv and environment; on CPU their ranks are forked from one process that imported torchtitan
+once (fast_launch.py) unless --launcher torchrun (or TITAN_TEST_LAUNCHER=torchrun).
 """
 
 import argparse
