@@ -22,7 +22,7 @@ train: $(STAMP)
 	$(PY) scripts/plot_loss.py $(DUMP)/metrics.jsonl --out $(DUMP)/loss.png
 
 test: $(STAMP)
-	$(PY) -m pytest -q -x $(PYTEST_ARGS)
+	$(PY) -m pytest -q -x --durations=10 $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

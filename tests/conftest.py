@@ -7,3 +7,15 @@ import os
 
 if os.environ.get("TORCHTITAN_TEST_DEVICE", "cpu") == "cpu":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def pytest_collection_finish(session):
+    """With integration tests to run, start their launcher's fork server (fast_launch.py) now:
+    it imports torch and torchtitan in the background while the first tests run."""
+    integration = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration")
+    if session.config.option.collectonly or os.environ.get("TITAN_TEST_LAUNCHER") == "torchrun":
+        return
+    if any(str(item.path).startswith(integration + os.sep) for item in session.items):
+        import fast_launch  # tests/integration/conftest.py put it on the path
+
+        fast_launch.start()

@@ -4,6 +4,7 @@
     python tests/integration/run_tests.py --ngpu 8                # every case of <= 8 ranks, on CPU
     python tests/integration/run_tests.py --ngpu 4 --filter pp    # cases whose name contains "pp"
     python tests/integration/run_tests.py --device cuda --ngpu 8  # on GPUs, one per rank (NCCL)
+    python tests/integration/run_tests.py --launcher torchrun     # every run through run_train.sh
 
 Runs are pinned to a device: CPU ranks (gloo) unless --device cuda, which skips, with the
 reason, every case needing more ranks than the GPUs present. Every case trains the tiny
@@ -11,7 +12,9 @@ Llama3 (or DeepSeek-V3, cases named deepseek_*) for 10 steps with the same globa
 its 1-rank reference of the same model and dtype (fp32, or bf16 for cases named bf16_*), and
 passes when it exits 0 within --timeout seconds and every step's loss and gradient norm are
 within the case's tolerance (relative) of the reference's (the table shows the largest
-difference of each). A failing case shows every rank's last lines.
+difference of each). A failing case shows every rank's last lines. Runs get run_train.sh's
+argv and environment; on CPU their ranks are forked from one process that imported torchtitan
+once (fast_launch.py) unless --launcher torchrun (or TITAN_TEST_LAUNCHER=torchrun).
 """
 
 import argparse
@@ -24,6 +27,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fast_launch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_TRAIN = os.path.join(ROOT, "run_train.sh")
@@ -55,6 +62,7 @@ class Case:
     model: str = "llama3"  # each (model, dtype) has its own 1-rank reference
     dtype: str = "float32"  # parameter dtype (bfloat16: bf16 compute, fp32 gradient reduction)
     rtol: float = 1e-4  # largest relative loss / gradient-norm difference from the reference (fp32)
+    launcher: str | None = None  # None: launcher_name()'s choice ("fast" unless TITAN_TEST_LAUNCHER says)
 
 
 # bf16 vs a bf16 1-rank reference: the same math in another order (sharded reductions, other
@@ -95,7 +103,9 @@ CASES = [
          dtype=BF16),
     # data parallel
     Case("fsdp", 4, slow=True),  # the same run is test_checkpoint.py's fsdp straight run, checked vs 1 rank
-    Case("fsdp_2", 2),
+    # through run_train.sh and torchrun whatever the default launcher: its losses must equal, bitwise,
+    # those of the AC cases below (test_parity_suite.py), which the fast launcher runs
+    Case("fsdp_2", 2, launcher="torchrun"),
     Case("fsdp_8", 8, ["--training.local_batch_size=1"], slow=True),  # 8 ranks: pp+fsdp+tp covers it
     Case("hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=2"]),
     Case("ddp", 2, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
@@ -189,29 +199,72 @@ DEVICE = "cpu"  # every run's --training.device; main() sets it from --device
 TIMEOUT_S = 900.0  # per run; main() sets it from --timeout
 
 
-def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = None,
-        model: str = "llama3", dtype: str = "float32") -> tuple[int, float, str]:
-    """One run_train.sh launch; (exit code, seconds, output). Every rank's output also goes to
-    <dump>/ranks/ (torchrun --log-dir) and a failed or timed-out run's output ends with each
-    rank's last lines. Exit code 124: killed at TIMEOUT_S."""
-    logs = os.path.join(dump, "ranks")
-    env = {**os.environ, "NGPU": str(ngpu), "TORCHRUN_LOG_DIR": logs, **(extra_env or {})}
-    cmd = [RUN_TRAIN, f"--model.name={model}", *BASE, f"--training.device={DEVICE}",
-           f"--training.mixed_precision_param={dtype}", *overrides, f"--job.dump_folder={dump}"]
+LAUNCHERS = ("fast", "torchrun")
+
+
+def launcher_name(launcher: str | None = None) -> str:
+    """The launcher a run uses: the argument, else $TITAN_TEST_LAUNCHER, else "fast"."""
+    name = launcher or os.environ.get("TITAN_TEST_LAUNCHER") or "fast"
+    if name not in LAUNCHERS:
+        raise ValueError(f"launcher {name!r}: one of {', '.join(LAUNCHERS)} (TITAN_TEST_LAUNCHER)")
+    return name
+
+
+def run_env(ngpu: int, log_dir: str, extra_env: dict | None = None) -> dict:
+    """The environment run_train.sh is started with (launch())."""
+    return {**os.environ, "NGPU": str(ngpu), "TORCHRUN_LOG_DIR": log_dir, **(extra_env or {})}
+
+
+def chosen_launcher(env: dict, launcher: str | None = None) -> str:
+    """launcher_name(), but "torchrun" when env changes a variable read at import time."""
+    name = launcher_name(launcher)
+    return "torchrun" if name == "fast" and fast_launch.needs_torchrun(env) else name
+
+
+def launch(ngpu: int, args: list[str], log_dir: str, extra_env: dict | None = None,
+           launcher: str | None = None) -> tuple[int, float, str]:
+    """Train with `run_train.sh <args>` on `ngpu` ranks; (exit code, seconds, console output).
+
+    launcher "torchrun" runs run_train.sh itself (every rank's output also under log_dir, its
+    TORCHRUN_LOG_DIR); "fast" (the default) forks the ranks from a process that imported
+    torchtitan once per session (fast_launch.py: the same argv, environment, per-rank log
+    files under log_dir and console), unless extra_env changes what is read at import time.
+    The console is what run_train.sh shows: the LOG_RANK ranks' output (default rank 0).
+    Exit code 124: killed at TIMEOUT_S."""
+    env = run_env(ngpu, log_dir, extra_env)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group: a timeout kills every rank
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        rc, out = 124, out + f"\n[run_tests] killed after {TIMEOUT_S:.0f}s (--timeout)\n"
-    out = re.sub(r"(?m)^\[default\d+\]:", "", out)  # torchrun's --tee prefix: the console as without it
+    if chosen_launcher(env, launcher) == "fast":
+        # run_train.sh runs a dry run (--job.dry_run=true) in one process of torchtitan.dry_run
+        rc, out = fast_launch.launch(ngpu, args, log_dir, env, TIMEOUT_S, dry_run="--job.dry_run=true" in args)
+    else:
+        proc = subprocess.Popen([RUN_TRAIN, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)  # its own process group: a timeout kills every rank
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            rc = 124
+        out = re.sub(r"(?m)^\[default\d+\]:", "", out)  # torchrun's --tee prefix: the console as without it
+    if rc == 124:
+        out += f"\n[run_tests] killed after {TIMEOUT_S:.0f}s (--timeout)\n"
+    return rc, time.perf_counter() - start, out
+
+
+def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = None,
+        model: str = "llama3", dtype: str = "float32", launcher: str | None = None) -> tuple[int, float, str]:
+    """One training run of the suite's settings (BASE) plus `overrides`; (exit code, seconds,
+    output). Every rank's output also goes to <dump>/ranks/ and a failed or timed-out run's
+    output ends with each rank's last lines. Exit code 124: killed at TIMEOUT_S. launcher:
+    see launch()."""
+    logs = os.path.join(dump, "ranks")
+    args = [f"--model.name={model}", *BASE, f"--training.device={DEVICE}",
+            f"--training.mixed_precision_param={dtype}", *overrides, f"--job.dump_folder={dump}"]
+    rc, secs, out = launch(ngpu, args, logs, extra_env, launcher)
     if rc != 0:
         out += rank_tails(logs)
-    return rc, time.perf_counter() - start, out
+    return rc, secs, out
 
 
 def rank_tails(log_dir: str, lines: int = 8) -> str:
@@ -259,7 +312,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds a run may take (default 900)")
     ap.add_argument("--out", default="", help="folder for the runs (default: a temporary one)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    ap.add_argument("--launcher", choices=LAUNCHERS,
+                    help="fast: ranks forked from one process that imported torchtitan once (default on cpu);"
+                         " torchrun: run_train.sh (default on cuda); also TITAN_TEST_LAUNCHER")
     args = ap.parse_args(argv)
+    if args.launcher:
+        os.environ["TITAN_TEST_LAUNCHER"] = args.launcher
+    elif args.device == "cuda":  # the fast launcher has not been tried on GPUs yet: opt in with --launcher fast
+        os.environ.setdefault("TITAN_TEST_LAUNCHER", "torchrun")
     DEVICE, TIMEOUT_S = args.device, args.timeout
 
     cases = [c for c in CASES if c.ngpu <= args.ngpu and args.filter in c.name and (args.slow or not c.slow)]
@@ -293,7 +353,8 @@ def main(argv=None) -> int:
             print(f"{case.name:32s} {case.ngpu:>5d}  SKIP   {skipped[case.name]}", flush=True)
             continue
         dump = os.path.join(out, case.name)
-        rc, secs, log = run(case.ngpu, case.overrides, dump, model=case.model, dtype=case.dtype)
+        rc, secs, log = run(case.ngpu, case.overrides, dump, model=case.model, dtype=case.dtype,
+                            launcher=case.launcher)
         losses = read_losses(dump) if rc == 0 and os.path.exists(os.path.join(dump, "metrics.jsonl")) else []
         ref_losses, ref_norms = references[reference_name(case.model, case.dtype)]
         diff = max_rel_diff(losses, ref_losses) if losses else float("inf")

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import fast_launch
 import run_tests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,11 +18,18 @@ COMMON = ["--model.name=deepseek_v3", "--model.flavor=tiny", "--training.seq_len
 
 def dump_grads(tmp_path, name: str, ngpu: int, overrides: list[str]) -> dict:
     out = tmp_path / f"{name}.pt"
+    args = [str(out), *COMMON, *overrides, f"--job.dump_folder={tmp_path / name}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": run_tests.ROOT}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ngpu}",
-           os.path.join(HERE, "grad_dump.py"), str(out), *COMMON, *overrides, f"--job.dump_folder={tmp_path / name}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    if run_tests.launcher_name() == "fast" and not fast_launch.needs_torchrun(env):
+        logs = str(tmp_path / name / "ranks")
+        rc, console = fast_launch.launch(ngpu, args, logs, env, run_tests.TIMEOUT_S, entry="grad_dump",
+                                         with_config=False)
+        assert rc == 0, console[-2000:] + run_tests.rank_tails(logs)
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ngpu}",
+               os.path.join(HERE, "grad_dump.py"), *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return torch.load(out)
 
 

@@ -8,9 +8,9 @@ memory estimate shows up here.
 
 import json
 import os
-import subprocess
 
 import pytest
+import run_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,10 +29,11 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_llama3_plan_json_is_unchanged(name, tmp_path):
     ngpu, config, overrides = CASES[name]
-    env = {**os.environ, "NGPU": str(ngpu), "CONFIG_FILE": os.path.join(ROOT, "train_configs", config)}
-    proc = subprocess.run([os.path.join(ROOT, "run_train.sh"), "--job.dry_run=true", f"--job.dump_folder={tmp_path}",
-                           *overrides], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # (run_train.sh's dry-run launch itself: test_reshard_counts.py's 405B dry run)
+    rc, _, out = run_tests.launch(ngpu, ["--job.dry_run=true", f"--job.dump_folder={tmp_path}", *overrides],
+                                  str(tmp_path / "ranks"),
+                                  extra_env={"CONFIG_FILE": os.path.join(ROOT, "train_configs", config)})
+    assert rc == 0, out[-4000:]
     with open(tmp_path / "plan.json") as f:
         got = json.load(f)
     with open(os.path.join(ROOT, "tests", "golden", f"llama3_plan_{name}.json")) as f:

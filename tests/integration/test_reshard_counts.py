@@ -20,10 +20,8 @@ TINY = ["--model.flavor=tiny", "--training.steps=3", "--training.seq_len=64", "-
 
 
 def _run(ngpu: int, args: list[str], dump) -> tuple[list[dict], dict]:
-    env = {**os.environ, "NGPU": str(ngpu)}
-    proc = subprocess.run([run_tests.RUN_TRAIN, *TINY, *args, f"--job.dump_folder={dump}"],
-                          env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rc, _, out = run_tests.launch(ngpu, [*TINY, *args, f"--job.dump_folder={dump}"], str(dump / "ranks"))
+    assert rc == 0, out[-3000:]
     records = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
     plan = json.loads((dump / "plan.json").read_text())
     return records, plan

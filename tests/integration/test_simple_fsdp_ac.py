@@ -31,10 +31,8 @@ def run(tmp_path_factory, *args: str, ngpu: int = 2, extra: tuple = ()) -> list[
     key = (ngpu, args, extra)
     if key not in _RUNS:
         dump = tmp_path_factory.mktemp("run")
-        env = {**os.environ, "NGPU": str(ngpu)}
-        proc = subprocess.run([run_tests.RUN_TRAIN, *BASE, *args, *extra, f"--job.dump_folder={dump}"],
-                              env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        rc, _, out = run_tests.launch(ngpu, [*BASE, *args, *extra, f"--job.dump_folder={dump}"], str(dump / "ranks"))
+        assert rc == 0, out[-3000:]
         _RUNS[key] = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
     return _RUNS[key]
 

@@ -9,8 +9,6 @@ pipeline's shape inference runs the stage once more (without gradients).
 """
 
 import json
-import os
-import subprocess
 
 import pytest
 import run_tests
@@ -26,10 +24,9 @@ def run(tmp_path_factory, microbatches: int, *args: str) -> list[dict]:
     key = (microbatches, args)
     if key not in _RUNS:
         dump = tmp_path_factory.mktemp("pp")
-        proc = subprocess.run([run_tests.RUN_TRAIN, *BASE, f"--training.local_batch_size={microbatches}", *args,
-                               f"--job.dump_folder={dump}"], env={**os.environ, "NGPU": "4"},
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        rc, _, out = run_tests.launch(4, [*BASE, f"--training.local_batch_size={microbatches}", *args,
+                                          f"--job.dump_folder={dump}"], str(dump / "ranks"))
+        assert rc == 0, out[-3000:]
         _RUNS[key] = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
     return _RUNS[key]
 

@@ -7,22 +7,41 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "init_blocks_worker.py")
+RUNS = {"equality": ["equality"],
+        "whole": ["peak", str(1 << 40)],  # the old way: one draw of 128256 x 256
+        "blocks": ["peak", str(1 << 22)]}  # 16 MiB blocks (the default)
 
 
-def _worker(subprocess_env, *args) -> dict:
-    proc = subprocess.run([sys.executable, WORKER, *args], env=subprocess_env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def worker(subprocess_env):
+    """The workers' results by RUNS name. All start at once, each in its own fresh process (its
+    peak memory is its own): most of their time is importing torch, which they do side by side."""
+    procs = {name: subprocess.Popen([sys.executable, WORKER, *args], env=subprocess_env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for name, args in RUNS.items()}
+    results = {}
+
+    def result(name: str) -> dict:
+        if name not in results:
+            out, err = procs[name].communicate()
+            assert procs[name].returncode == 0, err[-3000:]
+            results[name] = json.loads(out.strip().splitlines()[-1])
+        return results[name]
+
+    yield result
+    for proc in procs.values():
+        proc.kill()
+        proc.communicate()
 
 
-def test_blocks_draw_what_the_whole_tensor_draw_gives_every_rank(subprocess_env):
-    assert _worker(subprocess_env, "equality")["checked"] == 8 * 3 * 3
+def test_blocks_draw_what_the_whole_tensor_draw_gives_every_rank(worker):
+    assert worker("equality")["checked"] == 8 * 3 * 3
 
 
-def test_peak_init_memory_per_rank_is_bounded_by_a_block(subprocess_env):
-    whole = _worker(subprocess_env, "peak", str(1 << 40))  # the old way: one draw of 128256 x 256
-    blocks = _worker(subprocess_env, "peak", str(1 << 22))  # 16 MiB blocks (the default)
+def test_peak_init_memory_per_rank_is_bounded_by_a_block(worker):
+    whole, blocks = worker("whole"), worker("blocks")
     print(f"rank 3 of 8, 128256 x 256 fp32 embedding: peak growth {whole['peak_growth_mib']} MiB drawing it whole,"
           f" {blocks['peak_growth_mib']} MiB in blocks (shard {blocks['shard_mib']} MiB)")
     assert whole["peak_growth_mib"] > 110  # the whole 125 MiB tensor

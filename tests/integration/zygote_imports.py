@@ -1,0 +1,34 @@
+"""Imported once per test session by the launcher's fork server (launcher.py): everything a
+training run imports, so that each forked rank starts with it already loaded.
+
+Nothing here may start threads or touch a GPU: the ranks are forked from this process.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This checkout's torchtitan, whatever an editable install of the venv points at.
+if sys.path[:1] != [ROOT]:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402,F401
+import torch.distributed.checkpoint  # noqa: E402,F401
+import torch.profiler._cupti_monitor  # noqa: E402,F401
+import torchtitan.train  # noqa: E402,F401
+
+# What a run imports later, inside functions: data, checkpoints, weight export, both models.
+import datasets  # noqa: E402,F401
+import datasets.distributed  # noqa: E402,F401
+import pydoc_data.topics  # noqa: E402,F401
+import safetensors.torch  # noqa: E402,F401
+import torchtitan.components.hf_folder  # noqa: E402,F401
+import torchtitan.config.check_data  # noqa: E402,F401
+import torchtitan.components.hf_weights  # noqa: E402,F401
+import torchtitan.dry_run  # noqa: E402,F401
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402,F401
+from torchtitan.models.deepseek_v3 import model, parallelize, pipeline  # noqa: E402,F401
+from torchtitan.models.llama3 import model, parallelize, pipeline  # noqa: E402,F401,F811
+
+assert torchtitan.__file__.startswith(ROOT + os.sep), torchtitan.__file__
+assert not torch.cuda.is_initialized()  # a forked child could not use CUDA
