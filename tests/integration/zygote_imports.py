@@ -27,8 +27,11 @@ import torchtitan.config.check_data  # noqa: E402,F401
 import torchtitan.components.hf_weights  # noqa: E402,F401
 import torchtitan.dry_run  # noqa: E402,F401
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402,F401
-from torchtitan.models.deepseek_v3 import model, parallelize, pipeline  # noqa: E402,F401
-from torchtitan.models.llama3 import model, parallelize, pipeline  # noqa: E402,F401,F811
+from torchtitan.protocols.train_spec import get_train_spec  # noqa: E402
+from torchtitan.models.registry import MODELS  # noqa: E402
+
+for _name in MODELS:  # every registered model's model and parallelize modules
+    get_train_spec(_name)
 
 assert torchtitan.__file__.startswith(ROOT + os.sep), torchtitan.__file__
 assert not torch.cuda.is_initialized()  # a forked child could not use CUDA
