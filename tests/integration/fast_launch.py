@@ -53,27 +53,39 @@ IMPORT_TIME_PREFIXES = ("HF_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTO
                         "DATASETS_", "KMP_", "MKL_", "LD_")
 
 _zygote_env: dict | None = None  # the environment the fork server imported with
+_server_pid: int | None = None
 PRELOADED = None  # in a rank: whether it was forked with zygote_imports already imported
 
 
 def _context():
-    global _zygote_env
+    """The forkserver context, its server running (started, or restarted if it died)."""
+    global _zygote_env, _server_pid
     ctx = multiprocessing.get_context("forkserver")
-    if _zygote_env is None:
-        ctx.set_forkserver_preload(["zygote_imports"])
-        # The fork server is `python -c ...` with the default sys.path (3.11 ignores the one it is
-        # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
-        saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved] if saved else [])])
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            if saved is None:
-                del os.environ["PYTHONPATH"]
-            else:
-                os.environ["PYTHONPATH"] = saved
-        _zygote_env = dict(os.environ)
+    ctx.set_forkserver_preload(["zygote_imports"])
+    # The fork server is `python -c ...` with the default sys.path (3.11 ignores the one it is
+    # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved] if saved else [])])
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    if pid != _server_pid:
+        _zygote_env, _server_pid = dict(os.environ), pid
     return ctx
+
+
+def _alive(pid: int) -> bool:
+    """Running (a process that exited stays a zombie until its parent waits for it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def start() -> None:
@@ -221,6 +233,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     from torch.distributed import TCPStore
 
     ctx = _context()
+    server = _server_pid
     if dry_run:
         env = {**env, "WORLD_SIZE": str(ngpu)}
         entry, ngpu = "torchtitan.dry_run", 1
@@ -261,7 +274,13 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
             p = ctx.Process(target=_worker, args=(entry, argv, renv, os.getcwd(), os.path.join(log_dir, str(rank)),
                                                   threads), name=f"rank{rank}")
-            p.start()
+            try:
+                p.start()
+            except (EOFError, OSError) as e:
+                if _alive(server):
+                    raise
+                raise RuntimeError(f"the fork server (pid {server}) died while starting rank {rank} (killed from"
+                                   " outside?); the next run starts a new one") from e
             procs.append(p)
         sys.modules["__main__"] = main_module
         while any(p.exitcode is None for p in procs):
@@ -292,7 +311,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                 p.join()
         del store
     console.append(tail.read(final=True))
-    codes = [p.exitcode for p in procs]
+    codes, pids = [p.exitcode for p in procs], [p.pid for p in procs]
     for p in procs:
         p.close()
     if first_failure is None:
@@ -305,6 +324,16 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         rc = 2
     else:
         rc = 1
+    if rc != 0 and not _alive(server):
+        # multiprocessing reports 255 for ranks whose fork server vanished. Their parent-death
+        # signal kills them, a moment after the server's sockets closed: make sure of it.
+        for p in filter(_alive, pids):
+            _signal_group(p, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        console.append(f"[fast_launch] the fork server (pid {server}) died during this run, its ranks with it"
+                       " (killed from outside?); the next run starts a new one\n")
     if rc not in (0, 124):
         # torchrun's failure summary, in the lines checkpoint_checks.rank_exit_codes reads
         console.append(f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "
