@@ -37,6 +37,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -52,6 +53,7 @@ GRACE_S = 5.0  # after a rank failed: SIGTERM to the others, SIGKILL after this
 IMPORT_TIME_PREFIXES = ("HF_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "TRANSFORMERS_", "TOKENIZERS_",
                         "DATASETS_", "KMP_", "MKL_", "LD_")
 
+SERVER_LOG = os.path.join(tempfile.gettempdir(), f"titan_fork_server_{os.getpid()}.log")
 _zygote_env: dict | None = None  # the environment the fork server imported with
 _server_pid: int | None = None
 PRELOADED = None  # in a rank: whether it was forked with zygote_imports already imported
@@ -64,19 +66,30 @@ def _context():
     ctx.set_forkserver_preload(["zygote_imports"])
     # The fork server is `python -c ...` with the default sys.path (3.11 ignores the one it is
     # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved] if saved else [])])
+    # Its own output (say, why it stopped) goes to SERVER_LOG (zygote_imports.py).
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TITAN_FORK_SERVER_LOG")}
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])])
+    os.environ["TITAN_FORK_SERVER_LOG"] = SERVER_LOG
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     if pid != _server_pid:
         _zygote_env, _server_pid = dict(os.environ), pid
     return ctx
+
+
+def _last_lines(path: str, n: int = 20) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.readlines()[-n:]
+    except OSError:
+        return []
 
 
 def _alive(pid: int) -> bool:
@@ -333,7 +346,8 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         while any(map(_alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
         console.append(f"[fast_launch] the fork server (pid {server}) died during this run, its ranks with it"
-                       " (killed from outside?); the next run starts a new one\n")
+                       f" (killed from outside?); the next run starts a new one. The end of its log {SERVER_LOG}:\n"
+                       + "".join(_last_lines(SERVER_LOG)))
     if rc not in (0, 124):
         # torchrun's failure summary, in the lines checkpoint_checks.rank_exit_codes reads
         console.append(f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "

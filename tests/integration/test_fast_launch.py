@@ -113,6 +113,7 @@ def test_a_dead_fork_server_is_reported_and_replaced(tmp_path):
     rc, console, seen = _launch(tmp_path / "a", 2, ["sleep", "60"])
     killer.join()
     assert rc == 1 and f"the fork server (pid {server}) died during this run" in console, console
+    assert f"fork server {server}: ready" in console  # the end of its log
     assert sorted(seen) == [0, 1] and not any(checkpoint_checks._running(s["pid"]) for s in seen.values())
     rc, console, seen = _launch(tmp_path / "b", 2, [])  # a new server, which preloads again
     assert rc == 0 and fast_launch._server_pid != server, console
