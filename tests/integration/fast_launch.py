@@ -16,13 +16,16 @@ run forks its N ranks from it. Every rank gets what torchrun would give it:
 - its own session, so that a failed or timed-out run's ranks are stopped with their children.
 
 A rank leaves with os._exit() after main() returns (threads joined and atexit handlers run as
-at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of CPU_NOTES.md cannot happen). When a rank fails the
-others get SIGTERM, then SIGKILL after GRACE_S, as torchrun does. Exit code: 0 when every
-rank exited 0; 124 after the timeout; 2 when the first rank to fail exited 2 (main's code
-for a bad config, which run_train.sh's config check reports with 2 before launching, or a
-bad device); else 1 (torchrun's code).
-The config check run_train.sh does before launching is repeated by every rank at start-up
-(load_config_or_exit), so a success path checks exactly what it did.
+at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of
+CPU_NOTES.md cannot happen here; that a finished run also exits 0 through a real interpreter
+exit is left to the runs that keep run_train.sh). When a rank fails the others get SIGTERM,
+then SIGKILL after GRACE_S, as torchrun does. Exit code: 0 when every rank exited 0; 124
+after the timeout; 2 when the first rank to fail exited 2 (main's code for a bad config,
+which run_train.sh's config check reports with 2 before launching, or a bad device); else 1
+(torchrun's code). The config check run_train.sh does before launching is repeated by every
+rank at start-up (load_config_or_exit), so a success path checks exactly what it did. A dry
+run (dry_run=True) is one process of torchtitan.dry_run, as run_train.sh runs it. A fork
+server that dies is reported (its log: SERVER_LOG) and replaced at the next launch.
 
 Not covered (use run_train.sh): several nodes, --help, and runs whose environment
 changes a variable read while importing (IMPORT_TIME_PREFIXES): the fork server imported
