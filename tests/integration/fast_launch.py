@@ -16,13 +16,16 @@ run forks its N ranks from it. Every rank gets what torchrun would give it:
 - its own session, so that a failed or timed-out run's ranks are stopped with their children.
 
 A rank leaves with os._exit() after main() returns (threads joined and atexit handlers run as
-at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of CPU_NOTES.md cannot happen). When a rank fails the
-others get SIGTERM, then SIGKILL after GRACE_S, as torchrun does. Exit code: 0 when every
-rank exited 0; 124 after the timeout; 2 when the first rank to fail exited 2 (main's code
-for a bad config, which run_train.sh's config check reports with 2 before launching, or a
-bad device); else 1 (torchrun's code).
-The config check run_train.sh does before launching is repeated by every rank at start-up
-(load_config_or_exit), so a success path checks exactly what it did.
+at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of
+CPU_NOTES.md cannot happen here; that a finished run also exits 0 through a real interpreter
+exit is left to the runs that keep run_train.sh). When a rank fails the others get SIGTERM,
+then SIGKILL after GRACE_S, as torchrun does. Exit code: 0 when every rank exited 0; 124
+after the timeout; 2 when the first rank to fail exited 2 (main's code for a bad config,
+which run_train.sh's config check reports with 2 before launching, or a bad device); else 1
+(torchrun's code). The config check run_train.sh does before launching is repeated by every
+rank at start-up (load_config_or_exit), so a success path checks exactly what it did. A dry
+run (dry_run=True) is one process of torchtitan.dry_run, as run_train.sh runs it. A fork
+server that dies is reported (its log: SERVER_LOG) and replaced at the next launch.
 
 Not covered (use run_train.sh): several nodes, --help, and runs whose environment
 changes a variable read while importing (IMPORT_TIME_PREFIXES): the fork server imported
@@ -37,6 +40,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -52,28 +56,52 @@ GRACE_S = 5.0  # after a rank failed: SIGTERM to the others, SIGKILL after this
 IMPORT_TIME_PREFIXES = ("HF_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "TRANSFORMERS_", "TOKENIZERS_",
                         "DATASETS_", "KMP_", "MKL_", "LD_")
 
+SERVER_LOG = os.path.join(tempfile.gettempdir(), f"titan_fork_server_{os.getpid()}.log")
 _zygote_env: dict | None = None  # the environment the fork server imported with
+_server_pid: int | None = None
 PRELOADED = None  # in a rank: whether it was forked with zygote_imports already imported
 
 
 def _context():
-    global _zygote_env
+    """The forkserver context, its server running (started, or restarted if it died)."""
+    global _zygote_env, _server_pid
     ctx = multiprocessing.get_context("forkserver")
-    if _zygote_env is None:
-        ctx.set_forkserver_preload(["zygote_imports"])
-        # The fork server is `python -c ...` with the default sys.path (3.11 ignores the one it is
-        # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
-        saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved] if saved else [])])
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            if saved is None:
-                del os.environ["PYTHONPATH"]
+    ctx.set_forkserver_preload(["zygote_imports"])
+    # The fork server is `python -c ...` with the default sys.path (3.11 ignores the one it is
+    # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
+    # Its own output (say, why it stopped) goes to SERVER_LOG (zygote_imports.py).
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TITAN_FORK_SERVER_LOG")}
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])])
+    os.environ["TITAN_FORK_SERVER_LOG"] = SERVER_LOG
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
             else:
-                os.environ["PYTHONPATH"] = saved
-        _zygote_env = dict(os.environ)
+                os.environ[k] = v
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    if pid != _server_pid:
+        _zygote_env, _server_pid = dict(os.environ), pid
     return ctx
+
+
+def _last_lines(path: str, n: int = 20) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.readlines()[-n:]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Running (a process that exited stays a zombie until its parent waits for it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def start() -> None:
@@ -221,6 +249,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     from torch.distributed import TCPStore
 
     ctx = _context()
+    server = _server_pid
     if dry_run:
         env = {**env, "WORLD_SIZE": str(ngpu)}
         entry, ngpu = "torchtitan.dry_run", 1
@@ -261,7 +290,13 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
             p = ctx.Process(target=_worker, args=(entry, argv, renv, os.getcwd(), os.path.join(log_dir, str(rank)),
                                                   threads), name=f"rank{rank}")
-            p.start()
+            try:
+                p.start()
+            except (EOFError, OSError) as e:
+                if _alive(server):
+                    raise
+                raise RuntimeError(f"the fork server (pid {server}) died while starting rank {rank} (killed from"
+                                   " outside?); the next run starts a new one") from e
             procs.append(p)
         sys.modules["__main__"] = main_module
         while any(p.exitcode is None for p in procs):
@@ -292,7 +327,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                 p.join()
         del store
     console.append(tail.read(final=True))
-    codes = [p.exitcode for p in procs]
+    codes, pids = [p.exitcode for p in procs], [p.pid for p in procs]
     for p in procs:
         p.close()
     if first_failure is None:
@@ -305,6 +340,17 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         rc = 2
     else:
         rc = 1
+    if rc != 0 and not _alive(server):
+        # multiprocessing reports 255 for ranks whose fork server vanished. Their parent-death
+        # signal kills them, a moment after the server's sockets closed: make sure of it.
+        for p in filter(_alive, pids):
+            _signal_group(p, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        console.append(f"[fast_launch] the fork server (pid {server}) died during this run, its ranks with it"
+                       f" (killed from outside?); the next run starts a new one. The end of its log {SERVER_LOG}:\n"
+                       + "".join(_last_lines(SERVER_LOG)))
     if rc not in (0, 124):
         # torchrun's failure summary, in the lines checkpoint_checks.rank_exit_codes reads
         console.append(f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "

@@ -5,6 +5,8 @@ Probed with launch_probe.py instead of a training run (a run takes seconds, a pr
 
 import json
 import os
+import signal
+import threading
 
 import checkpoint_checks
 import fast_launch
@@ -15,6 +17,7 @@ ROOT = fast_launch.ROOT
 
 
 def _launch(tmp_path, ngpu: int, actions: list[str], extra_env: dict | None = None, timeout: float = 120):
+    tmp_path.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOG_RANK")}
     env.update({"NGPU": str(ngpu), **(extra_env or {})})
     rc, console = fast_launch.launch(ngpu, [str(tmp_path), *actions], str(tmp_path / "ranks"), env, timeout,
@@ -100,3 +103,18 @@ def test_runs_use_the_fast_launcher_unless_an_import_time_variable_changes(monke
     monkeypatch.setenv("TITAN_TEST_LAUNCHER", "forkserver")
     with pytest.raises(ValueError, match="TITAN_TEST_LAUNCHER"):
         run_tests.chosen_launcher(env)
+
+
+def test_a_dead_fork_server_is_reported_and_replaced(tmp_path):
+    assert _launch(tmp_path / "warm", 1, [])[0] == 0  # the server is up and has imported
+    server = fast_launch._server_pid
+    killer = threading.Timer(1, os.kill, (server, signal.SIGKILL))  # while the ranks sleep
+    killer.start()
+    rc, console, seen = _launch(tmp_path / "a", 2, ["sleep", "60"])
+    killer.join()
+    assert rc == 1 and f"the fork server (pid {server}) died during this run" in console, console
+    assert f"fork server {server}: ready" in console  # the end of its log
+    assert sorted(seen) == [0, 1] and not any(checkpoint_checks._running(s["pid"]) for s in seen.values())
+    rc, console, seen = _launch(tmp_path / "b", 2, [])  # a new server, which preloads again
+    assert rc == 0 and fast_launch._server_pid != server, console
+    assert all(s["preloaded"] for s in seen.values())

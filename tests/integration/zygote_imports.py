@@ -7,6 +7,13 @@ Nothing here may start threads or touch a GPU: the ranks are forked from this pr
 import os
 import sys
 
+if os.environ.get("TITAN_FORK_SERVER_LOG"):  # the fork server's own output (fast_launch.SERVER_LOG)
+    _log = os.open(os.environ["TITAN_FORK_SERVER_LOG"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for _fd in (1, 2):
+        os.dup2(_log, _fd)
+    os.close(_log)
+    print(f"fork server {os.getpid()}: importing", file=sys.stderr, flush=True)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # This checkout's torchtitan, whatever an editable install of the venv points at.
 if sys.path[:1] != [ROOT]:
@@ -35,3 +42,5 @@ for _name in MODELS:  # every registered model's model and parallelize modules
 
 assert torchtitan.__file__.startswith(ROOT + os.sep), torchtitan.__file__
 assert not torch.cuda.is_initialized()  # a forked child could not use CUDA
+if os.environ.get("TITAN_FORK_SERVER_LOG"):
+    print(f"fork server {os.getpid()}: ready", file=sys.stderr, flush=True)
