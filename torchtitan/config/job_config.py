@@ -25,8 +25,17 @@ class Job:
 
     dry_run: bool = False
     """Plan only: one process with a fake process group of world size NGPU builds the model
-    on meta, applies the whole parallel plan, prints it with a per-rank memory estimate,
-    writes plan.json and exits, without allocating weights."""
+    on meta, applies the whole parallel plan, prints it with the predicted peak memory of
+    every rank role, writes plan.json and exits, without allocating weights."""
+
+    fit: Literal["", "local_batch_size", "seq_len"] = ""
+    """With dry_run: search the largest training.local_batch_size (or seq_len) whose predicted
+    peak fits parallelism.memory_budget_gib, per activation-checkpoint mode (gradient
+    accumulation steps held fixed, so the global batch grows with the local batch)."""
+
+    allow_over_budget: bool = False
+    """Train even when a rank role's predicted peak exceeds parallelism.memory_budget_gib
+    (by default the job stops before the first step and prints changes that would fit)."""
 
 
 @dataclass
@@ -121,12 +130,19 @@ class Parallelism:
     """FSDP: free each unit's gathered parameters after its forward (ZeRO-3) or keep them for
     backward (ZeRO-2). auto: under PP keep all (one gather per step instead of one per
     microbatch); without PP reshard every block but the last, keep norm + output; with
-    reshard_budget_gib, reshard the earliest units until the kept ones fit. The plan is
-    printed at start-up and written to plan.json."""
+    a memory budget, keep units gathered only while every rank role's predicted peak stays
+    under memory_budget_gib. The plan is printed at start-up and written to plan.json."""
+
+    memory_budget_gib: float = 0.0
+    """Most GiB of tensor memory one rank may use at its peak (the dry run's prediction:
+    parameters, gradients, optimizer states, gathered parameters, activations, buffers).
+    0 = the default: on CUDA the device's memory minus a 10% margin; on CPU the machine's
+    available memory divided by the ranks on this node, minus the measured per-process
+    overhead. -1 = no budget. Jobs over it are refused (see job.allow_over_budget)."""
 
     reshard_budget_gib: float = 0.0
-    """Most unsharded parameter GiB per rank that reshard_after_forward=auto may keep between
-    forward and backward (all stages of the rank together); 0 = no bound."""
+    """Deprecated (counted only unsharded parameters): use memory_budget_gib. A value > 0 is
+    taken as memory_budget_gib with one deprecation line."""
 
     loss_parallel: bool = True
     """With TP: keep the output logits sharded over the vocabulary and compute the loss on
@@ -170,6 +186,11 @@ class MoE:
     """Weight of DeepSeek-V3's sequence-wise balance loss added to the training loss (logged
     as aux_loss; the report used 1e-4); 0 disables it; -1 = the flavor's value (0 in every
     shipped flavor). Not yet with pipeline or tensor parallel."""
+
+    memory_skew: float = 1.0
+    """Routing skew the memory prediction plans for: the busiest expert-parallel rank receives
+    memory_skew times its balanced share of token copies (1 = balanced; the EP degree = every
+    token to one rank, the worst case, always reported beside the planned figure)."""
 
 
 @dataclass
@@ -309,6 +330,12 @@ class Metrics:
     """Measure the bytes one micro-batch's forward leaves alive for backward (saved
     activations, checkpoint caches, gathered parameters kept) and log them as
     held_for_backward_bytes. Eager mode only (compiled kernels allocate out of sight)."""
+
+    cpu_memory_peak: bool = False
+    """On CPU, measure each step's peak of allocated tensor bytes (the analogue of CUDA's
+    max_memory_allocated) with the torch profiler's allocator events and log it as
+    memory_peak_allocated_gib. Off by default: it slows the step, and only one profiler runs
+    at a time, so it cannot be combined with profiling.enable_profiling."""
 
     peak_tflops: float = 0.0
     """Peak dense TFLOPS of one device for the MFU estimate; 0 = known GPU table, none on CPU."""
