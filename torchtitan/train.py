@@ -13,9 +13,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.tensor import DTensor
 
 from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.checkpoint_files import CheckpointError
@@ -23,12 +21,11 @@ from torchtitan.components.dataloader import build_dataloader
 from torchtitan.components.datasets import DataError
 from torchtitan.components.expert_balance import ExpertBalancer
 from torchtitan.components.hf_weights import HFExportError, HFSpec
-from torchtitan.models.common.moe import moe_aux_loss
-from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.components.metrics import MetricsLogger, memory_stats, peak_tflops, reset_memory_peak
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
+from torchtitan.components.train_step import StepRunner, cross_entropy_loss, local_value
 from torchtitan.components.validation import Validator
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
@@ -37,7 +34,7 @@ from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.model_parts import ModelParts, build_parts, plan_records
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
-from torchtitan.distributed.pipeline_parallel import build_pipeline, run_schedule
+from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
@@ -51,15 +48,6 @@ warnings.filterwarnings("ignore", message=".*set_vital.*")
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor (loss-parallel loss) as a plain tensor."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
 class Trainer:
@@ -118,6 +106,8 @@ class Trainer:
                 f" ({layout.stages_per_rank} per rank), {n_mb} microbatches; rank {self.rank} holds stage {held}"
             )
         self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
+        self.runner = StepRunner(self.model_parts, self.device, self.accum_steps, self.loss_parallel, self.pipeline,
+                                 self.layout, self.stage_ids, cfg.metrics.held_for_backward)
 
         self.balancer = None
         self.model_args_aux_loss = getattr(self.model_args, "aux_loss_coeff", 0.0) > 0
@@ -205,33 +195,10 @@ class Trainer:
     def train_step(self, batches) -> tuple[float, float, dict]:
         """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm,
         MoE figures: the balance loss when on, the expert load)."""
-        for m in self.model_parts:
-            m.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=self.device)
-        aux_sum = torch.zeros((), device=self.device)
         if self.comm is not None:
             self.comm.phase_name = "forward"  # backward is detected from autograd
-        first = True
-        with loss_parallel_context(self.loss_parallel):
-            for inputs, labels in batches:
-                inputs, labels = inputs.to(self.device), labels.to(self.device)
-                if self.pipeline is not None:
-                    loss_sum += self._pipeline_microbatches(inputs, labels)
-                    continue
-                probe = HeldForBackward() if self.cfg.metrics.held_for_backward and first else contextlib.nullcontext()
-                with probe:
-                    logits = self.model_parts[0](inputs)
-                    # Every micro-batch has the same token count, so the mean of means is the global mean.
-                    ce = cross_entropy_loss(logits, labels) / self.accum_steps
-                    aux = moe_aux_loss(self.model_parts[0])  # MoE balance term: trained on, logged apart
-                    loss = ce if aux is None else ce + aux / self.accum_steps
-                if first and self.cfg.metrics.held_for_backward:
-                    self.held_bytes = probe.held_bytes()
-                first = False
-                loss.backward()
-                loss_sum += _local(ce.detach())
-                if aux is not None:
-                    aux_sum += aux.detach() / self.accum_steps
+        loss_sum, aux_sum = self.runner.forward_backward(batches)
+        self.held_bytes = self.runner.held_bytes
         if self.comm is not None:
             self.comm.phase_name = "other"
         pp_group = self.dims.pp_group() if self.pipeline is not None else None
@@ -267,10 +234,10 @@ class Trainer:
             for inputs, labels in batches:
                 inputs, labels = inputs.to(self.device), labels.to(self.device)
                 if self.pipeline is not None:
-                    loss_sum += self._pipeline_microbatches(inputs, labels, train=False)
+                    loss_sum += self.runner.pipeline_losses(inputs, labels, train=False)
                     continue
                 logits = self.model_parts[0](inputs)
-                loss_sum += _local(cross_entropy_loss(logits, labels) / self.accum_steps)
+                loss_sum += local_value(cross_entropy_loss(logits, labels) / self.accum_steps)
         return self._global_loss(loss_sum)
 
     def _validate(self, step: int) -> None:
@@ -286,13 +253,6 @@ class Trainer:
                 m.zero_grad(set_to_none=True)  # V schedules validate with a backward
             reshard_after_eval(self.model_parts)
         self.metrics.log_validation(step, values, self.cfg.validation.steps, time.perf_counter() - start)
-
-    def _pipeline_microbatches(self, inputs, labels, train: bool = True) -> torch.Tensor:
-        """Run the schedule (forward only unless `train`) over one local batch; return its
-        (scaled) loss on the last stage (V schedules validate with a backward: _validate drops
-        its gradients)."""
-        losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train)
-        return sum((_local(x.detach()) for x in losses), torch.zeros((), device=self.device))
 
     def train(self) -> None:
         if self.cfg.checkpoint.create_seed_checkpoint:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -142,6 +143,14 @@ class _GatherUnit(torch.autograd.Function):
         return None, None, *layout.reduce(layout.join(grads), ctx.like)
 
 
+def _storage_key(t: torch.Tensor) -> int:
+    """Identifies a tensor's storage: its address, or for a fake tensor (memory simulation),
+    whose address is always 0, the storage object (torch keeps one per storage)."""
+    if isinstance(t, FakeTensor):
+        return id(t.untyped_storage())
+    return t.untyped_storage().data_ptr()
+
+
 class _Regather:
     """Resharding without an AC region, for eager code: while the unit's forward runs,
     autograd saves its gathered parameters (and views of them) as handles, not tensors, so
@@ -154,11 +163,11 @@ class _Regather:
         self.values: tuple[torch.Tensor, ...] | None = None
 
     def hooks(self, values):
-        where = {v.untyped_storage().data_ptr(): i for i, v in enumerate(values)}  # ints: nothing kept alive
+        where = {_storage_key(v): i for i, v in enumerate(values)}  # ints: nothing kept alive
 
         def pack(t):
             local = t._local_tensor if isinstance(t, DTensor) else t
-            i = where.get(local.untyped_storage().data_ptr()) if local.device.type != "meta" else None
+            i = where.get(_storage_key(local)) if local.device.type != "meta" else None
             if i is None:
                 return t
             spec = (t.device_mesh, t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None

@@ -1,0 +1,224 @@
+"""One training step of one pipeline rank, run on fake tensors, with its live bytes tracked.
+
+The rank's parts are built by the trainer's build path (`build_parts`: split, plan, TP, AC,
+FSDP / SimpleFSDP / DDP, EP), materialised as fake tensors (shapes and dtypes, no memory),
+given AdamW states as after step 1, and run through the trainer's own step code
+(`StepRunner.forward_backward`, gradient clipping, the optimizer). `LiveBytes` counts every
+storage the step creates until it dies; the peak of a step >= 2 is what is alive at its
+start (parameters, optimizer states, buffers, the step's input batches) plus the most the
+step adds. fake_paths lists the three paths that run changed (grouped GEMM in float32,
+expert-parallel split sizes, pipeline start-up).
+
+Eager mode: the simulation runs the job with torch.compile off (compiled kernels fuse and
+free their intermediates differently; see README, "Memory prediction").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed.tensor import DTensor
+
+from torchtitan.components.optimizer import PartOptimizers
+from torchtitan.components.train_step import StepRunner, cross_entropy_loss
+from torchtitan.distributed.job_shape import batch_shape
+from torchtitan.distributed.model_parts import build_parts
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.pipeline_parallel import build_pipeline
+from torchtitan.distributed.utils import clip_grad_norm_
+from torchtitan.memory import fake_paths
+from torchtitan.memory.tracker import LiveBytes
+
+_c10d = torch.ops.c10d
+_fc = torch.ops._c10d_functional
+_GATHERS = {_fc.all_gather_into_tensor.default, _fc.all_gather_into_tensor_coalesced.default}
+_A2A = {_fc.all_to_all_single.default}
+
+# categories of the breakdown, in the order they are printed
+CATEGORIES = ("parameters", "optimizer_states", "gradients", "unsharded_parameters", "activations",
+              "logits_and_loss", "backward_transients", "ep_dispatch", "pipeline_buffers",
+              "optimizer_transients", "inputs_and_buffers")
+
+
+@dataclass
+class StepMemory:
+    """The simulated step of one pipeline rank."""
+
+    pp_rank: int
+    stage_ids: list[int]
+    peak_bytes: int
+    peak_at: str  # the step phase running when the peak was reached
+    breakdown: dict[str, int]  # live bytes per category at the peak
+    start_bytes: int  # alive when the step starts
+    units_gathered: list[str] = field(default_factory=list)
+
+
+class _Categories:
+    """Category of a storage created by `op` during `phase` (see CATEGORIES)."""
+
+    def __init__(self, fsdp_groups: set[str]):
+        self.fsdp_groups = fsdp_groups
+
+    def __call__(self, op, phase: str, args=()) -> str:
+        if op is None:  # a storage resized from nothing: FSDP2's unsharded parameters
+            return "unsharded_parameters"
+        if op in _GATHERS and args and args[-1] in self.fsdp_groups:
+            return "unsharded_parameters"
+        if op in _A2A:
+            return "ep_dispatch"
+        if getattr(op, "namespace", "") == "fsdp":  # FSDP2's all-gather in/out buffers
+            return "unsharded_parameters" if phase != "backward" else "backward_transients"
+        return {"forward": "activations", "loss": "logits_and_loss", "backward": "backward_transients",
+                "clip": "optimizer_transients", "optimizer": "optimizer_transients",
+                "pipeline": "pipeline_buffers"}.get(phase.split()[0], "inputs_and_buffers")
+
+
+def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
+    """Name the schedule's actions as the step phase (forward / loss / backward of a
+    microbatch); between them the schedule's own work (P2P buffers) is "pipeline"."""
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+
+    def wrap(owner, name: str, label: str, with_chunk: bool):
+        original = getattr(owner, name)
+
+        def run(*args, **kwargs):
+            chunk = f" microbatch {args[0]}" if with_chunk and args and isinstance(args[0], int) else ""
+            where = f", stage {owner.stage_index}" if hasattr(owner, "stage_index") else ""
+            tracker.phase = f"{label}{chunk}{where}"
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tracker.phase = "pipeline"
+
+        setattr(owner, name, run)
+
+    for stage in stages:
+        wrap(stage, "forward_one_chunk", "forward", True)
+        wrap(stage, "backward_one_chunk", "backward", True)
+        wrap(stage, "backward_weight_one_chunk", "backward (weights)", True)
+        wrap(stage, "perform_reduce_grad", "backward (gradient reduction)", False)
+    wrap(schedule, "_compute_loss", "loss", False)
+
+
+class _allocator_counter:
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.prof.__exit__(*exc)
+
+    def peak(self) -> int:
+        events = sorted((e.start_ns(), e.nbytes()) for e in self.prof.profiler.kineto_results.events() if e.name() == "[memory]")
+        total = top = 0
+        for _, n in events:
+            total += n
+            top = max(top, total)
+        return top
+
+
+def _storages(tensors):
+    for t in tensors:
+        if isinstance(t, DTensor):
+            t = t._local_tensor
+        if isinstance(t, torch.Tensor):
+            yield t
+
+
+def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
+                     startup: fake_paths.PipelineStartup, ep_skew: float = 1.0, profile: bool = False) -> StepMemory:
+    """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
+    first data/tensor/expert-parallel coordinate (the others hold the same shapes)."""
+    fake_paths.register_fake_kernels()
+    eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
+    parts = build_parts(spec, model, dims, eager, target, pp_rank)
+    shape = batch_shape(cfg, dims.dp)
+    t = cfg.training
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if not profile else contextlib.nullcontext()
+    device = torch.device("cpu")
+    tracker = LiveBytes(_Categories(set(dims.fsdp_group_names())), None if profile else mode)
+    with mode:
+        for m in parts.modules:
+            m.to_empty(device=device)
+            m.train()
+        fake_paths.plan_dispatch(parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew)
+        pipeline = None
+        if parts.layout is not None:
+            scale = parts.microbatches * shape.accum_steps
+            with fake_paths.as_pipeline_rank(dims.pp_group(), pp_rank):
+                pipeline = build_pipeline(
+                    list(zip(parts.stage_ids, parts.modules)), parts.layout, device, dims.pp_group(),
+                    parts.microbatches, loss_fn=lambda pred, target: cross_entropy_loss(pred, target) / scale,
+                )
+        optimizers = PartOptimizers(parts.modules, cfg.optimizer, target, t.steps, cfg.lr_scheduler)
+        params = [p for m in parts.modules for p in m.parameters()]
+        for p in params:  # AdamW states as after step 1
+            p.grad = torch.zeros_like(p)
+        for o in optimizers.optimizers:
+            o.step()
+        for p in params:
+            p.grad = None
+        loss_parallel = dims.tp > 1 and cfg.parallelism.loss_parallel
+        runner = StepRunner(parts.modules, device, shape.accum_steps, loss_parallel, pipeline, parts.layout,
+                            parts.stage_ids, on_phase=lambda name: setattr(tracker, "phase", name))
+        batches = [(torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
+                    torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
+        if pipeline is not None:
+            _label_pipeline_phases(pipeline, tracker)
+        # the first step also learns shapes and initialises FSDP lazily: run it untracked
+        with startup.patched():
+            runner.forward_backward(batches[:1])
+        for p in params:
+            p.grad = None
+
+        del model
+        gc.collect()
+        states = [v for o in optimizers.optimizers for s in o.state.values() for v in s.values()]
+        tracker.adopt(_storages(params), "parameters")
+        tracker.adopt(_storages(states), "optimizer_states")
+        live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and (profile or isinstance(o, FakeTensor) and o.fake_mode is mode)]
+        # FSDP2's unsharded parameters are freed storages (size 0) that it resizes to gather
+        empty = [t for t in _storages(live) if t.untyped_storage().nbytes() == 0]
+        tracker.adopt(empty, "unsharded_parameters")
+        tracker.adopt(live, "inputs_and_buffers")
+        del live
+        start = tracker.live
+        prof = _allocator_counter() if profile else contextlib.nullcontext()
+        with prof as counter, tracker, startup.patched():
+            tracker.phase = "forward"
+            runner.forward_backward(batches)
+            tracker.relabel(_storages(p.grad for p in params), "gradients")
+            tracker.phase = "clip"
+            clip_grad_norm_(params, t.max_norm, dims.pp_group() if pipeline is not None else None)
+            tracker.phase = "optimizer"
+            optimizers.step()
+    at_peak = tracker.breakdown_at_peak()
+    if profile:
+        import os
+        if os.environ.get("OPCMP"):
+            from collections import Counter
+            mine = Counter()
+            for serial, delta in tracker._log:
+                if delta > 0:
+                    mine[tracker._origin[serial].split(" @ ")[0].replace("aten.", "aten::").rsplit(".", 1)[0]] += delta
+            theirs = Counter()
+            for e in counter.prof.key_averages():
+                if e.cpu_memory_usage > 0:
+                    theirs[e.key] += e.self_cpu_memory_usage
+            for k in sorted(set(mine) | set(theirs), key=lambda k: -abs(theirs.get(k, 0) - mine.get(k, 0)))[:15]:
+                print("   OPCMP", k, theirs.get(k, 0), mine.get(k, 0))
+        if os.environ.get("DUMPLOG"):
+            for serial, delta in tracker._log:
+                o = tracker._origin[serial]
+                if "clip" in o and abs(delta) > 100000:
+                    print("   LOG", serial, delta, o)
+        print(f"[reference] allocator peak {(start + counter.peak()) / 2**20:.2f} MiB, tracker {tracker.peak / 2**20:.2f} MiB")
+    return StepMemory(pp_rank, parts.stage_ids, tracker.peak, tracker.peak_phase,
+                      {k: at_peak.get(k, 0) for k in CATEGORIES}, start)

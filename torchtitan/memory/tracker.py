@@ -1,0 +1,164 @@
+"""Live tensor bytes over one simulated training step, their peak, and what it holds.
+
+`LiveBytes` is a TorchDispatchMode that sees every op below autograd and DTensor (plain
+tensors, fake or real): each storage an op creates is counted once, with its size, until
+the storage dies (a weak reference's callback: CPython frees at the last reference, and
+torch keeps one Python object per storage). Storage resizes (FSDP2 frees and re-allocates
+its unsharded parameters with `storage.resize_`) move the count too. Storages alive before
+tracking starts come from a census (`adopt`).
+
+Every change is logged, so the breakdown at the peak is rebuilt afterwards with each
+storage's final category (a storage made in backward that ends up as a parameter's `.grad`
+is relabelled a gradient after the fact, yet counted as one at the peak).
+
+It does not see memory a kernel allocates and frees inside itself (workspaces), nor memory
+outside torch's allocator (e.g. gloo's own buffers).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from typing import Callable
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class LiveBytes(TorchDispatchMode):
+    supports_higher_order_operators = True
+
+    def __init__(self, categorize: Callable[..., str], fake_mode=None):
+        super().__init__()
+        self.fake_mode = fake_mode  # count fake tensors of this mode only (None: real tensors only)
+        self.categorize = categorize  # (op or None, phase, args) -> category
+        self.phase = "setup"
+        self.live = 0
+        self.peak = 0
+        self.peak_phase = ""
+        self._serial: dict[int, int] = {}  # id(storage) -> serial of the live storage
+        self._size: dict[int, int] = {}  # serial -> bytes now
+        self._category: dict[int, str] = {}  # serial -> category (kept after death)
+        self._origin: dict[int, str] = {}  # serial -> "op @ phase" that made it
+        self._refs: dict[int, weakref.ref] = {}
+        self._log: list[tuple[int, int]] = []  # (serial, delta bytes)
+        self._peak_event = 0
+        self._resize = self._propagate = None
+        self._paused = 0
+
+    def _add(self, storage, category: str, origin: str = "") -> None:
+        key = id(storage)
+        if key in self._serial:
+            return
+        serial = len(self._category)
+        self._serial[key] = serial
+        self._category[serial] = category
+        self._origin[serial] = origin
+        self._size[serial] = 0
+        self._refs[serial] = weakref.ref(storage, lambda _r, k=key, s=serial: self._drop(k, s))
+        self._moved(serial, storage.nbytes())
+
+    def _drop(self, key: int, serial: int) -> None:
+        if self._serial.get(key) == serial:
+            del self._serial[key]
+        self._refs.pop(serial, None)
+        self._moved(serial, -self._size[serial])
+
+    def _moved(self, serial: int, delta: int) -> None:
+        if not delta:
+            return
+        self._size[serial] += delta
+        self._log.append((serial, delta))
+        self.live += delta
+        if delta > 0 and self.live > self.peak:
+            self.peak = self.live
+            self.peak_phase = self.phase
+            self._peak_event = len(self._log)
+
+    def adopt(self, tensors, category: str) -> None:
+        """Count storages alive before tracking (parameters, optimizer states, ...)."""
+        for t in tensors:
+            if isinstance(t, DTensor):
+                t = t._local_tensor
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._add(t.untyped_storage(), category)
+
+    def relabel(self, tensors, category: str) -> None:
+        for t in tensors:
+            if isinstance(t, DTensor):
+                t = t._local_tensor
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) in self._serial:
+                self._category[self._serial[id(t.untyped_storage())]] = category
+
+    def breakdown_at_peak(self) -> dict[str, int]:
+        out: Counter = Counter()
+        for serial, delta in self._log[: self._peak_event]:
+            out[self._category[serial]] += delta
+        return {k: v for k, v in out.items() if v}
+
+    def largest_at_peak(self, n: int = 10) -> list[tuple[int, str, str]]:
+        """The n largest storages alive at the peak: (bytes, category, origin)."""
+        size: Counter = Counter()
+        for serial, delta in self._log[: self._peak_event]:
+            size[serial] += delta
+        top = sorted(((b, s) for s, b in size.items() if b), reverse=True)[:n]
+        return [(b, self._category[s], self._origin[s]) for b, s in top]
+
+    def __enter__(self):
+        tracker = self
+        original = torch.UntypedStorage.resize_
+
+        def resize_(storage, size):
+            serial = tracker._serial.get(id(storage))
+            out = original(storage, size)
+            if serial is None:
+                tracker._add(storage, tracker.categorize(None, tracker.phase, ()))
+            else:
+                tracker._moved(serial, size - tracker._size[serial])
+            return out
+
+        # DTensor's sharding propagation builds example tensors (kept in its cache): not memory
+        propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+        def propagate_untracked(*args, **kwargs):
+            tracker._paused += 1
+            try:
+                return propagate(*args, **kwargs)
+            finally:
+                tracker._paused -= 1
+
+        self._resize, self._propagate = original, propagate
+        torch.UntypedStorage.resize_ = resize_
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate_untracked
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
+        return super().__exit__(*exc)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not isinstance(func, torch._ops.HigherOrderOperator) and any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # count the plain-tensor ops DTensor lowers to
+        out = func(*args, **kwargs)
+        if self._paused:
+            return out
+        category = None
+        for t in tree_leaves(out):
+            # DTensor's sharding propagation makes fake tensors of its own: not memory
+            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) and t.device.type != "meta" and (
+                getattr(t, "fake_mode", None) is self.fake_mode
+            ):
+                storage = t.untyped_storage()
+                if id(storage) not in self._serial:
+                    category = category or self.categorize(func, self.phase, args)
+                    self._add(storage, category, f"{func} @ {self.phase}")
+        return out
