@@ -66,8 +66,9 @@ fi
 for arg in "$@"; do
   if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.config.check --help; fi
 done
-# Fail fast, in one process and without importing torch, on any config problem.
-MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$WORLD" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@") || exit $?
+# Fail fast, in one process and without importing torch, on any config problem (model states
+# over the memory budget included: LOCAL_WORLD_SIZE = the ranks sharing this node's memory).
+MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$WORLD" LOCAL_WORLD_SIZE="$NGPU" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@") || exit $?
 if [[ "$MODE" == "dry_run" ]]; then
   # One process plans a job of NGPU x NNODES ranks with a fake process group.
   WORLD_SIZE="$WORLD" exec "$PY" -m torchtitan.dry_run --job.config_file "$CONFIG_FILE" "$@"

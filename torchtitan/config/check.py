@@ -1,7 +1,8 @@
 """`python -m torchtitan.config.check [overrides]`: validate a config without torch.
 
 run_train.sh calls this before torchrun so a bad key fails in a fraction of a second with
-one line, instead of once per worker. The world size comes from $NGPU. With
+one line, instead of once per worker. The world size comes from $NGPU, the ranks on this
+node (which share its memory budget) from $LOCAL_WORLD_SIZE (run_train.sh: NGPU per node). With
 TORCHTITAN_PRINT_MODE=1 it prints how to launch: "train" (torchrun) or "dry_run" (one process).
 """
 

@@ -53,6 +53,7 @@ def validate(cfg: JobConfig, world_size: int) -> None:
     check_inputs(cfg, args, global_batch)
     check_fsdp_policies(cfg)
     check_outputs(cfg, world_size, global_batch)
+    check_model_states(cfg, args, world_size)
 
 
 def check_model(cfg: JobConfig):
@@ -341,3 +342,41 @@ def check_hf_export(cfg: JobConfig) -> None:
     if os.path.exists(target) and not cfg.checkpoint.enable:
         raise ConfigError(f"--checkpoint.last_save_in_hf: '{target}' already exists (nothing is overwritten); move it"
                           " away or pick another --job.dump_folder")
+
+
+def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
+    """memory_budget_gib's value; then, unless this is a dry run (it reports, never refuses) or
+    job.allow_over_budget is set, refuse a job whose busiest rank's parameters, gradients and
+    AdamW states alone exceed the memory budget (config/model_states.py, config/memory_budget.py)."""
+    from torchtitan.config import memory_budget, model_states
+    from torchtitan.models.flavors import model_args
+
+    p, m = cfg.parallelism, cfg.model
+    value = p.memory_budget_gib
+    if not (value > 0 or value in (0, -1)):
+        raise ConfigError(f"--parallelism.memory_budget_gib={value:g}: must be > 0 (GiB per rank), 0 (the default"
+                          " budget of the device) or -1 (no budget)")
+    if cfg.job.dry_run or cfg.job.allow_over_budget:
+        return
+    ranks = memory_budget.ranks_on_this_node(world_size)
+    budget = memory_budget.memory_budget(cfg, ranks, started_rank="LOCAL_RANK" in os.environ)
+    if budget is None:
+        return
+    vocab = 0
+    if not args.vocab_size:  # the flavor takes the tokenizer's vocabulary (check_inputs read it already)
+        from torchtitan.components.tokenizer import Tokenizer
+
+        vocab = Tokenizer(m.tokenizer_path).vocab_size
+    run_args = model_args(m.name, m.flavor, vocab, cfg.training.seq_len, cfg.moe)
+    rank = model_states.busiest(model_states.job_rank_states(cfg, world_size, run_args))
+    if rank.total_bytes <= budget.bytes:
+        return
+    gib = model_states.gib
+    raise ConfigError(
+        f"--model.flavor={m.flavor}: model states alone need {gib(rank.total_bytes)} GiB per rank (parameters"
+        f" {gib(rank.params_bytes)}, gradients {gib(rank.grads_bytes)}, AdamW {gib(rank.optimizer_bytes)};"
+        f" {rank.where()}, {world_size} rank{'s' if world_size > 1 else ''}) but the memory budget is"
+        f" {gib(budget.bytes)} GiB ({budget.origin}); use more ranks or sharding (NGPU,"
+        " data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree), or set"
+        " --parallelism.memory_budget_gib (-1: no budget)"
+    )

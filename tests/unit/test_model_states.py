@@ -1,0 +1,336 @@
+"""Model states per rank (config/model_states.py), the memory budget (config/memory_budget.py)
+and the refusal before launch (validate.check_model_states): parameter counts exact against
+the models built on meta, per-rank shards exact against the parallelized build on a fake
+process group, the budget's sources, and the one-line refusal."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from torchtitan.config import ConfigError, build_config, load_config, memory_budget, model_states
+from torchtitan.config.memory_budget import GIB, Budget
+from torchtitan.config.model_states import Param, local_numel, model_shapes
+from torchtitan.distributed.job_shape import Degrees
+from torchtitan.distributed.pipeline_layout import plan_pipeline
+from torchtitan.distributed.pipeline_parallel import split_model
+from torchtitan.models.flavors import MODEL_FLAVORS, model_args
+from torchtitan.models.registry import MODELS
+from torchtitan.protocols.train_spec import get_train_spec
+
+from config_helpers import config_error  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VOCAB = 2048  # the bundled tokenizer's, for the flavors that take the tokenizer's vocabulary
+ALL_FLAVORS = [(name, flavor) for name, flavors in MODEL_FLAVORS.items() for flavor in flavors]
+
+
+def run_args(name: str, flavor: str):
+    return model_args(name, flavor, VOCAB, 256)
+
+
+def meta_model(name: str, flavor: str):
+    with torch.device("meta"):
+        return get_train_spec(name).model_cls(run_args(name, flavor))
+
+
+def shapes_of(params) -> dict[str, tuple[int, ...]]:
+    return {p.name: p.shape for p in params}
+
+
+# ----------------------------------------------------------------------------- exact counts
+
+
+def test_every_registered_model_has_its_shapes():
+    assert set(model_states.MODEL_SHAPES) == set(MODELS)
+
+
+@pytest.mark.parametrize("name,flavor", ALL_FLAVORS)
+def test_parameters_equal_the_meta_model_name_by_name(name, flavor):
+    """Every flavor of every model, 671B included (building it on meta takes 0.3 s): the same
+    parameters, in the same order, with the same shapes; so the totals are equal too."""
+    model = meta_model(name, flavor)
+    shapes = model_shapes(name, run_args(name, flavor))
+    got = shapes_of(shapes.all())
+    assert list(got.items()) == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    assert sum(p.numel for p in shapes.all()) == sum(p.numel() for p in model.parameters())
+    # the pieces a pipeline stage keeps or drops whole are the model's own
+    assert {p.name.split(".")[0] for p in shapes.first} == set(model.first_stage_modules)
+    assert {p.name.split(".")[0] for p in shapes.last} == set(model.last_stage_modules)
+
+
+def test_published_totals():
+    assert sum(p.numel for p in model_shapes("llama3", run_args("llama3", "405B")).all()) == 405_853_388_800
+    assert sum(p.numel for p in model_shapes("deepseek_v3", run_args("deepseek_v3", "671B")).all()) == 671_026_404_352
+
+
+def test_an_open_vocabulary_must_be_resolved_first():
+    with pytest.raises(ValueError, match="vocab_size 0"):
+        model_shapes("llama3", MODEL_FLAVORS["llama3"]["tiny"])
+
+
+@pytest.mark.parametrize("name,flavor,pp,schedule,split_points,microbatches", [
+    ("llama3", "8B", 4, "1F1B", [], 8),
+    ("llama3", "70B", 2, "Interleaved1F1B", [], 8),  # 80 blocks: 2 ranks x 2 stages of 20
+    ("deepseek_v3", "16B", 3, "Interleaved1F1B", [], 9),  # 27 blocks: 3 ranks x 3 stages of 3
+    ("deepseek_v3", "671B", 2, "DualPipeV", ["layers.2", "layers.31", "layers.50"], 4),  # V: rank 0 has both ends
+])
+def test_stages_equal_the_real_pipeline_split(name, flavor, pp, schedule, split_points, microbatches):
+    model = meta_model(name, flavor)
+    shapes = model_shapes(name, run_args(name, flavor))
+    layout = plan_pipeline(len(model.layers), pp, schedule, -1, split_points, microbatches)
+    for pp_rank in range(pp):
+        for stage_id, stage in split_model(model, layout, pp_rank):
+            params = shapes.stage(layout.stages[stage_id], stage_id == 0, stage_id == layout.num_stages - 1)
+            assert shapes_of(params) == {n: tuple(p.shape) for n, p in stage.named_parameters()}
+
+
+# ----------------------------------------------------------------------------- per-rank shards
+
+
+def degrees(dp_replicate=1, dp_shard=1, tp=1, pp=1, ep=1) -> Degrees:
+    return Degrees(dp_replicate, dp_shard, tp, pp, ep, dp_replicate * dp_shard * tp * pp)
+
+
+@pytest.mark.parametrize("param,d,expected", [
+    (Param("w", (10, 3), 0), degrees(), 30),  # one rank: everything
+    (Param("w", (10, 3), 0), degrees(dp_shard=4), 3 * 3),  # FSDP: ceil(10 / 4) rows on rank 0
+    (Param("w", (10, 3), 0), degrees(dp_replicate=2, dp_shard=2), 5 * 3),  # HSDP: replicas keep whole shards
+    (Param("w", (10, 3), 0), degrees(dp_replicate=4), 30),  # DDP: whole copies
+    (Param("w", (10, 6), 0), degrees(dp_shard=2, tp=2), 3 * 6),  # column-wise: 10 -> 5 -> ceil(5 / 2)
+    (Param("w", (10, 6), 1), degrees(dp_shard=2, tp=2), 5 * 3),  # row-wise: columns over TP, rows over FSDP
+    (Param("n", (7,)), degrees(dp_shard=2, tp=2), 4),  # a norm: replicated over TP, ceil(7 / 2)
+    (Param("w", (10, 3), 0), degrees(dp_shard=2, pp=4), 5 * 3),  # PP does not split a parameter
+    # routed experts [8, 4, 2]: over EP on dim 0, then FSDP over the dp_shard ranks EP left
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_shard=4), 2 * 8),  # no EP: FSDP over dp_shard
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_shard=4, ep=2), 2 * 8),  # 4 experts, FSDP over 2
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_shard=4, ep=4), 2 * 8),  # EP = all of dp_shard: no FSDP
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_shard=2, tp=2, ep=4), 2 * 8),  # EP takes tp and dp_shard
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_shard=4, tp=2, ep=2), 1 * 8),  # ep = tp: 4 experts, FSDP over all 4
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_shard=16, ep=2), 1 * 8),  # 4 experts over 8: padded to 1
+    (Param("e", (8, 4, 2), expert=True), degrees(dp_replicate=2, dp_shard=2, ep=2), 4 * 8),  # HSDP + EP
+])
+def test_local_numel(param, d, expected):
+    assert local_numel(param, d) == expected
+
+
+# (world size, overrides): every data-parallel form, TP, PP (one, several and V-ordered stages
+# per rank), EP (part of dp_shard, all of it, with TP), uneven splits (3 and 6 ranks)
+LLAMA = ["--model.name=llama3", "--model.flavor=tiny"]
+DSV3 = ["--model.name=deepseek_v3", "--model.flavor=tiny"]
+PP2 = "--parallelism.pipeline_parallel_degree=2"
+FAKE_PG_CASES = [
+    (1, LLAMA),
+    (3, LLAMA),
+    (4, LLAMA + ["--parallelism.data_parallel_replicate_degree=2"]),
+    (2, LLAMA + ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
+    (6, LLAMA + ["--parallelism.tensor_parallel_degree=2"]),
+    (4, LLAMA + [PP2]),
+    (4, LLAMA + [PP2, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                 "--parallelism.tensor_parallel_degree=2"]),
+    (2, LLAMA + [PP2, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble"]),
+    (2, LLAMA + ["--parallelism.fsdp_implementation=simple_fsdp"]),
+    (3, DSV3),
+    (4, DSV3 + ["--parallelism.expert_parallel_degree=2"]),
+    (4, DSV3 + ["--parallelism.expert_parallel_degree=4"]),
+    (8, DSV3 + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=4"]),
+    (4, DSV3 + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=2"]),
+    (16, DSV3 + ["--parallelism.expert_parallel_degree=2"]),
+    (4, DSV3 + ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.expert_parallel_degree=2"]),
+    (4, DSV3 + [PP2, "--parallelism.expert_parallel_degree=2"]),
+]
+
+
+def test_per_rank_states_equal_the_parallelized_model(subprocess_env):
+    """The elements each pipeline rank's first data/tensor-parallel rank holds after the real
+    build (TP -> EP -> FSDP2 / SimpleFSDP / DDP, on a fake process group) are what
+    model_states computes, for every case at once (one child process)."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, "model_states_worker.py"), json.dumps(FAKE_PG_CASES)],
+                         env=subprocess_env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    held = json.loads(out.stdout.strip().splitlines()[-1])
+    for (world, argv), real in zip(FAKE_PG_CASES, held):
+        cfg, _ = load_config(argv + ["--job.dry_run=true"], world)
+        args = model_args(cfg.model.name, cfg.model.flavor, VOCAB, cfg.training.seq_len, cfg.moe)
+        assert [r.numel for r in model_states.job_rank_states(cfg, world, args)] == real, (world, argv)
+
+
+def test_the_busiest_rank_and_where_it_is():
+    cfg, _ = build_config(["--model.flavor=405B", PP2, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B"])
+    ranks = model_states.job_rank_states(cfg, 8, run_args("llama3", "405B"))
+    assert [r.stage_ids for r in ranks] == [(0, 2, 4), (1, 3, 5)]
+    top = model_states.busiest(ranks)
+    assert top.pp_rank == 1  # the output's [vocab, dim] plus the final norm outweigh the embeddings
+    assert top.where() == "pipeline stages 1, 3 and 5 of 6 (pipeline rank 1)"
+    assert (top.params_bytes, top.grads_bytes, top.optimizer_bytes, top.total_bytes) == (
+        4 * top.numel, 4 * top.numel, 8 * top.numel, 16 * top.numel)
+    one = model_states.job_rank_states(build_config([])[0], 1, run_args("llama3", "debugmodel"))
+    assert one[0].where() == "pipeline stage 0 of 1"
+
+
+# ----------------------------------------------------------------------------- the budget
+
+
+def cfg_with(*argv):
+    return build_config(list(argv))[0]
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(memory_budget, "gpu_memory_bytes", lambda: None)
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def fake_meminfo(tmp_path, available_kb: int) -> str:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   {available_kb} kB\n")
+    return str(path)
+
+
+def test_explicit_budget_and_no_budget(no_gpu):
+    assert memory_budget.memory_budget(cfg_with("--parallelism.memory_budget_gib=12.5"), 8) == Budget(
+        int(12.5 * GIB), "--parallelism.memory_budget_gib")
+    assert memory_budget.budget_bytes(cfg_with("--parallelism.memory_budget_gib=12.5"), 8) == int(12.5 * GIB)
+    assert memory_budget.budget_bytes(cfg_with("--parallelism.memory_budget_gib=-1"), 8) is None
+
+
+def test_cpu_default_from_meminfo(tmp_path, no_gpu, monkeypatch):
+    meminfo = fake_meminfo(tmp_path, 20 * 2**20)  # 20 GiB in kB
+    budget = memory_budget.memory_budget(cfg_with("--training.device=cpu"), 2, meminfo=meminfo)
+    assert budget == Budget(10 * GIB - memory_budget.CPU_RANK_OVERHEAD_BYTES,
+                            "CPU: 20.0 GiB available / 2 ranks - 0.5 GiB per process")
+    assert memory_budget.mem_available_bytes(str(tmp_path / "missing")) is None  # not Linux: unknown
+    # auto without a GPU is CPU too
+    assert memory_budget.memory_budget(cfg_with(), 2, meminfo=meminfo) == budget
+    # in a started rank the ranks' own resident memory is already out of MemAvailable
+    monkeypatch.setattr(memory_budget, "resident_bytes", lambda: 384 * 2**20)
+    started = memory_budget.memory_budget(cfg_with(), 2, meminfo=meminfo, started_rank=True)
+    assert started.bytes == 10 * GIB - 128 * 2**20
+    # budget_bytes reads /proc/meminfo
+    monkeypatch.setattr(memory_budget, "mem_available_bytes", lambda path="": 8 * GIB)
+    assert memory_budget.budget_bytes(cfg_with(), 4) == 2 * GIB - memory_budget.CPU_RANK_OVERHEAD_BYTES
+    assert memory_budget.budget_bytes(cfg_with(), 64) == 0  # never negative
+
+
+def test_cuda_default_and_unknown(no_gpu, monkeypatch):
+    assert memory_budget.memory_budget(cfg_with("--training.device=cuda"), 8) is None  # no nvidia-smi: unknown
+    monkeypatch.setattr(memory_budget, "gpu_memory_bytes", lambda: [80 * GIB, 40 * GIB])
+    budget = memory_budget.memory_budget(cfg_with(), 8)  # auto: GPUs listed
+    assert budget == Budget(int(40 * GIB * 0.9), "CUDA: 40.0 GiB device memory - 10% margin")
+    assert memory_budget.memory_budget(cfg_with("--training.device=cuda"), 8) == budget
+    monkeypatch.setattr(memory_budget, "gpu_memory_bytes", lambda: [])
+    assert memory_budget.memory_budget(cfg_with("--training.device=cuda"), 8) is None
+    assert memory_budget.memory_budget(cfg_with(), 2).origin.startswith("CPU: ")  # auto, no GPU listed
+
+
+def test_nvidia_smi_is_read_torch_free(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\nprintf '81559\\n81559\\n'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert memory_budget.gpu_memory_bytes() == [81559 * 2**20] * 2
+    assert (tmp_path / "args").read_text().split() == [
+        "--query-gpu=memory.total", "--format=csv,noheader,nounits", "--id=0,1"]
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert memory_budget.gpu_memory_bytes() is None
+
+
+def test_ranks_on_this_node(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert memory_budget.ranks_on_this_node(16) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert memory_budget.ranks_on_this_node(16) == 8
+
+
+# ----------------------------------------------------------------------------- the refusal
+
+V3_DEBUG = "train_configs/deepseek_v3_debug.toml"
+REFUSAL_671B = (
+    "--model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9, gradients 1,249.9,"
+    " AdamW 2,499.8; pipeline stage 0 of 1, 2 ranks) but the memory budget is 10.0 GiB (CPU: 21.0 GiB available"
+    " / 2 ranks - 0.5 GiB per process); use more ranks or sharding (NGPU, data_parallel_shard_degree,"
+    " tensor_parallel_degree, pipeline_parallel_degree), or set --parallelism.memory_budget_gib (-1: no budget)"
+)
+
+
+@pytest.fixture
+def cpu_21_gib(no_gpu, monkeypatch):
+    monkeypatch.setattr(memory_budget, "mem_available_bytes", lambda path="": 21 * GIB)
+
+
+def test_refusal_line_for_671b_on_two_ranks(repo_root, cpu_21_gib):
+    argv = ["--job.config_file", os.path.join(repo_root, V3_DEBUG), "--model.flavor=671B"]
+    assert config_error(argv, 2) == REFUSAL_671B
+
+
+def test_no_refusal_for_dry_runs_allowed_jobs_no_budget_or_enough(repo_root, cpu_21_gib):
+    argv = ["--job.config_file", os.path.join(repo_root, V3_DEBUG), "--model.flavor=671B"]
+    for extra in ("--job.dry_run=true", "--job.allow_over_budget=true", "--parallelism.memory_budget_gib=-1",
+                  "--parallelism.memory_budget_gib=5000"):
+        load_config(argv + [extra], 2)
+    assert config_error(argv + ["--parallelism.memory_budget_gib=4999"], 2).endswith(
+        "but the memory budget is 4,999.0 GiB (--parallelism.memory_budget_gib); use more ranks or sharding (NGPU,"
+        " data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree), or set"
+        " --parallelism.memory_budget_gib (-1: no budget)")
+
+
+def test_unknown_cuda_budget_skips_the_check(repo_root, no_gpu):
+    load_config(["--job.config_file", os.path.join(repo_root, V3_DEBUG), "--model.flavor=671B",
+                 "--training.device=cuda"], 2)
+
+
+def test_small_jobs_pass_and_open_vocabularies_use_the_tokenizer(repo_root, cpu_21_gib):
+    load_config(["--job.config_file", os.path.join(repo_root, V3_DEBUG)], 8)
+    # debugmodel with the bundled tokenizer: 16 B x ~6M parameters is over a 0.05 GiB budget
+    msg = config_error(["--parallelism.memory_budget_gib=0.05"], 1)
+    assert msg.startswith("--model.flavor=debugmodel: model states alone need 0.1 GiB per rank")
+    assert "pipeline stage 0 of 1, 1 rank)" in msg
+
+
+@pytest.mark.parametrize("value", ["-2", "-0.5"])
+def test_budget_value_out_of_range(value):
+    assert config_error([f"--parallelism.memory_budget_gib={value}", "--job.dry_run=true"]) == (
+        f"--parallelism.memory_budget_gib={float(value):g}: must be > 0 (GiB per rank), 0 (the default budget of"
+        " the device) or -1 (no budget)")
+
+
+def test_run_train_refuses_671b_on_two_ranks_in_seconds_without_torch(repo_root, subprocess_env):
+    """The issue's command: before, 100 s of building ended by the OOM killer; now one line, exit 2."""
+    env = dict(subprocess_env, NGPU="2", CONFIG_FILE=V3_DEBUG)
+    start = time.perf_counter()
+    out = subprocess.run([os.path.join(repo_root, "run_train.sh"), "--model.flavor=671B"], cwd=repo_root, env=env,
+                         capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: --model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9,"), lines
+    assert "2 ranks) but the memory budget is" in lines[0]
+    assert elapsed < 30, elapsed  # about 0.4 s here; no worker starts
+
+
+def test_the_check_and_its_modules_import_no_torch(repo_root, subprocess_env):
+    code = (
+        "import sys\n"
+        "import torchtitan.config.model_states, torchtitan.config.memory_budget\n"
+        "from torchtitan.config import ConfigError, load_config\n"
+        "try:\n"
+        f"    load_config(['--job.config_file', {V3_DEBUG!r}, '--model.flavor=671B',"
+        " '--parallelism.memory_budget_gib=1'], 2)\n"
+        "except ConfigError as e:\n"
+        "    assert 'model states alone need' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('not refused')\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "assert not bad, bad[:5]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, env=subprocess_env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
