@@ -125,6 +125,27 @@ class _allocator_counter:
         return top
 
 
+def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    if runner.pipeline is None:
+        roots = [m for m in parts.modules if isinstance(m, FSDPModule)]
+        if len(roots) == len(parts.modules):
+            for m in roots:
+                m._get_fsdp_state()._lazy_init()
+        else:  # DDP / SimpleFSDP / replicate: a whole first micro-batch, as training does
+            runner.forward_backward([batch])
+        return
+    mb = cfg.parallelism.pipeline_parallel_microbatch_size
+    inputs, labels = batch[0][:mb], batch[1][:mb]
+    layout = parts.layout
+    args = (inputs,) if 0 in parts.stage_ids else ()
+    target = labels if layout.num_stages - 1 in parts.stage_ids else None
+    init = getattr(runner.pipeline, "_initialize_stages", None) or runner.pipeline._initialize_stage
+    with startup.patched():
+        init(args, {}, target)
+
+
 def _storages(tensors):
     for t in tensors:
         if isinstance(t, DTensor):
@@ -134,14 +155,15 @@ def _storages(tensors):
 
 
 def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
-                     startup: fake_paths.PipelineStartup, ep_skew: float = 1.0, profile: bool = False) -> StepMemory:
+                     startup: fake_paths.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
+                     free_bytes: int = 0, budget_note: str = "") -> StepMemory:
     """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
     first data/tensor/expert-parallel coordinate (the others hold the same shapes)."""
     fake_paths.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
         model = copy.deepcopy(model)
-    parts = build_parts(spec, model, dims, eager, target, pp_rank)
+    parts = build_parts(spec, model, dims, eager, target, pp_rank, free_bytes, budget_note)
     shape = batch_shape(cfg, dims.dp)
     t = cfg.training
     mode = FakeTensorMode(allow_non_fake_inputs=True) if not profile else contextlib.nullcontext()
@@ -175,12 +197,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:
             _label_pipeline_phases(pipeline, tracker)
-        # the first step also learns shapes and initialises FSDP lazily: run it untracked
-        with startup.patched():
-            runner.forward_backward(batches[:1])
-        for p in params:
-            p.grad = None
-
+        # what the first step does once: pipeline shape inference, FSDP2's lazy init (untracked)
+        _first_step_setup(runner, parts, batches[0], cfg, startup)
         del model
         gc.collect()
         states = [v for o in optimizers.optimizers for s in o.state.values() for v in s.values()]
