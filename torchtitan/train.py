@@ -202,6 +202,10 @@ class Trainer:
             + (f"; {self.layout_note}" if self.layout_note else "")
         )
 
+    def _persistent_tensors(self) -> list[torch.Tensor]:
+        """What lives from step to step whatever backward needs: never held for backward."""
+        return [t for m in self.model_parts for t in (*m.parameters(), *m.buffers())]
+
     def train_step(self, batches) -> tuple[float, float, dict]:
         """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm,
         MoE figures: the balance loss when on, the expert load)."""
@@ -218,7 +222,8 @@ class Trainer:
                 if self.pipeline is not None:
                     loss_sum += self._pipeline_microbatches(inputs, labels)
                     continue
-                probe = HeldForBackward() if self.cfg.metrics.held_for_backward and first else contextlib.nullcontext()
+                probe = (HeldForBackward(self._persistent_tensors()) if self.cfg.metrics.held_for_backward and first
+                         else contextlib.nullcontext())
                 with probe:
                     logits = self.model_parts[0](inputs)
                     # Every micro-batch has the same token count, so the mean of means is the global mean.
