@@ -25,7 +25,7 @@ from torchtitan.components.expert_balance import ExpertBalancer
 from torchtitan.components.hf_weights import HFExportError, HFSpec
 from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.components.memory_probe import HeldForBackward
-from torchtitan.components.metrics import MetricsLogger, memory_stats, peak_tflops, reset_memory_peak
+from torchtitan.components.metrics import MetricsLogger, StepMemory, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
@@ -142,6 +142,8 @@ class Trainer:
             cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
             total_steps=t.steps, resume_step=self.train_state.step,
         )
+        self.memory = StepMemory(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank,
+                                 self.train_state.step)
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
         if self.device.type == "cuda" and self.peak_flops is None:
             self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
@@ -301,7 +303,7 @@ class Trainer:
             return
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
                             self.train_state.step, self.cfg.training.steps, self.log)
-        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler:
+        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory:
             self._train_loop(profiler)
         self.metrics.close()
         self.checkpoint.close()
@@ -319,12 +321,13 @@ class Trainer:
             start = time.perf_counter()
             batches = [next(data) for _ in range(self.accum_steps)]
             lr = self.optimizers.last_lr()
-            reset_memory_peak(self.device)
+            self.memory.begin()
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             self.activity = f"step {step}"
             with profiler.step(step):
                 loss, grad_norm, moe = self.train_step(batches)
+            memory = self.memory.end(step)
             comm = {}
             if self.comm is not None:
                 counts, nbytes = self.comm.reset()
@@ -341,7 +344,7 @@ class Trainer:
                 self.metrics.log(step, {
                     "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
                     "tokens_per_sec_per_device": per_device, "mfu": mfu,
-                    **memory_stats(self.device), "step_time": step_time,
+                    **memory, "step_time": step_time,
                     "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
                     **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
