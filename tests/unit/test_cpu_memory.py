@@ -135,3 +135,27 @@ def test_the_meter_will_not_start_beside_another_profiler():
         with pytest.raises(RuntimeError, match="another torch profiler is running"):
             meter.begin_step()
         meter.close()
+
+
+def test_on_cuda_every_rank_writes_max_memory_allocated(tmp_path, monkeypatch):
+    """The CUDA path, without a GPU: the peak is the caching allocator's, the key changes nothing."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 4 * 2**30)
+    for cpu_peak in (False, True):
+        with StepMemory(torch.device("cuda", 0), cpu_peak, str(tmp_path), rank=1) as memory:
+            assert memory.meter is None
+            memory.begin()
+            assert memory.end(1) == {"memory_peak_allocated_gib": 3.0, "memory_peak_reserved_gib": 4.0}
+        assert calls == ["reset"] * (1 + cpu_peak)
+        lines = (tmp_path / "memory" / "rank1.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == [{"step": 1, "peak_allocated_bytes": 3 * 2**30}]
+
+
+def test_not_refused_on_cuda_where_the_key_changes_nothing():
+    from torchtitan.config import load_config
+
+    cfg, _ = load_config(["--training.device=cuda", "--metrics.cpu_memory_peak=true",
+                          "--profiling.enable_profiling=true"], 1)
+    assert cfg.metrics.cpu_memory_peak and cfg.profiling.enable_profiling

@@ -152,7 +152,7 @@ class CpuPeakMeter:
         self._running = True
         torch.empty(1, dtype=torch.uint8)  # a probe: its event reads the counter at the window's start
 
-    def _roll(self) -> tuple[int, int, int]:
+    def _roll(self) -> tuple[int, int, int | None]:
         """End the current window and start the next at once; the ended window's
         _allocations()."""
         result = _disable_profiler()
