@@ -70,6 +70,7 @@ class Trainer:
         init_distributed(self.device, cfg.comm.timeout_seconds)
         self.rank, world = dist.get_rank(), dist.get_world_size()
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
+        self.memory = StepMemory(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank)
         torch.manual_seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -142,8 +143,6 @@ class Trainer:
             cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
             total_steps=t.steps, resume_step=self.train_state.step,
         )
-        self.memory = StepMemory(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank,
-                                 self.train_state.step)
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
         if self.device.type == "cuda" and self.peak_flops is None:
             self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"

@@ -108,10 +108,22 @@ def test_every_rank_writes_its_own_peaks_and_a_resume_drops_later_steps(tmp_path
     assert all(isinstance(r["peak_allocated_bytes"], int) and r["peak_allocated_bytes"] >= 16 * KB for r in records)
     assert values["memory_peak_allocated_gib"] == records[-1]["peak_allocated_bytes"] / 2**30
 
-    with StepMemory(cpu, True, str(tmp_path), rank=3, resume_step=2) as memory:
+    with StepMemory(cpu, True, str(tmp_path), rank=3) as memory:  # resumed after step 2
         memory.begin()
         memory.end(3)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(line) for line in path.read_text().splitlines()][:2] == records[:2]
+
+
+def test_a_fresh_run_replaces_an_earlier_runs_file(tmp_path):
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "rank0.jsonl").write_text('{"step": 1, "peak_allocated_bytes": 5}\n' * 3)
+    with StepMemory(torch.device("cpu"), True, str(tmp_path), rank=0) as memory:
+        memory.begin()
+        _bytes(6 * KB)  # allocated and freed at once
+        memory.end(1)
+    lines = (tmp_path / "memory" / "rank0.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["peak_allocated_bytes"] >= 6 * KB
 
 
 def test_without_the_key_cpu_writes_no_peak(tmp_path):

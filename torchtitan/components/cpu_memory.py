@@ -38,7 +38,7 @@ What it sees and does not see:
   on a thread the profiler does not know, freed before anything else happens) is not seen;
 - a block allocated before the meter was created, counted by the census and freed later,
   stays counted (its free is not in the allocator's table; c10 warns "Memory block of
-  unknown size..."). The trainer creates the meter after building the model and optimizer.
+  unknown size..."). The trainer creates the meter first thing, before the model exists.
 `live_tensor_bytes()` is the independent count: tests check the carried count against it.
 
 Cost: about 10 us of CPU per allocator event, mostly reading the window back (the profiler's

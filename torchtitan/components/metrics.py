@@ -66,19 +66,17 @@ class StepMemory:
     `begin()` before a training step, `end(step)` after it: returns memory_stats' keys. Where a
     peak is measured (CUDA always; CPU with --metrics.cpu_memory_peak, see cpu_memory.py), every
     rank appends {"step": N, "peak_allocated_bytes": int} to <dump_folder>/memory/rank<r>.jsonl
-    (metrics.jsonl is rank 0's only); a resumed run first drops the records past its step."""
+    (metrics.jsonl is rank 0's only), opened at the first step, which drops the records from
+    that step on (a resumed run trains them again). Create it early: the CPU meter counts the
+    frees of blocks allocated after it was created."""
 
-    def __init__(self, device: torch.device, cpu_peak: bool, dump_folder: str, rank: int, resume_step: int = 0):
+    def __init__(self, device: torch.device, cpu_peak: bool, dump_folder: str, rank: int):
         self.device = device
         self.meter = CpuPeakMeter() if cpu_peak and device.type == "cpu" else None
         self.file = None
+        self.path = None
         if device.type == "cuda" or self.meter is not None:
-            folder = os.path.join(dump_folder, "memory")
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, f"rank{rank}.jsonl")
-            if resume_step > 0:
-                _truncate_after(path, resume_step)
-            self.file = open(path, "a" if resume_step > 0 else "w")
+            self.path = os.path.join(dump_folder, "memory", f"rank{rank}.jsonl")
 
     def begin(self) -> None:
         reset_memory_peak(self.device, self.meter)
@@ -89,7 +87,11 @@ class StepMemory:
             peak = torch.cuda.max_memory_allocated(self.device)
         elif self.meter is not None:
             peak = self.meter.end_step()
-        if self.file is not None:
+        if self.path is not None:
+            if self.file is None:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                _truncate_after(self.path, step - 1)
+                self.file = open(self.path, "a")
             self.file.write(json.dumps({"step": step, "peak_allocated_bytes": peak}) + "\n")
             self.file.flush()
         return memory_stats(self.device, peak)
