@@ -6,6 +6,7 @@ scripts/memory_check.py.)"""
 import json
 import re
 
+import pytest
 import run_tests
 
 TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=2", "--training.steps=2",
@@ -57,3 +58,18 @@ def test_dry_run_fit_search(tmp_path):
     assert all(v >= 1 for v in values.values()) and values["full"] >= values["none"]
     for row in fit["by_ac_mode"].values():
         assert row["predicted_peak_bytes"] <= fit["budget_bytes"]
+
+
+@pytest.mark.parametrize("impl", ["fsdp2", "simple_fsdp"])
+def test_prediction_against_a_real_gloo_run(impl, tmp_path):
+    """The start-up prediction vs the meter's measured peak of every rank (steps >= 2)."""
+    rc, _, out = run_tests.launch(2, [*TINY, "--training.steps=3", f"--job.dump_folder={tmp_path}",
+                                      "--metrics.cpu_memory_peak=true", "--parallelism.memory_budget_gib=100",
+                                      f"--parallelism.fsdp_implementation={impl}"], str(tmp_path / "ranks"))
+    assert rc == 0, out[-3000:]
+    (role,) = json.loads((tmp_path / "plan.json").read_text())["memory_per_rank_role"]
+    for rank in (0, 1):
+        rows = [json.loads(ln) for ln in (tmp_path / "memory" / f"rank{rank}.jsonl").read_text().splitlines()]
+        measured = max(r["peak_allocated_bytes"] for r in rows if r["step"] >= 2)
+        assert abs(role["predicted_peak_bytes"] - measured) / measured <= 0.02, (impl, rank, role, measured)
+    assert re.search(r"memory, rank 0 \(role all\): predicted peak .* measured .* error [+-]\d+\.\d%", out)

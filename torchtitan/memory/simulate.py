@@ -26,6 +26,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.tensor import DTensor
 
+from torchtitan.components.cpu_memory import CpuPeakMeter
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.train_step import StepRunner, cross_entropy_loss
 from torchtitan.distributed.job_shape import batch_shape
@@ -119,28 +120,6 @@ def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
     wrap(schedule, "_compute_loss", "loss", False)
 
 
-class _allocator_counter:
-    """Bytes the CPU allocator hands out over a block, from the profiler's memory events:
-    `peak()` is the most allocated at once beyond what was allocated at the start."""
-
-    def __enter__(self):
-        from torch.profiler import ProfilerActivity, profile
-        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self.prof.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.prof.__exit__(*exc)
-
-    def peak(self) -> int:
-        events = sorted((e.start_ns(), e.nbytes()) for e in self.prof.profiler.kineto_results.events() if e.name() == "[memory]")
-        total = top = 0
-        for _, n in events:
-            total += n
-            top = max(top, total)
-        return top
-
-
 def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
     from torch.distributed.fsdp import FSDPModule
 
@@ -162,6 +141,14 @@ def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
         init(args, {}, target)
 
 
+def _end(meter) -> int | None:
+    if meter is None:
+        return None
+    peak = meter.end_step()
+    meter.close()
+    return peak
+
+
 def _storages(tensors):
     for t in tensors:
         if isinstance(t, DTensor):
@@ -178,7 +165,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
 
     profile=True is the deterministic reference the tests compare with: the same step on
     REAL tensors (on the fake process group: collectives move nothing), measured by the CPU
-    allocator's own events (torch profiler) as well as by the tracker."""
+    allocator's own count (components/cpu_memory.py, the trainer's meter) as well as by the
+    tracker."""
     fake_paths.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
@@ -234,8 +222,10 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         tracker.adopt(live, "inputs_and_buffers")
         del live
         start = tracker.live
-        prof = _allocator_counter() if profile else contextlib.nullcontext()
-        with prof as counter, tracker, startup.patched():
+        meter = CpuPeakMeter() if profile else None
+        if meter is not None:
+            meter.begin_step()
+        with tracker, startup.patched():
             tracker.phase = "forward"
             runner.forward_backward(batches)
             tracker.relabel(_storages(p.grad for p in params), "gradients")
@@ -246,4 +236,4 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
     at_peak = tracker.breakdown_at_peak()
     return StepMemory(pp_rank, parts.stage_ids, tracker.peak, tracker.peak_phase,
                       {k: at_peak.get(k, 0) for k in CATEGORIES}, start, plan_records(parts),
-                      start + counter.peak() if profile else None)
+                      _end(meter))
