@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     spec, model, args = build_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     budget = memory_budget(cfg, ranks_on_this_node(world))
+    if target == "cuda" and budget is not None and budget.origin.startswith("CPU"):
+        budget = None  # planned for GPUs on a machine without one: the default is unknown here
 
     prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes)
     roles, records = prediction.roles, prediction.plan_records

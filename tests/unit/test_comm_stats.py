@@ -113,16 +113,16 @@ def test_compress_table_of_a_long_plan_with_the_defaults():
 def test_write_plan_json(tmp_path):
     folder = tmp_path / "dump" / "nested"
     path = write_plan_json(str(folder), 8, {"pp": 2, "dp_shard": 4}, RECORDS,
-                           {"reshard_after_forward": "auto", "reshard_budget_gib": 1.5})
+                           {"reshard_after_forward": "auto", "memory_budget_gib": 1.5})
     assert path == os.path.join(str(folder), "plan.json")
     with open(path) as f:
         data = json.load(f)
-    assert list(data) == ["world_size", "mesh", "reshard_after_forward", "reshard_budget_gib", "model_parts"]
+    assert list(data) == ["world_size", "mesh", "reshard_after_forward", "memory_budget_gib", "model_parts"]
     assert data == {
         "world_size": 8,
         "mesh": {"pp": 2, "dp_shard": 4},
         "reshard_after_forward": "auto",
-        "reshard_budget_gib": 1.5,
+        "memory_budget_gib": 1.5,
         "model_parts": [RECORDS[1], RECORDS[0]],
     }
     assert RECORDS[0]["stage"] == 1  # the caller's list is not reordered

@@ -1,5 +1,6 @@
 """reshard_policy.resolve: the per-unit reshard_after_forward plan (auto / always / never,
-pipeline facts, memory budget), kept_bytes, and the FSDP units of the real Llama3 models."""
+pipeline facts, the kept bytes the memory budget makes auto free), kept_bytes, and the FSDP
+units of the real Llama3 models."""
 
 import pytest
 import torch
@@ -36,6 +37,15 @@ FREED = "auto: freed from its forward until its backward"
 
 def pp_kept(n_microbatches: int) -> str:
     return f"auto, PP: kept, 1 gather per step instead of {n_microbatches} (one per microbatch)"
+
+
+# The reason of a unit freed for the memory budget: the note (what the memory prediction
+# says, torchtitan/memory/predict.py) is put in verbatim.
+NOTE = "predicted peak 5.00 GiB > budget 4.00 GiB"
+
+
+def budget_freed(note: str = NOTE) -> str:
+    return f"auto, memory budget: {note}; freed (earliest first)"
 
 
 ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
@@ -78,7 +88,7 @@ def test_invalid_policy_names_the_key(policy):
 
 def test_invalid_policy_is_reported_before_the_zero_bubble_check():
     with pytest.raises(ReshardPolicyError) as info:
-        resolve("sometimes", True, "ZBVZeroBubble", 4, [whole_model()], budget_bytes=1)
+        resolve("sometimes", True, "ZBVZeroBubble", 4, [whole_model()], free_bytes=1, budget_note=NOTE)
     assert str(info.value) == (
         "--parallelism.reshard_after_forward='sometimes': choose one of auto, always, never"
     )
@@ -111,8 +121,8 @@ def test_always_with_a_zero_bubble_schedule_under_pp_is_rejected(schedule):
     )
 
 
-def test_always_ignores_the_budget():
-    plan = resolve("always", False, "1F1B", 1, [whole_model()], budget_bytes=1)
+def test_always_ignores_free_bytes():
+    plan = resolve("always", False, "1F1B", 1, [whole_model()], free_bytes=GIB, budget_note=NOTE)
     assert reasons(plan) == [{
         "tok_embeddings": ALWAYS, "layers.0": ALWAYS, "layers.1": ALWAYS, "layers.2": ALWAYS, "": ROOT,
     }]
@@ -124,7 +134,7 @@ def test_always_ignores_the_budget():
 @pytest.mark.parametrize("pp_enabled,schedule", [(False, "1F1B"), (True, "1F1B"), (True, "ZBVZeroBubble"), (True, "DualPipeV")])
 def test_never_keeps_every_unit_root_included(pp_enabled, schedule):
     parts = [whole_model(), [FsdpUnit("layers.7", GIB), FsdpUnit("", GIB)]]
-    plan = resolve("never", pp_enabled, schedule, 4, parts, budget_bytes=1)  # budget ignored
+    plan = resolve("never", pp_enabled, schedule, 4, parts, free_bytes=GIB, budget_note=NOTE)  # ignored, no raise
     assert plan == [
         {name: Decision(False, NEVER) for name in ["tok_embeddings", "layers.0", "layers.1", "layers.2", ""]},
         {"layers.7": Decision(False, NEVER), "": Decision(False, NEVER)},
@@ -208,87 +218,146 @@ def test_resolve_returns_one_dict_per_part_even_for_empty_parts():
     ]
 
 
-# --------------------------------------------------------------------------- budget, one part
+# --------------------------------------------------------------------------- free_bytes (memory budget), one part
 
 
-def test_budget_flips_the_last_block_when_blocks_and_root_do_not_fit():
-    # Kept without a budget: layers.2 (1 GiB) + root (1 GiB) = 2 GiB > 1 GiB.
+def test_free_bytes_without_pp_frees_the_last_block_and_never_the_root():
+    # Without PP auto keeps only layers.2 and the root; any free_bytes > 0 frees layers.2.
     parts = [whole_model()]
-    plan = resolve("auto", False, "1F1B", 1, parts, budget_bytes=GIB)
+    plan = resolve("auto", False, "1F1B", 1, parts, free_bytes=1, budget_note=NOTE)
     assert plan == [{
-        "tok_embeddings": Decision(True, FREED),
+        "tok_embeddings": Decision(True, FREED),  # freed by auto already: not counted, reason unchanged
         "layers.0": Decision(True, FREED),
         "layers.1": Decision(True, FREED),
-        "layers.2": Decision(True, "auto, budget: 2.00 GiB kept > 1.00 GiB, freed (earliest first)"),
-        "": Decision(False, f"{ROOT}; fits the budget once earlier units reshard (1.00 GiB <= 1.00 GiB)"),
+        "layers.2": Decision(True, budget_freed()),
+        "": Decision(False, ROOT),  # kept units get no extra note
     }]
     assert kept_bytes(plan, parts) == GIB
 
 
-def test_budget_that_already_fits_changes_no_decision():
-    parts = [whole_model()]
-    plain = resolve("auto", False, "1F1B", 1, parts)
-    for budget in (2 * GIB, 3 * GIB, 100 * GIB):
-        plan = resolve("auto", False, "1F1B", 1, parts, budget_bytes=budget)
-        assert flags(plan) == flags(plain)
-        note = f"; fits the budget (2.00 GiB <= {budget / GIB:.2f} GiB)"
-        assert reasons(plan) == [{
-            "tok_embeddings": FREED, "layers.0": FREED, "layers.1": FREED,
-            "layers.2": LAST + note, "": ROOT + note,
-        }]
+def test_free_bytes_under_pp_frees_the_earliest_blocks_first():
+    parts = [[FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", 2 * GIB), FsdpUnit("layers.2", GIB),
+              FsdpUnit("layers.3", GIB), FsdpUnit("", GIB)]]
+    plan = resolve("auto", True, "GPipe", 4, parts, free_bytes=3 * GIB, budget_note=NOTE)  # 1 + 2 GiB
+    assert plan == [{
+        "layers.0": Decision(True, budget_freed()),
+        "layers.1": Decision(True, budget_freed()),
+        "layers.2": Decision(False, pp_kept(4)),
+        "layers.3": Decision(False, pp_kept(4)),
+        "": Decision(False, ROOT),
+    }]
+    assert kept_bytes(plan, parts) == 3 * GIB
 
 
-@pytest.mark.parametrize("budget", [0, -1, -GIB])
-def test_zero_or_negative_budget_means_no_bound(budget):
-    parts = [whole_model()]
-    assert resolve("auto", False, "1F1B", 1, parts, budget_bytes=budget) == resolve("auto", False, "1F1B", 1, parts)
+@pytest.mark.parametrize("free,freed", [
+    (1, ["layers.0"]),
+    (GIB, ["layers.0"]),  # exactly met: the next block stays
+    (GIB + 1, ["layers.0", "layers.1"]),  # a block is freed whole even when part of it would do
+    (3 * GIB, ["layers.0", "layers.1"]),
+    (3 * GIB + 1, ["layers.0", "layers.1", "layers.2"]),
+])
+def test_free_bytes_stops_once_enough_is_freed(free, freed):
+    parts = [[FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", 2 * GIB), FsdpUnit("layers.2", GIB),
+              FsdpUnit("layers.3", GIB), FsdpUnit("", GIB)]]
+    plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=free, budget_note=NOTE)
+    assert [name for name, d in plan[0].items() if d.reshard] == freed
+    assert all(plan[0][name].reason == budget_freed() for name in freed)
+    assert all(d.reason in (pp_kept(4), ROOT) for d in plan[0].values() if not d.reshard)
 
 
-def test_budget_that_cannot_be_met_goes_through_every_non_root_unit():
-    # Under PP everything starts kept; the root alone (3 GiB) exceeds the 2 GiB budget.
+def test_free_bytes_that_cannot_be_met_frees_every_non_root_unit():
+    # Under PP everything starts kept; 10 GiB asked, 2 GiB of non-root units to give.
     parts = [[FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB), FsdpUnit("", 3 * GIB)]]
-    plan = resolve("auto", True, "1F1B", 4, parts, budget_bytes=2 * GIB)
+    plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=10 * GIB, budget_note=NOTE)
     assert plan == [{
-        "layers.0": Decision(True, "auto, budget: 5.00 GiB kept > 2.00 GiB, freed (earliest first)"),
-        "layers.1": Decision(True, "auto, budget: 4.00 GiB kept > 2.00 GiB, freed (earliest first)"),
-        "": Decision(False, f"{ROOT}; budget 2.00 GiB cannot be met (3.00 GiB kept)"),
+        "layers.0": Decision(True, budget_freed()),
+        "layers.1": Decision(True, budget_freed()),
+        "": Decision(False, ROOT),
     }]
     assert kept_bytes(plan, parts) == 3 * GIB
 
 
-def test_budget_under_pp_flips_the_earliest_units_first():
-    parts = [[FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", 2 * GIB), FsdpUnit("layers.2", GIB), FsdpUnit("layers.3", GIB),
-              FsdpUnit("", GIB)]]
-    plan = resolve("auto", True, "GPipe", 4, parts, budget_bytes=3 * GIB)  # 6 GiB kept at first
-    note = "; fits the budget once earlier units reshard (3.00 GiB <= 3.00 GiB)"
-    assert plan == [{
-        "layers.0": Decision(True, "auto, budget: 6.00 GiB kept > 3.00 GiB, freed (earliest first)"),
-        "layers.1": Decision(True, "auto, budget: 5.00 GiB kept > 3.00 GiB, freed (earliest first)"),
-        "layers.2": Decision(False, pp_kept(4) + note),
-        "layers.3": Decision(False, pp_kept(4) + note),
-        "": Decision(False, ROOT + note),
-    }]
-    assert kept_bytes(plan, parts) == 3 * GIB
-
-
-def test_budget_never_flips_the_root_even_when_it_is_first():
+def test_free_bytes_never_frees_the_root_even_when_it_is_first():
     parts = [[FsdpUnit("", 4 * GIB), FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB)]]
-    plan = resolve("auto", True, "1F1B", 2, parts, budget_bytes=5 * GIB)
-    assert flags(plan) == [{"": False, "layers.0": True, "layers.1": False}]
-    assert plan[0][""].reason == ROOT + "; fits the budget once earlier units reshard (5.00 GiB <= 5.00 GiB)"
+    plan = resolve("auto", True, "1F1B", 2, parts, free_bytes=1, budget_note=NOTE)
+    assert plan == [{
+        "": Decision(False, ROOT),
+        "layers.0": Decision(True, budget_freed()),
+        "layers.1": Decision(False, pp_kept(2)),
+    }]
+    only_root = [[FsdpUnit("", 2 * GIB)]]
+    plan = resolve("auto", True, "1F1B", 2, only_root, free_bytes=GIB, budget_note=NOTE)
+    assert plan == [{"": Decision(False, ROOT)}]
 
 
-def test_budget_reasons_show_fractions_of_a_gib():
-    parts = [[FsdpUnit("layers.0", 512 * MIB), FsdpUnit("layers.1", 256 * MIB), FsdpUnit("", 256 * MIB)]]
-    plan = resolve("auto", True, "1F1B", 2, parts, budget_bytes=600 * MIB)
-    assert reasons(plan) == [{
-        "layers.0": "auto, budget: 1.00 GiB kept > 0.59 GiB, freed (earliest first)",
-        "layers.1": pp_kept(2) + "; fits the budget once earlier units reshard (0.50 GiB <= 0.59 GiB)",
-        "": ROOT + "; fits the budget once earlier units reshard (0.50 GiB <= 0.59 GiB)",
+def moe_parts() -> list[list[FsdpUnit]]:
+    """Two MoE blocks (DeepSeek-V3): 1 GiB of dense weights and 2 GiB of routed experts each,
+    the experts a unit of their own inside the block; a 1 GiB root."""
+    experts = UnitKind.EXPERTS
+    return [[
+        FsdpUnit("layers.0", GIB, block="layers.0"), FsdpUnit("layers.0.moe.experts", 2 * GIB, "layers.0", experts),
+        FsdpUnit("layers.1", GIB, block="layers.1"), FsdpUnit("layers.1.moe.experts", 2 * GIB, "layers.1", experts),
+        FsdpUnit("", GIB),
+    ]]
+
+
+def test_free_bytes_frees_a_block_together_with_its_experts():
+    parts = moe_parts()
+    # 1 byte asked: the whole first block goes (3 GiB), the second stays whole.
+    plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=1, budget_note=NOTE)
+    assert plan == [{
+        "layers.0": Decision(True, budget_freed()),
+        "layers.0.moe.experts": Decision(True, budget_freed()),
+        "layers.1": Decision(False, pp_kept(4)),
+        "layers.1.moe.experts": Decision(False, pp_kept(4)),
+        "": Decision(False, ROOT),
+    }]
+    assert kept_bytes(plan, parts) == 4 * GIB
+    # The experts count towards what is freed: 3 GiB is met by the first block alone ...
+    plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=3 * GIB, budget_note=NOTE)
+    assert flags(plan) == flags(resolve("auto", True, "1F1B", 4, parts, free_bytes=1, budget_note=NOTE))
+    # ... one byte more takes the second block with its experts too.
+    plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=3 * GIB + 1, budget_note=NOTE)
+    assert flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": True,
+                            "layers.1.moe.experts": True, "": False}]
+    assert kept_bytes(plan, parts) == GIB
+
+
+def test_free_bytes_without_pp_frees_the_last_block_with_its_experts():
+    # Without PP "last" speaks of blocks: layers.1 and its experts are kept, then freed together.
+    parts = moe_parts()
+    assert flags(resolve("auto", False, "1F1B", 1, parts)) == [{
+        "layers.0": True, "layers.0.moe.experts": True, "layers.1": False, "layers.1.moe.experts": False, "": False}]
+    plan = resolve("auto", False, "1F1B", 1, parts, free_bytes=1, budget_note=NOTE)
+    assert plan == [{
+        "layers.0": Decision(True, FREED),
+        "layers.0.moe.experts": Decision(True, FREED),
+        "layers.1": Decision(True, budget_freed()),
+        "layers.1.moe.experts": Decision(True, budget_freed()),
+        "": Decision(False, ROOT),
     }]
 
 
-# --------------------------------------------------------------------------- budget, several parts
+@pytest.mark.parametrize("free", [0, -1, -GIB])
+@pytest.mark.parametrize("pp_enabled,schedule", [(False, "1F1B"), (True, "1F1B"), (True, "ZBVZeroBubble")])
+def test_zero_or_negative_free_bytes_changes_nothing(free, pp_enabled, schedule):
+    parts = interleaved_parts()
+    plain = resolve("auto", pp_enabled, schedule, 4, parts)
+    assert resolve("auto", pp_enabled, schedule, 4, parts, free_bytes=free, budget_note=NOTE) == plain
+
+
+def test_the_budget_note_is_put_in_the_reason_verbatim():
+    parts = [[FsdpUnit("layers.0", 512 * MIB), FsdpUnit("layers.1", 256 * MIB), FsdpUnit("", 256 * MIB)]]
+    note = "predicted peak 79.31 GiB > budget 71.99 GiB"
+    plan = resolve("auto", True, "1F1B", 2, parts, free_bytes=100 * MIB, budget_note=note)
+    assert reasons(plan) == [{
+        "layers.0": "auto, memory budget: predicted peak 79.31 GiB > budget 71.99 GiB; freed (earliest first)",
+        "layers.1": pp_kept(2),
+        "": ROOT,
+    }]
+
+
+# --------------------------------------------------------------------------- free_bytes, several parts
 
 
 def interleaved_parts() -> list[list[FsdpUnit]]:
@@ -299,41 +368,40 @@ def interleaved_parts() -> list[list[FsdpUnit]]:
     ]
 
 
-def test_budget_counts_all_parts_of_the_rank_and_finishes_part_0_first():
+def test_free_bytes_counts_all_parts_of_the_rank_and_finishes_part_0_first():
     parts = interleaved_parts()
-    plan = resolve("auto", True, "Interleaved1F1B", 4, parts, budget_bytes=2 * GIB)
-    note = "; fits the budget once earlier units reshard (1.50 GiB <= 2.00 GiB)"
+    # part 0 gives 2.5 GiB, then layers.4 brings it to 3.5 GiB >= 3 GiB
+    plan = resolve("auto", True, "Interleaved1F1B", 4, parts, free_bytes=3 * GIB, budget_note=NOTE)
     assert plan == [
         {
-            "tok_embeddings": Decision(True, "auto, budget: 5.00 GiB kept > 2.00 GiB, freed (earliest first)"),
-            "layers.0": Decision(True, "auto, budget: 4.50 GiB kept > 2.00 GiB, freed (earliest first)"),
-            "layers.1": Decision(True, "auto, budget: 3.50 GiB kept > 2.00 GiB, freed (earliest first)"),
+            "tok_embeddings": Decision(True, budget_freed()),
+            "layers.0": Decision(True, budget_freed()),
+            "layers.1": Decision(True, budget_freed()),
         },
         {
-            "layers.4": Decision(True, "auto, budget: 2.50 GiB kept > 2.00 GiB, freed (earliest first)"),
-            "layers.5": Decision(False, pp_kept(4) + note),
-            "": Decision(False, ROOT + note),
+            "layers.4": Decision(True, budget_freed()),
+            "layers.5": Decision(False, pp_kept(4)),
+            "": Decision(False, ROOT),
         },
     ]
     assert kept_bytes(plan, parts) == 3 * GIB // 2
 
 
-def test_budget_met_inside_part_0_leaves_part_1_alone():
+def test_free_bytes_met_inside_part_0_leaves_part_1_alone():
     parts = interleaved_parts()
-    plan = resolve("auto", True, "LoopedBFS", 4, parts, budget_bytes=11 * GIB // 4)  # 2.75 GiB
+    plan = resolve("auto", True, "LoopedBFS", 4, parts, free_bytes=5 * GIB // 2, budget_note=NOTE)  # 2.5 GiB
     assert flags(plan) == [
         {"tok_embeddings": True, "layers.0": True, "layers.1": True},
         {"layers.4": False, "layers.5": False, "": False},
     ]
-    note = "; fits the budget once earlier units reshard (2.50 GiB <= 2.75 GiB)"
-    assert reasons(plan)[1] == {"layers.4": pp_kept(4) + note, "layers.5": pp_kept(4) + note, "": ROOT + note}
+    assert reasons(plan)[1] == {"layers.4": pp_kept(4), "layers.5": pp_kept(4), "": ROOT}
     assert kept_bytes(plan, parts) == 5 * GIB // 2
 
 
-def test_budget_per_part_would_differ_from_the_rank_budget():
-    # Each part alone (2.5 GiB) fits 3.5 GiB; together (5 GiB) they do not.
+def test_free_bytes_is_for_the_rank_not_for_each_part():
+    # 1.5 GiB for the rank: part 0 gives it (embeddings + layers.0); part 1 is not asked again.
     parts = interleaved_parts()
-    plan = resolve("auto", True, "Interleaved1F1B", 4, parts, budget_bytes=7 * GIB // 2)
+    plan = resolve("auto", True, "Interleaved1F1B", 4, parts, free_bytes=3 * GIB // 2, budget_note=NOTE)
     assert flags(plan) == [
         {"tok_embeddings": True, "layers.0": True, "layers.1": False},
         {"layers.4": False, "layers.5": False, "": False},
@@ -341,36 +409,42 @@ def test_budget_per_part_would_differ_from_the_rank_budget():
     assert kept_bytes(plan, parts) == 7 * GIB // 2
 
 
-# --------------------------------------------------------------------------- budget + zero bubble
+# --------------------------------------------------------------------------- free_bytes + zero bubble
 
 
 @pytest.mark.parametrize("schedule", ZERO_BUBBLE)
-def test_budget_that_forces_resharding_under_zero_bubble_is_rejected(schedule):
+def test_free_bytes_under_zero_bubble_is_rejected(schedule):
     with pytest.raises(ReshardPolicyError) as info:
-        resolve("auto", True, schedule, 8, interleaved_parts(), budget_bytes=3 * GIB // 2)
+        resolve("auto", True, schedule, 8, interleaved_parts(), free_bytes=1, budget_note=NOTE)
     assert str(info.value) == (
-        f"--parallelism.pipeline_parallel_schedule={schedule} with reshard_budget_gib=1.5"
-        " (needs resharding: 5.00 GiB kept): zero-bubble schedules give wrong gradients when FSDP2"
-        " reshards after forward (torch 2.13); use --parallelism.reshard_after_forward=auto without"
-        " a budget, or never, or another schedule"
+        f"--parallelism.pipeline_parallel_schedule={schedule} with the memory budget"
+        " (predicted peak 5.00 GiB > budget 4.00 GiB): zero-bubble schedules give wrong gradients when FSDP2"
+        " reshards after forward (torch 2.13); use a larger --parallelism.memory_budget_gib (or -1),"
+        " --parallelism.reshard_after_forward=never, or another schedule"
     )
 
 
 @pytest.mark.parametrize("schedule", ZERO_BUBBLE)
-def test_budget_that_fits_under_zero_bubble_is_accepted(schedule):
+def test_no_free_bytes_under_zero_bubble_is_accepted(schedule):
     parts = interleaved_parts()
-    plan = resolve("auto", True, schedule, 8, parts, budget_bytes=5 * GIB)
-    assert flags(plan) == [
-        {"tok_embeddings": False, "layers.0": False, "layers.1": False},
-        {"layers.4": False, "layers.5": False, "": False},
+    plan = resolve("auto", True, schedule, 8, parts, free_bytes=0, budget_note=NOTE)
+    assert plan == [
+        {"tok_embeddings": Decision(False, pp_kept(8)), "layers.0": Decision(False, pp_kept(8)),
+         "layers.1": Decision(False, pp_kept(8))},
+        {"layers.4": Decision(False, pp_kept(8)), "layers.5": Decision(False, pp_kept(8)), "": Decision(False, ROOT)},
     ]
-    assert plan[1]["layers.5"].reason == pp_kept(8) + "; fits the budget (5.00 GiB <= 5.00 GiB)"
 
 
-def test_unmeetable_budget_with_only_a_root_under_zero_bubble_does_not_raise():
+def test_free_bytes_with_only_a_root_under_zero_bubble_does_not_raise():
     # Nothing could be resharded, so the zero-bubble restriction is not violated.
-    plan = resolve("auto", True, "ZBVZeroBubble", 4, [[FsdpUnit("", 2 * GIB)]], budget_bytes=GIB)
-    assert plan == [{"": Decision(False, f"{ROOT}; budget 1.00 GiB cannot be met (2.00 GiB kept)")}]
+    plan = resolve("auto", True, "ZBVZeroBubble", 4, [[FsdpUnit("", 2 * GIB)]], free_bytes=GIB, budget_note=NOTE)
+    assert plan == [{"": Decision(False, ROOT)}]
+
+
+def test_free_bytes_with_a_zero_bubble_schedule_name_but_no_pp_frees_as_usual():
+    plan = resolve("auto", False, "ZBVZeroBubble", 1, [whole_model()], free_bytes=1, budget_note=NOTE)
+    assert plan[0]["layers.2"] == Decision(True, budget_freed())
+    assert plan[0][""] == Decision(False, ROOT)
 
 
 # --------------------------------------------------------------------------- kept_bytes
@@ -481,9 +555,13 @@ def test_auto_plan_of_the_debug_model_without_pp_and_with_a_budget():
     assert [n for n, d in plan[0].items() if not d.reshard] == ["layers.5", ""]
     sizes = {u.name: u.param_bytes for u in parts[0]}
     assert kept_bytes(plan, parts) == sizes["layers.5"] + sizes[""]
-    # A budget of exactly the root's bytes frees the last block too.
-    plan = resolve("auto", False, "1F1B", 1, parts, budget_bytes=sizes[""])
+    # Freeing exactly the last block's bytes frees the last block: only the root is left kept.
+    plan = resolve("auto", False, "1F1B", 1, parts, free_bytes=sizes["layers.5"], budget_note=NOTE)
     assert [n for n, d in plan[0].items() if not d.reshard] == [""]
-    assert plan[0]["layers.5"].reason.startswith("auto, budget: ")
+    assert plan[0]["layers.5"] == Decision(True, budget_freed())
     assert kept_bytes(plan, parts) == sizes[""]
+    # Under PP (one stage holding everything) the earliest units go first: the embeddings are
+    # larger than the 1 byte asked, so nothing else is freed.
+    plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=1, budget_note=NOTE)
+    assert [n for n, d in plan[0].items() if d.reshard] == ["tok_embeddings"]
 

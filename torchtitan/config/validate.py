@@ -355,7 +355,7 @@ def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
 
     p, m = cfg.parallelism, cfg.model
     value = p.memory_budget_gib
-    if not (value > 0 or value in (0, -1)):
+    if not (0 < value < math.inf or value in (0, -1)):
         raise ConfigError(f"--parallelism.memory_budget_gib={value:g}: must be > 0 (GiB per rank), 0 (the default"
                           " budget of the device) or -1 (no budget)")
     if cfg.job.dry_run or cfg.job.allow_over_budget:
