@@ -40,7 +40,7 @@ from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
     shutdown_distributed,
 )
-from torchtitan.memory.startup import MemoryBudgetError, predict_before_start, share
+from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction
 from torchtitan.models.flavors import MODEL_FLAVORS
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
@@ -57,12 +57,13 @@ class Trainer:
         t = cfg.training
         self.device = pick_device(t.device)
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        # rank 0 predicts every role's peak before joining (fake process group), then shares it
+        # rank 0 predicts every role's peak (a child process on a fake process group) while the
+        # ranks join and build; every rank gets it before it parallelizes (the plan may use it)
         first = int(os.environ.get("RANK", "0")) == 0
-        startup = predict_before_start(argv or [], cfg, world, self.device.type) if first else None
+        child = start_prediction(argv or [], cfg, world, self.device.type) if first else None
         init_distributed(self.device, cfg.comm.timeout_seconds)
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.predicted = share(startup) if cfg.parallelism.memory_budget_gib != -1 else None
+        self.predicted = share(child) if cfg.parallelism.memory_budget_gib != -1 else None
         if self.predicted is not None and self.predicted.refusal:
             raise MemoryBudgetError("\n".join(self.predicted.refusal))
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}

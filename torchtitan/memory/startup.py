@@ -1,9 +1,9 @@
 """The trainer's memory check before its first step (issue: refuse what will not fit).
 
-Rank 0, before it joins the job's process group, predicts every rank role's peak on a fake
-process group of the job's world size (the dry run's simulation), in a child process (a
-process cannot hold the fake group and then the real one: device meshes and groups keep
-global state), then shares the result;
+Rank 0 predicts every rank role's peak on a fake process group of the job's world size (the
+dry run's simulation) in a child process started before it joins the job (a process cannot
+hold the fake group and then the real one: device meshes and groups keep global state),
+then shares the result through the rendezvous store;
 every rank learns its own role's prediction (logged against the measured peak after step 2)
 and whether the job may start. A role over the budget stops the job on every rank before
 the first step, unless job.allow_over_budget, with one line per offending role: the
@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -43,19 +44,30 @@ class StartupMemory:
         return next((r for r in self.roles if rank in r.ranks), None)
 
 
-def predict_before_start(argv: list[str], cfg, world: int, device_type: str) -> StartupMemory | None:
-    """Rank 0's prediction, made by a child process on a fake process group."""
+def start_prediction(argv: list[str], cfg, world: int, device_type: str) -> subprocess.Popen | None:
+    """Rank 0 starts the prediction (a child process on a fake process group) before it joins
+    the job, so it runs while the ranks rendezvous and build; `share` collects it."""
     if cfg.parallelism.memory_budget_gib == -1:
         return None
     env = {**os.environ, "WORLD_SIZE": str(world), "TITAN_PREDICT_DEVICE": device_type}
     for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
         env.pop(key, None)
-    child = subprocess.run([sys.executable, "-m", "torchtitan.memory.startup", *argv], env=env,
-                           capture_output=True, text=True)
+    return subprocess.Popen([sys.executable, "-m", "torchtitan.memory.startup", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _collect(child: subprocess.Popen) -> str:
+    out, err = child.communicate()
     if child.returncode != 0:
-        tail = "\n".join((child.stdout + child.stderr).strip().splitlines()[-12:])
-        raise RuntimeError(f"the start-up memory prediction failed (exit {child.returncode}):\n{tail}")
-    data = json.loads(child.stdout.strip().splitlines()[-1])
+        tail = "\n".join((out + err).strip().splitlines()[-12:])
+        return json.dumps({"failed": f"the start-up memory prediction failed (exit {child.returncode}):\n{tail}"})
+    return out.strip().splitlines()[-1]
+
+
+def _parse(text: str) -> StartupMemory:
+    data = json.loads(text)
+    if "failed" in data:
+        raise RuntimeError(data["failed"])
     roles = [RolePrediction(r["role"], r["ranks"], r["pp_rank"], r["stages"], r["predicted_peak_bytes"],
                             r["worst_case_peak_bytes"], r["peak_at"], r["breakdown"]) for r in data["roles"]]
     return StartupMemory(roles, data["budget_bytes"], data["budget_origin"], data["refusal"],
@@ -112,11 +124,19 @@ def main() -> None:
                       "free_bytes": out.free_bytes, "budget_note": out.budget_note}))
 
 
-def share(startup: StartupMemory | None) -> StartupMemory | None:
-    """Rank 0's prediction to every rank (after the real process group exists)."""
-    box = [startup]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+_STORE_KEY = "torchtitan/memory_prediction"
+PREDICTION_TIMEOUT = timedelta(hours=2)  # how long the other ranks wait for rank 0's prediction
+
+
+def share(child: subprocess.Popen | None) -> StartupMemory:
+    """Rank 0's prediction to every rank, through the rendezvous store (a store wait, not a
+    collective: the prediction may take longer than --comm.timeout_seconds)."""
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 0:
+        store.set(_STORE_KEY, _collect(child))
+    else:
+        store.wait([_STORE_KEY], PREDICTION_TIMEOUT)
+    return _parse(store.get(_STORE_KEY).decode())
 
 
 if __name__ == "__main__":
