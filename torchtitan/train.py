@@ -40,6 +40,7 @@ from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
     shutdown_distributed,
 )
+from torchtitan.memory.startup import MemoryBudgetError, predict_before_start, share
 from torchtitan.models.flavors import MODEL_FLAVORS
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
@@ -51,12 +52,19 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, argv: list[str] | None = None):
         self.cfg = cfg
         t = cfg.training
         self.device = pick_device(t.device)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        # rank 0 predicts every role's peak before joining (fake process group), then shares it
+        first = int(os.environ.get("RANK", "0")) == 0
+        startup = predict_before_start(argv or [], cfg, world, self.device.type) if first else None
         init_distributed(self.device, cfg.comm.timeout_seconds)
         self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.memory = share(startup) if cfg.parallelism.memory_budget_gib != -1 else None
+        if self.memory is not None and self.memory.refusal:
+            raise MemoryBudgetError("\n".join(self.memory.refusal))
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
         torch.manual_seed(t.seed)
         if t.deterministic:
@@ -160,6 +168,19 @@ class Trainer:
             )
             self.log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
                      + compress_table(plan_table(records)))
+
+    def _log_memory_error(self, memory: dict) -> None:
+        """Predicted vs measured peak of this rank, once (after step 2), so every run reports
+        the prediction's error."""
+        role = self.memory.role_of(self.rank) if self.memory is not None else None
+        if role is None:
+            return
+        predicted = role.predicted_peak_bytes / 2**30
+        measured = memory.get("memory_peak_allocated_gib")
+        text = (f"measured {measured:.3f} GiB, error {100 * (predicted - measured) / measured:+.1f}%" if measured
+                else "measured n/a (on CPU: --metrics.cpu_memory_peak=true)")
+        self.log(f"[torchtitan] memory, rank {self.rank} (role {role.role}): predicted peak {predicted:.3f} GiB"
+                 f" (at {role.peak_at}), {text}")
 
     def log(self, msg: str) -> None:
         if self.rank in self.log_ranks:
@@ -292,6 +313,7 @@ class Trainer:
             self.train_state.step = step
             self.train_state.tokens_seen += tokens_per_step
             step_time = time.perf_counter() - start
+            memory = memory_stats(self.device)
             if step % self.cfg.metrics.log_freq == 0 or step == t.steps:
                 tps = tokens_per_step / step_time
                 per_device = tps / self.dims.world_size
@@ -301,10 +323,12 @@ class Trainer:
                 self.metrics.log(step, {
                     "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
                     "tokens_per_sec_per_device": per_device, "mfu": mfu,
-                    **memory_stats(self.device), "step_time": step_time,
+                    **memory, "step_time": step_time,
                     "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
                     **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
                 })
+            if step == start_step + 2:
+                self._log_memory_error(memory)
             if self.validator is not None and self.validator.due(step, t.steps, start_step):
                 self._validate(step)
             self.activity = f"the checkpoint save after step {step}"
@@ -326,10 +350,16 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("MASTER_PORT", "29571")
     trainer = None
     try:
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, argv)
         trainer.train()
     except DeviceError as e:  # before any process group, alike on every rank of the node
         _error_line(f"error: {e}")
+        return 2
+    except MemoryBudgetError as e:  # decided on rank 0 and shared: alike on every rank
+        if int(os.environ.get("RANK", "0")) == 0:
+            for line in str(e).splitlines():
+                _error_line(f"error: {line}")
+        shutdown_distributed()
         return 2
     except (NonFiniteLossError, CheckpointError, HFExportError) as e:  # raised alike on every rank
         _error_line(f"error: {e}")

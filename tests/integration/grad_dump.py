@@ -21,7 +21,7 @@ from torchtitan.train import Trainer
 
 def main() -> None:
     out, argv = sys.argv[1], sys.argv[2:]
-    trainer = Trainer(load_config_or_exit(argv, int(os.environ["WORLD_SIZE"])))
+    trainer = Trainer(load_config_or_exit(argv, int(os.environ["WORLD_SIZE"])), argv)
     trainer.optimizers.step = lambda: None  # keep the weights: only the gradients matter
     data = iter(trainer.dataloader)
     trainer.train_step([next(data) for _ in range(trainer.accum_steps)])

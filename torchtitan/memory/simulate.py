@@ -16,6 +16,7 @@ free their intermediates differently; see README, "Memory prediction").
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.train_step import StepRunner, cross_entropy_loss
 from torchtitan.distributed.job_shape import batch_shape
-from torchtitan.distributed.model_parts import build_parts
+from torchtitan.distributed.model_parts import build_parts, plan_records
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.utils import clip_grad_norm_
@@ -55,7 +56,7 @@ class StepMemory:
     peak_at: str  # the step phase running when the peak was reached
     breakdown: dict[str, int]  # live bytes per category at the peak
     start_bytes: int  # alive when the step starts
-    units_gathered: list[str] = field(default_factory=list)
+    plan_records: list[dict] = field(default_factory=list)  # plan.json entries of the rank's parts
 
 
 class _Categories:
@@ -138,6 +139,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
     first data/tensor/expert-parallel coordinate (the others hold the same shapes)."""
     fake_paths.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
+    if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
+        model = copy.deepcopy(model)
     parts = build_parts(spec, model, dims, eager, target, pp_rank)
     shape = batch_shape(cfg, dims.dp)
     t = cfg.training
@@ -221,4 +224,4 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
                     print("   LOG", serial, delta, o)
         print(f"[reference] allocator peak {(start + counter.peak()) / 2**20:.2f} MiB, tracker {tracker.peak / 2**20:.2f} MiB")
     return StepMemory(pp_rank, parts.stage_ids, tracker.peak, tracker.peak_phase,
-                      {k: at_peak.get(k, 0) for k in CATEGORIES}, start)
+                      {k: at_peak.get(k, 0) for k in CATEGORIES}, start, plan_records(parts))
