@@ -72,9 +72,13 @@ MIB = 2**20
 CONFIGS = {"llama3": "train_configs/llama3_debug.toml", "deepseek_v3": "train_configs/deepseek_v3_debug.toml"}
 MODEL_OF_PREFIX = {"llama": "llama3", "ds": "deepseek_v3"}
 MOE_MODELS = {"deepseek_v3"}  # a worst-routing bound beside the balanced prediction
-# Every run of every job: CPU, 3 steps, seq 128, no TensorBoard; fp32 parameters and local
-# batch 2 unless the job says otherwise.
-BASE = ("--training.device=cpu", "--training.steps=3", "--training.seq_len=128", "--metrics.enable_tensorboard=false")
+# Every run of every job (dry and real): CPU, 3 steps, seq 128, no TensorBoard, and no memory
+# budget: the reshard plan then cannot depend on the memory free on this shared machine at
+# the time, and the trainer's start-up prediction (the dry run's simulation again, in a child
+# of rank 0, as long as the run itself) is skipped; the budget changes nothing predicted.
+# fp32 parameters and local batch 2 unless the job says otherwise.
+BASE = ("--training.device=cpu", "--training.steps=3", "--training.seq_len=128", "--metrics.enable_tensorboard=false",
+        "--parallelism.memory_budget_gib=-1")
 DEFAULTS = {"training.mixed_precision_param": "float32", "training.local_batch_size": "2"}
 MEASURE = "--metrics.cpu_memory_peak=true"
 DRY_RUN = "--job.dry_run=true"
@@ -400,6 +404,19 @@ def rank_peak(path: str, first_step: int = FIRST_MEASURED_STEP) -> int:
     return max(peaks)
 
 
+def busiest_expert(metrics_path: str, first_step: int = FIRST_MEASURED_STEP) -> float | None:
+    """MoE runs: the largest expert_load_max (busiest expert's tokens / the mean) over steps >=
+    first_step in metrics.jsonl; None without MoE metrics. How far from balance a run routed."""
+    try:
+        with open(metrics_path) as f:
+            records = [json.loads(ln) for ln in f if ln.strip()]
+    except (OSError, ValueError):
+        return None
+    loads = [r["expert_load_max"] for r in records
+             if isinstance(r.get("expert_load_max"), (int, float)) and r.get("step", 0) >= first_step]
+    return max(loads) if loads else None
+
+
 def run_peaks(dump: str, world: int) -> list[int]:
     """One run's peak per rank."""
     return [rank_peak(os.path.join(dump, "memory", f"rank{r}.jsonl")) for r in range(world)]
@@ -508,7 +525,12 @@ def mib(n: float | None) -> str:
 
 
 def pct(e: float | None) -> str:
-    return "-" if e is None else f"{100 * e:+.1f}%"
+    return "-" if e is None else f"{100 * e:+.2f}%"
+
+
+def breakdown_text(breakdown: dict[str, int]) -> str:
+    """The predicted MiB by category, zeros left out."""
+    return ", ".join(f"{k} {mib(v)}" for k, v in breakdown.items() if v) or "no breakdown"
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -518,25 +540,27 @@ def ranks_text(ranks: list[int]) -> str:
 
 
 HEADER = (f"{'job':44s} {'rank':>4s} {'role':18s} {'predicted':>10s} {'worst':>10s} {'measured':>10s}"
-          f" {'error':>7s} {'spread':>7s}")
+          f" {'error':>8s} {'spread':>7s}")
 
 
 def rank_line(job: Job, row: RankRow, worst: int | None) -> str:
     wc = mib(worst) if job.model in MOE_MODELS else "-"
     return (f"{job.name:44s} {row.rank:>4d} {row.role[:18]:18s} {mib(row.predicted):>10s} {wc:>10s}"
-            f" {mib(row.measured):>10s} {pct(row.error):>7s} {mib(row.spread):>7s}")
+            f" {mib(row.measured):>10s} {pct(row.error):>8s} {mib(row.spread):>7s}")
 
 
 def role_line(job: Job, row: RoleRow, breakdown: bool = False) -> str:
     text = (f"  role {row.role} (ranks {ranks_text(row.ranks)}): predicted {mib(row.predicted)} MiB"
             + (f" (worst case {mib(row.worst_case)})" if job.model in MOE_MODELS else "")
-            + f" vs measured {mib(row.measured)} MiB: error {pct(row.error)}, spread {mib(row.spread)} MiB")
+            + f" vs measured {mib(row.measured)} MiB: error {pct(row.error)}"
+            + (f" ({(row.predicted - row.measured) / 2**10:+,.1f} KiB)" if row.predicted is not None else "")
+            + f", spread {mib(row.spread)} MiB")
     if row.peak_at:
         text += f", predicted peak at {row.peak_at}"
     if row.above_worst_case:
         text += "  ** measured above the worst-case bound **"
     if breakdown and row.breakdown:
-        text += "\n    predicted: " + ", ".join(f"{k} {mib(v)}" for k, v in row.breakdown.items())
+        text += "\n    predicted: " + breakdown_text(row.breakdown)
     return text
 
 
@@ -612,6 +636,7 @@ class JobResult:
     roles: list[RoleRow] = field(default_factory=list)
     predicted_roles: list[Role] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    busiest_expert: list[float] = field(default_factory=list)  # per run (MoE)
 
 
 def predict(job: Job, launcher: Launcher, out: str) -> tuple[list[Role] | None, dict, str, int]:
@@ -666,6 +691,9 @@ def check_job(job: Job, launcher: Launcher, out: str, runs: int, predict_only: b
             res.errors.append(err)
             break
         measured.append(peaks)
+        load = busiest_expert(os.path.join(out, job.name, f"run{i}", "metrics.jsonl"))
+        if load is not None:
+            res.busiest_expert.append(load)
         if i == 1 and dry_plan and plan and (diff := plan_difference(dry_plan, plan)):
             res.notes.append(f"plan differs from the dry run's: {diff}")
     if measured and len(measured) == runs:
@@ -691,7 +719,7 @@ def print_result(job: Job, res: JobResult, breakdown: bool = False) -> None:
             wc = f" (worst case {mib(role.worst_case)})" if job.model in MOE_MODELS else ""
             print(f"{job.name:44s} role {role.role} (ranks {ranks_text(role.ranks)}): predicted"
                   f" {mib(role.predicted)} MiB{wc} at {role.peak_at}; "
-                  + ", ".join(f"{k} {mib(v)}" for k, v in role.breakdown.items()))
+                  + breakdown_text(role.breakdown))
     for note in res.notes:
         print(f"  note: {note}")
     if res.errors:
@@ -699,7 +727,11 @@ def print_result(job: Job, res: JobResult, breakdown: bool = False) -> None:
         for e in res.errors:
             print("  " + e.replace("\n", "\n  "))
     else:
-        print(f"  ({job.name}: {res.wall_s:.0f}s)")
+        routing = ""
+        if res.busiest_expert:
+            routing = (f"; routing: busiest expert {statistics.median(res.busiest_expert):.2f}x the mean load"
+                       " (steps >= 2, median of the runs)")
+        print(f"  ({job.name}: {res.wall_s:.0f}s{routing})")
     sys.stdout.flush()
 
 

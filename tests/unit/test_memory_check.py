@@ -237,3 +237,14 @@ def test_summary():
     assert "4/5 jobs ok, 1 failed: e" in line
     empty = mc.summarize([], 1, ["a"])
     assert "no role compared" in mc.summary_line(empty) and "1 failed: a" in mc.summary_line(empty)
+
+
+def test_busiest_expert(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"step": 1, "loss": 8.0, "expert_load_max": 3.0}, {"step": 2, "loss": 7.0, "expert_load_max": 1.25},
+        {"step": 3, "loss": 6.0, "expert_load_max": 1.5}, {"step": 3, "val_loss": 6.5}]) + "\n")
+    assert mc.busiest_expert(str(path)) == 1.5
+    path.write_text(json.dumps({"step": 2, "loss": 7.0}) + "\n")  # a dense model
+    assert mc.busiest_expert(str(path)) is None
+    assert mc.busiest_expert(str(tmp_path / "missing.jsonl")) is None
