@@ -56,6 +56,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -674,6 +675,7 @@ def measure(job: Job, launcher: Launcher, out: str, run: int) -> tuple[list[int]
 def check_job(job: Job, launcher: Launcher, out: str, runs: int, predict_only: bool) -> JobResult:
     res = JobResult(job.name, job.ngpu, job.model, job.overrides())
     start = time.monotonic()
+    shutil.rmtree(os.path.join(out, job.name), ignore_errors=True)  # fresh dump folders (rank files append)
     roles, dry_plan, err, rc = predict(job, launcher, out)
     if err:
         res.errors.append(err)
@@ -743,7 +745,9 @@ def main(argv=None) -> int:
     ap.add_argument("--launcher", choices=("fast", "torchrun"), default="fast",
                     help="fast: ranks forked from one preloaded process (default); torchrun: run_train.sh")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take (default 600)")
-    ap.add_argument("--out", default="", help="folder for the runs' dump folders (default: a temporary one)")
+    ap.add_argument("--out", default="",
+                    help="folder for the runs' dump folders, <out>/<job>/{dry_run,run1,...}, each job's replaced"
+                         " (default: a new temporary folder)")
     ap.add_argument("--list", action="store_true", help="print the matrix (overrides expanded) and exit")
     ap.add_argument("--predict-only", action="store_true", help="dry runs only: print the predictions")
     ap.add_argument("--breakdown", action="store_true", help="print each role's predicted bytes by category")
