@@ -22,7 +22,7 @@ from torchtitan.config.memory_budget import memory_budget, ranks_on_this_node
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.memory.fit import fit_report
-from torchtitan.memory.predict import predict_roles, role_table
+from torchtitan.memory.predict import predict, role_table
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 
@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     budget = memory_budget(cfg, ranks_on_this_node(world))
 
-    roles, records = predict_roles(spec, model, dims, cfg, target, args)
+    prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes)
+    roles, records = prediction.roles, prediction.plan_records
     p = cfg.parallelism
     print(f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
           f" mesh {dims.mesh_shape}, reshard_after_forward {p.reshard_after_forward},"

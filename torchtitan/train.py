@@ -90,7 +90,9 @@ class Trainer:
         self.held_bytes = 0
         self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
         pp_rank = self.dims.pp_rank()
-        parts = build_parts(spec, model, self.dims, cfg, self.device.type, pp_rank)
+        free = self.memory.free_bytes.get(pp_rank, 0) if self.memory is not None else 0
+        parts = build_parts(spec, model, self.dims, cfg, self.device.type, pp_rank, free,
+                            self.memory.budget_note if self.memory is not None else "")
         self.param_dtype = parts.param_dtype
         self._report_plan(parts)
         for part in parts.modules:
@@ -164,7 +166,9 @@ class Trainer:
             p = self.cfg.parallelism
             path = write_plan_json(
                 self.cfg.job.dump_folder, self.dims.world_size, self.dims.mesh_shape, records,
-                {"reshard_after_forward": p.reshard_after_forward, "reshard_budget_gib": p.reshard_budget_gib},
+                {"reshard_after_forward": p.reshard_after_forward,
+                 "memory_budget_bytes": self.memory.budget_bytes if self.memory is not None else None,
+                 "memory_per_rank_role": [r.record() for r in self.memory.roles] if self.memory is not None else None},
             )
             self.log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
                      + compress_table(plan_table(records)))

@@ -140,10 +140,6 @@ class Parallelism:
     available memory divided by the ranks on this node, minus the measured per-process
     overhead. -1 = no budget. Jobs over it are refused (see job.allow_over_budget)."""
 
-    reshard_budget_gib: float = 0.0
-    """Deprecated (counted only unsharded parameters): use memory_budget_gib. A value > 0 is
-    taken as memory_budget_gib with one deprecation line."""
-
     loss_parallel: bool = True
     """With TP: keep the output logits sharded over the vocabulary and compute the loss on
     the shards (saves the all-gather of the logits)."""

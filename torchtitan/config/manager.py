@@ -146,6 +146,12 @@ DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
         {"default": "auto"},
         "use 'parallelism.reshard_after_forward' (auto|always|never; 'default' means auto)",
     ),
+    ("parallelism", "reshard_budget_gib"): (
+        "memory_budget_gib",
+        None,
+        "replaced by 'parallelism.memory_budget_gib', the whole predicted peak per rank (it counted only"
+        " unsharded parameters); its value is taken as the memory budget",
+    ),
 }
 
 

@@ -186,9 +186,6 @@ def check_fsdp_policies(cfg: JobConfig) -> None:
             "--metrics.held_for_backward is measured around one forward/backward, which a pipeline"
             " schedule interleaves; measure it with --parallelism.pipeline_parallel_degree=1"
         )
-    budget = p.reshard_budget_gib
-    if not math.isfinite(budget) or budget < 0:
-        raise ConfigError(f"--parallelism.reshard_budget_gib={budget}: must be >= 0 (0 = no bound)")
     try:
         check_policy(p.reshard_after_forward, p.pipeline_parallel_degree > 1, p.pipeline_parallel_schedule)
     except ReshardPolicyError as e:

@@ -19,7 +19,6 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_layout import PipelineLayout, plan_pipeline
 from torchtitan.distributed.pipeline_parallel import split_model
 from torchtitan.distributed.plan import BLOCKS, FsdpUnit, PartPlan, RegionSpec
-from torchtitan.distributed.reshard_policy import GIB
 from torchtitan.dtypes import dtype_bytes, param_dtype
 
 if TYPE_CHECKING:
@@ -82,8 +81,9 @@ def _regions(cfg: JobConfig, units: list[FsdpUnit], flags: dict[str, bool], simp
 
 
 def resolve_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, param_dtype: str,
-                  pp_rank: int) -> ModelParts:
-    """Split (on meta) and plan, without parallelizing: what pipeline rank `pp_rank` holds."""
+                  pp_rank: int, free_bytes: int = 0, budget_note: str = "") -> ModelParts:
+    """Split (on meta) and plan, without parallelizing: what pipeline rank `pp_rank` holds.
+    `free_bytes`: kept unsharded bytes the memory budget makes auto free (torchtitan/memory)."""
     layout = pipeline_layout(cfg, dims, len(getattr(model, BLOCKS)))
     split = split_model(model, layout, pp_rank) if layout is not None else [(0, model)]
     units = [size_units(m, dims.tp, dims.ep, dtype_bytes(param_dtype), spec.tp_replicated) for _, m in split]
@@ -91,7 +91,7 @@ def resolve_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: Jo
     microbatches = pipeline_microbatches(cfg)
     decisions = reshard_policy.resolve(
         p.reshard_after_forward, dims.pp > 1, p.pipeline_parallel_schedule, microbatches,
-        units, int(p.reshard_budget_gib * GIB),
+        units, free_bytes, budget_note,
     )
     simple = p.fsdp_implementation == "simple_fsdp" and dims.dp_shard > 1
     parts = []
@@ -103,11 +103,11 @@ def resolve_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: Jo
 
 
 def build_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str,
-                pp_rank: int) -> ModelParts:
+                pp_rank: int, free_bytes: int = 0, budget_note: str = "") -> ModelParts:
     """What pipeline rank `pp_rank` trains, planned and parallelized, still on meta. The
     parameter dtype follows the device the job targets (`device_type`)."""
     parts = resolve_parts(spec, model, dims, cfg, param_dtype(cfg.training.mixed_precision_param, device_type),
-                          pp_rank)
+                          pp_rank, free_bytes, budget_note)
     for part in parts.parts:
         part.module = spec.parallelize_fn(part.module, dims, cfg, part.plan, parts.param_dtype)
     return parts

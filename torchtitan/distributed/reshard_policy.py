@@ -7,11 +7,15 @@ DeepSeek-V3 all apply what `resolve` returns.
 Why "auto" decides as it does:
 - Under pipeline parallel every microbatch runs forward separately. A unit that reshards is
   gathered again in every microbatch's forward and backward; one that does not is gathered
-  once per step. So under PP nothing reshards (unless a memory budget forces it).
+  once per step. So under PP nothing reshards (unless the memory budget forces it).
 - Without PP, resharding a block frees its parameters from its forward until its backward.
   The last block's backward starts right after its forward, so resharding it saves nothing
   and costs one gather. The root unit (final norm + output) runs first in backward: FSDP
   gathers it again at once, so it never reshards.
+- With a memory budget (`[parallelism] memory_budget_gib`), the memory prediction says how
+  many kept bytes a rank must free for its predicted peak to fit (`free_bytes`). Every kept
+  unit of a rank saves the same gathers per byte (one per microbatch, or per step under PP),
+  so the earliest in forward order go first: they hold their parameters the longest.
 """
 
 from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE
@@ -39,20 +43,18 @@ def check_policy(policy: str, pp_enabled: bool, schedule: str) -> None:
         )
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
 def resolve(
     policy: str,
     pp_enabled: bool,
     schedule: str,
     n_microbatches: int,
     parts: list[list[FsdpUnit]],
-    budget_bytes: int = 0,
+    free_bytes: int = 0,
+    budget_note: str = "",
 ) -> list[dict[str, Decision]]:
     """One {unit name: Decision} per model part of this rank (parts in pipeline order, units
-    in forward order)."""
+    in forward order). `free_bytes`: kept unsharded bytes to free for the memory budget
+    (`budget_note` says why, e.g. "predicted peak 1.20 GiB > budget 1.00 GiB")."""
     check_policy(policy, pp_enabled, schedule)
     zero_bubble = pp_enabled and schedule in ZERO_BUBBLE
 
@@ -80,58 +82,38 @@ def resolve(
                 decisions[unit.name] = Decision(True, "auto: freed from its forward until its backward")
         plan.append(decisions)
 
-    if policy == "auto" and budget_bytes > 0:
-        _fit_budget(plan, parts, budget_bytes, zero_bubble, schedule)
+    if policy == "auto" and free_bytes > 0:
+        _free_for_budget(plan, parts, free_bytes, budget_note, zero_bubble, schedule)
     return plan
 
 
-def _fit_budget(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]], budget: int, zero_bubble: bool,
-                schedule: str) -> None:
+def _free_for_budget(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]], free_bytes: int, note: str,
+                     zero_bubble: bool, schedule: str) -> None:
     """Reshard kept non-root blocks (each with its nested units), earliest in forward order
-    first, until the kept bytes of all of the rank's parts fit the budget."""
-    sizes = {(i, u.name): u.param_bytes for i, units in enumerate(parts) for u in units}
-
-    def kept() -> int:
-        return sum(sizes[(i, n)] for i, d in enumerate(plan) for n, dec in d.items() if not dec.reshard)
-
-    before = kept()
-    if before <= budget:
-        _note_kept(plan, f"fits the budget ({_gib(before)} <= {_gib(budget)})")
-        return
+    first, until `free_bytes` of unsharded parameters are freed (or none is left)."""
+    freed = 0
     for i, units in enumerate(parts):
         for unit in units:
-            if kept() <= budget:
-                _note_kept(plan, f"fits the budget once earlier units reshard ({_gib(kept())} <= {_gib(budget)})")
+            if freed >= free_bytes:
                 return
             if unit.is_root or plan[i][unit.name].reshard:
                 continue
             if zero_bubble:
-                raise ReshardPolicyError(_zero_bubble_message(
-                    schedule, f"reshard_budget_gib={budget / GIB:g} (needs resharding: {_gib(before)} kept)"
-                ))
+                raise ReshardPolicyError(_zero_bubble_message(schedule, f"the memory budget ({note})"))
             # A block is freed whole (with its experts): one AC region serves all its gathers.
-            decision = Decision(True, f"auto, budget: {_gib(kept())} kept > {_gib(budget)}, freed (earliest first)")
+            decision = Decision(True, f"auto, memory budget: {note}; freed (earliest first)")
             for other in units:
-                if other.position == unit.position and not other.is_root:
+                if other.position == unit.position and not other.is_root and not plan[i][other.name].reshard:
                     plan[i][other.name] = decision
-    if kept() > budget:
-        _note_kept(plan, f"budget {_gib(budget)} cannot be met ({_gib(kept())} kept)")
-    else:
-        _note_kept(plan, f"fits the budget once earlier units reshard ({_gib(kept())} <= {_gib(budget)})")
-
-
-def _note_kept(plan: list[dict[str, Decision]], note: str) -> None:
-    for decisions in plan:
-        for name, dec in decisions.items():
-            if not dec.reshard:
-                decisions[name] = Decision(False, f"{dec.reason}; {note}")
+                    freed += other.param_bytes
 
 
 def _zero_bubble_message(schedule: str, what: str) -> str:
     return (
         f"--parallelism.pipeline_parallel_schedule={schedule} with {what}: zero-bubble schedules"
         " give wrong gradients when FSDP2 reshards after forward (torch 2.13); use"
-        " --parallelism.reshard_after_forward=auto without a budget, or never, or another schedule"
+        " a larger --parallelism.memory_budget_gib (or -1), --parallelism.reshard_after_forward=never, or another"
+        " schedule"
     )
 
 

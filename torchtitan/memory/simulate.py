@@ -19,6 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import gc
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.model_parts import build_parts, plan_records
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_parallel import build_pipeline
+from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_
 from torchtitan.memory import fake_paths
 from torchtitan.memory.tracker import LiveBytes
@@ -57,6 +59,7 @@ class StepMemory:
     breakdown: dict[str, int]  # live bytes per category at the peak
     start_bytes: int  # alive when the step starts
     plan_records: list[dict] = field(default_factory=list)  # plan.json entries of the rank's parts
+    allocator_peak_bytes: int | None = None  # `profile` runs: the CPU allocator's own count
 
 
 class _Categories:
@@ -107,6 +110,9 @@ def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
 
 
 class _allocator_counter:
+    """Bytes the CPU allocator hands out over a block, from the profiler's memory events:
+    `peak()` is the most allocated at once beyond what was allocated at the start."""
+
     def __enter__(self):
         from torch.profiler import ProfilerActivity, profile
         self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -125,6 +131,27 @@ class _allocator_counter:
         return top
 
 
+def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    if runner.pipeline is None:
+        roots = [m for m in parts.modules if isinstance(m, FSDPModule)]
+        if len(roots) == len(parts.modules):
+            for m in roots:
+                m._get_fsdp_state()._lazy_init()
+        else:  # DDP / SimpleFSDP / replicate: a whole first micro-batch, as training does
+            runner.forward_backward([batch])
+        return
+    mb = cfg.parallelism.pipeline_parallel_microbatch_size
+    inputs, labels = batch[0][:mb], batch[1][:mb]
+    layout = parts.layout
+    args = (inputs,) if 0 in parts.stage_ids else ()
+    target = labels if layout.num_stages - 1 in parts.stage_ids else None
+    init = getattr(runner.pipeline, "_initialize_stages", None) or runner.pipeline._initialize_stage
+    with startup.patched(), loss_parallel_context(runner.loss_parallel):
+        init(args, {}, target)
+
+
 def _storages(tensors):
     for t in tensors:
         if isinstance(t, DTensor):
@@ -134,14 +161,19 @@ def _storages(tensors):
 
 
 def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
-                     startup: fake_paths.PipelineStartup, ep_skew: float = 1.0, profile: bool = False) -> StepMemory:
+                     startup: fake_paths.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
+                     free_bytes: int = 0, budget_note: str = "") -> StepMemory:
     """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
-    first data/tensor/expert-parallel coordinate (the others hold the same shapes)."""
+    first data/tensor/expert-parallel coordinate (the others hold the same shapes).
+
+    profile=True is the deterministic reference the tests compare with: the same step on
+    REAL tensors (on the fake process group: collectives move nothing), measured by the CPU
+    allocator's own events (torch profiler) as well as by the tracker."""
     fake_paths.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
         model = copy.deepcopy(model)
-    parts = build_parts(spec, model, dims, eager, target, pp_rank)
+    parts = build_parts(spec, model, dims, eager, target, pp_rank, free_bytes, budget_note)
     shape = batch_shape(cfg, dims.dp)
     t = cfg.training
     mode = FakeTensorMode(allow_non_fake_inputs=True) if not profile else contextlib.nullcontext()
@@ -175,18 +207,17 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:
             _label_pipeline_phases(pipeline, tracker)
-        # the first step also learns shapes and initialises FSDP lazily: run it untracked
-        with startup.patched():
-            runner.forward_backward(batches[:1])
-        for p in params:
-            p.grad = None
-
+        # what the first step does once: pipeline shape inference, FSDP2's lazy init (untracked)
+        _first_step_setup(runner, parts, batches[0], cfg, startup)
         del model
         gc.collect()
         states = [v for o in optimizers.optimizers for s in o.state.values() for v in s.values()]
         tracker.adopt(_storages(params), "parameters")
         tracker.adopt(_storages(states), "optimizer_states")
-        live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and (profile or isinstance(o, FakeTensor) and o.fake_mode is mode)]
+        with warnings.catch_warnings():  # isinstance on deprecated torch.distributed names warns
+            warnings.simplefilter("ignore")
+            live = [o for o in gc.get_objects()
+                    if isinstance(o, torch.Tensor) and (profile or isinstance(o, FakeTensor) and o.fake_mode is mode)]
         # FSDP2's unsharded parameters are freed storages (size 0) that it resizes to gather
         empty = [t for t in _storages(live) if t.untyped_storage().nbytes() == 0]
         tracker.adopt(empty, "unsharded_parameters")
@@ -203,25 +234,6 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             tracker.phase = "optimizer"
             optimizers.step()
     at_peak = tracker.breakdown_at_peak()
-    if profile:
-        import os
-        if os.environ.get("OPCMP"):
-            from collections import Counter
-            mine = Counter()
-            for serial, delta in tracker._log:
-                if delta > 0:
-                    mine[tracker._origin[serial].split(" @ ")[0].replace("aten.", "aten::").rsplit(".", 1)[0]] += delta
-            theirs = Counter()
-            for e in counter.prof.key_averages():
-                if e.cpu_memory_usage > 0:
-                    theirs[e.key] += e.self_cpu_memory_usage
-            for k in sorted(set(mine) | set(theirs), key=lambda k: -abs(theirs.get(k, 0) - mine.get(k, 0)))[:15]:
-                print("   OPCMP", k, theirs.get(k, 0), mine.get(k, 0))
-        if os.environ.get("DUMPLOG"):
-            for serial, delta in tracker._log:
-                o = tracker._origin[serial]
-                if "clip" in o and abs(delta) > 100000:
-                    print("   LOG", serial, delta, o)
-        print(f"[reference] allocator peak {(start + counter.peak()) / 2**20:.2f} MiB, tracker {tracker.peak / 2**20:.2f} MiB")
     return StepMemory(pp_rank, parts.stage_ids, tracker.peak, tracker.peak_phase,
-                      {k: at_peak.get(k, 0) for k in CATEGORIES}, start, plan_records(parts))
+                      {k: at_peak.get(k, 0) for k in CATEGORIES}, start, plan_records(parts),
+                      start + counter.peak() if profile else None)

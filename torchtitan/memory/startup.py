@@ -36,6 +36,8 @@ class StartupMemory:
     budget_bytes: int | None
     budget_origin: str
     refusal: list[str] = field(default_factory=list)  # one line per offending role; [] = may start
+    free_bytes: dict[int, int] = field(default_factory=dict)  # per pipeline rank, for reshard auto
+    budget_note: str = ""
 
     def role_of(self, rank: int) -> RolePrediction | None:
         return next((r for r in self.roles if rank in r.ranks), None)
@@ -56,7 +58,8 @@ def predict_before_start(argv: list[str], cfg, world: int, device_type: str) -> 
     data = json.loads(child.stdout.strip().splitlines()[-1])
     roles = [RolePrediction(r["role"], r["ranks"], r["pp_rank"], r["stages"], r["predicted_peak_bytes"],
                             r["worst_case_peak_bytes"], r["peak_at"], r["breakdown"]) for r in data["roles"]]
-    return StartupMemory(roles, data["budget_bytes"], data["budget_origin"], data["refusal"])
+    return StartupMemory(roles, data["budget_bytes"], data["budget_origin"], data["refusal"],
+                         {int(k): v for k, v in data["free_bytes"].items()}, data["budget_note"])
 
 
 def _predict(cfg, world: int, device_type: str) -> StartupMemory:
@@ -65,7 +68,7 @@ def _predict(cfg, world: int, device_type: str) -> StartupMemory:
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.dry_run import build_model
     from torchtitan.memory.fit import suggestions
-    from torchtitan.memory.predict import predict_roles
+    from torchtitan.memory.predict import predict
 
     budget = memory_budget(cfg, ranks_on_this_node(world), started_rank=True)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
@@ -73,8 +76,10 @@ def _predict(cfg, world: int, device_type: str) -> StartupMemory:
         dims = ParallelDims.from_config(cfg, world)
         dims.build_mesh("cpu")
         spec, model, args = build_model(cfg)
-        roles, _ = predict_roles(spec, model, dims, cfg, device_type, args)
-        out = StartupMemory(roles, None if budget is None else budget.bytes, "" if budget is None else budget.origin)
+        prediction = predict(spec, model, dims, cfg, device_type, args, None if budget is None else budget.bytes)
+        roles = prediction.roles
+        out = StartupMemory(roles, None if budget is None else budget.bytes, "" if budget is None else budget.origin,
+                            free_bytes=prediction.free_bytes, budget_note=prediction.budget_note)
         over = [r for r in roles if budget is not None and r.predicted_peak_bytes > budget.bytes]
         if over and not cfg.job.allow_over_budget:
             fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes)
@@ -103,7 +108,8 @@ def main() -> None:
     cfg = load_config_or_exit(sys.argv[1:], world, quiet=True)
     out = _predict(cfg, world, os.environ["TITAN_PREDICT_DEVICE"])
     print(json.dumps({"roles": [{**r.record(), "pp_rank": r.pp_rank} for r in out.roles],
-                      "budget_bytes": out.budget_bytes, "budget_origin": out.budget_origin, "refusal": out.refusal}))
+                      "budget_bytes": out.budget_bytes, "budget_origin": out.budget_origin, "refusal": out.refusal,
+                      "free_bytes": out.free_bytes, "budget_note": out.budget_note}))
 
 
 def share(startup: StartupMemory | None) -> StartupMemory | None:

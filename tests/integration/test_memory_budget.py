@@ -1,0 +1,59 @@
+"""The memory budget at work: a job over it stops before its first step with the changes
+that would fit; a job under it logs its predicted peak after step 2; the dry run's fit
+search. (The prediction's accuracy: tests/unit/test_memory_prediction.py and
+scripts/memory_check.py.)"""
+
+import json
+import re
+
+import run_tests
+
+TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=2", "--training.steps=2",
+        "--training.device=cpu", "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false"]
+
+
+def test_a_job_over_the_budget_stops_before_its_first_step(tmp_path):
+    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--parallelism.memory_budget_gib=0.005"],
+                                  str(tmp_path / "ranks"))
+    assert rc == 2, out[-3000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("error: role")]
+    assert len(lines) == 1, out[-3000:]
+    assert re.match(r"error: role all \(ranks 0,1\): predicted peak \d+\.\d\d GiB > memory budget 0\.00 GiB"
+                    r" \(--parallelism\.memory_budget_gib\)(; would fit: .*|; nothing tried fits: .*);"
+                    r" or --job\.allow_over_budget=true to start anyway$", lines[0]), lines[0]
+    assert "step 1/" not in out
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_budget_that_a_change_meets_names_the_change(tmp_path):
+    # tiny Llama3, 2 ranks, local batch 8: full AC or a smaller local batch fits 14 MiB
+    rc, _, out = run_tests.launch(2, [*TINY, "--training.local_batch_size=8", f"--job.dump_folder={tmp_path}",
+                                      "--parallelism.memory_budget_gib=0.0135"], str(tmp_path / "ranks"))
+    assert rc == 2, out[-3000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("error: role"))
+    assert "would fit: " in line and "--training.local_batch_size=" in line, line
+
+
+def test_allowed_over_budget_trains_and_reports_its_prediction(tmp_path):
+    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--parallelism.memory_budget_gib=0.005",
+                                      "--job.allow_over_budget=true"], str(tmp_path / "ranks"))
+    assert rc == 0, out[-3000:]
+    assert re.search(r"\[torchtitan\] memory, rank 0 \(role all\): predicted peak \d+\.\d{3} GiB \(at [a-z]+\),"
+                     r" measured n/a \(on CPU: --metrics\.cpu_memory_peak=true\)", out), out[-3000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    (role,) = plan["memory_per_rank_role"]
+    assert role["ranks"] == [0, 1] and role["predicted_peak_bytes"] == sum(role["breakdown"].values())
+
+
+def test_dry_run_fit_search(tmp_path):
+    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--job.dry_run=true",
+                                      "--job.fit=local_batch_size", "--parallelism.memory_budget_gib=0.02"],
+                                  str(tmp_path / "ranks"))
+    assert rc == 0, out[-3000:]
+    assert "gradient accumulation held at 1 step(s), so the global batch grows with it" in out
+    fit = json.loads((tmp_path / "plan.json").read_text())["fit"]
+    values = {mode: row["value"] for mode, row in fit["by_ac_mode"].items()}
+    assert list(values) == ["none", "op SAC", "layer SAC (every 2nd)", "full"]
+    assert all(v >= 1 for v in values.values()) and values["full"] >= values["none"]
+    for row in fit["by_ac_mode"].values():
+        assert row["predicted_peak_bytes"] <= fit["budget_bytes"]
