@@ -21,7 +21,7 @@ from torchtitan.components.dataloader import build_dataloader
 from torchtitan.components.datasets import DataError
 from torchtitan.components.expert_balance import ExpertBalancer
 from torchtitan.components.hf_weights import HFExportError, HFSpec
-from torchtitan.components.metrics import MetricsLogger, memory_stats, peak_tflops, reset_memory_peak
+from torchtitan.components.metrics import MetricsLogger, StepMemory, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
@@ -62,10 +62,11 @@ class Trainer:
         startup = predict_before_start(argv or [], cfg, world, self.device.type) if first else None
         init_distributed(self.device, cfg.comm.timeout_seconds)
         self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.memory = share(startup) if cfg.parallelism.memory_budget_gib != -1 else None
-        if self.memory is not None and self.memory.refusal:
-            raise MemoryBudgetError("\n".join(self.memory.refusal))
+        self.predicted = share(startup) if cfg.parallelism.memory_budget_gib != -1 else None
+        if self.predicted is not None and self.predicted.refusal:
+            raise MemoryBudgetError("\n".join(self.predicted.refusal))
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
+        self.memory = StepMemory(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank)
         torch.manual_seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -90,9 +91,9 @@ class Trainer:
         self.held_bytes = 0
         self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
         pp_rank = self.dims.pp_rank()
-        free = self.memory.free_bytes.get(pp_rank, 0) if self.memory is not None else 0
+        free = self.predicted.free_bytes.get(pp_rank, 0) if self.predicted is not None else 0
         parts = build_parts(spec, model, self.dims, cfg, self.device.type, pp_rank, free,
-                            self.memory.budget_note if self.memory is not None else "")
+                            self.predicted.budget_note if self.predicted is not None else "")
         self.param_dtype = parts.param_dtype
         self._report_plan(parts)
         for part in parts.modules:
@@ -167,8 +168,9 @@ class Trainer:
             path = write_plan_json(
                 self.cfg.job.dump_folder, self.dims.world_size, self.dims.mesh_shape, records,
                 {"reshard_after_forward": p.reshard_after_forward,
-                 "memory_budget_bytes": self.memory.budget_bytes if self.memory is not None else None,
-                 "memory_per_rank_role": [r.record() for r in self.memory.roles] if self.memory is not None else None},
+                 "memory_budget_bytes": self.predicted.budget_bytes if self.predicted is not None else None,
+                 "memory_per_rank_role": ([r.record() for r in self.predicted.roles]
+                                          if self.predicted is not None else None)},
             )
             self.log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
                      + compress_table(plan_table(records)))
@@ -176,7 +178,7 @@ class Trainer:
     def _log_memory_error(self, memory: dict) -> None:
         """Predicted vs measured peak of this rank, once (after step 2), so every run reports
         the prediction's error."""
-        role = self.memory.role_of(self.rank) if self.memory is not None else None
+        role = self.predicted.role_of(self.rank) if self.predicted is not None else None
         if role is None:
             return
         predicted = role.predicted_peak_bytes / 2**30
@@ -286,7 +288,7 @@ class Trainer:
             return
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
                             self.train_state.step, self.cfg.training.steps, self.log)
-        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler:
+        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory:
             self._train_loop(profiler)
         self.metrics.close()
         self.checkpoint.close()
@@ -304,12 +306,13 @@ class Trainer:
             start = time.perf_counter()
             batches = [next(data) for _ in range(self.accum_steps)]
             lr = self.optimizers.last_lr()
-            reset_memory_peak(self.device)
+            self.memory.begin()
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
             self.activity = f"step {step}"
             with profiler.step(step):
                 loss, grad_norm, moe = self.train_step(batches)
+            memory = self.memory.end(step)
             comm = {}
             if self.comm is not None:
                 counts, nbytes = self.comm.reset()
@@ -317,7 +320,6 @@ class Trainer:
             self.train_state.step = step
             self.train_state.tokens_seen += tokens_per_step
             step_time = time.perf_counter() - start
-            memory = memory_stats(self.device)
             if step % self.cfg.metrics.log_freq == 0 or step == t.steps:
                 tps = tokens_per_step / step_time
                 per_device = tps / self.dims.world_size

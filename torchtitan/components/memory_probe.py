@@ -1,14 +1,22 @@
 """Bytes held for backward: what forward leaves alive for backward to use.
 
 A TorchDispatchMode active during one micro-batch's forward (and loss) records a weak
-reference to the storage of every tensor an op creates, parameter all-gather buffers
+reference to the storage of every tensor an op returns, parameter all-gather buffers
 included. Right before backward, the storages still alive are what autograd saved, what
 selective checkpointing cached, and gathered parameters kept for backward; their current
 sizes (a freed FSDP2 buffer has size 0) are summed, each storage once. Ops that compiled
 graphs run inside their own kernels are not seen: measure in eager mode.
+
+An op's output may be a view of a tensor that existed before the forward: SimpleFSDP reads
+its DTensor parameters' local shards through `to_local()`, a view. The storages of the
+`persistent` tensors (the model's parameters and buffers) that hold data when the forward
+starts and still hold the same data before backward live on after the step whatever
+backward needs, so they are not counted. A persistent storage that gets its data during the
+forward (FSDP2's unsharded parameters, resized from 0 bytes) is counted.
 """
 
 import weakref
+from typing import Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -16,12 +24,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
 class HeldForBackward(TorchDispatchMode):
     supports_higher_order_operators = True
 
-    def __init__(self):
+    def __init__(self, persistent: Iterable[torch.Tensor] = ()):
         super().__init__()
         self._storages: dict[int, weakref.ref] = {}
+        self._persistent = [_local(t) for t in persistent]
+        self._before: list[tuple[torch.Tensor, int]] = []  # (persistent tensor, its data address at entry)
+
+    def __enter__(self):
+        self._before = [(t, t.untyped_storage().data_ptr()) for t in self._persistent
+                        if t.device.type != "meta" and t.untyped_storage().nbytes() > 0]
+        return super().__enter__()
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -39,7 +58,9 @@ class HeldForBackward(TorchDispatchMode):
         return out
 
     def held_bytes(self) -> int:
-        seen, total = set(), 0
+        # persistent storages unchanged since entry (same data address): alive anyway
+        seen = {ptr for t, ptr in self._before if t.untyped_storage().data_ptr() == ptr}
+        total = 0
         for ref in self._storages.values():
             storage = ref()
             if storage is None:

@@ -1,7 +1,8 @@
 """Per-step metrics: the console line (with ETA), TensorBoard scalars and metrics.jsonl.
 
-Only the logging rank writes files. metrics.jsonl holds one JSON object per logged step;
+Only the logging rank writes these files. metrics.jsonl holds one JSON object per logged step;
 scripts/plot_loss.py and the tests read its keys (step, loss, grad_norm, lr, tokens_per_sec).
+Every rank writes its own memory peak per step (StepMemory: memory/rank<r>.jsonl).
 """
 
 import json
@@ -10,7 +11,9 @@ import time
 
 import torch
 
+from torchtitan.components.cpu_memory import CpuPeakMeter
 from torchtitan.components.peak_flops import peak_bf16_tflops
+
 
 def peak_tflops(device: torch.device, configured: float) -> float | None:
     """--metrics.peak_tflops, else the GPU's dense bf16 peak from its exact name; None on CPU
@@ -22,16 +25,20 @@ def peak_tflops(device: torch.device, configured: float) -> float | None:
     return peak_bf16_tflops(torch.cuda.get_device_name(device))
 
 
-def reset_memory_peak(device: torch.device) -> None:
-    """Start a step's memory peak (CUDA); CPU has no resettable peak."""
+def reset_memory_peak(device: torch.device, meter: CpuPeakMeter | None = None) -> None:
+    """Start a step's memory peak: CUDA's allocator statistics, or the CPU meter's window."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    elif meter is not None:
+        meter.begin_step()
 
 
-def memory_stats(device: torch.device) -> dict:
+def memory_stats(device: torch.device, peak_bytes: int | None = None) -> dict:
     """This step's memory. CUDA: the peak of tensor memory allocated and of memory the caching
     allocator reserved since reset_memory_peak. CPU: the process's resident set at the end of
-    the step (the OS keeps no per-step peak) - another quantity, hence another key."""
+    the step (the OS keeps no per-step peak) - another quantity, hence another key - and, with
+    --metrics.cpu_memory_peak, `peak_bytes` (the CPU meter's peak of allocated tensor bytes)
+    under CUDA's key."""
     if device.type == "cuda":
         return {"memory_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
                 "memory_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
@@ -42,13 +49,66 @@ def memory_stats(device: torch.device) -> dict:
         import resource
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"memory_rss_gib": rss / 2**30}
+    peak = {} if peak_bytes is None else {"memory_peak_allocated_gib": peak_bytes / 2**30}
+    return {**peak, "memory_rss_gib": rss / 2**30}
 
 
 def _memory_text(values: dict) -> str:
-    if "memory_peak_allocated_gib" in values:
+    if "memory_peak_reserved_gib" in values:
         return f"mem {values['memory_peak_allocated_gib']:.2f}/{values['memory_peak_reserved_gib']:.2f}GiB"
-    return f"rss {values['memory_rss_gib']:.2f}GiB"
+    peak = f"mem {values['memory_peak_allocated_gib']:.3f}GiB  " if "memory_peak_allocated_gib" in values else ""
+    return f"{peak}rss {values['memory_rss_gib']:.2f}GiB"
+
+
+class StepMemory:
+    """Each step's memory figures, and every rank's own peak file.
+
+    `begin()` before a training step, `end(step)` after it: returns memory_stats' keys. Where a
+    peak is measured (CUDA always; CPU with --metrics.cpu_memory_peak, see cpu_memory.py), every
+    rank appends {"step": N, "peak_allocated_bytes": int} to <dump_folder>/memory/rank<r>.jsonl
+    (metrics.jsonl is rank 0's only), opened at the first step, which drops the records from
+    that step on (a resumed run trains them again). Create it early: the CPU meter counts the
+    frees of blocks allocated after it was created."""
+
+    def __init__(self, device: torch.device, cpu_peak: bool, dump_folder: str, rank: int):
+        self.device = device
+        self.meter = CpuPeakMeter() if cpu_peak and device.type == "cpu" else None
+        self.file = None
+        self.path = None
+        if device.type == "cuda" or self.meter is not None:
+            self.path = os.path.join(dump_folder, "memory", f"rank{rank}.jsonl")
+
+    def begin(self) -> None:
+        reset_memory_peak(self.device, self.meter)
+
+    def end(self, step: int) -> dict:
+        peak = None
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self.meter is not None:
+            peak = self.meter.end_step()
+        if self.path is not None:
+            if self.file is None:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                _truncate_after(self.path, step - 1)
+                self.file = open(self.path, "a")
+            self.file.write(json.dumps({"step": step, "peak_allocated_bytes": peak}) + "\n")
+            self.file.flush()
+        return memory_stats(self.device, peak)
+
+    def close(self) -> None:
+        if self.meter is not None:
+            self.meter.close()
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> "StepMemory":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
 
 
 def _fmt_duration(seconds: float) -> str:

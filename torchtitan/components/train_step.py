@@ -60,7 +60,8 @@ class StepRunner:
                 if self.pipeline is not None:
                     loss_sum += self.pipeline_losses(inputs, labels)
                     continue
-                probe = HeldForBackward() if self.held_for_backward and first else contextlib.nullcontext()
+                probe = (HeldForBackward(self._persistent()) if self.held_for_backward and first
+                         else contextlib.nullcontext())
                 self._phase("forward")
                 with probe:
                     logits = self.model_parts[0](inputs)
@@ -79,6 +80,10 @@ class StepRunner:
                 if aux is not None:
                     aux_sum += aux.detach() / self.accum_steps
         return loss_sum, aux_sum
+
+    def _persistent(self) -> list[torch.Tensor]:
+        """Parameters and buffers: they live from step to step, not held for backward."""
+        return [t for m in self.model_parts for t in (*m.parameters(), *m.buffers())]
 
     def pipeline_losses(self, inputs, labels, train: bool = True) -> torch.Tensor:
         """Run the schedule (forward only unless `train`) over one local batch; return its

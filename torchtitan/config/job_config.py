@@ -330,8 +330,9 @@ class Metrics:
     cpu_memory_peak: bool = False
     """On CPU, measure each step's peak of allocated tensor bytes (the analogue of CUDA's
     max_memory_allocated) with the torch profiler's allocator events and log it as
-    memory_peak_allocated_gib. Off by default: it slows the step, and only one profiler runs
-    at a time, so it cannot be combined with profiling.enable_profiling."""
+    memory_peak_allocated_gib; every rank also writes its peaks to <dump_folder>/memory/rank<r>.jsonl
+    (as every CUDA run does). Off by default: it slows the step (~10%), and only one profiler
+    runs at a time, so it cannot be combined with profiling.enable_profiling."""
 
     peak_tflops: float = 0.0
     """Peak dense TFLOPS of one device for the MFU estimate; 0 = known GPU table, none on CPU."""

@@ -153,7 +153,7 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
 
 
 def check_validation_and_profiling(cfg: JobConfig) -> None:
-    """[validation] and [profiling] counts."""
+    """[validation] and [profiling] counts; the profiler has one user."""
     for key, value in (("validation.freq", cfg.validation.freq), ("validation.steps", cfg.validation.steps),
                        ("profiling.profile_freq", cfg.profiling.profile_freq)):
         if value < 1:
@@ -163,6 +163,11 @@ def check_validation_and_profiling(cfg: JobConfig) -> None:
         path = os.path.join(cfg.job.dump_folder, getattr(p, key))
         if enabled and os.path.isfile(path):
             raise ConfigError(f"--profiling.{key}: '{path}' is a file; give a folder name (relative to --job.dump_folder)")
+    if cfg.metrics.cpu_memory_peak and p.enable_profiling and cfg.training.device != "cuda":
+        raise ConfigError(
+            "--metrics.cpu_memory_peak=true and --profiling.enable_profiling=true cannot run together (only one"
+            " torch profiler runs in a process): set one of them to false"
+        )
 
 
 def check_fsdp_policies(cfg: JobConfig) -> None:

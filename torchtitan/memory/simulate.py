@@ -33,6 +33,7 @@ from torchtitan.distributed.model_parts import build_parts, plan_records
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_parallel import build_pipeline
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
+from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.utils import clip_grad_norm_
 from torchtitan.memory import fake_paths
 from torchtitan.memory.tracker import LiveBytes
@@ -46,6 +47,15 @@ _A2A = {_fc.all_to_all_single.default}
 CATEGORIES = ("parameters", "optimizer_states", "gradients", "unsharded_parameters", "activations",
               "logits_and_loss", "backward_transients", "ep_dispatch", "pipeline_buffers",
               "optimizer_transients", "inputs_and_buffers")
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# SimpleFSDP's gather (one custom op: cast + concat, all-gather, copy-out) holds its flat
+# gathered buffer (the size of its outputs) while it copies the outputs out of it.
+_WORKSPACES = {GATHER_OP: _nbytes}
 
 
 @dataclass
@@ -178,7 +188,7 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
     t = cfg.training
     mode = FakeTensorMode(allow_non_fake_inputs=True) if not profile else contextlib.nullcontext()
     device = torch.device("cpu")
-    tracker = LiveBytes(_Categories(set(dims.fsdp_group_names())), None if profile else mode)
+    tracker = LiveBytes(_Categories(set(dims.fsdp_group_names())), None if profile else mode, _WORKSPACES)
     with mode:
         for m in parts.modules:
             m.to_empty(device=device)

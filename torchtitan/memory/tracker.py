@@ -11,8 +11,9 @@ Every change is logged, so the breakdown at the peak is rebuilt afterwards with 
 storage's final category (a storage made in backward that ends up as a parameter's `.grad`
 is relabelled a gradient after the fact, yet counted as one at the peak).
 
-It does not see memory a kernel allocates and frees inside itself (workspaces), nor memory
-outside torch's allocator (e.g. gloo's own buffers).
+It does not see memory a kernel allocates and frees inside itself, except what `workspaces`
+names (our own composite ops, e.g. SimpleFSDP's gather: its flat gathered buffer), nor
+memory outside torch's allocator (e.g. gloo's own buffers).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from torch.utils._pytree import tree_leaves
 class LiveBytes(TorchDispatchMode):
     supports_higher_order_operators = True
 
-    def __init__(self, categorize: Callable[..., str], fake_mode=None):
+    def __init__(self, categorize: Callable[..., str], fake_mode=None, workspaces: dict | None = None):
         super().__init__()
+        # op -> f(outputs) = bytes the op's kernel holds besides its outputs at its peak
+        self.workspaces = workspaces or {}
         self.fake_mode = fake_mode  # count fake tensors of this mode only (None: real tensors only)
         self.categorize = categorize  # (op or None, phase, args) -> category
         self.phase = "setup"
@@ -85,6 +88,17 @@ class LiveBytes(TorchDispatchMode):
                 t = t._local_tensor
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self._add(t.untyped_storage(), category)
+
+    def bump(self, nbytes: int, category: str) -> None:
+        """A transient the dispatcher does not see (inside a kernel), at this moment only."""
+        if nbytes <= 0:
+            return
+        serial = len(self._category)
+        self._category[serial] = category
+        self._origin[serial] = f"workspace @ {self.phase}"
+        self._size[serial] = 0
+        self._moved(serial, nbytes)
+        self._moved(serial, -nbytes)
 
     def relabel(self, tensors, category: str) -> None:
         for t in tensors:
@@ -161,4 +175,6 @@ class LiveBytes(TorchDispatchMode):
                 if id(storage) not in self._serial:
                     category = category or self.categorize(func, self.phase, args)
                     self._add(storage, category, f"{func} @ {self.phase}")
+        if func in self.workspaces:
+            self.bump(self.workspaces[func](out), category or self.categorize(func, self.phase, args))
         return out
