@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from torchtitan.config import ConfigError, load_config
 from torchtitan.memory.fake_paths import planned_splits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,3 +71,15 @@ def test_planned_expert_parallel_splits(rows, world, skew, send, recv):
     got_send, got_recv = planned_splits(rows, world, 0, skew)
     assert (got_send, got_recv) == (send, recv)
     assert sum(got_send) == rows
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--job.fit=local_batch_size"],
+     "--job.fit=local_batch_size searches with the prediction of a dry run; add --job.dry_run=true"),
+    (["--moe.memory_skew=0.5"], "--moe.memory_skew=0.5: must be >= 1 (1 = balanced routing; the expert-parallel"
+                                " degree = every token copy on one rank)"),
+])
+def test_bad_memory_keys_are_one_line(argv, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(argv, 1)
+    assert str(info.value) == message

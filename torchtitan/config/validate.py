@@ -53,6 +53,7 @@ def validate(cfg: JobConfig, world_size: int) -> None:
     check_inputs(cfg, args, global_batch)
     check_fsdp_policies(cfg)
     check_outputs(cfg, world_size, global_batch)
+    check_memory_keys(cfg)
     check_model_states(cfg, args, world_size)
 
 
@@ -344,6 +345,16 @@ def check_hf_export(cfg: JobConfig) -> None:
     if os.path.exists(target) and not cfg.checkpoint.enable:
         raise ConfigError(f"--checkpoint.last_save_in_hf: '{target}' already exists (nothing is overwritten); move it"
                           " away or pick another --job.dump_folder")
+
+
+def check_memory_keys(cfg: JobConfig) -> None:
+    """job.fit and moe.memory_skew (the memory prediction's own keys)."""
+    if cfg.job.fit and not cfg.job.dry_run:
+        raise ConfigError(f"--job.fit={cfg.job.fit} searches with the prediction of a dry run; add --job.dry_run=true")
+    skew = cfg.moe.memory_skew
+    if not (1 <= skew < math.inf):
+        raise ConfigError(f"--moe.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
+                          " = every token copy on one rank)")
 
 
 def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
