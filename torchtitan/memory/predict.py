@@ -15,15 +15,13 @@ routed to one rank's experts) is simulated beside it.
 from __future__ import annotations
 
 import copy
-import os
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from torchtitan.distributed.parallel_dims import MeshDim, ParallelDims
-from torchtitan.memory.fake_paths import PipelineStartup
-from torchtitan.memory.simulate import CATEGORIES, simulate_pp_rank
+from torchtitan.memory import runner, shortcuts
+from torchtitan.memory.simulate import CATEGORIES
 
 GIB = 2**30
 
@@ -95,97 +93,52 @@ def _stages(roles: list[RolePrediction], pp_rank: int) -> list[int]:
     return next(r.stage_ids for r in roles if r.pp_rank == pp_rank)
 
 
-# Above this many block-microbatches per rank a step is simulated with 1 and 2 blocks per
-# stage and extrapolated linearly to the real count (see `_reduced`); below it, exactly.
-EXACT_LIMIT = int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT", "48"))  # (checked against exact: README)
-
-
-def _blocks_per_stage(cfg, dims: ParallelDims, args) -> tuple[list[list[int]], object]:
-    """Per pipeline rank, the block counts of its stages; and the layout (None without PP)."""
-    from torchtitan.distributed.model_parts import pipeline_layout
-
-    layout = pipeline_layout(cfg, dims, args.n_layers)
-    if layout is None:
-        return [[args.n_layers]], None
-    return [[len(layout.stages[s]) for s in layout.stage_ids(r)] for r in range(dims.pp)], layout
-
-
-def _reduced(cfg, args, layout, k: int):
-    """The job with k blocks per stage (same stages, schedule, batch), or None when a stage
-    mixes block kinds (DeepSeek-V3's dense prefix must fill whole stages)."""
-    dense = getattr(args, "n_dense_layers", 0)
-    stages = layout.stages if layout is not None else (tuple(range(args.n_layers)),)
-    kinds = [{i < dense for i in st} for st in stages]
-    if any(len(kind) > 1 for kind in kinds):
-        return None
-    new_dense = k * sum(1 for kind in kinds if kind == {True})
-    n = k * len(stages)
-    small = dataclasses.replace(args, n_layers=n, **({"n_dense_layers": new_dense} if dense else {}))
-    if layout is None:
-        return cfg, small
-    p = dataclasses.replace(cfg.parallelism, pipeline_parallel_layers_per_stage=k, pipeline_parallel_split_points=[])
-    return dataclasses.replace(cfg, parallelism=p), small
-
-
 def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free: dict[int, int] | None = None,
                   note: str = "") -> tuple[list[RolePrediction], list[dict]]:
-    """Every role's peak, and the plan.json entries of every stage. Large jobs are simulated
-    at 1 and 2 blocks per stage and extrapolated (every quantity a step holds grows linearly
-    with the blocks of a stage: parameters, states, saved activations, gathered units)."""
+    """Every role's peak, and the plan.json entries of every stage. What is simulated and
+    what is derived from simulations (large jobs, middle pipeline ranks): shortcuts.py."""
     from torchtitan.distributed.model_parts import resolve_parts
     from torchtitan.dtypes import param_dtype
 
-    counts, layout = _blocks_per_stage(cfg, dims, args)
-    microbatches = (layout is not None and cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size) or 1
-    work = max(sum(c) for c in counts) * microbatches
-    small = [_reduced(cfg, args, layout, k) for k in (1, 2)] if work > EXACT_LIMIT and not free else [None]
-    if any(x is None for x in small):
-        return _predict_exact(spec, model, dims, cfg, target, args, free or {}, note)
-    (cfg1, args1), (cfg2, args2) = small
-    with torch.device("meta"):
-        model1, model2 = spec.model_cls(args1), spec.model_cls(args2)
-    roles1, _ = _predict_exact(spec, model1, dims, cfg1, target, args1, {}, note)
-    roles2, _ = _predict_exact(spec, model2, dims, cfg2, target, args2, {}, note)
-    roles = []
-    for r1, r2, c in zip(roles1, roles2, counts):
-        x = sum(c) / len(c) - 1  # blocks per stage beyond the 1-block simulation
+    free = free or {}
+    variants = shortcuts.variants(spec, model, dims, cfg, args, bool(free))
+    moe = dims.ep > 1 and cfg.moe.memory_skew < dims.ep
+    job = runner.Job(spec, dims, target, variants, free, note)
+    plans = [shortcuts.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
 
-        def line(a: int, b: int) -> int:
-            return max(0, round(a + x * (b - a)))
+    def tasks(v: int, ranks) -> list[runner.Task]:
+        return [runner.Task(v, r, worst) for r in ranks for worst in ((False, True) if moe else (False,))]
 
-        roles.append(RolePrediction(r2.role, r2.ranks, r2.pp_rank, r2.stage_ids,
-                                    line(r1.predicted_peak_bytes, r2.predicted_peak_bytes),
-                                    line(r1.worst_case_peak_bytes, r2.worst_case_peak_bytes),
-                                    f"{r2.peak_at} (extrapolated from 1 and 2 blocks per stage)",
-                                    {k: line(r1.breakdown.get(k, 0), r2.breakdown.get(k, 0)) for k in r2.breakdown}))
+    steps = runner.run(job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)])
+    per_variant = []
+    for v, plan in enumerate(plans):
+        def role(r: int) -> RolePrediction:
+            planned = steps[runner.Task(v, r, False)]
+            worst = steps.get(runner.Task(v, r, True), planned)
+            return RolePrediction(f"pp{r}" if dims.pp > 1 else "all", ranks_of_pp_rank(dims, r), r, planned.stage_ids,
+                                  planned.peak_bytes, max(worst.peak_bytes, planned.peak_bytes), planned.peak_at,
+                                  planned.breakdown)
+
+        roles = {r: role(r) for r in plan.simulated}
+        if plan.derived and not shortcuts.interpolable(roles, plan):
+            steps.update(runner.run(job, tasks(v, plan.derived)))
+            roles.update({r: role(r) for r in plan.derived})
+        for r in plan.derived:
+            roles.setdefault(r, shortcuts.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
+        per_variant.append([roles[r] for r in range(dims.pp)])
     dtype = param_dtype(cfg.training.mixed_precision_param, target)
+    if len(variants) == 1:
+        records = []
+        for r in range(dims.pp):
+            step = steps.get(runner.Task(0, r, False))
+            records += step.plan_records if step is not None else [
+                p.record() for p in resolve_parts(spec, model, dims, cfg, dtype, r, free.get(r, 0), note).plans]
+        return per_variant[0], records
+    counts = shortcuts.blocks_per_stage(cfg, dims, args)
+    roles = [shortcuts.extrapolated(r1, r2, c) for r1, r2, c in zip(*per_variant, counts)]
     records = [plan.record() for r in range(dims.pp)
                for plan in resolve_parts(spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, dtype, r).plans]
     return roles, records
-
-
-def _predict_exact(spec, model, dims: ParallelDims, cfg, target: str, args, free: dict[int, int],
-                   note: str) -> tuple[list[RolePrediction], list[dict]]:
-    """Every role simulated whole (in pipeline-rank order: stage 0's boundary tensors are
-    learnt first)."""
-    startup = PipelineStartup()
-    worst_startup = PipelineStartup()
-    skew = cfg.moe.memory_skew
-    moe = dims.ep > 1
-    out, records = [], []
-    for pp_rank in range(dims.pp):
-        planned = simulate_pp_rank(spec, model, dims, cfg, target, pp_rank, args, startup, ep_skew=skew,
-                                   free_bytes=free.get(pp_rank, 0), budget_note=note)
-        worst = planned
-        if moe and skew < dims.ep:
-            worst = simulate_pp_rank(spec, model, dims, cfg, target, pp_rank, args, worst_startup, ep_skew=dims.ep,
-                                     free_bytes=free.get(pp_rank, 0), budget_note=note)
-        records += planned.plan_records
-        role = f"pp{pp_rank}" if dims.pp > 1 else "all"
-        out.append(RolePrediction(role, ranks_of_pp_rank(dims, pp_rank), pp_rank, planned.stage_ids,
-                                  planned.peak_bytes, max(worst.peak_bytes, planned.peak_bytes), planned.peak_at,
-                                  planned.breakdown))
-    return out, records
 
 
 def role_table(roles: list[RolePrediction], budget: int | None) -> str:
