@@ -119,7 +119,9 @@ class Trainer:
             )
         self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
         self.runner = StepRunner(self.model_parts, self.device, self.accum_steps, self.loss_parallel, self.pipeline,
-                                 self.layout, self.stage_ids, cfg.metrics.held_for_backward)
+                                 self.layout, self.stage_ids, cfg.metrics.held_for_backward,
+                                 bos_id=self.tokenizer.bos_id if cfg.model.attn_mask == "block_causal" else None,
+                                 cp=self.model_parts[0].context_parallel)
 
         self.balancer = None
         self.model_args_aux_loss = getattr(self.model_args, "aux_loss_coeff", 0.0) > 0
@@ -244,7 +246,7 @@ class Trainer:
         moe = self.balancer.step() if self.balancer is not None else {}
         if self.model_args_aux_loss:
             dist.all_reduce(aux_sum, group=self.dims.loss_group())
-            moe["aux_loss"] = aux_sum.item() / self.dims.dp
+            moe["aux_loss"] = aux_sum.item() / self.dims.dp_cp
         return loss, grad_norm, moe
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
@@ -252,7 +254,7 @@ class Trainer:
         if self.pipeline is not None:  # only the last stage computed a loss; the others add 0
             dist.all_reduce(loss_sum, group=self.dims.pp_group())
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.loss_group())
-        return loss_sum.item() / self.dims.dp
+        return loss_sum.item() / self.dims.dp_cp
 
     @torch.no_grad()
     def eval_step(self, batches) -> float:
@@ -260,11 +262,11 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         with loss_parallel_context(self.loss_parallel):
             for inputs, labels in batches:
-                inputs, labels = inputs.to(self.device), labels.to(self.device)
+                inputs, labels, kwargs = self.runner.prepare(inputs, labels)
                 if self.pipeline is not None:
-                    loss_sum += self.runner.pipeline_losses(inputs, labels, train=False)
+                    loss_sum += self.runner.pipeline_losses(inputs, labels, train=False, kwargs=kwargs)
                     continue
-                logits = self.model_parts[0](inputs)
+                logits = self.model_parts[0](inputs, **kwargs)
                 loss_sum += local_value(cross_entropy_loss(logits, labels) / self.accum_steps)
         return self._global_loss(loss_sum)
 

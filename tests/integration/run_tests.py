@@ -64,6 +64,7 @@ class Case:
     model: str = "llama3"  # each (model, dtype) has its own 1-rank reference
     dtype: str = "float32"  # parameter dtype (bfloat16: bf16 compute, fp32 gradient reduction)
     rtol: float = 1e-4  # largest relative loss / gradient-norm difference from the reference (fp32)
+    attn_mask: str = "causal"  # block_causal: against a block-causal 1-rank reference
     launcher: str | None = None  # None: launcher_name()'s choice ("fast" unless TITAN_TEST_LAUNCHER says)
 
 
@@ -79,8 +80,9 @@ def tolerance(case: "Case") -> float:
     return BF16_RTOL[DEVICE] if case.dtype == BF16 else case.rtol
 
 
-def reference_name(model: str, dtype: str) -> str:
-    return "reference" + ("" if model == "llama3" else f"_{model}") + ("" if dtype == "float32" else "_bf16")
+def reference_name(model: str, dtype: str, attn_mask: str = "causal") -> str:
+    return ("reference" + ("" if model == "llama3" else f"_{model}") + ("" if dtype == "float32" else "_bf16")
+            + ("" if attn_mask == "causal" else f"_{attn_mask}"))
 
 
 DS = "deepseek_v3"
@@ -90,6 +92,8 @@ COMM = "--metrics.comm_stats=true"
 
 PP = "--parallelism.pipeline_parallel_degree=2"
 TP = "--parallelism.tensor_parallel_degree=2"
+CP2 = "--parallelism.context_parallel_degree=2"
+BLOCK_CAUSAL = "--model.attn_mask=block_causal"
 
 
 def _schedule(name: str) -> str:
@@ -155,6 +159,17 @@ CASES = [
     Case("fsdp_compile", 2, ["--compile.enable=true"]),
     Case("fsdp_compile_ac_op", 2, ["--compile.enable=true", "--activation_checkpoint.mode=selective"], slow=True),
     # DeepSeek-V3 (tiny: MLA, 1 dense + 3 MoE blocks, 8 experts, group-limited top 2) with EP
+    # context parallel: each rank holds 2 of 2 x CP chunks of every sequence (global batch 8)
+    Case("cp2", 2, [CP2, "--training.local_batch_size=8"]),
+    Case("cp2+fsdp", 4, [CP2, "--training.local_batch_size=4"]),
+    Case("cp2+tp", 4, [CP2, TP, "--training.local_batch_size=8"], slow=True),
+    Case("pp+cp2", 4, [PP, CP2, "--training.local_batch_size=8"], slow=True),
+    Case("cp4+fsdp", 8, ["--parallelism.context_parallel_degree=4", "--training.local_batch_size=4"], slow=True),
+    Case("simple_fsdp+cp2_op_sac", 2, ["--parallelism.fsdp_implementation=simple_fsdp", CP2,
+                                      "--activation_checkpoint.mode=selective", "--training.local_batch_size=8"],
+         slow=True),
+    Case("block_causal_cp2", 2, [BLOCK_CAUSAL, CP2, "--training.local_batch_size=8"], attn_mask="block_causal"),
+    Case("deepseek_cp2+ep", 4, [CP2, EP, "--training.local_batch_size=4"], model=DS, slow=True),
     Case("deepseek_fsdp", 2, [], model=DS, slow=True),
     Case("deepseek_ddp", 2, ["--parallelism.data_parallel_replicate_degree=2",  # experts replicated first
                              "--parallelism.data_parallel_shard_degree=1"], model=DS),
@@ -338,9 +353,9 @@ def main(argv=None) -> int:
     print(f"device {args.device}" + (f" ({gpus} GPUs)" if args.device == "cuda" else "") + f", runs in {out}")
 
     references = {}
-    for model, dtype in dict.fromkeys((c.model, c.dtype) for c in cases if not skipped[c.name]):
-        name = reference_name(model, dtype)
-        rc, secs, log = run(1, [], os.path.join(out, name), model=model, dtype=dtype)
+    for model, dtype, mask in dict.fromkeys((c.model, c.dtype, c.attn_mask) for c in cases if not skipped[c.name]):
+        name = reference_name(model, dtype, mask)
+        rc, secs, log = run(1, [f"--model.attn_mask={mask}"], os.path.join(out, name), model=model, dtype=dtype)
         if rc != 0:
             print(log[-3000:])
             print(f"error: the 1-rank {model} {dtype} reference run failed", file=sys.stderr)
@@ -358,7 +373,7 @@ def main(argv=None) -> int:
         rc, secs, log = run(case.ngpu, case.overrides, dump, model=case.model, dtype=case.dtype,
                             launcher=case.launcher)
         losses = read_losses(dump) if rc == 0 and os.path.exists(os.path.join(dump, "metrics.jsonl")) else []
-        ref_losses, ref_norms = references[reference_name(case.model, case.dtype)]
+        ref_losses, ref_norms = references[reference_name(case.model, case.dtype, case.attn_mask)]
         diff = max_rel_diff(losses, ref_losses) if losses else float("inf")
         norm_diff = max_rel_diff(read_grad_norms(dump), ref_norms) if losses else float("inf")
         ok = rc == 0 and max(diff, norm_diff) <= tolerance(case)

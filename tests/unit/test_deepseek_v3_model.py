@@ -16,6 +16,7 @@ from torchtitan.models.common.init import expert_slices, init_expert_stack, init
 from torchtitan.models.common.moe import (
     GroupedExperts, MoE, TokenChoiceRouter, moe_aux_loss, moe_modules, sequence_balance_loss, update_expert_bias,
 )
+from torchtitan.models.common.attention import attention_inputs
 from torchtitan.models.common.rope import apply_rope
 from torchtitan.models.deepseek_v3.args import FLAVORS, DeepSeekV3Args
 from torchtitan.models.deepseek_v3.model import Attention, Transformer, softmax_scale, yarn_frequencies
@@ -110,7 +111,7 @@ def test_mla_shapes(q_lora_rank):
     assert attn.wo.weight.shape == (a.dim, a.n_heads * a.v_head_dim)
     x = torch.randn(2, 10, a.dim)
     rope = cpu_model().rope
-    y = attn(x, rope)
+    y = attn(x, attention_inputs(10, rope))
     assert y.shape == x.shape and torch.isfinite(y).all()
     # reference: explicit causal softmax attention, unpadded v, per-head k_pe shared
     q = attn.wq(x) if q_lora_rank == 0 else attn.wq_b(attn.q_norm(attn.wq_a(x)))
@@ -142,8 +143,8 @@ def test_mla_reads_heads_from_shapes():
             lin = getattr(part, name)
             lin.weight = torch.nn.Parameter(lin.weight[r * h * per_head:(r + 1) * h * per_head])
         part.wo.weight = torch.nn.Parameter(part.wo.weight[:, r * h * a.v_head_dim:(r + 1) * h * a.v_head_dim])
-        halves.append(part(x, rope))
-    torch.testing.assert_close(halves[0] + halves[1], full(x, rope), rtol=1e-5, atol=1e-6)
+        halves.append(part(x, attention_inputs(12, rope)))
+    torch.testing.assert_close(halves[0] + halves[1], full(x, attention_inputs(12, rope)), rtol=1e-5, atol=1e-6)
 
 
 def test_yarn_scale_and_frequencies():
@@ -344,8 +345,9 @@ def test_gradients_equal_with_and_without_checkpointing():
     for ac in (False, True):
         model.zero_grad()
         h = model.tok_embeddings(t)
+        attn = attention_inputs(t.shape[1], model.rope)
         for layer in model.layers.values():
-            h = checkpoint(layer, h, model.rope, use_reentrant=False) if ac else layer(h, model.rope)
+            h = checkpoint(layer, h, attn, use_reentrant=False) if ac else layer(h, attn)
         loss = model.output(model.norm(h)).logsumexp(-1).mean() + moe_aux_loss(model)
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})

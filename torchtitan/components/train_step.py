@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.components.memory_probe import HeldForBackward
 from torchtitan.distributed.pipeline_parallel import run_schedule
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
+from torchtitan.models.common.attention import ContextParallel, document_ids
 from torchtitan.models.common.moe import moe_aux_loss
 
 
@@ -41,6 +42,17 @@ class StepRunner:
     held_for_backward: bool = False  # measure the first micro-batch's held bytes (trainer metric)
     on_phase: Callable[[str], None] | None = None  # told "forward" / "backward" / ... (memory simulation)
     held_bytes: int = 0
+    bos_id: int | None = None  # set: the block-causal mask, documents told apart by this token
+    cp: ContextParallel | None = None  # context parallel: this rank's place in its CP group
+
+    def prepare(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """A local batch -> what this rank feeds its model: its CP chunks of inputs and labels,
+        and the model's keyword inputs (the window's global document ids, block_causal)."""
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        kwargs = {} if self.bos_id is None else {"doc_ids": document_ids(inputs, self.bos_id)}
+        if self.cp is not None:
+            inputs, labels = self.cp.shard(inputs), self.cp.shard(labels)
+        return inputs, labels, kwargs
 
     def _phase(self, name: str) -> None:
         if self.on_phase is not None:
@@ -56,15 +68,15 @@ class StepRunner:
         first = True
         with loss_parallel_context(self.loss_parallel):
             for inputs, labels in batches:
-                inputs, labels = inputs.to(self.device), labels.to(self.device)
+                inputs, labels, kwargs = self.prepare(inputs, labels)
                 if self.pipeline is not None:
-                    loss_sum += self.pipeline_losses(inputs, labels)
+                    loss_sum += self.pipeline_losses(inputs, labels, kwargs=kwargs)
                     continue
                 probe = (HeldForBackward(self._persistent()) if self.held_for_backward and first
                          else contextlib.nullcontext())
                 self._phase("forward")
                 with probe:
-                    logits = self.model_parts[0](inputs)
+                    logits = self.model_parts[0](inputs, **kwargs)
                     self._phase("loss")
                     # Every micro-batch has the same token count, so the mean of means is the global mean.
                     ce = cross_entropy_loss(logits, labels) / self.accum_steps
@@ -85,9 +97,9 @@ class StepRunner:
         """Parameters and buffers: they live from step to step, not held for backward."""
         return [t for m in self.model_parts for t in (*m.parameters(), *m.buffers())]
 
-    def pipeline_losses(self, inputs, labels, train: bool = True) -> torch.Tensor:
-        """Run the schedule (forward only unless `train`) over one local batch; return its
-        (scaled) loss on the last stage (V schedules validate with a backward: the caller
-        drops its gradients)."""
-        losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train)
+    def pipeline_losses(self, inputs, labels, train: bool = True, kwargs: dict | None = None) -> torch.Tensor:
+        """Run the schedule (forward only unless `train`) over one prepared local batch; return
+        its (scaled) loss on the last stage (V schedules validate with a backward: the caller
+        drops its gradients). `kwargs` reach every stage's model, split by microbatch."""
+        losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train, kwargs or {})
         return sum((local_value(x.detach()) for x in losses), torch.zeros((), device=self.device))

@@ -50,6 +50,11 @@ class Model:
     """HF tokenizer.json file (or a folder holding one). Empty = the small BPE tokenizer
     bundled in torchtitan/assets (built by scripts/build_tokenizer.py)."""
 
+    attn_mask: str = "causal"
+    """causal: a token attends to every earlier token of its window. block_causal: only to
+    those of its own document (documents are told apart by their BOS tokens; a window may
+    start mid-document), as long-context recipes train."""
+
 
 @dataclass
 class Training:
@@ -114,11 +119,19 @@ class Parallelism:
     pipeline_parallel_degree: int = 1
     """Pipeline stages the layers are split over."""
 
+    context_parallel_degree: int = 1
+    """Ranks each sequence is split over (context parallel, for long sequences): every rank
+    holds 2 of 2 x CP chunks (head and tail, equal causal work), computes Q/K/V for its
+    tokens and all-gathers K and V over its CP group (DeepSeek-V3: MLA's latent and RoPE
+    key, 576 values per token). FSDP shards over data_parallel_shard_degree x CP; EP borrows
+    all of CP (and TP) first. training.seq_len must be a multiple of 2 x CP."""
+
     expert_parallel_degree: int = 1
     """Ranks the routed experts are split over (models with experts only); tokens reach
     their experts by all-to-all. EP takes every TP rank (each routes its own tokens) and the
-    rest from data_parallel_shard_degree; experts are FSDP-sharded over the data-parallel
-    ranks EP did not take. With TP > 1 it must be a multiple of tensor_parallel_degree."""
+    rest from data_parallel_shard_degree (with CP: every CP rank too, then dp_shard); experts
+    are FSDP-sharded over the data-parallel ranks EP did not take. It must be a multiple of
+    tensor_parallel_degree x context_parallel_degree."""
 
     fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
     """Data-parallel implementation: fsdp2 (torch fully_shard, gathers in module hooks) or

@@ -71,6 +71,8 @@ def check_model(cfg: JobConfig):
             f"--model.flavor: unknown flavor '{m.flavor}' of {m.name}{_suggest(m.flavor, flavors)};"
             f" choose one of {', '.join(flavors)}"
         )
+    if m.attn_mask not in ("causal", "block_causal"):
+        raise ConfigError(f"--model.attn_mask={m.attn_mask}: choose causal or block_causal")
     return flavors[m.flavor]
 
 
@@ -88,6 +90,7 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
                 f" {key}={heads}; pick a divisor of {heads}"
             )
     check_moe(cfg, args)
+    check_context_parallel(cfg)
     check_expert_parallel(cfg, args, dp_shard)
     if p.pipeline_parallel_degree > 1:
         try:
@@ -243,11 +246,37 @@ def check_moe(cfg: JobConfig, args) -> None:
             )
 
 
+def check_context_parallel(cfg: JobConfig) -> None:
+    """Each CP rank holds two equal chunks of every sequence; sequence parallel then splits
+    a rank's tokens over TP."""
+    p, t = cfg.parallelism, cfg.training
+    cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
+    if cp == 1:
+        return
+    if t.seq_len % (2 * cp):
+        raise ConfigError(
+            f"--parallelism.context_parallel_degree={cp} cuts each sequence into 2 x {cp} chunks but"
+            f" --training.seq_len={t.seq_len} is not a multiple of {2 * cp}; pick a seq_len that is"
+        )
+    if tp > 1 and (t.seq_len // cp) % tp:
+        raise ConfigError(
+            f"--training.seq_len={t.seq_len}: a CP rank's {t.seq_len // cp} tokens do not split over"
+            f" --parallelism.tensor_parallel_degree={tp} (sequence parallel); pick a seq_len that is a"
+            f" multiple of {math.lcm(2 * cp, cp * tp)}"
+        )
+
+
 def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
-    """EP borrows dp_shard's ranks (and all of tp's); experts split evenly over it."""
+    """EP borrows all of tp's and cp's ranks, then dp_shard's; experts split evenly over it."""
     p, m = cfg.parallelism, cfg.model
-    ep, tp = p.expert_parallel_degree, p.tensor_parallel_degree
+    ep, tp, cp = p.expert_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
     experts = getattr(args, "n_routed_experts", 0)
+    if experts and ep > 1 and cp > 1 and ep % (tp * cp):
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} with --parallelism.context_parallel_degree={cp}"
+            f" must be a multiple of tensor_parallel_degree x context_parallel_degree = {tp * cp}:"
+            " every CP rank routes its own tokens, so EP takes all of CP"
+        )
     if experts and tp > 1 and ep % tp:
         raise ConfigError(
             f"--parallelism.tensor_parallel_degree={tp} with {m.name} needs --parallelism.expert_parallel_degree"
@@ -258,11 +287,11 @@ def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
         return
     if not experts:
         raise ConfigError(f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1")
-    if dp_shard % (ep // tp):
+    if dp_shard % (ep // (tp * cp)):
         raise ConfigError(
-            f"--parallelism.expert_parallel_degree={ep} takes {ep // tp} ranks from data_parallel_shard_degree"
-            f"={dp_shard} (ep / tp), which does not divide it; pick an expert_parallel_degree of tp x a divisor"
-            f" of {dp_shard}"
+            f"--parallelism.expert_parallel_degree={ep} takes {ep // (tp * cp)} ranks from data_parallel_shard_degree"
+            f"={dp_shard} (ep / (tp x cp)), which does not divide it; pick an expert_parallel_degree of"
+            f" tp x cp x a divisor of {dp_shard}"
         )
     if experts % ep:
         raise ConfigError(

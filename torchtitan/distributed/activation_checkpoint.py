@@ -57,20 +57,30 @@ def compute_policy(func: torch._ops.OpOverload) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: Iterable = ()) -> Callable:
+def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: Iterable = (),
+                  save_groups: frozenset[str] = frozenset()) -> Callable:
     """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
     and copy-out as one op) over an FSDP group by the comm decision, every other op by the
     compute decision. Op SAC also keeps the outputs of
     the model's `extra_save_ops` (e.g. expert parallel's all-to-alls, and the wait that
-    completes each), so that recompute neither communicates nor routes again."""
+    completes each), so that recompute neither communicates nor routes again, and of the
+    all-gathers on `save_groups` (context parallel's K/V gathers, each waited at once)."""
     extra_save_ops = frozenset(extra_save_ops)
     extra_pending = [0]  # extra collectives awaiting their wait
     extra_waits = extra_save_ops & {_fc.wait_tensor.default}
     extra_ops = extra_save_ops - extra_waits
+    gather_pending = [False]  # a save_groups gather was just issued: its wait comes next
 
     def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
         if spec.fsdp_comm is not None and func == GATHER_OP and args[2] in fsdp_groups:
             return MUST[spec.fsdp_comm]
+        if spec.compute == "op" and save_groups:
+            if func == _fc.all_gather_into_tensor.default and args[2] in save_groups:
+                gather_pending[0] = True
+                return CheckpointPolicy.MUST_SAVE
+            if func == _fc.wait_tensor.default and gather_pending[0]:
+                gather_pending[0] = False
+                return CheckpointPolicy.MUST_SAVE
         if spec.compute == "op":
             if func in extra_ops:
                 extra_pending[0] += func == _fc.all_to_all_single.default
@@ -86,26 +96,26 @@ def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops:
     return policy
 
 
-def _context(spec: RegionSpec, fsdp_groups, extra_save_ops):
-    return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups, extra_save_ops))
+def _context(spec: RegionSpec, fsdp_groups, extra_save_ops, save_groups):
+    return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups, extra_save_ops, save_groups))
 
 
 @lru_cache(maxsize=None)
-def _context_fn(spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozenset):
+def _context_fn(spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozenset, save_groups: frozenset):
     # One object per distinct region: torch.compile guards on the identity of the context
     # function's arguments, so a fresh one per block recompiled every block (and past the
     # recompile limit, 8, left the remaining blocks eager).
-    return partial(_context, spec, fsdp_groups, extra_save_ops)
+    return partial(_context, spec, fsdp_groups, extra_save_ops, save_groups)
 
 
 def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str],
-                extra_save_ops: tuple | frozenset = frozenset()) -> nn.Module:
+                extra_save_ops: tuple | frozenset = frozenset(), save_groups: frozenset[str] = frozenset()) -> nn.Module:
     if not spec.wrapped:
         return module
     if spec.compute == "full" and spec.fsdp_comm is None:
         return checkpoint_wrapper(module, preserve_rng_state=False)  # plain full AC
     # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
-    context = _context_fn(spec, frozenset(fsdp_groups), frozenset(extra_save_ops))
+    context = _context_fn(spec, frozenset(fsdp_groups), frozenset(extra_save_ops), frozenset(save_groups))
     return checkpoint_wrapper(module, context_fn=context, preserve_rng_state=False)
 
 
@@ -147,12 +157,13 @@ def region_specs(
 
 
 def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str],
-             extra_save_ops: tuple | frozenset = ()) -> None:
-    """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region."""
+             extra_save_ops: tuple | frozenset = (), save_groups: frozenset[str] = frozenset()) -> None:
+    """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region.
+    `save_groups`: op SAC keeps the all-gathers on these groups (context parallel's)."""
     for name, spec in specs.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        wrapped = wrap_region(parent.get_submodule(child), spec, fsdp_groups, extra_save_ops)
+        wrapped = wrap_region(parent.get_submodule(child), spec, fsdp_groups, extra_save_ops, save_groups)
         if isinstance(parent, nn.ModuleDict):
             parent[child] = wrapped
         else:

@@ -29,6 +29,7 @@ class Degrees:
     pp: int
     ep: int
     world_size: int
+    cp: int = 1
 
     @property
     def dp(self) -> int:
@@ -36,9 +37,19 @@ class Degrees:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def dp_cp(self) -> int:
+        """Ranks whose local losses make the global mean (every CP rank holds its own tokens)."""
+        return self.dp * self.cp
+
+    @property
+    def fsdp_shard(self) -> int:
+        """Ranks FSDP shards dense parameters over: dp_shard x cp."""
+        return self.dp_shard * self.cp
+
+    @property
     def ep_from_dp_shard(self) -> int:
-        """How many of dp_shard's ranks EP takes (the rest of EP comes from tp)."""
-        return self.ep // self.tp if self.ep > 1 else 1
+        """How many of dp_shard's ranks EP takes (the rest of EP comes from cp and tp)."""
+        return self.ep // (self.tp * self.cp) if self.ep > 1 else 1
 
 
 def degrees(cfg: JobConfig, world_size: int) -> Degrees:
@@ -49,17 +60,20 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
         "tensor_parallel_degree": p.tensor_parallel_degree,
         "pipeline_parallel_degree": p.pipeline_parallel_degree,
         "expert_parallel_degree": p.expert_parallel_degree,
+        "context_parallel_degree": p.context_parallel_degree,
     }
     for key, value in named.items():
         if value < 1:
             raise ShapeError(f"--parallelism.{key}={value}: must be >= 1")
-    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
+    cp = p.context_parallel_degree
+    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree * cp
     shard = p.data_parallel_shard_degree
     if shard == -1:
         if world_size % others:
             raise ShapeError(
                 f"world size {world_size} is not divisible by data_parallel_replicate_degree x "
-                f"tensor_parallel_degree x pipeline_parallel_degree = {others}; change the degrees or NGPU"
+                f"tensor_parallel_degree x pipeline_parallel_degree x context_parallel_degree = {others};"
+                " change the degrees or NGPU"
             )
         shard = world_size // others
     elif shard < 1:
@@ -67,12 +81,12 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
     elif shard * others != world_size:
         raise ShapeError(
             f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
-            f" x shard {shard} x tp {p.tensor_parallel_degree} x pp {p.pipeline_parallel_degree})"
+            f" x shard {shard} x cp {cp} x tp {p.tensor_parallel_degree} x pp {p.pipeline_parallel_degree})"
             f" but the world size is {world_size}; make them multiply to {world_size}"
             f" or set --parallelism.data_parallel_shard_degree=-1"
         )
     return Degrees(p.data_parallel_replicate_degree, shard, p.tensor_parallel_degree,
-                   p.pipeline_parallel_degree, p.expert_parallel_degree, world_size)
+                   p.pipeline_parallel_degree, p.expert_parallel_degree, world_size, cp)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,23 @@
 """Parallel degrees -> the one DeviceMesh of the job. Nothing else creates process groups.
 
-Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, tp. Dimensions of size 1 are
-left out, except dp_shard, which is always there so that data parallelism (and with it
+Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp. Dimensions of size 1
+are left out, except dp_shard, which is always there so that data parallelism (and with it
 mixed precision) is applied the same way on 1 rank as on many. When both data-parallel
 dims exist they are also flattened into "dp" (the ranks that see different data), and
 dp_shard x tp into "dp_shard_tp" (one collective for reductions over both).
 
-Expert parallel (ep > 1) borrows its ranks from dp_shard, and from tp when tp > 1 (with
-sequence parallel every TP rank routes its own tokens). dp_shard is then built from two
+Context parallel (cp > 1): the cp ranks of one dp coordinate read the same batch and each
+keeps its own chunks of every sequence. FSDP shards dense parameters over "dp_shard_cp"
+(dp_shard x cp: every rank of it holds different tokens, so gradients are averaged over
+it), and losses are averaged over "dp_cp". Attention's K/V gathers run on a process group
+of their own with the cp dimension's ranks (`cp_group`): flattening dp_shard (size 1) x cp
+returns the cp group object itself, and FSDP's collectives are told apart by their group.
+
+Expert parallel (ep > 1) borrows its ranks from dp_shard, and all of cp and tp first (with
+sequence parallel every TP rank routes its own tokens; every CP rank too). dp_shard is then built from two
 real dims, dp_shard_mod_ep (what EP leaves) x dp_shard_in_ep (what EP takes), and flattened
 back into "dp_shard", so dense parameters shard exactly as without EP. Two more flattened
-dims serve the experts: "ep" = dp_shard_in_ep x tp (the all-to-all group; experts are
+dims serve the experts: "ep" = dp_shard_in_ep x cp x tp (the all-to-all group; experts are
 split over it, never over TP) and the experts' FSDP mesh = dp_replicate x dp_shard_mod_ep.
 8 ranks, dp_shard 4, tp 2, ep 4:  dp_shard_mod_ep 2 x dp_shard_in_ep 2 x tp 2.
 """
@@ -43,12 +50,15 @@ class MeshDim(str, Enum):
     DP_SHARD = "dp_shard"  # real, or under EP flattened from the next two
     DP_SHARD_MOD_EP = "dp_shard_mod_ep"  # under EP: what EP leaves of dp_shard (experts' FSDP)
     DP_SHARD_IN_EP = "dp_shard_in_ep"  # under EP: what EP takes of dp_shard
+    CP = "cp"  # context parallel: the ranks one sequence is split over
     TP = "tp"
     # flattened
     DP = "dp"  # dp_replicate x dp_shard: the ranks that see different data
     DP_SHARD_TP = "dp_shard_tp"  # one collective over FSDP and TP shards (e.g. the grad norm)
     EP = "ep"  # dp_shard_in_ep x tp: expert parallel's all-to-all group
     DP_TP = "dp_tp"  # every rank of one pipeline stage
+    DP_SHARD_CP = "dp_shard_cp"  # under CP: dense FSDP's shard dim (ranks holding different tokens)
+    DP_CP = "dp_cp"  # under CP: every rank whose loss is part of the global mean
 
 
 @dataclass(frozen=True)
@@ -95,12 +105,13 @@ class ParallelDims(Degrees):
 
     _mesh: DeviceMesh | None = field(default=None, repr=False)
     _group_opts: tuple | None = field(default=None, repr=False)
+    _cp_group: ProcessGroup | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg: JobConfig, world_size: int) -> ParallelDims:
         """Degrees of a config, by the rule the config check applies (job_shape.degrees)."""
         d = degrees(cfg, world_size)
-        return cls(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.ep, world_size)
+        return cls(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.ep, world_size, d.cp)
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -110,7 +121,8 @@ class ParallelDims(Degrees):
                      MeshDim.DP_SHARD_IN_EP: self.ep_from_dp_shard}
         else:
             shard = {MeshDim.DP_SHARD: self.dp_shard}
-        dims = {MeshDim.PP: self.pp, MeshDim.DP_REPLICATE: self.dp_replicate, **shard, MeshDim.TP: self.tp}
+        dims = {MeshDim.PP: self.pp, MeshDim.DP_REPLICATE: self.dp_replicate, **shard, MeshDim.CP: self.cp,
+                MeshDim.TP: self.tp}
         # dp_shard is always there, so data parallelism (and mixed precision) applies alike on 1 rank
         return {k.value: v for k, v in dims.items() if v > 1 or k.value.startswith(MeshDim.DP_SHARD.value)}
 
@@ -125,15 +137,39 @@ class ParallelDims(Degrees):
             mesh[tuple(d.value for d in dims)]._flatten(name.value, backend_override=opts)
 
         shard = (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP) if self.ep > 1 else (MeshDim.DP_SHARD,)
+        cp = (MeshDim.CP,) if self.cp > 1 else ()
+        tp = (MeshDim.TP,) if self.tp > 1 else ()
         if self.ep > 1:
             flatten(shard, MeshDim.DP_SHARD)
-            flatten((MeshDim.DP_SHARD_IN_EP, MeshDim.TP) if self.tp > 1 else (MeshDim.DP_SHARD_IN_EP,), MeshDim.EP)
+            flatten((MeshDim.DP_SHARD_IN_EP, *cp, *tp), MeshDim.EP)
         if self.dp_replicate > 1:
             flatten((MeshDim.DP_REPLICATE, *shard), MeshDim.DP)
-        if self.dp_shard > 1 and self.tp > 1:
-            flatten((*shard, MeshDim.TP), MeshDim.DP_SHARD_TP)
+        if self.cp > 1:
+            flatten((*shard, MeshDim.CP), MeshDim.DP_SHARD_CP)
+            flatten((MeshDim.DP_REPLICATE, *shard, MeshDim.CP) if self.dp_replicate > 1 else (*shard, MeshDim.CP),
+                    MeshDim.DP_CP)
+        if (self.dp_shard > 1 or self.cp > 1) and self.tp > 1:
+            flatten((*shard, *cp, MeshDim.TP), MeshDim.DP_SHARD_TP)
         self._mesh = mesh
+        self._cp_group = self._new_cp_group(mesh, opts) if self.cp > 1 else None
         return mesh
+
+    def _new_cp_group(self, mesh: DeviceMesh, opts) -> ProcessGroup:
+        """A process group per cp slice (every rank creates all of them, in one order), apart
+        from the mesh's: attention's K/V gathers must not share FSDP's group object."""
+        import torch.distributed as dist
+
+        ranks = mesh.mesh.movedim(list(self.mesh_shape).index(MeshDim.CP.value), -1).reshape(-1, self.cp)
+        kw = {"backend": opts[0], "pg_options": opts[1]} if opts else {}
+        group, _ = dist.new_subgroups_by_enumeration(ranks.tolist(), group_desc="cp_attention", **kw)
+        return group
+
+    def cp_group(self) -> ProcessGroup | None:
+        """Context parallel's own group (attention's K/V gathers); None without CP."""
+        return self._cp_group
+
+    def cp_rank(self) -> int:
+        return self.mesh[MeshDim.CP.value].get_local_rank() if self.cp > 1 else 0
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -158,29 +194,35 @@ class ParallelDims(Degrees):
         """Where units of `kind` shard / replicate: FSDP (dp_shard), HSDP (dp_replicate,
         dp_shard) or DDP (dp_replicate). Routed experts under EP use what EP left of dp_shard."""
         replicate = MeshDim.DP_REPLICATE if self.dp_replicate > 1 else None
-        if self.dp_shard == 1 and replicate is not None:  # DDP
+        if self.dp_shard == 1 and self.cp == 1 and replicate is not None:  # DDP
             return DataParallelMesh(self.mesh, (replicate,), None, replicate)
         if kind is UnitKind.EXPERTS and self.ep > 1:
             shard = MeshDim.DP_SHARD_MOD_EP
             dims = (replicate, shard) if replicate else (shard,)
-            return DataParallelMesh(self.mesh, dims, shard, replicate, divide_factor=self.dp)
-        dims = (replicate, MeshDim.DP_SHARD) if replicate else (MeshDim.DP_SHARD,)
-        return DataParallelMesh(self.mesh, dims, MeshDim.DP_SHARD, replicate)
+            return DataParallelMesh(self.mesh, dims, shard, replicate, divide_factor=self.dp_cp)
+        shard = MeshDim.DP_SHARD_CP if self.cp > 1 else MeshDim.DP_SHARD
+        dims = (replicate, shard) if replicate else (shard,)
+        return DataParallelMesh(self.mesh, dims, shard, replicate)
 
     def fsdp_group_names(self) -> frozenset[str]:
         """Every process group FSDP's own collectives run on (dense units' and experts')."""
         return frozenset(self.dp_mesh(UnitKind.DENSE).group_names | self.dp_mesh(UnitKind.EXPERTS).group_names)
 
-    def loss_mesh(self) -> DeviceMesh:
-        """The ranks that see different data: losses and batch-level sums are reduced over it."""
+    def data_mesh(self) -> DeviceMesh:
+        """The ranks that read different data (CP ranks read the same batch)."""
         return self.mesh[MeshDim.DP.value] if self.dp_replicate > 1 else self.mesh[MeshDim.DP_SHARD.value]
+
+    def loss_mesh(self) -> DeviceMesh:
+        """The ranks that hold different tokens: losses and batch-level sums are reduced over
+        it, and divided by its size (`dp_cp`: every local loss is a mean over equal counts)."""
+        return self.mesh[MeshDim.DP_CP.value] if self.cp > 1 else self.data_mesh()
 
     def loss_group(self) -> ProcessGroup:
         return self.loss_mesh().get_group()
 
     def dp_rank(self) -> int:
         """Which slice of the global batch this rank reads."""
-        return self.loss_mesh().get_local_rank()
+        return self.data_mesh().get_local_rank()
 
     def tp_mesh(self) -> DeviceMesh | None:
         return self.submesh(MeshDim.TP) if self.tp > 1 else None
@@ -210,8 +252,10 @@ class ParallelDims(Degrees):
 
     def flattened_names(self) -> tuple[str, ...]:
         """Flattened dims of this mesh, in the order comm stats name collectives by them."""
-        built = {MeshDim.DP: self.dp_replicate > 1, MeshDim.DP_SHARD_TP: self.dp_shard > 1 and self.tp > 1,
-                 MeshDim.EP: self.ep > 1, MeshDim.DP_SHARD: self.ep > 1}
+        built = {MeshDim.DP: self.dp_replicate > 1,
+                 MeshDim.DP_SHARD_TP: (self.dp_shard > 1 or self.cp > 1) and self.tp > 1,
+                 MeshDim.EP: self.ep > 1, MeshDim.DP_SHARD: self.ep > 1,
+                 MeshDim.DP_SHARD_CP: self.cp > 1, MeshDim.DP_CP: self.cp > 1}
         return tuple(d.value for d, exists in built.items() if exists)
 
     def named_groups(self) -> dict[str, str]:

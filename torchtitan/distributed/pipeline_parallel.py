@@ -89,19 +89,21 @@ def build_pipeline(
 
 
 def run_schedule(schedule: _PipelineSchedule, layout: PipelineLayout, stage_ids: list[int], inputs: torch.Tensor,
-                 labels: torch.Tensor, train: bool = True) -> list[torch.Tensor]:
+                 labels: torch.Tensor, train: bool = True, kwargs: dict | None = None) -> list[torch.Tensor]:
     """One pass of the schedule over a local batch (forward only unless `train`); the last
-    stage's per-microbatch losses, [] on other ranks."""
+    stage's per-microbatch losses, [] on other ranks. `kwargs` (tensors of the batch, e.g.
+    document ids) are split by microbatch and given to every stage's forward."""
+    kwargs = kwargs or {}
     if not train and layout.schedule in V_SCHEDULES:
         # torch 2.13's V schedules cannot run forward only (eval() asks a stage without
         # backward for its input gradients): run the full step; the caller drops the gradients.
         with torch.enable_grad():
-            return run_schedule(schedule, layout, stage_ids, inputs, labels, train=True)
+            return run_schedule(schedule, layout, stage_ids, inputs, labels, train=True, kwargs=kwargs)
     run = schedule.step if train else schedule.eval
     args = (inputs,) if 0 in stage_ids else ()
     losses: list[torch.Tensor] = []
     if layout.num_stages - 1 in stage_ids:
-        run(*args, target=labels, losses=losses)
+        run(*args, target=labels, losses=losses, **kwargs)
     else:
-        run(*args)
+        run(*args, **kwargs)
     return losses

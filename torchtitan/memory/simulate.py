@@ -132,13 +132,13 @@ def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
             runner.forward_backward([batch])
         return
     mb = cfg.parallelism.pipeline_parallel_microbatch_size
-    inputs, labels = batch[0][:mb], batch[1][:mb]
+    inputs, labels, kwargs = runner.prepare(batch[0][:mb], batch[1][:mb])
     layout = parts.layout
     args = (inputs,) if 0 in parts.stage_ids else ()
     target = labels if layout.num_stages - 1 in parts.stage_ids else None
     init = getattr(runner.pipeline, "_initialize_stages", None) or runner.pipeline._initialize_stage
     with startup.patched(), loss_parallel_context(runner.loss_parallel):
-        init(args, {}, target)
+        init(args, kwargs, target)
 
 
 def _end(meter) -> int | None:
@@ -200,7 +200,9 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             p.grad = None
         loss_parallel = dims.tp > 1 and cfg.parallelism.loss_parallel
         runner = StepRunner(parts.modules, device, shape.accum_steps, loss_parallel, pipeline, parts.layout,
-                            parts.stage_ids, on_phase=lambda name: setattr(tracker, "phase", name))
+                            parts.stage_ids, on_phase=lambda name: setattr(tracker, "phase", name),
+                            bos_id=0 if cfg.model.attn_mask == "block_causal" else None,
+                            cp=parts.modules[0].context_parallel)
         batches = [(torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:

@@ -31,11 +31,12 @@ def rope_cache(seq_len: int, head_dim: int, theta: float, scaling: bool, device=
     return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
 
 
-def apply_rope(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of x [batch, seq, heads, head_dim] by the cached angles."""
+def apply_rope(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of x [batch, seq, heads, head_dim] by the angles of `rows`, the
+    cache rows of its tokens' positions ([seq, head_dim]: attention.AttentionInputs.rope)."""
     seq, half = x.shape[1], x.shape[-1] // 2
-    cos = cache[:seq, :half].view(1, seq, 1, half)
-    sin = cache[:seq, half:].view(1, seq, 1, half)
+    cos = rows[:seq, :half].view(1, seq, 1, half)  # [:seq]: the whole cache may be given too
+    sin = rows[:seq, half:].view(1, seq, 1, half)
     pairs = x.float().unflatten(-1, (half, 2))
     x0, x1 = pairs[..., 0], pairs[..., 1]
     out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)

@@ -16,6 +16,7 @@ from torch import nn
 
 from torchtitan.distributed.plan import FsdpUnit, UnitKind
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
+from torchtitan.models.common.attention import AttentionInputs, attend, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.common.rmsnorm import RMSNorm
@@ -98,16 +99,23 @@ class Attention(nn.Module):
         self.shared_key = nn.Identity()
         self.softmax_scale = softmax_scale(args)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q = self.wq(x) if self.q_lora_rank == 0 else self.wq_b(self.q_norm(self.wq_a(x)))
         q = q.view(bsz, seq, -1, self.qk_head_dim)  # heads from the shape: TP holds a slice
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        q = torch.cat([q_nope, apply_rope(q_pe, rope)], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_pe, attn.rope)], dim=-1)
 
         kv_latent, k_pe = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        k_pe = apply_rope(self.shared_key(k_pe).unsqueeze(2), rope)  # [bsz, seq, 1, rope]: one for all heads
-        kv = self.wkv_b(self.kv_norm(kv_latent)).view(bsz, seq, -1, self.nope_dim + self.v_dim)
+        k_pe = apply_rope(self.shared_key(k_pe).unsqueeze(2), attn.rope)  # [bsz, seq, 1, rope]: one for all heads
+        if attn.cp is not None:
+            # CP gathers what K and V are made from: the latent and the rotated RoPE key,
+            # kv_lora_rank + qk_rope_head_dim values per token, not heads x (qk + v) of them
+            latent = attn.cp.gather(torch.cat([kv_latent, k_pe.squeeze(2)], dim=-1))
+            kv_latent, k_pe = latent.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+            k_pe = k_pe.unsqueeze(2)
+        keys = kv_latent.shape[1]
+        kv = self.wkv_b(self.kv_norm(kv_latent)).view(bsz, keys, -1, self.nope_dim + self.v_dim)
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
 
@@ -117,9 +125,7 @@ class Attention(nn.Module):
         # equal widths. Zero-padding the narrower side changes no score and no output column.
         width = max(self.qk_head_dim, self.v_dim)
         q, k, v = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=self.softmax_scale
-        )
+        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn, scale=self.softmax_scale)
         out = out[..., : self.v_dim]
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
@@ -148,8 +154,8 @@ class TransformerBlock(nn.Module):
         else:
             self.feed_forward = FeedForward(args.dim, args.inter_dim)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), attn)
         ffn = self.moe if self.moe_enabled else self.feed_forward
         return h + ffn(self.ffn_norm(h))
 
@@ -174,11 +180,17 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope", yarn_rope_cache(args), persistent=False)
+        self.context_parallel = None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
+        self.sequence_parallel = 1  # TP degree when the residual stream is split over the sequence
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
+        [batch, global seq] under the block-causal mask (attention.document_ids)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
+        attn = attention_inputs(h.shape[1] * self.sequence_parallel, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
-            h = layer(h, self.rope)
+            h = layer(h, attn)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

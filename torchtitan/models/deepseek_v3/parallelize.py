@@ -23,6 +23,7 @@ from torchtitan.distributed.data_parallel import apply_data_parallel, fsdp_ac_gr
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
+from torchtitan.models.common.attention import apply_context_parallel
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
 from torchtitan.models.deepseek_v3.args import FLAVORS
@@ -41,6 +42,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     parallel each TP rank routes its own tokens, and EP (which includes the TP ranks) moves
     them to their experts."""
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
+    model.sequence_parallel = tp_mesh.size()  # blocks see 1/tp of the tokens between them
     for block in model.layers.values():
         attn = block.attention
         sharding = {
@@ -76,6 +78,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
 def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan,
                            param_dtype: str) -> nn.Module:
     """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
+    cp_groups = apply_context_parallel(model, dims)
     tp_mesh = dims.tp_mesh()
     if tp_mesh is not None:
         apply_tp(model, tp_mesh, cfg.parallelism.loss_parallel)
@@ -83,7 +86,7 @@ def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig,
     if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
         expert_parallel_from_plan(model, plan, ep_mesh)
     # Op SAC also keeps the dispatched tokens: recompute then neither re-routes nor re-sends.
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS)
+    apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS, save_groups=cp_groups)
     if cfg.compile.enable:
         apply_compile(model.layers, cfg.compile, fullgraph=False)  # MoE dispatch + experts stay eager
     apply_data_parallel(model, dims, cfg, plan, param_dtype)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.common.attention import AttentionInputs, attend, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.distributed.plan import FsdpUnit
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
@@ -29,19 +30,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k = apply_rope(q, attn.rope), apply_rope(k, attn.rope)
+        if attn.cp is not None:  # every CP rank's keys and values, in global order
+            k, v = attn.cp.gather(k), attn.cp.gather(v)
         n_rep = q.shape[2] // k.shape[2]
         if n_rep > 1:  # grouped-query attention: each KV head serves n_rep query heads
             k = k.repeat_interleave(n_rep, dim=2)
             v = v.repeat_interleave(n_rep, dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 
@@ -53,8 +54,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), attn)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -73,15 +74,21 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope", self._rope(), persistent=False)
+        self.context_parallel = None  # attention.ContextParallel, set by parallelize_llama under CP
+        self.sequence_parallel = 1  # TP degree when the residual stream is split over the sequence
 
     def _rope(self, device=None) -> torch.Tensor:
         a = self.args
         return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling, device=device, factor=a.rope_factor)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
+        [batch, global seq] under the block-causal mask (attention.document_ids)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
+        attn = attention_inputs(h.shape[1] * self.sequence_parallel, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
-            h = layer(h, self.rope)
+            h = layer(h, attn)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
