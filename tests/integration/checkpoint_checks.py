@@ -34,6 +34,9 @@ LAYOUTS = {
     # DeepSeek-V3 (tiny): experts split 2 and 4 ways
     "deepseek_ep2": (2, [run_tests.EP]),
     "deepseek_ep4": (4, ["--parallelism.expert_parallel_degree=4", "--training.local_batch_size=2"]),
+    # context parallel: every rank holds half of each sequence; and the same batch on 1 rank
+    "cp2": (2, [run_tests.CP2, "--training.local_batch_size=8"]),
+    "cp1": (1, ["--training.local_batch_size=8"]),
 }
 
 

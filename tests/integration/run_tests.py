@@ -169,6 +169,15 @@ CASES = [
                                       "--activation_checkpoint.mode=selective", "--training.local_batch_size=8"],
          slow=True),
     Case("block_causal_cp2", 2, [BLOCK_CAUSAL, CP2, "--training.local_batch_size=8"], attn_mask="block_causal"),
+    Case("pp+block_causal_cp2", 4, [PP, BLOCK_CAUSAL, CP2, "--training.local_batch_size=8"], attn_mask="block_causal",
+         slow=True),  # document ids reach every stage with the microbatch
+    Case("cp2_compile_ac_op", 2, [CP2, "--compile.enable=true", "--activation_checkpoint.mode=selective",
+                                  "--training.local_batch_size=8"], slow=True),
+    Case("cp2+fsdp_ac_full_grad_accum", 4, [CP2, "--activation_checkpoint.mode=full", "--training.local_batch_size=2"],
+         slow=True),
+    Case("simple_fsdp+cp2+hsdp", 8, ["--parallelism.fsdp_implementation=simple_fsdp", CP2,
+                                      "--parallelism.data_parallel_replicate_degree=2",
+                                      "--training.local_batch_size=2"], slow=True),
     Case("deepseek_cp2+ep", 4, [CP2, EP, "--training.local_batch_size=4"], model=DS, slow=True),
     Case("deepseek_fsdp", 2, [], model=DS, slow=True),
     Case("deepseek_ddp", 2, ["--parallelism.data_parallel_replicate_degree=2",  # experts replicated first

@@ -262,4 +262,7 @@ class ParallelDims(Degrees):
         """Process-group name -> mesh dimension name, flattened dims included (comm stats)."""
         from torchtitan.distributed.comm_stats import mesh_group_dims
 
-        return mesh_group_dims(self.mesh, self.flattened_names())
+        names = mesh_group_dims(self.mesh, self.flattened_names())
+        if self._cp_group is not None:  # attention's K/V gathers: "cp"
+            names[self._cp_group.group_name] = MeshDim.CP.value
+        return names

@@ -15,6 +15,9 @@ Changed here, only inside a simulation:
   run does (dynamic inference) and hands a stage the metadata its neighbour would send: a
   block's output (forward) and that tensor's gradient (backward), taken from the first
   stage the simulation ran (every stage boundary carries the same hidden state).
+- context parallel on a CUDA target: each chunk attends with torch's lower-right causal bias,
+  never materialized; the CPU tensors of the simulation build the mask instead, uncounted
+  (`cuda_causal_bias`).
 """
 
 from __future__ import annotations
@@ -149,3 +152,28 @@ class PipelineStartup:
         finally:
             pp_stage.PipelineStage._send_meta, pp_stage.PipelineStage._recv_meta = orig_send, orig_recv
             pp_schedules._PipelineSchedule._warmup_p2p = orig_warmup
+
+
+@contextlib.contextmanager
+def cuda_causal_bias(tracker, target: str):
+    """A CUDA job's context-parallel chunks attend with a lower-right causal bias, never a
+    materialized mask; simulated on CPU tensors they build the mask: left uncounted."""
+    from torchtitan.models.common import attention
+
+    original = attention.causal_chunk_mask
+    if target != "cuda":
+        yield
+        return
+
+    def uncounted(*args, **kwargs):
+        tracker._paused += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            tracker._paused -= 1
+
+    attention.causal_chunk_mask = uncounted
+    try:
+        yield
+    finally:
+        attention.causal_chunk_mask = original

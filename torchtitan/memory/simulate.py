@@ -227,7 +227,7 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         meter = CpuPeakMeter() if profile else None
         if meter is not None:
             meter.begin_step()
-        with tracker, startup.patched():
+        with tracker, startup.patched(), fake_paths.cuda_causal_bias(tracker, target):
             tracker.phase = "forward"
             runner.forward_backward(batches)
             tracker.relabel(_storages(p.grad for p in params), "gradients")

@@ -81,6 +81,11 @@ class AttentionInputs:
     cp: ContextParallel | None
 
 
+def causal_chunk_mask(n: int, end: int, device) -> torch.Tensor:
+    """[n, end] bool: a chunk of n queries whose last is key end-1 sees keys up to its own."""
+    return torch.ones(n, end, dtype=torch.bool, device=device).tril(end - n)
+
+
 def attention_inputs(seq: int, rope_cache: torch.Tensor, doc_ids: torch.Tensor | None = None,
                      cp: ContextParallel | None = None) -> AttentionInputs:
     """`seq`: local tokens; `doc_ids`: [batch, global seq] for block_causal, else None."""
@@ -96,9 +101,9 @@ def attention_inputs(seq: int, rope_cache: torch.Tensor, doc_ids: torch.Tensor |
     for c in cp.chunks:
         end = (c + 1) * n  # keys [0, end): everything up to this chunk's last token
         if doc_ids is None and device.type == "cuda":
-            chunks.append((end, causal_lower_right(n, end)))  # not materialized: 2 GiB at 128K / CP8
+            chunks.append((end, causal_lower_right(n, end)))  # not materialized: 1 GiB at 128K / CP8
             continue
-        mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(end - n)
+        mask = causal_chunk_mask(n, end, device)
         if doc_ids is not None:
             mask = (doc_ids[:, c * n:end, None] == doc_ids[:, None, :end]) & mask
             mask = mask.unsqueeze(1)

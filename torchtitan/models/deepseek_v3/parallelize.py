@@ -1,4 +1,4 @@
-"""parallelize_deepseekv3: TP -> expert parallel -> activation checkpointing -> torch.compile
+"""parallelize_deepseekv3: CP -> TP -> expert parallel -> activation checkpointing -> torch.compile
 -> data parallel, applied to one DeepSeek-V3 model part (the whole model, or one stage).
 
 Everything but the TP sharding is the shared machinery Llama3 uses (expert parallel reads

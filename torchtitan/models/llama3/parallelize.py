@@ -1,4 +1,4 @@
-"""parallelize_llama: TP -> activation checkpointing -> torch.compile -> data parallel,
+"""parallelize_llama: CP -> TP -> activation checkpointing -> torch.compile -> data parallel,
 applied to one Llama3 model part (the whole model, or one pipeline stage)."""
 
 from torch import nn
