@@ -179,6 +179,11 @@ CASES = [
                                       "--parallelism.data_parallel_replicate_degree=2",
                                       "--training.local_batch_size=2"], slow=True),
     Case("deepseek_cp2+ep", 4, [CP2, EP, "--training.local_batch_size=4"], model=DS, slow=True),
+    Case("deepseek_pp+cp2", 4, [PP, CP2, "--training.local_batch_size=8"], model=DS, slow=True),
+    Case("deepseek_cp2+tp+ep4", 4, [CP2, TP, "--parallelism.expert_parallel_degree=4", "--training.local_batch_size=8"],
+         model=DS, slow=True),
+    Case("deepseek_cp2+ep_compile", 4, [CP2, EP, "--compile.enable=true", "--training.local_batch_size=4"], model=DS,
+         slow=True),
     Case("deepseek_fsdp", 2, [], model=DS, slow=True),
     Case("deepseek_ddp", 2, ["--parallelism.data_parallel_replicate_degree=2",  # experts replicated first
                              "--parallelism.data_parallel_shard_degree=1"], model=DS),

@@ -16,9 +16,9 @@ model on a fake process group):
   vocabulary, dim 0), and replicates norms, the MLA down-projections and the MoE router (the
   models' parallelize.py);
 - routed experts ([E, ...] stacks) are split over expert parallel on dim 0, never over TP;
-- FSDP then splits dim 0 over dp_shard (routed experts: over the dp_shard ranks EP did not
-  take), rank 0 holding the largest piece: ceil(n / shards) rows (FSDP2 pads every rank to
-  it); DDP (dp_shard 1) and dp_replicate keep whole copies;
+- FSDP then splits dim 0 over dp_shard x cp (routed experts: over the dp_shard ranks EP did
+  not take), rank 0 holding the largest piece: ceil(n / shards) rows (FSDP2 pads every rank to
+  it); DDP (dp_shard 1, cp 1) and dp_replicate keep whole copies;
 - a pipeline rank holds its stages' blocks, the first stage also the embeddings, the last
   the final norm and output.
 The busiest rank is the first data/tensor-parallel rank of the pipeline rank with the most.
@@ -176,7 +176,7 @@ def local_numel(p: Param, d: Degrees) -> int:
     else:
         if p.tp_dim is not None:
             shape[p.tp_dim] = -(-shape[p.tp_dim] // d.tp)
-        fsdp = d.dp_shard
+        fsdp = d.fsdp_shard  # dp_shard x cp
     shape[0] = -(-shape[0] // fsdp)
     return math.prod(shape)
 

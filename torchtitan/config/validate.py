@@ -288,10 +288,11 @@ def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
     if not experts:
         raise ConfigError(f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1")
     if dp_shard % (ep // (tp * cp)):
+        by = "tp x cp" if cp > 1 else "tp"
         raise ConfigError(
             f"--parallelism.expert_parallel_degree={ep} takes {ep // (tp * cp)} ranks from data_parallel_shard_degree"
-            f"={dp_shard} (ep / (tp x cp)), which does not divide it; pick an expert_parallel_degree of"
-            f" tp x cp x a divisor of {dp_shard}"
+            f"={dp_shard} (ep / {'(tp x cp)' if cp > 1 else 'tp'}), which does not divide it; pick an"
+            f" expert_parallel_degree of {by} x a divisor of {dp_shard}"
         )
     if experts % ep:
         raise ConfigError(

@@ -72,8 +72,8 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
         if world_size % others:
             raise ShapeError(
                 f"world size {world_size} is not divisible by data_parallel_replicate_degree x "
-                f"tensor_parallel_degree x pipeline_parallel_degree x context_parallel_degree = {others};"
-                " change the degrees or NGPU"
+                f"tensor_parallel_degree x pipeline_parallel_degree"
+                f"{' x context_parallel_degree' if cp > 1 else ''} = {others}; change the degrees or NGPU"
             )
         shard = world_size // others
     elif shard < 1:
@@ -81,7 +81,8 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
     elif shard * others != world_size:
         raise ShapeError(
             f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
-            f" x shard {shard} x cp {cp} x tp {p.tensor_parallel_degree} x pp {p.pipeline_parallel_degree})"
+            f" x shard {shard}{f' x cp {cp}' if cp > 1 else ''} x tp {p.tensor_parallel_degree}"
+            f" x pp {p.pipeline_parallel_degree})"
             f" but the world size is {world_size}; make them multiply to {world_size}"
             f" or set --parallelism.data_parallel_shard_degree=-1"
         )
