@@ -13,14 +13,16 @@ _COMM: dict[str, dict] = {}
 _LOADS: dict[str, list] = {}  # MoE: (min, max) tokens per expert over the mean, per step
 
 
-_REFERENCES = {run_tests.reference_name(c.model, c.dtype): (c.model, c.dtype) for c in run_tests.CASES}
+_REFERENCES = {run_tests.reference_name(c.model, c.dtype, c.attn_mask): (c.model, c.dtype, c.attn_mask)
+               for c in run_tests.CASES}
 
 
 def _losses(name: str, tmp_path_factory) -> list[float]:
     """Run a case once per session (reference* are the 1-rank runs) and keep its losses."""
     if name not in _LOSSES:
         if name in _REFERENCES:
-            (model, dtype), ngpu, overrides, launcher = _REFERENCES[name], 1, [], None
+            (model, dtype, mask), ngpu, launcher = _REFERENCES[name], 1, None
+            overrides = [f"--model.attn_mask={mask}"] if mask != "causal" else []
         else:
             c = _CASES[name]
             ngpu, overrides, model, dtype, launcher = c.ngpu, c.overrides, c.model, c.dtype, c.launcher
@@ -41,7 +43,7 @@ SLOW = [c for c in run_tests.CASES if c.slow]
 
 
 def _check(case, tmp_path_factory):
-    ref_name = run_tests.reference_name(case.model, case.dtype)
+    ref_name = run_tests.reference_name(case.model, case.dtype, case.attn_mask)
     reference = _losses(ref_name, tmp_path_factory)
     losses = _losses(case.name, tmp_path_factory)
     assert len(losses) == run_tests.STEPS

@@ -166,11 +166,8 @@ def cuda_causal_bias(tracker, target: str):
         return
 
     def uncounted(*args, **kwargs):
-        tracker._paused += 1
-        try:
+        with tracker.paused():
             return original(*args, **kwargs)
-        finally:
-            tracker._paused -= 1
 
     attention.causal_chunk_mask = uncounted
     try:

@@ -18,6 +18,8 @@ memory outside torch's allocator (e.g. gloo's own buffers).
 
 from __future__ import annotations
 
+import contextlib
+
 import weakref
 from collections import Counter
 from typing import Callable
@@ -121,6 +123,15 @@ class LiveBytes(TorchDispatchMode):
         top = sorted(((b, s) for s, b in size.items() if b), reverse=True)[:n]
         return [(b, self._category[s], self._origin[s]) for b, s in top]
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Storages created inside are not counted (not memory of the simulated job)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
     def __enter__(self):
         tracker = self
         original = torch.UntypedStorage.resize_
@@ -138,11 +149,8 @@ class LiveBytes(TorchDispatchMode):
         propagate = ShardingPropagator._propagate_tensor_meta_non_cached
 
         def propagate_untracked(*args, **kwargs):
-            tracker._paused += 1
-            try:
+            with tracker.paused():
                 return propagate(*args, **kwargs)
-            finally:
-                tracker._paused -= 1
 
         self._resize, self._propagate = original, propagate
         torch.UntypedStorage.resize_ = resize_
