@@ -43,7 +43,7 @@ def test_matrix_covers_every_dimension():
 def test_matrix_jobs_are_well_formed():
     for job in mc.parse_matrix():
         s = mc.shape(job)  # degrees multiply to the ranks
-        assert s.rep * s.shard * s.tp * s.pp == job.ngpu
+        assert s.rep * s.shard * s.tp * s.pp * s.cp == job.ngpu
         args = job.overrides()
         assert args[:len(mc.BASE)] == list(mc.BASE)
         assert len({a.split("=")[0] for a in args}) == len(args), job.name  # no key twice
