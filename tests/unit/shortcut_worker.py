@@ -36,8 +36,6 @@ def main() -> None:
     with torch.device("meta"):
         model = spec.model_cls(args)
     shortcuts.EXACT_LIMIT = 0
-    if os.environ.get("FROM_BLOCKS"):
-        shortcuts.FROM_BLOCKS = tuple(int(x) for x in os.environ["FROM_BLOCKS"].split(","))
     fast, _ = predict.predict_roles(spec, model, dims, cfg, "cpu", args)
     shortcuts.EXACT_LIMIT = 10**9
     shortcuts.rank_plan = lambda cfg, dims, args, freeing: shortcuts.RankPlan(list(range(dims.pp)), [], {})

@@ -33,6 +33,9 @@ CASES = {
     "ddp_accum": (2, [*TINY, "--training.local_batch_size=2", "--parallelism.data_parallel_shard_degree=1",
                       "--parallelism.data_parallel_replicate_degree=2", "--training.global_batch_size=8"]),
     "dsv3_ep2": (4, [*DSV3, "--training.local_batch_size=2", "--parallelism.expert_parallel_degree=2"]),
+    # context parallel (gathered K/V, chunk masks) with the document mask
+    "cp2_block_causal": (2, [*TINY, "--training.local_batch_size=2", "--parallelism.context_parallel_degree=2",
+                             "--model.attn_mask=block_causal"]),
 }
 
 

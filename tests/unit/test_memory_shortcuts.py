@@ -103,3 +103,19 @@ def test_interpolation_is_linear_in_microbatches_in_flight():
     # peaks at different points: the middle ranks are simulated instead
     roles = {1: _role(1, 500, "backward microbatch 1, stage 1", 50), 4: _role(4, 200, "backward microbatch 7, stage 4", 20)}
     assert not shortcuts.interpolable(roles, plan)
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"TITAN_MEMORY_WORKERS": "abc"}, "TITAN_MEMORY_WORKERS=abc: must be an integer >= 1 (processes the memory"
+     " prediction runs its simulations in; 1 = this one); unset it for the default"),
+    ({"TITAN_MEMORY_WORKERS": "0"}, "TITAN_MEMORY_WORKERS=0: must be an integer >= 1"),
+    ({"TITAN_MEMORY_EXACT_LIMIT": "-3"}, "TITAN_MEMORY_EXACT_LIMIT=-3: must be an integer >= 0"),
+])
+def test_bad_memory_environment_is_one_line(env, message):
+    from torchtitan.config import ConfigError
+    from torchtitan.config.validate import check_memory_env
+
+    with pytest.raises(ConfigError) as e:
+        check_memory_env(env)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    check_memory_env({"TITAN_MEMORY_WORKERS": "2", "TITAN_MEMORY_EXACT_LIMIT": "0"})  # valid: no error

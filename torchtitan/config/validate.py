@@ -385,6 +385,21 @@ def check_memory_keys(cfg: JobConfig) -> None:
     if not (1 <= skew < math.inf):
         raise ConfigError(f"--moe.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
                           " = every token copy on one rank)")
+    check_memory_env(os.environ)
+
+
+# The memory prediction's environment settings: name -> (smallest value, what it sets)
+MEMORY_ENV = {
+    "TITAN_MEMORY_WORKERS": (1, "processes the memory prediction runs its simulations in; 1 = this one"),
+    "TITAN_MEMORY_EXACT_LIMIT": (0, "block-microbatches per rank above which large jobs are extrapolated"),
+}
+
+
+def check_memory_env(env) -> None:
+    for name, (low, what) in MEMORY_ENV.items():
+        value = env.get(name, "")
+        if value and not (value.isdigit() and int(value) >= low):
+            raise ConfigError(f"{name}={value}: must be an integer >= {low} ({what}); unset it for the default")
 
 
 def check_model_states(cfg: JobConfig, args, world_size: int) -> None:

@@ -57,7 +57,7 @@ def _run_one(task: Task) -> tuple[Task, StepMemory, object]:
 
 
 def workers(n_tasks: int) -> int:
-    setting = os.environ.get("TITAN_MEMORY_WORKERS", "")
+    setting = os.environ.get("TITAN_MEMORY_WORKERS", "")  # checked by the config check
     n = int(setting) if setting else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     if "fork" not in multiprocessing.get_all_start_methods():
         n = 1

@@ -38,7 +38,7 @@ import torch
 
 # Above this many block-microbatches per rank a step is simulated with 1 and 2 blocks per
 # stage and extrapolated linearly to the real count; below it, exactly.
-EXACT_LIMIT = int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT", "48"))
+EXACT_LIMIT: int | None = None  # None: TITAN_MEMORY_EXACT_LIMIT (checked by the config check), else 48
 FROM_BLOCKS = (1, 2)  # the blocks per stage of the two simulated reductions
 
 
@@ -78,7 +78,8 @@ def variants(spec, model, dims, cfg, args, budget_freeing: bool) -> list[tuple]:
     microbatches = (layout is not None and cfg.training.local_batch_size
                     // cfg.parallelism.pipeline_parallel_microbatch_size) or 1
     work = max(sum(c) for c in blocks_per_stage(cfg, dims, args)) * microbatches
-    if work <= EXACT_LIMIT or budget_freeing:
+    limit = EXACT_LIMIT if EXACT_LIMIT is not None else int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT") or 48)
+    if work <= limit or budget_freeing:
         return [(cfg, args, model)]
     small = [_reduced(cfg, args, layout, k) for k in FROM_BLOCKS]
     if any(s is None for s in small):
