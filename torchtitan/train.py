@@ -42,6 +42,7 @@ from torchtitan.distributed.utils import (
 )
 from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction
 from torchtitan.models.flavors import MODEL_FLAVORS
+from torchtitan.models.hf_converters import export_args, export_fields
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -79,7 +80,8 @@ class Trainer:
 
         self.tokenizer = Tokenizer(cfg.model.tokenizer_path)
         spec = get_train_spec(cfg.model.name)
-        self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len, cfg.moe)
+        self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len, cfg.moe,
+                                     initial_load_path=cfg.checkpoint.initial_load_path)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args)
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -136,7 +138,8 @@ class Trainer:
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
             self.train_state, {"world_size": world, "global_batch": self.global_batch,
                                "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape),
-                               "tokenizer": os.path.abspath(self.tokenizer.path)},
+                               "tokenizer": os.path.abspath(self.tokenizer.path),
+                               "hf_args": export_fields(cfg.model.name, self.model_args)},
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, hf=self._hf_spec(pp_rank),
         )
         if cfg.checkpoint.create_seed_checkpoint:
@@ -156,7 +159,7 @@ class Trainer:
         """Hugging Face import/export facts; the first rank of each pipeline stage writes."""
         m = self.cfg.model
         writes = self.dims.leads_stage()
-        args = dataclasses.replace(self.model_args, max_seq_len=MODEL_FLAVORS[m.name][m.flavor].max_seq_len)
+        args = export_args(m.name, self.model_args, MODEL_FLAVORS[m.name][m.flavor].max_seq_len)
         return HFSpec(m.name, args, self.tokenizer.bos_id, self.tokenizer.eos_id, self.tokenizer.path, writes, pp_rank)
 
     def _report_plan(self, parts: ModelParts) -> None:

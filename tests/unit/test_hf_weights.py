@@ -77,7 +77,7 @@ def test_transformers_loads_the_export_with_our_logits_and_import_restores_them(
     assert diff < 1e-5
     fresh = Transformer(args)
     fresh.init_weights(1, torch.device("cpu"))  # other weights, all overwritten
-    assert hf_weights.load_hf_weights([fresh], folder, "llama3", args) == len(list(model.parameters()))
+    assert hf_weights.load_hf_weights([fresh], folder, "llama3", args).tensors == len(list(model.parameters()))
     with torch.no_grad():
         assert torch.equal(fresh(tokens), ours)
 
@@ -98,8 +98,10 @@ def test_folder_checks_name_the_key_and_the_fix(tiny, tmp_path):
     with pytest.raises(HFFolderError, match=r"holds another model than llama3 debugmodel: hidden_size=64 \(ours: 256\)"):
         check_folder(folder, "llama3", "debugmodel", dataclasses.replace(MODEL_FLAVORS["llama3"]["debugmodel"],
                                                                           vocab_size=args.vocab_size))
-    with pytest.raises(HFFolderError, match="Hugging Face folder, but model deepseek_v3 has no Hugging Face weight converter"):
-        check_folder(folder, "deepseek_v3", "debugmodel", args)
+    ds_args = dataclasses.replace(MODEL_FLAVORS["deepseek_v3"]["debugmodel"], vocab_size=args.vocab_size)
+    with pytest.raises(HFFolderError, match=r"holds another model than deepseek_v3 debugmodel: model_type='llama'"
+                                            r" \(ours: 'deepseek_v3'\)"):
+        check_folder(folder, "deepseek_v3", "debugmodel", ds_args)
     # config.json agrees but a tensor has another shape (an edited or foreign checkpoint)
     config = json.load(open(os.path.join(folder, "config.json")))
     del config["intermediate_size"]

@@ -252,8 +252,10 @@ class CheckpointManager:
                 raise CheckpointError(str(e)) from None
 
         self._agree(check)
-        n = load_hf_weights(self.model_parts, path, spec.model_name, spec.args)
-        return f"weights loaded from Hugging Face folder {path} ({n} tensors on this rank); starting at step 0"
+        done = load_hf_weights(self.model_parts, path, spec.model_name, spec.args)
+        note = f"; {done.note}" if done.note else ""
+        return (f"weights loaded from Hugging Face folder {path} ({done.tensors} tensors, {done.bytes_read / 2**20:.2f} MiB"
+                f" read on this rank){note}; starting at step 0")
 
     def _load(self, states: dict, path: str, own: bool = True) -> None:
         try:

@@ -83,16 +83,51 @@ def tensor_shapes(wmap: dict[str, str], names, key: str) -> dict[str, tuple[int,
     return shapes
 
 
+def required_shapes(converter, args, available) -> dict[str, tuple[int, ...]]:
+    """The tensors (and shapes) a folder holding `available` names must have for `args`."""
+    if hasattr(converter, "required"):
+        return converter.required(args, available)
+    return converter.hf_shapes(args)
+
+
 def resolve_names(converter, args, wmap: dict[str, str], path: str, key: str) -> dict[str, str]:
     """Every tensor the model needs -> the name it is stored under (tied models: the embedding)."""
     out = {}
-    for name in converter.hf_shapes(args):
+    for name in required_shapes(converter, args, wmap):
         source = name if name in wmap else converter.TIED_FALLBACK.get(name)
         if source not in wmap:
             raise HFFolderError(f"{key}: '{path}' has no tensor '{name}'; it is not a complete checkpoint of"
                                 " this model")
         out[name] = source
     return out
+
+
+def skip_note(converter, args, wmap, config: dict) -> str | None:
+    """One line about tensors the run leaves out on purpose (DeepSeek-V3: MTP layers)."""
+    note = getattr(converter, "skip_note", None)
+    return note(wmap, args, config) if note is not None else None
+
+
+def _left_out(converter, args, config: dict):
+    """name -> True for stored tensors that are no weights or that the run skips on purpose."""
+    unread = converter.unread(args) if hasattr(converter, "unread") else None
+    skipped = getattr(converter, "is_skipped", None)
+
+    def test(name: str) -> bool:
+        return bool(converter.IGNORED.search(name) or (unread is not None and unread.search(name))
+                    or (skipped is not None and skipped(name, args, config)))
+    return test
+
+
+def check_quantization(config: dict, path: str, key: str) -> None:
+    """FP8 folders: only DeepSeek's 128 x 128 block-wise e4m3 format is read."""
+    quant = config.get("quantization_config")
+    if not quant:
+        return
+    method, block = quant.get("quant_method"), quant.get("weight_block_size", [128, 128])
+    if method != "fp8" or list(block) != [128, 128]:
+        raise HFFolderError(f"{key}: '{path}' is quantized ({method!r}, weight_block_size {block}); only fp8 with"
+                            " 128 x 128 blocks is read: give an unquantized or block-wise FP8 checkpoint")
 
 
 def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--checkpoint.initial_load_path") -> None:
@@ -108,15 +143,25 @@ def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--ch
     if mismatches:
         raise HFFolderError(f"{key}: '{path}' holds another model than {model_name} {flavor}: "
                             + ", ".join(mismatches) + "; pick the --model.flavor (and tokenizer) it was trained with")
+    check_quantization(config, path, key)
     wmap = weight_map(path, key)
     sources = resolve_names(converter, args, wmap, path, key)
-    unused = sorted(n for n in set(wmap) - set(sources.values()) if not converter.IGNORED.search(n))
+    used = set(sources.values())
+    scales = {n for n in wmap if n.endswith("_scale_inv") and n[: -len("_scale_inv")] in used}
+    left_out = _left_out(converter, args, config)
+    unused = sorted(n for n in set(wmap) - used - scales if not left_out(n))
     if unused:
         raise HFFolderError(f"{key}: '{path}' holds {len(unused)} tensor(s) {model_name} {flavor} has no place for,"
                             f" e.g. '{unused[0]}'; it is another architecture or flavor")
-    shapes = tensor_shapes(wmap, set(sources.values()), key)
-    for name, expected in converter.hf_shapes(args).items():
+    shapes = tensor_shapes(wmap, used | scales, key)
+    for name, expected in required_shapes(converter, args, wmap).items():
         got = shapes[sources[name]]
         if got != tuple(expected):
             raise HFFolderError(f"{key}: tensor '{sources[name]}' in '{path}' has shape {list(got)}, {model_name}"
                                 f" {flavor} needs {list(expected)}; pick the flavor (and tokenizer) it was trained with")
+    for scale in sorted(scales):
+        weight = shapes[scale[: -len("_scale_inv")]]
+        tiles = tuple(-(-n // 128) for n in weight)
+        if shapes[scale] != tiles:
+            raise HFFolderError(f"{key}: '{scale}' in '{path}' has shape {list(shapes[scale])}, but block-wise FP8"
+                                f" scales of a {list(weight)} weight are {list(tiles)} (128 x 128 tiles)")

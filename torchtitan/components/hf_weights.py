@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchtitan.components.hf_folder import CONFIG, INDEX, resolve_names, weight_map
-from torchtitan.models.common.init import clean_fqn, copy_full_into
+from torchtitan.models.common.init import clean_fqn, local_indices
 from torchtitan.messages import one_line
 from torchtitan.models.hf_converters import hf_converter
 from torchtitan.dtypes import DTYPES
@@ -43,32 +43,122 @@ class HFSpec:
     stage: int  # pipeline rank
 
 
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, row0: int = 0, col0: int = 0,
+                      block: int = 128) -> torch.Tensor:
+    """float32 of an FP8 weight region whose first element is (row0, col0) of the full tensor:
+    each element times the `scale_inv` of its block x block tile. `scale_inv` holds the tiles
+    from tile row0 // block and tile column col0 // block on (the tiles the region touches)."""
+    rows = (torch.arange(weight.shape[0]) + row0) // block - row0 // block
+    cols = (torch.arange(weight.shape[1]) + col0) // block - col0 // block
+    return weight.to(torch.float32) * scale_inv.to(torch.float32)[rows][:, cols]
+
+
+class FolderReader:
+    """Reads tensors, or only the index ranges a rank holds (safetensors slices: the bytes
+    of the other rows are never read), from a Hugging Face folder; FP8 weights with a
+    `<name>_scale_inv` are dequantized block-wise to float32. Counts the bytes read."""
+
+    def __init__(self, wmap: dict[str, str], sources: dict[str, str] | None = None, block: int = 128):
+        self.wmap, self.sources, self.block = wmap, sources or {}, block
+        self.handles: dict[str, object] = {}
+        self.bytes_read = 0
+
+    def close(self) -> None:
+        for h in self.handles.values():
+            h.__exit__(None, None, None)
+        self.handles = {}
+
+    def stored(self, name: str) -> str:
+        return self.sources.get(name, name)
+
+    def has(self, name: str) -> bool:
+        return self.stored(name) in self.wmap
+
+    def _slice(self, stored: str):
+        from safetensors import safe_open
+
+        file = self.wmap[stored]
+        if file not in self.handles:
+            self.handles[file] = safe_open(file, framework="pt", device="cpu").__enter__()
+        return self.handles[file].get_slice(stored)
+
+    def _region(self, stored: str, ranges: list[tuple[int, int]]) -> torch.Tensor:
+        part = self._slice(stored)[tuple(slice(lo, hi) for lo, hi in ranges)]
+        self.bytes_read += part.numel() * part.element_size()
+        return part
+
+    def read(self, name: str, index=None) -> torch.Tensor:
+        """The tensor `name` (stored dtype; FP8 -> float32), or its part at `index`: per dim a
+        1-D tensor of global indices (None: the whole dim), in the order they are wanted."""
+        stored = self.stored(name)
+        shape = self._slice(stored).get_shape()
+        index = [None] * len(shape) if index is None else list(index) + [None] * (len(shape) - len(index))
+        index = [None if ix is None else ix.to("cpu", torch.int64) for ix in index]
+        ranges = [(0, n) if ix is None or ix.numel() == 0 and n == 0 else
+                  ((int(ix.min()), int(ix.max()) + 1) if ix.numel() else (0, 0)) for ix, n in zip(index, shape)]
+        part = self._region(stored, ranges)
+        if part.dtype in FP8_DTYPES:
+            scale = stored + "_scale_inv"
+            if scale not in self.wmap or part.dim() != 2:
+                raise ValueError(f"'{stored}' is {part.dtype} without a 2-D '{scale}' to dequantize it with")
+            (r0, r1), (c0, c1) = ranges
+            b = self.block
+            tiles = self._region(scale, [(r0 // b, max(r1 - 1, r0) // b + 1), (c0 // b, max(c1 - 1, c0) // b + 1)])
+            part = dequantize_blocks(part, tiles, r0, c0, b)
+        for d, (ix, (lo, hi)) in enumerate(zip(index, ranges)):
+            if ix is not None and not (ix.numel() == hi - lo and torch.equal(ix, torch.arange(lo, hi))):
+                part = part.index_select(d, ix - lo)
+        return part
+
+
+@dataclass(frozen=True)
+class HFLoad:
+    """What a rank read from a Hugging Face folder."""
+
+    tensors: int  # parameters (and checkpointed buffers) filled
+    bytes_read: int  # bytes of tensor data this rank read (its shards' rows only, where sliced)
+    note: str = ""  # one line about what the folder held that the run leaves out
+
+
+def checkpointed_tensors(part, converter):
+    """(clean name, tensor) of every parameter and of the buffers the converter reads/writes."""
+    buffers = getattr(converter, "BUFFERS", None)
+    for name, param in part.named_parameters():
+        yield clean_fqn(name), param
+    if buffers is not None:
+        for name, buf in part.named_buffers():
+            if buffers.search(clean_fqn(name)):
+                yield clean_fqn(name), buf
+
+
 @torch.no_grad()
-def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "--checkpoint.initial_load_path") -> int:
-    """Overwrite every parameter of `model_parts` from the Hugging Face folder `path`;
-    returns the number of tensors read. The folder was checked by hf_folder.check_folder."""
-    from safetensors import safe_open
+def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "--checkpoint.initial_load_path") -> HFLoad:
+    """Overwrite every parameter of `model_parts` from the Hugging Face folder `path`; each
+    rank reads only the parts it holds (the experts and rows of its shards). The folder was
+    checked by hf_folder.check_folder."""
+    from torchtitan.components.hf_folder import read_config, skip_note
 
     converter = hf_converter(model_name)
     wmap = weight_map(path, key)
-    sources = resolve_names(converter, args, wmap, path, key)
-    handles = {}
+    reader = FolderReader(wmap, resolve_names(converter, args, wmap, path, key))
     try:
         count = 0
         for part in model_parts:
-            for name, param in part.named_parameters():
-                fqn = clean_fqn(name)
-                source = sources[converter.hf_name(fqn)]
-                file = wmap[source]
-                if file not in handles:
-                    handles[file] = safe_open(file, framework="pt", device="cpu").__enter__()
-                full = converter.from_hf(fqn, handles[file].get_tensor(source), args)
-                copy_full_into(param, full.to(device=param.device, dtype=param.dtype))
+            for fqn, param in checkpointed_tensors(part, converter):
+                if isinstance(param, DTensor):
+                    index = [local_indices(param, d).cpu() for d in range(param.dim())]
+                    target = param.to_local()
+                else:
+                    index, target = None, param
+                local = converter.read_local(fqn, args, reader, index)
+                target.copy_(local.to(device=target.device, dtype=target.dtype))
                 count += 1
-        return count
+        return HFLoad(count, reader.bytes_read, skip_note(converter, args, wmap, read_config(path, key)) or "")
     finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
+        reader.close()
 
 
 class _ShardWriter:
@@ -121,23 +211,31 @@ def write_metadata(folder: str, config: dict, weight_map: dict[str, str], total_
 
 
 def convert_full(tensors, model_name: str, args, dtype: str, writer: _ShardWriter) -> None:
-    """(our name, full tensor) pairs -> converted, cast and handed to `writer`."""
+    """(our name, full tensor) pairs -> converted, cast and handed to `writer` (a model with
+    multi-token prediction also gets the published copies of its embedding and head)."""
     converter = hf_converter(model_name)
+    shared = {}
     for fqn, full in tensors:
-        hf = converter.to_hf(fqn, full, args).to(device="cpu", dtype=DTYPES[dtype]).contiguous()
-        writer.add(converter.hf_name(fqn), hf)
+        if fqn in ("tok_embeddings.weight", "output.weight"):
+            shared[fqn] = full
+        for name, hf in converter.export_tensors(fqn, full, args):
+            writer.add(name, hf.to(device="cpu", dtype=DTYPES[dtype]).contiguous())
+    copies = getattr(converter, "mtp_copies", None)
+    if copies is not None and getattr(args, "mtp_depth", 0):
+        for name, hf in copies(args, shared):
+            writer.add(name, hf.to(device="cpu", dtype=DTYPES[dtype]).contiguous())
     writer.flush()
 
 
-def _full_parameters(model_parts, keep: bool):
+def _full_parameters(model_parts, keep: bool, converter):
     """(clean name, full tensor) for every parameter; DTensors are gathered on every rank
     of their mesh (a collective), plain tensors are taken as they are. With keep=False the
     gathered tensor is dropped at once (ranks that help gather but do not write)."""
     for part in model_parts:
-        for name, param in part.named_parameters():
+        for fqn, param in checkpointed_tensors(part, converter):
             full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
             if keep:
-                yield clean_fqn(name), full
+                yield fqn, full
 
 
 @torch.no_grad()
@@ -155,7 +253,7 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
     writer = _ShardWriter(tmp, f"model-pp{spec.stage:02d}", SHARD_BYTES)
     if spec.writes and not os.path.isdir(tmp):
         writer.error = f"'{tmp}' made by rank 0 is not visible here: put --job.dump_folder on a file system every node shares"
-    params = _full_parameters(model_parts, keep=spec.writes)
+    params = _full_parameters(model_parts, spec.writes, hf_converter(spec.model_name))
     if spec.writes:
         convert_full(params, spec.model_name, spec.args, dtype, writer)
     else:
@@ -215,6 +313,9 @@ def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dt
         dcp.load({"model": state}, checkpoint_id=checkpoint, no_dist=True)
     vocab = state["tok_embeddings.weight"].shape[0]
     args = dataclasses.replace(MODEL_FLAVORS[model_name][flavor], vocab_size=vocab)
+    # What the run resolved at its training length (DeepSeek-V3: YaRN rule, MTP depth).
+    fields = {k: v for k, v in (marker.get("hf_args") or {}).items() if hasattr(args, k)}
+    args = dataclasses.replace(args, **fields)
     # The tokenizer the run recorded in the marker, unless another is given.
     if not tokenizer_path and os.path.isfile(marker.get("tokenizer", "")):
         tokenizer_path = marker["tokenizer"]

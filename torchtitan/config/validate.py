@@ -356,7 +356,8 @@ def _with_vocab(cfg: JobConfig):
     from torchtitan.models.flavors import model_args
 
     m = cfg.model
-    return model_args(m.name, m.flavor, Tokenizer(m.tokenizer_path).vocab_size, cfg.training.seq_len, cfg.moe)
+    return model_args(m.name, m.flavor, Tokenizer(m.tokenizer_path).vocab_size, cfg.training.seq_len, cfg.moe,
+                      initial_load_path=cfg.checkpoint.initial_load_path)
 
 
 def check_hf_export(cfg: JobConfig) -> None:
@@ -425,7 +426,8 @@ def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
         from torchtitan.components.tokenizer import Tokenizer
 
         vocab = Tokenizer(m.tokenizer_path).vocab_size
-    run_args = model_args(m.name, m.flavor, vocab, cfg.training.seq_len, cfg.moe)
+    run_args = model_args(m.name, m.flavor, vocab, cfg.training.seq_len, cfg.moe,
+                          initial_load_path=cfg.checkpoint.initial_load_path)
     rank = model_states.busiest(model_states.job_rank_states(cfg, world_size, run_args))
     if rank.total_bytes <= budget.bytes:
         return

@@ -8,10 +8,13 @@ from torchtitan.models.registry import MODELS
 MODEL_FLAVORS: dict[str, dict] = {name: entry.flavors for name, entry in MODELS.items()}
 
 
-def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None):
+def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, initial_load_path: str = ""):
     """The flavor's args with the tokenizer's vocabulary (when the flavor leaves it open),
-    a RoPE cache just long enough for training and the [moe] overrides (`moe`: JobConfig.moe)."""
+    a RoPE cache just long enough for training and the [moe] overrides (`moe`: JobConfig.moe).
+    A Hugging Face folder as `initial_load_path` fixes what its config decides beyond the
+    shapes (DeepSeek-V3: when YaRN applies), so the model computes what the folder's does."""
     args = MODEL_FLAVORS[name][flavor]
+    args = _from_hf_folder(name, args, initial_load_path)
     if moe is not None and getattr(args, "n_routed_experts", 0):
         overrides = {"n_activated_experts": moe.top_k or None,
                      "score_func": None if moe.score_func == "flavor" else moe.score_func,
@@ -24,3 +27,24 @@ def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None):
             f" {args.vocab_size} embeddings; use a matching tokenizer"
         )
     return dataclasses.replace(args, vocab_size=args.vocab_size or vocab_size, max_seq_len=seq_len)
+
+
+def _from_hf_folder(name: str, args, path: str):
+    from torchtitan.components import hf_folder
+
+    if not path or not hf_folder.is_hf_folder(path):
+        return args
+    from torchtitan.models.hf_converters import hf_converter
+
+    try:
+        converter = hf_converter(name)
+    except ValueError:
+        return args  # the config check reports it
+    adopt = getattr(converter, "args_from_config", None)
+    if adopt is None:
+        return args
+    try:
+        config = hf_folder.read_config(path, "--checkpoint.initial_load_path")
+    except hf_folder.HFFolderError:
+        return args  # the config check reports it
+    return adopt(config, args)

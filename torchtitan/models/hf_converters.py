@@ -1,9 +1,18 @@
 """Model name -> its Hugging Face weight converter module (torch-free import).
 
-A converter module provides: hf_name(fqn), to_hf(fqn, tensor, args), from_hf(fqn, tensor,
-args), hf_shapes(args), hf_config(args, dtype, bos_id, eos_id), config_mismatches(config,
-args), TIED_FALLBACK (Hugging Face names that a tied model stores under another name) and
-IGNORED (a regex of stored tensors that are not weights).
+A converter module provides:
+- export_tensors(fqn, full, args): our full tensor -> [(Hugging Face name, tensor)];
+- read_local(fqn, args, reader, index): this rank's part of `fqn` read through
+  components.hf_weights.FolderReader (`index`: per dim the global indices the rank holds);
+- hf_shapes(args), hf_config(args, dtype, bos_id, eos_id), config_mismatches(config, args);
+- TIED_FALLBACK (Hugging Face names that a tied model stores under another name) and
+  IGNORED (a regex of stored tensors that are not weights).
+Optional: required(args, available) (the tensors a folder must hold, when that depends on
+its layout), BUFFERS (a regex of checkpointed buffers), unread(args) / is_skipped(name,
+args, config) / skip_note(names, args, config) (tensors left out on purpose),
+args_from_config(config, args) (what a folder fixes beyond shapes, e.g. DeepSeek-V3's YaRN
+rule), export_args(args, max_positions) and EXPORT_FIELDS (what an export must resolve),
+mtp_copies(args, tensors) (extra tensors written as copies).
 """
 
 import importlib
@@ -21,3 +30,22 @@ def hf_converter(model_name: str):
             f" {', '.join(_CONVERTERS)}); start from a checkpoint folder instead"
         )
     return importlib.import_module(_CONVERTERS[model_name])
+
+
+def export_args(model_name: str, args, max_positions: int):
+    """The run's args as an export describes them: max_seq_len = the flavor's context, and
+    whatever the converter resolves at the training length (DeepSeek-V3's YaRN rule)."""
+    import dataclasses
+
+    resolve = getattr(hf_converter(model_name), "export_args", None) if model_name in _CONVERTERS else None
+    return resolve(args, max_positions) if resolve else dataclasses.replace(args, max_seq_len=max_positions)
+
+
+def export_fields(model_name: str, args) -> dict:
+    """What a checkpoint marker records for a later offline export (resolved at training length)."""
+    if model_name not in _CONVERTERS:
+        return {}
+    converter = hf_converter(model_name)
+    fields = getattr(converter, "EXPORT_FIELDS", ())
+    resolved = export_args(model_name, args, args.max_seq_len)
+    return {f: getattr(resolved, f) for f in fields if hasattr(resolved, f)}

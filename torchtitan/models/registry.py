@@ -25,5 +25,5 @@ class ModelEntry:
 
 MODELS: dict[str, ModelEntry] = {
     "llama3": ModelEntry(LLAMA3_FLAVORS, "torchtitan.models.llama3", "torchtitan.models.llama3.hf_convert"),
-    "deepseek_v3": ModelEntry(DEEPSEEK_V3_FLAVORS, "torchtitan.models.deepseek_v3"),
+    "deepseek_v3": ModelEntry(DEEPSEEK_V3_FLAVORS, "torchtitan.models.deepseek_v3", "torchtitan.models.deepseek_v3.hf_convert"),
 }

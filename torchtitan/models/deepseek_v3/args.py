@@ -69,6 +69,16 @@ class DeepSeekV3Args:
     """YaRN: frequencies with fewer than `beta_slow` rotations are divided by `rope_factor`."""
     mscale: float = 1.0
     """YaRN attention-temperature coefficient (softmax scale *= (0.1*mscale*ln(factor)+1)^2)."""
+    yarn: str = "beyond_original"
+    """When YaRN applies: "beyond_original" (the reference implementation's rule: only when
+    max_seq_len > original_seq_len), "always" (transformers' rule for a folder whose rope type
+    is yarn, at every length) or "never" (plain RoPE). A Hugging Face import sets it from the
+    folder, so the model computes what the folder's model computes at every seq_len."""
+    yarn_temperature: str = "softmax"
+    """Where YaRN's attention-temperature correction goes when YaRN applies: "softmax" (the
+    softmax scale *= (0.1*mscale*ln(factor)+1)^2; DeepSeek's rule, and transformers' with
+    mscale_all_dim = mscale) or "rope" (transformers' rule for a folder without
+    mscale_all_dim: cos/sin are multiplied by 0.1*ln(factor)+1, the softmax scale stays)."""
     max_seq_len: int = 163840
     """Longest sequence (RoPE cache length); the trainer sets it to the training seq_len."""
 
@@ -80,6 +90,24 @@ class DeepSeekV3Args:
     def n_kv_heads(self) -> int:
         # MLA expands the latent into one key/value per head; shared validation reads this
         return self.n_heads
+
+
+YARN_RULES = ("beyond_original", "always", "never")
+YARN_TEMPERATURES = ("softmax", "rope")
+
+
+def yarn_on(args: DeepSeekV3Args) -> bool:
+    """Whether YaRN (frequencies and attention temperature) applies to a model of these args."""
+    if args.yarn == "beyond_original":
+        return args.max_seq_len > args.original_seq_len
+    return args.yarn == "always"
+
+
+def yarn_mscale(args: DeepSeekV3Args, coefficient: float) -> float:
+    """YaRN's attention-temperature factor 0.1*coefficient*ln(factor)+1 (1 for factor <= 1)."""
+    import math
+
+    return 0.1 * coefficient * math.log(args.rope_factor) + 1.0 if args.rope_factor > 1 else 1.0
 
 
 FLAVORS: dict[str, DeepSeekV3Args] = {

@@ -21,12 +21,12 @@ from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import apply_rope
-from torchtitan.models.deepseek_v3.args import DeepSeekV3Args
+from torchtitan.models.deepseek_v3.args import DeepSeekV3Args, yarn_mscale, yarn_on
 
 
 def yarn_active(args: DeepSeekV3Args) -> bool:
-    """YaRN applies only when the model runs beyond its pre-training context."""
-    return args.max_seq_len > args.original_seq_len
+    """Whether YaRN applies: by `args.yarn`, by default only beyond the pre-training context."""
+    return yarn_on(args)
 
 
 def yarn_frequencies(args: DeepSeekV3Args) -> torch.Tensor:
@@ -60,15 +60,18 @@ def yarn_rope_cache(args: DeepSeekV3Args, device=None) -> torch.Tensor:
     layout `common.rope.apply_rope` expects)."""
     freqs = yarn_frequencies(args).to(device)
     angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float64), freqs)
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+    rows = torch.cat([angles.cos(), angles.sin()], dim=-1)
+    if yarn_active(args) and args.yarn_temperature == "rope":
+        rows = rows * yarn_mscale(args, 1.0)  # both q and k rotate by it: the RoPE scores scale by its square
+    return rows.float()
 
 
 def softmax_scale(args: DeepSeekV3Args) -> float:
     """1/sqrt(qk_head_dim), times YaRN's attention-temperature correction squared when
     active (DeepSeek folds the correction of both q and k into the softmax scale)."""
     scale = args.qk_head_dim**-0.5
-    if yarn_active(args):
-        m = 0.1 * args.mscale * math.log(args.rope_factor) + 1.0
+    if yarn_active(args) and args.yarn_temperature == "softmax":
+        m = yarn_mscale(args, args.mscale)
         scale *= m * m
     return scale
 

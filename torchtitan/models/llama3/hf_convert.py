@@ -74,6 +74,24 @@ def from_hf(fqn: str, tensor, args: Llama3Args):
     return tensor.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def export_tensors(fqn: str, full, args: Llama3Args) -> list[tuple[str, object]]:
+    """Our full tensor -> [(its Hugging Face name, the tensor in Hugging Face layout)]."""
+    return [(hf_name(fqn), to_hf(fqn, full, args))]
+
+
+def read_local(fqn: str, args: Llama3Args, reader, index) -> object:
+    """This rank's part of `fqn` (`index`: per dim the global indices it holds, or None).
+    q/k rows are permuted per head, so those are read whole and then indexed; the others
+    read only their rows."""
+    if not _heads(fqn, args):
+        return reader.read(hf_name(fqn), index)
+    full = from_hf(fqn, reader.read(hf_name(fqn)), args)
+    for d, ix in enumerate(index or []):
+        if ix is not None:
+            full = full.index_select(d, ix)
+    return full
+
+
 def hf_shapes(args: Llama3Args) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face tensor a model of these args has, with its shape."""
     d, hd, hidden = args.dim, args.head_dim, args.ffn_hidden_dim
