@@ -140,6 +140,11 @@ def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--ch
         raise HFFolderError(f"{key}: '{path}' is a Hugging Face folder, but {e}") from None
     config = read_config(path, key)
     mismatches = converter.config_mismatches(config, args)
+    unexpressible = [m for m in mismatches if "cannot express" in m]
+    if unexpressible:  # the shapes may fit, but loading would silently compute another model
+        raise HFFolderError(f"{key}: '{path}' cannot be loaded faithfully: " + ", ".join(unexpressible)
+                            + f"; {model_name} would compute another attention than the folder's model, so it is"
+                            " refused (use a checkpoint whose mscale equals mscale_all_dim)")
     if mismatches:
         raise HFFolderError(f"{key}: '{path}' holds another model than {model_name} {flavor}: "
                             + ", ".join(mismatches) + "; pick the --model.flavor (and tokenizer) it was trained with")
