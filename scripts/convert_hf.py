@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--flavor", default="", help="Hugging Face folder in: the flavor whose shapes the folder has")
     ap.add_argument("--tokenizer_path", default="", help="tokenizer.json the model was trained with (default: bundled)")
     ap.add_argument("--dtype", default="", choices=["", "float32", "bfloat16", "float16"],
-                    help="dtype of the written weights (default: the checkpoint's; float32 for a Hugging Face folder in)")
+                    help="dtype of the written weights (default: the checkpoint's; float32 from a Hugging Face"
+                         " folder)")
     ap.add_argument("--shard_gib", type=float, default=4.0, help="largest safetensors file, GiB (default 4)")
     args = ap.parse_args(argv)
 
