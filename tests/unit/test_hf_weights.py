@@ -177,3 +177,29 @@ def test_export_writes_atomically_and_fails_alike_on_every_rank(tiny, tmp_path, 
                                                        r" failed \(OSError: \[Errno 28\] No space left on device\)\)"):
         hf_weights.export_hf([model], other, spec, "float32")
     assert sorted(os.listdir(tmp_path / "hf")) == ["step-3"]
+
+
+def test_a_folder_imports_as_a_model_only_checkpoint_and_exports_back_bitwise(tiny, tmp_path):
+    """scripts/convert_hf.py's folder -> DCP direction (Llama3): the trainer's model-only format,
+    and the export of it gives back the folder's tensors and config bitwise; a wrong flavor is
+    refused before anything is written."""
+    from safetensors.torch import load_file
+
+    from torchtitan.components.checkpoint_files import read_marker
+
+    tok, args, export_args, model = tiny
+    folder = _export(model, tmp_path / "hf", export_args, tok)
+    with pytest.raises(HFFolderError, match="holds another model than llama3 debugmodel"):
+        hf_weights.import_folder(folder, str(tmp_path / "bad"), "llama3", "debugmodel")
+    assert not os.path.exists(tmp_path / "bad") and not os.path.exists(tmp_path / "bad.tmp")
+    ckpt, done = hf_weights.import_folder(folder, str(tmp_path / "step-0"), "llama3", "tiny")
+    assert done.tensors == len(list(model.parameters())) and not os.path.exists(ckpt + ".tmp")
+    marker = read_marker(ckpt)
+    assert (marker["model"], marker["model_only"], marker["dtype"]) == ("llama3/tiny", True, "float32"), marker
+    back = hf_weights.export_checkpoint(ckpt, str(tmp_path / "back"))
+    ours, theirs = load_file(os.path.join(folder, "model-0000.safetensors")), {}
+    for file in os.listdir(back):
+        if file.endswith(".safetensors"):
+            theirs.update(load_file(os.path.join(back, file)))
+    assert sorted(ours) == sorted(theirs) and all(ours[k].equal(theirs[k]) for k in ours)
+    assert json.load(open(os.path.join(back, "config.json"))) == json.load(open(os.path.join(folder, "config.json")))

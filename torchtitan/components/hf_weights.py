@@ -336,3 +336,52 @@ def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dt
     write_metadata(tmp, config, writer.weight_map, writer.total_bytes, tokenizer.path)
     os.replace(tmp, folder)
     return folder
+
+
+def import_folder(folder: str, out: str, model_name: str, flavor: str, tokenizer_path: str = "",
+                  dtype: str = "float32") -> tuple[str, HFLoad]:
+    """A Hugging Face folder -> the model-only DCP step folder `out` that a run's
+    --checkpoint.initial_load_path accepts (the trainer's own model-only format: "model."
+    keys, a `.complete` marker naming model, flavor, dtype, tokenizer and the resolved
+    hf_args), in one process without a process group. The folder is checked against the
+    flavor (HFFolderError, nothing written); the model is built on CPU with the folder's
+    rules (DeepSeek-V3: YaRN) and the tokenizer's vocabulary, filled by load_hf_weights,
+    written to `out`.tmp and renamed into place."""
+    import time
+
+    import torch.distributed.checkpoint as dcp
+
+    from torchtitan.components.checkpoint import ModelState
+    from torchtitan.components.checkpoint_files import write_marker
+    from torchtitan.components.hf_folder import check_folder
+    from torchtitan.components.tokenizer import Tokenizer
+    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.hf_converters import export_fields
+    from torchtitan.protocols.train_spec import get_train_spec, model_args
+
+    key = "convert_hf.py"
+    tokenizer = Tokenizer(tokenizer_path)
+    args = model_args(model_name, flavor, tokenizer.vocab_size, MODEL_FLAVORS[model_name][flavor].max_seq_len,
+                      initial_load_path=folder)
+    check_folder(folder, model_name, flavor, args, key=key)
+    with torch.device("meta"):
+        model = get_train_spec(model_name).model_cls(args)
+    model.to_empty(device="cpu")
+    model.init_weights(0, torch.device("cpu"))  # buffers and caches; every checkpointed tensor is read below
+    done = load_hf_weights([model], folder, model_name, args, key=key)
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save({"model": ModelState([model], DTYPES[dtype])}, checkpoint_id=tmp, no_dist=True)
+        write_marker(tmp, {"step": 0, "model_only": True, "dtype": dtype, "time": time.time(), "world_size": 1,
+                           "model": f"{model_name}/{flavor}", "mesh": {},
+                           "tokenizer": os.path.abspath(tokenizer.path),
+                           "hf_args": export_fields(model_name, args), "hf_source": os.path.abspath(folder)})
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out, done
