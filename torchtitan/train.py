@@ -42,7 +42,7 @@ from torchtitan.distributed.utils import (
 )
 from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction
 from torchtitan.models.flavors import MODEL_FLAVORS
-from torchtitan.models.hf_converters import export_args, export_fields
+from torchtitan.models.hf_converters import export_args, export_fields, model_rules
 from torchtitan.protocols.train_spec import get_train_spec, model_args
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -139,7 +139,8 @@ class Trainer:
             self.train_state, {"world_size": world, "global_batch": self.global_batch,
                                "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape),
                                "tokenizer": os.path.abspath(self.tokenizer.path),
-                               "hf_args": export_fields(cfg.model.name, self.model_args)},
+                               "hf_args": export_fields(cfg.model.name, self.model_args),
+                               "model_rules": model_rules(cfg.model.name, self.model_args)},
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, hf=self._hf_spec(pp_rank),
         )
         if cfg.checkpoint.create_seed_checkpoint:

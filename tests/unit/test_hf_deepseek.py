@@ -313,3 +313,15 @@ def _tensors(folder):
         if f.endswith(".safetensors"):
             out.update(load_file(os.path.join(folder, f)))
     return out
+
+
+def test_the_folder_rule_survives_conversion_to_a_checkpoint(tmp_path):
+    """A yarn folder -> convert_hf.py's model-only checkpoint -> a run at seq 32 (below
+    original_seq_len) started from that checkpoint still applies YaRN, as the folder's model."""
+    folder = _transformers_folder(tmp_path, YARN)
+    out, _ = hf_weights.import_folder(folder, str(tmp_path / "step-0"), "deepseek_v3", "tiny")
+    vocab = Tokenizer("").vocab_size
+    from_folder = model_args("deepseek_v3", "tiny", vocab, 32, initial_load_path=folder)
+    from_checkpoint = model_args("deepseek_v3", "tiny", vocab, 32, initial_load_path=out)
+    assert from_folder.yarn == from_checkpoint.yarn == "always"
+    assert model_args("deepseek_v3", "tiny", vocab, 32).yarn == "beyond_original"

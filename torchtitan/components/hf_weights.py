@@ -356,7 +356,7 @@ def import_folder(folder: str, out: str, model_name: str, flavor: str, tokenizer
     from torchtitan.components.hf_folder import check_folder
     from torchtitan.components.tokenizer import Tokenizer
     from torchtitan.models.flavors import MODEL_FLAVORS
-    from torchtitan.models.hf_converters import export_fields
+    from torchtitan.models.hf_converters import export_fields, model_rules
     from torchtitan.protocols.train_spec import get_train_spec, model_args
 
     key = "convert_hf.py"
@@ -379,7 +379,8 @@ def import_folder(folder: str, out: str, model_name: str, flavor: str, tokenizer
         write_marker(tmp, {"step": 0, "model_only": True, "dtype": dtype, "time": time.time(), "world_size": 1,
                            "model": f"{model_name}/{flavor}", "mesh": {},
                            "tokenizer": os.path.abspath(tokenizer.path),
-                           "hf_args": export_fields(model_name, args), "hf_source": os.path.abspath(folder)})
+                           "hf_args": export_fields(model_name, args), "model_rules": model_rules(model_name, args),
+                           "hf_source": os.path.abspath(folder)})
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

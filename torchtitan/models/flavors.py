@@ -12,7 +12,8 @@ def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, 
     """The flavor's args with the tokenizer's vocabulary (when the flavor leaves it open),
     a RoPE cache just long enough for training and the [moe] overrides (`moe`: JobConfig.moe).
     A Hugging Face folder as `initial_load_path` fixes what its config decides beyond the
-    shapes (DeepSeek-V3: when YaRN applies), so the model computes what the folder's does."""
+    shapes (DeepSeek-V3: when YaRN applies), so the model computes what the folder's does; a
+    checkpoint folder passes on the rules its marker recorded (`model_rules`)."""
     args = MODEL_FLAVORS[name][flavor]
     args = _from_hf_folder(name, args, initial_load_path)
     if moe is not None and getattr(args, "n_routed_experts", 0):
@@ -32,8 +33,10 @@ def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, 
 def _from_hf_folder(name: str, args, path: str):
     from torchtitan.components import hf_folder
 
-    if not path or not hf_folder.is_hf_folder(path):
+    if not path:
         return args
+    if not hf_folder.is_hf_folder(path):
+        return _from_checkpoint(args, path)
     from torchtitan.models.hf_converters import hf_converter
 
     try:
@@ -48,3 +51,16 @@ def _from_hf_folder(name: str, args, path: str):
     except hf_folder.HFFolderError:
         return args  # the config check reports it
     return adopt(config, args)
+
+
+def _from_checkpoint(args, path: str):
+    """A checkpoint's recorded rules (a model that came from a Hugging Face folder keeps its
+    YaRN rule through scripts/convert_hf.py and through training checkpoints)."""
+    from torchtitan.components.checkpoint_files import CheckpointError, read_marker
+
+    try:
+        marker = read_marker(path) or {}
+    except (CheckpointError, OSError):
+        return args  # the config check reports it
+    rules = {k: v for k, v in (marker.get("model_rules") or {}).items() if hasattr(args, k)}
+    return dataclasses.replace(args, **rules) if rules else args

@@ -12,6 +12,7 @@ its layout), BUFFERS (a regex of checkpointed buffers), unread(args) / is_skippe
 args, config) / skip_note(names, args, config) (tensors left out on purpose),
 args_from_config(config, args) (what a folder fixes beyond shapes, e.g. DeepSeek-V3's YaRN
 rule), export_args(args, max_positions) and EXPORT_FIELDS (what an export must resolve),
+RULE_FIELDS (rules a checkpoint marker carries to the runs started from it),
 mtp_copies(args, tensors) (extra tensors written as copies).
 """
 
@@ -49,3 +50,11 @@ def export_fields(model_name: str, args) -> dict:
     fields = getattr(converter, "EXPORT_FIELDS", ())
     resolved = export_args(model_name, args, args.max_seq_len)
     return {f: getattr(resolved, f) for f in fields if hasattr(resolved, f)}
+
+
+def model_rules(model_name: str, args) -> dict:
+    """The args' rule fields (RULE_FIELDS) as they are, for a checkpoint marker."""
+    if model_name not in _CONVERTERS:
+        return {}
+    fields = getattr(hf_converter(model_name), "RULE_FIELDS", ())
+    return {f: getattr(args, f) for f in fields if hasattr(args, f)}

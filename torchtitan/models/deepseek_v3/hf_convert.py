@@ -141,6 +141,9 @@ def export_args(args: DeepSeekV3Args, max_positions: int) -> DeepSeekV3Args:
 
 # Resolved fields a checkpoint marker records for a later offline export (scripts/convert_hf.py).
 EXPORT_FIELDS = ("yarn", "yarn_temperature", "mtp_depth")
+# Rules a model keeps from where it came from (a Hugging Face folder): a checkpoint marker
+# records them unresolved, and a run started from that checkpoint adopts them.
+RULE_FIELDS = ("yarn", "yarn_temperature")
 
 
 def read_local(fqn: str, args: DeepSeekV3Args, reader, index) -> object:
