@@ -34,7 +34,8 @@ def build_model(cfg):
         from torchtitan.components.tokenizer import Tokenizer
 
         vocab = Tokenizer(cfg.model.tokenizer_path).vocab_size
-    args = model_args(cfg.model.name, cfg.model.flavor, vocab, cfg.training.seq_len, cfg.moe)
+    args = model_args(cfg.model.name, cfg.model.flavor, vocab, cfg.training.seq_len, cfg.moe,
+                      cfg.model.mtp_depth)
     with torch.device("meta"):
         model = spec.model_cls(args)
     return spec, model, args
