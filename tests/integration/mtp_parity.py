@@ -5,7 +5,8 @@
     PYTHONPATH=$PWD .venv/bin/python tests/integration/mtp_parity.py [--steps 4] [layout ...]
 
 Prints one table row per (layout, step): loss, mtp_loss and their relative differences
-from the 1-rank run; exits 1 when a difference exceeds --rtol (the suite's fp32 1e-4).
+from the 1-rank run; exits 1 when one of them, or the gradient norm's, exceeds --rtol (the
+suite's fp32 tolerance for its DeepSeek-V3 cases, 1e-4). Layouts: LAYOUTS.
 """
 
 import argparse
@@ -29,23 +30,35 @@ LAYOUTS = {  # name -> (ranks, overrides)
 }
 
 
-def losses(ngpu: int, overrides: list[str], dump: str) -> tuple[list[float], list[float]]:
-    rc, secs, out = run_tests.run(ngpu, [*MTP, *overrides], dump, model=run_tests.DS)
+class RunFailed(RuntimeError):
+    pass
+
+
+def metrics(ngpu: int, overrides: list[str], dump: str) -> dict[str, list[float]]:
+    """Per-step loss, mtp_loss and grad_norm of one run."""
+    rc, _, out = run_tests.run(ngpu, [*MTP, *overrides], dump, model=run_tests.DS)
     if rc != 0:
-        sys.exit(f"run failed ({ngpu} ranks, {' '.join(overrides)}):\n{out[-4000:]}")
-    return run_tests.read_losses(dump), run_tests.read_losses(dump, "mtp_loss")
+        raise RunFailed(f"run failed ({ngpu} ranks, {' '.join(overrides)}):\n{out[-4000:]}")
+    return {key: run_tests.read_losses(dump, key) for key in ("loss", "mtp_loss", "grad_norm")}
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
 
 
 def parity(layouts: list[str], steps: int, workdir: str) -> list[tuple]:
-    """(layout, step, loss, mtp_loss, loss rel diff, mtp_loss rel diff) rows, the 1-rank run first."""
+    """(layout, step, loss, mtp_loss, loss rel diff, mtp_loss rel diff, grad_norm rel diff)
+    rows, the 1-rank run first."""
     common = [f"--training.steps={steps}"]
-    ref_loss, ref_mtp = losses(1, [*common, "--training.local_batch_size=8"], os.path.join(workdir, "1rank"))
-    rows = [("1 rank", s + 1, ref_loss[s], ref_mtp[s], 0.0, 0.0) for s in range(steps)]
+    ref = metrics(1, [*common, "--training.local_batch_size=8"], os.path.join(workdir, "1rank"))
+    rows = [("1 rank", s + 1, ref["loss"][s], ref["mtp_loss"][s], 0.0, 0.0, 0.0) for s in range(steps)]
     for name in layouts:
         ngpu, overrides = LAYOUTS[name]
-        loss, mtp = losses(ngpu, [*common, *overrides], os.path.join(workdir, name))
-        rows += [(name, s + 1, loss[s], mtp[s], abs(loss[s] - ref_loss[s]) / abs(ref_loss[s]),
-                  abs(mtp[s] - ref_mtp[s]) / abs(ref_mtp[s])) for s in range(steps)]
+        got = metrics(ngpu, [*common, *overrides], os.path.join(workdir, name))
+        assert len(got["loss"]) == len(got["mtp_loss"]) == steps, got
+        rows += [(name, s + 1, got["loss"][s], got["mtp_loss"][s], rel(got["loss"][s], ref["loss"][s]),
+                  rel(got["mtp_loss"][s], ref["mtp_loss"][s]), rel(got["grad_norm"][s], ref["grad_norm"][s]))
+                 for s in range(steps)]
     return rows
 
 
@@ -56,13 +69,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rtol", type=float, default=1e-4)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mtp_parity_") as workdir:
-        rows = parity(args.layouts or ["fsdp2+ep2", "tp2+ep2"], args.steps, workdir)
+        try:
+            rows = parity(args.layouts or ["fsdp2+ep2", "tp2+ep2"], args.steps, workdir)
+        except RunFailed as e:
+            print(e, file=sys.stderr)
+            return 1
     print("| layout | step | loss | mtp_loss | loss diff vs 1 rank (rel) | mtp_loss diff vs 1 rank (rel) |")
     print("|---|---|---|---|---|---|")
-    for name, step, loss, mtp, dl, dm in rows:
+    for name, step, loss, mtp, dl, dm, _ in rows:
         print(f"| {name} | {step} | {loss:.6f} | {mtp:.6f} | {dl:.1e} | {dm:.1e} |")
-    worst = max(max(r[4], r[5]) for r in rows)
-    print(f"largest relative difference {worst:.1e} (tolerance {args.rtol:g})")
+    worst = max(max(r[4:]) for r in rows)
+    print(f"largest relative difference (loss, mtp_loss, grad_norm) {worst:.1e} (tolerance {args.rtol:g})")
     return 0 if worst <= args.rtol else 1
 
 
