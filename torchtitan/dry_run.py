@@ -35,7 +35,7 @@ def build_model(cfg):
 
         vocab = Tokenizer(cfg.model.tokenizer_path).vocab_size
     args = model_args(cfg.model.name, cfg.model.flavor, vocab, cfg.training.seq_len, cfg.moe,
-                      initial_load_path=cfg.checkpoint.initial_load_path)
+                      mtp_depth=cfg.model.mtp_depth, initial_load_path=cfg.checkpoint.initial_load_path)
     with torch.device("meta"):
         model = spec.model_cls(args)
     return spec, model, args

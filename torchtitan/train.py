@@ -81,7 +81,7 @@ class Trainer:
         self.tokenizer = Tokenizer(cfg.model.tokenizer_path)
         spec = get_train_spec(cfg.model.name)
         self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len, cfg.moe,
-                                     initial_load_path=cfg.checkpoint.initial_load_path)
+                                     mtp_depth=cfg.model.mtp_depth, initial_load_path=cfg.checkpoint.initial_load_path)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args)
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -123,7 +123,8 @@ class Trainer:
         self.runner = StepRunner(self.model_parts, self.device, self.accum_steps, self.loss_parallel, self.pipeline,
                                  self.layout, self.stage_ids, cfg.metrics.held_for_backward,
                                  bos_id=self.tokenizer.bos_id if cfg.model.attn_mask == "block_causal" else None,
-                                 cp=self.model_parts[0].context_parallel)
+                                 cp=self.model_parts[0].context_parallel,
+                                 mtp_depth=cfg.model.mtp_depth, mtp_loss_weight=t.mtp_loss_weight)
 
         self.balancer = None
         self.model_args_aux_loss = getattr(self.model_args, "aux_loss_coeff", 0.0) > 0
@@ -228,10 +229,10 @@ class Trainer:
 
     def train_step(self, batches) -> tuple[float, float, dict]:
         """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm,
-        MoE figures: the balance loss when on, the expert load)."""
+        extra figures: the MoE balance loss when on, the expert load, the MTP loss when on)."""
         if self.comm is not None:
             self.comm.phase_name = "forward"  # backward is detected from autograd
-        loss_sum, aux_sum = self.runner.forward_backward(batches)
+        loss_sum, aux_sum, mtp_sum = self.runner.forward_backward(batches)
         self.held_bytes = self.runner.held_bytes
         if self.comm is not None:
             self.comm.phase_name = "other"
@@ -251,6 +252,8 @@ class Trainer:
         if self.model_args_aux_loss:
             dist.all_reduce(aux_sum, group=self.dims.loss_group())
             moe["aux_loss"] = aux_sum.item() / self.dims.dp_cp
+        if self.runner.mtp_depth:  # reduced as the loss: a per-rank mean, averaged over the ranks
+            moe["mtp_loss"] = self._global_loss(mtp_sum)
         return loss, grad_norm, moe
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
@@ -266,7 +269,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         with loss_parallel_context(self.loss_parallel):
             for inputs, labels in batches:
-                inputs, labels, kwargs = self.runner.prepare(inputs, labels)
+                inputs, labels, kwargs = self.runner.prepare(inputs, labels, mtp=False)  # the main loss only
                 if self.pipeline is not None:
                     loss_sum += self.runner.pipeline_losses(inputs, labels, train=False, kwargs=kwargs)
                     continue

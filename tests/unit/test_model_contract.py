@@ -27,17 +27,26 @@ def test_registered_once_for_flavors_spec_and_converter(name):
             hf_converter(name)
 
 
+def _optional_features(args) -> dict:
+    """Every optional module on (DeepSeek-V3's multi-token prediction)."""
+    return {"mtp_depth": 1} if hasattr(args, "mtp_depth") else {}
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_model_keeps_the_contract(name):
     spec = get_train_spec(name)
-    args = dataclasses.replace(spec.flavors["tiny"], vocab_size=256, max_seq_len=32)
+    tiny = spec.flavors["tiny"]
+    args = dataclasses.replace(tiny, vocab_size=256, max_seq_len=32, **_optional_features(tiny))
     with torch.device("meta"):
         model = spec.model_cls(args)
+        without = spec.model_cls(dataclasses.replace(tiny, vocab_size=256, max_seq_len=32))
     assert isinstance(model, TrainableModel)
     blocks = getattr(model, BLOCKS)
     assert isinstance(blocks, nn.ModuleDict) and list(blocks) == [str(i) for i in range(args.n_layers)]
     for attr in (*model.first_stage_modules, *model.last_stage_modules):
         assert isinstance(getattr(model, attr), nn.Module), attr
+        # built without its optional features, a stage module is a module or None (left out)
+        assert getattr(without, attr) is None or isinstance(getattr(without, attr), nn.Module), attr
     units = model.fsdp_units()
     assert all(isinstance(u, FsdpUnit) and u.decision is None and u.param_bytes == 0 for u in units)
     for u in units:  # every unit is a real submodule, inside its block when it has one

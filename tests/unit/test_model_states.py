@@ -30,8 +30,8 @@ VOCAB = 2048  # the bundled tokenizer's, for the flavors that take the tokenizer
 ALL_FLAVORS = [(name, flavor) for name, flavors in MODEL_FLAVORS.items() for flavor in flavors]
 
 
-def run_args(name: str, flavor: str):
-    return model_args(name, flavor, VOCAB, 256)
+def run_args(name: str, flavor: str, **features):
+    return model_args(name, flavor, VOCAB, 256, **features)
 
 
 def meta_model(name: str, flavor: str):
@@ -50,18 +50,32 @@ def test_every_registered_model_has_its_shapes():
     assert set(model_states.MODEL_SHAPES) == set(MODELS)
 
 
-@pytest.mark.parametrize("name,flavor", ALL_FLAVORS)
-def test_parameters_equal_the_meta_model_name_by_name(name, flavor):
+# DeepSeek-V3 with its multi-token-prediction module (the published checkpoints have one)
+MTP_FLAVORS = [("deepseek_v3", flavor, {"mtp_depth": 1}) for flavor in ("tiny", "671B")]
+
+
+@pytest.mark.parametrize("name,flavor,features", [(n, f, {}) for n, f in ALL_FLAVORS] + MTP_FLAVORS)
+def test_parameters_equal_the_meta_model_name_by_name(name, flavor, features):
     """Every flavor of every model, 671B included (building it on meta takes 0.3 s): the same
     parameters, in the same order, with the same shapes; so the totals are equal too."""
-    model = meta_model(name, flavor)
-    shapes = model_shapes(name, run_args(name, flavor))
+    with torch.device("meta"):
+        model = get_train_spec(name).model_cls(run_args(name, flavor, **features))
+    shapes = model_shapes(name, run_args(name, flavor, **features))
     got = shapes_of(shapes.all())
     assert list(got.items()) == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     assert sum(p.numel for p in shapes.all()) == sum(p.numel() for p in model.parameters())
-    # the pieces a pipeline stage keeps or drops whole are the model's own
-    assert {p.name.split(".")[0] for p in shapes.first} == set(model.first_stage_modules)
-    assert {p.name.split(".")[0] for p in shapes.last} == set(model.last_stage_modules)
+    # the pieces a pipeline stage keeps or drops whole are the model's own (those it was built with)
+    held = lambda names: {n for n in names if getattr(model, n) is not None}  # noqa: E731
+    assert {p.name.split(".")[0] for p in shapes.first} == held(model.first_stage_modules)
+    assert {p.name.split(".")[0] for p in shapes.last} == held(model.last_stage_modules)
+
+
+def test_mtp_module_is_one_more_moe_block_with_its_projection():
+    plain = model_shapes("deepseek_v3", run_args("deepseek_v3", "671B"))
+    mtp = model_shapes("deepseek_v3", run_args("deepseek_v3", "671B", mtp_depth=1))
+    dim = 7168
+    extra = sum(p.numel for p in mtp.all()) - sum(p.numel for p in plain.all())
+    assert extra == sum(p.numel for p in plain.blocks[-1]) + 2 * dim * dim + 3 * dim
 
 
 def test_published_totals():

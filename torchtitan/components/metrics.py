@@ -163,7 +163,8 @@ class MetricsLogger:
         """values: loss, grad_norm, lr, tokens_per_sec(_per_device), mfu (or None), the
         memory_stats keys, step_time;
         for MoE models also expert_load_min / expert_load_max (tokens per expert relative to
-        the mean, over the step and all layers) and aux_loss when the balance loss is on."""
+        the mean, over the step and all layers) and aux_loss when the balance loss is on;
+        mtp_loss (multi-token prediction, averaged over its depths) when model.mtp_depth > 0."""
         eta = self.eta(step, values["step_time"])
         if not self.enabled:
             return
@@ -173,6 +174,7 @@ class MetricsLogger:
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}"
             f"  loss {values['loss']:.4f}"
             + (f"  aux {values['aux_loss']:.5f}" if "aux_loss" in values else "")
+            + (f"  mtp {values['mtp_loss']:.4f}" if "mtp_loss" in values else "")
             + f"  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
             + (f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
                if "expert_load_max" in values else "")

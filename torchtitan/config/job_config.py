@@ -55,6 +55,11 @@ class Model:
     those of its own document (documents are told apart by their BOS tokens; a window may
     start mid-document), as long-context recipes train."""
 
+    mtp_depth: int = 0
+    """Multi-token prediction (DeepSeek-V3 report, section 2.2): sequential MTP modules after
+    the last block, module k predicting the token k+2 ahead; they share the embeddings and the
+    output head. 0 = off; DeepSeek-V3 used 1. deepseek_v3 only, not with pipeline parallel."""
+
 
 @dataclass
 class Training:
@@ -73,6 +78,11 @@ class Training:
 
     max_norm: float = 1.0
     """Gradient-norm clipping threshold (over all shards and stages); 0 disables clipping."""
+
+    mtp_loss_weight: float = 0.3
+    """Weight of the multi-token-prediction loss (lambda in the DeepSeek-V3 report): the
+    trained objective is loss + mtp_loss_weight x mtp_loss, mtp_loss being the mean over the
+    MTP depths of their cross entropy. Used only with --model.mtp_depth > 0."""
 
     seed: int = 0
     """Seed for weight init. Init is layout independent (every parallel layout starts from

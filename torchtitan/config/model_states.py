@@ -142,13 +142,22 @@ def deepseek_v3_shapes(args) -> ModelShapes:
         shared = _swiglu(f"{m}.shared_experts", args.dim, h * args.n_shared_experts) if args.n_shared_experts else []
         return [_linear(f"{m}.router.gate", e, args.dim, None), *experts, *shared]
 
-    def block(i: int) -> list[Param]:
-        b = f"{BLOCKS}.{i}"
+    def block(i: int, b: str = "") -> list[Param]:
+        b = b or f"{BLOCKS}.{i}"
         ffn = moe(f"{b}.moe") if i >= args.n_dense_layers else _swiglu(f"{b}.feed_forward", args.dim, args.inter_dim)
         return [_norm(f"{b}.attention_norm", args.dim), *attention(f"{b}.attention"),
                 _norm(f"{b}.ffn_norm", args.dim), *ffn]
 
+    def mtp(k: int) -> list[Param]:
+        """Multi-token-prediction depth k (last stage): norms, eh_proj (TP keeps it whole) and
+        block n_layers + k."""
+        m = f"mtp.{k}"
+        return [_norm(f"{m}.enorm", args.dim), _norm(f"{m}.hnorm", args.dim),
+                _linear(f"{m}.eh_proj", args.dim, 2 * args.dim, None), *block(args.n_layers + k, f"{m}.block"),
+                _norm(f"{m}.norm", args.dim)]
+
     first, last = _ends(args)
+    last += [p for k in range(getattr(args, "mtp_depth", 0)) for p in mtp(k)]
     return ModelShapes(first, [block(i) for i in range(args.n_layers)], last)
 
 

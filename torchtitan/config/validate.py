@@ -90,6 +90,7 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
                 f" {key}={heads}; pick a divisor of {heads}"
             )
     check_moe(cfg, args)
+    check_mtp(cfg)
     check_context_parallel(cfg)
     check_expert_parallel(cfg, args, dp_shard)
     if p.pipeline_parallel_degree > 1:
@@ -246,6 +247,28 @@ def check_moe(cfg: JobConfig, args) -> None:
             )
 
 
+def check_mtp(cfg: JobConfig) -> None:
+    """Multi-token prediction: a DeepSeek-V3 feature, not under pipeline parallel yet."""
+    m, t = cfg.model, cfg.training
+    if m.mtp_depth < 0:
+        raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: must be >= 0 (0 = no multi-token prediction)")
+    if not (t.mtp_loss_weight >= 0 and math.isfinite(t.mtp_loss_weight)):
+        raise ConfigError(f"--training.mtp_loss_weight={t.mtp_loss_weight}: must be >= 0 (0.3 in the DeepSeek-V3"
+                          " report)")
+    if m.mtp_depth == 0:
+        return
+    if m.name != "deepseek_v3":
+        raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: multi-token prediction is implemented for deepseek_v3"
+                          f" only, not {m.name}; set --model.mtp_depth=0")
+    pp = cfg.parallelism.pipeline_parallel_degree
+    if pp > 1:
+        raise ConfigError(
+            f"--model.mtp_depth={m.mtp_depth} with pipeline parallel is not supported yet: the MTP module needs the"
+            f" embedding of the first stage on the last one; use FSDP/TP/EP (--parallelism.pipeline_parallel_degree=1)"
+            f" instead of --parallelism.pipeline_parallel_degree={pp}, or --model.mtp_depth=0"
+        )
+
+
 def check_context_parallel(cfg: JobConfig) -> None:
     """Each CP rank holds two equal chunks of every sequence; sequence parallel then splits
     a rank's tokens over TP."""
@@ -357,7 +380,7 @@ def _with_vocab(cfg: JobConfig):
 
     m = cfg.model
     return model_args(m.name, m.flavor, Tokenizer(m.tokenizer_path).vocab_size, cfg.training.seq_len, cfg.moe,
-                      initial_load_path=cfg.checkpoint.initial_load_path)
+                      mtp_depth=m.mtp_depth, initial_load_path=cfg.checkpoint.initial_load_path)
 
 
 def check_hf_export(cfg: JobConfig) -> None:
@@ -427,7 +450,7 @@ def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
 
         vocab = Tokenizer(m.tokenizer_path).vocab_size
     run_args = model_args(m.name, m.flavor, vocab, cfg.training.seq_len, cfg.moe,
-                          initial_load_path=cfg.checkpoint.initial_load_path)
+                          mtp_depth=m.mtp_depth, initial_load_path=cfg.checkpoint.initial_load_path)
     rank = model_states.busiest(model_states.job_rank_states(cfg, world_size, run_args))
     if rank.total_bytes <= budget.bytes:
         return

@@ -202,7 +202,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         runner = StepRunner(parts.modules, device, shape.accum_steps, loss_parallel, pipeline, parts.layout,
                             parts.stage_ids, on_phase=lambda name: setattr(tracker, "phase", name),
                             bos_id=0 if cfg.model.attn_mask == "block_causal" else None,
-                            cp=parts.modules[0].context_parallel)
+                            cp=parts.modules[0].context_parallel, mtp_depth=cfg.model.mtp_depth,
+                            mtp_loss_weight=t.mtp_loss_weight)
         batches = [(torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:

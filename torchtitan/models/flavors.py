@@ -8,14 +8,18 @@ from torchtitan.models.registry import MODELS
 MODEL_FLAVORS: dict[str, dict] = {name: entry.flavors for name, entry in MODELS.items()}
 
 
-def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, initial_load_path: str = ""):
+def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, mtp_depth: int = 0,
+               initial_load_path: str = ""):
     """The flavor's args with the tokenizer's vocabulary (when the flavor leaves it open),
-    a RoPE cache just long enough for training and the [moe] overrides (`moe`: JobConfig.moe).
+    a RoPE cache just long enough for training, the [moe] overrides (`moe`: JobConfig.moe)
+    and the multi-token-prediction depth (`model.mtp_depth`; models that have the field).
     A Hugging Face folder as `initial_load_path` fixes what its config decides beyond the
     shapes (DeepSeek-V3: when YaRN applies), so the model computes what the folder's does; a
     checkpoint folder passes on the rules its marker recorded (`model_rules`)."""
     args = MODEL_FLAVORS[name][flavor]
     args = _from_hf_folder(name, args, initial_load_path)
+    if mtp_depth:  # validate.check_mtp refused it for models without MTP
+        args = dataclasses.replace(args, mtp_depth=mtp_depth)
     if moe is not None and getattr(args, "n_routed_experts", 0):
         overrides = {"n_activated_experts": moe.top_k or None,
                      "score_func": None if moe.score_func == "flavor" else moe.score_func,

@@ -18,6 +18,8 @@ from torchtitan.distributed.plan import BLOCKS, FsdpUnit  # noqa: F401 (BLOCKS: 
 class TrainableModel(Protocol):
     # Modules only the first / last pipeline stage keeps (set to None on the others, whose
     # forward then passes hidden states through): e.g. ("tok_embeddings",), ("norm", "output").
+    # An optional feature's module may be None when the model is built without it (DeepSeek-V3's
+    # "mtp" with mtp_depth=0).
     first_stage_modules: ClassVar[tuple[str, ...]]
     last_stage_modules: ClassVar[tuple[str, ...]]
     layers: nn.ModuleDict

@@ -81,6 +81,10 @@ class DeepSeekV3Args:
     mscale_all_dim: cos/sin are multiplied by 0.1*ln(factor)+1, the softmax scale stays)."""
     max_seq_len: int = 163840
     """Longest sequence (RoPE cache length); the trainer sets it to the training seq_len."""
+    mtp_depth: int = 0
+    """Multi-token-prediction modules after the last block (`model.mtp_depth`; 0 = none, the
+    V3 report used 1): module k (0-based) predicts token t+2+k at position t from the previous
+    hidden state and the embedding of token t+1+k, with one more transformer block."""
 
     @property
     def qk_head_dim(self) -> int:

@@ -163,6 +163,30 @@ class TransformerBlock(nn.Module):
         return h + ffn(self.ffn_norm(h))
 
 
+class MTPModule(nn.Module):
+    """One multi-token-prediction depth (DeepSeek-V3 report, section 2.2): the previous depth's
+    hidden state and the embedding of the token one further ahead, normalised apart,
+    concatenated (embedding first, as the published checkpoints' `eh_proj` expects),
+    projected back to `dim` and run through one more transformer block. The parameter names
+    are those the Hugging Face converter maps to `model.layers.{n_layers + k}.*`."""
+
+    def __init__(self, args: DeepSeekV3Args, layer_id: int):
+        super().__init__()
+        self.enorm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.block = TransformerBlock(args, layer_id)
+        self.moe_enabled = self.block.moe_enabled
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps)  # the published `shared_head.norm`
+
+    def forward(self, emb: torch.Tensor, h: torch.Tensor, attn: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this depth's hidden state, the next depth's input; its normalised form, the
+        shared output head's input). Both come out of one call: every parameter use stays
+        inside the unit's forward (FSDP gathers it there)."""
+        h = self.block(self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(h)], dim=-1)), attn)
+        return h, self.norm(h)
+
+
 def _is_expert_stack(fqn: str) -> bool:
     parts = fqn.split(".")
     return len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in ("w1", "w2", "w3")
@@ -173,7 +197,9 @@ class Transformer(nn.Module):
     Implements protocols.model.TrainableModel."""
 
     first_stage_modules = ("tok_embeddings",)  # kept by the first pipeline stage only
-    last_stage_modules = ("norm", "output")  # kept by the last pipeline stage only
+    # kept by the last pipeline stage only (MTP under PP is refused by the config check: the
+    # MTP modules would also need the first stage's embeddings)
+    last_stage_modules = ("norm", "output", "mtp")
 
     def __init__(self, args: DeepSeekV3Args):
         super().__init__()
@@ -182,20 +208,44 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # multi-token prediction: depth k is block n_layers + k of the published checkpoints
+        self.mtp = (nn.ModuleDict({str(k): MTPModule(args, args.n_layers + k) for k in range(args.mtp_depth)})
+                    if args.mtp_depth else None)
         self.register_buffer("rope", yarn_rope_cache(args), persistent=False)
         self.context_parallel = None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
         self.sequence_parallel = 1  # TP degree when the residual stream is split over the sequence
 
-    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None,
+                mtp_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
-        [batch, global seq] under the block-causal mask (attention.document_ids)."""
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        [batch, global seq] under the block-causal mask (attention.document_ids).
+
+        `mtp_tokens` [batch, mtp_depth, seq]: row k holds, at position t, the token t+1+k whose
+        embedding MTP depth k takes (the trainer's labels shifted left by k). Given (and the
+        model has MTP modules), the logits are [batch, (1 + mtp_depth) * seq, vocab]: the main
+        ones, then each depth's (predicting token t+2+k), along the sequence. Without it, only
+        the main logits (inference, export)."""
+        mtp = self.mtp if mtp_tokens is not None else None
+        if mtp is not None:
+            # one embedding call for the main and the MTP tokens (one FSDP gather, one TP
+            # reduce-scatter): [batch, 1 + depth, seq] -> [batch * (1 + depth), seq, dim]
+            ids = torch.cat([tokens.unsqueeze(1), mtp_tokens], dim=1)
+            emb = self.tok_embeddings(ids.flatten(0, 1))
+            h, *mtp_emb = emb.unflatten(0, (tokens.shape[0], ids.shape[1])).unbind(1)
+        else:
+            h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
         attn = attention_inputs(h.shape[1] * self.sequence_parallel, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
             h = layer(h, attn)
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if mtp is None:
+            h = self.norm(h) if self.norm is not None else h
+            return self.output(h) if self.output is not None else h
+        logits = [self.output(self.norm(h))]
+        for module, e in zip(mtp.values(), mtp_emb):  # h: the last main block's output, before the norm
+            h, normed = module(e, h, attn)
+            logits.append(self.output(normed))
+        return torch.cat(logits, dim=1)
 
     def fsdp_units(self) -> list[FsdpUnit]:
         """FSDP units in forward order; a MoE block's routed experts are their own unit, of
@@ -205,6 +255,10 @@ class Transformer(nn.Module):
             units.append(FsdpUnit(f"layers.{k}", block=f"layers.{k}"))
             if getattr(block, "moe_enabled", False):
                 units.append(FsdpUnit(f"layers.{k}.moe.experts", block=f"layers.{k}", kind=UnitKind.EXPERTS))
+        for k, module in (self.mtp or {}).items():  # after the blocks, in forward order; each one AC region
+            units.append(FsdpUnit(f"mtp.{k}", block=f"mtp.{k}"))
+            if getattr(module, "moe_enabled", False):
+                units.append(FsdpUnit(f"mtp.{k}.block.moe.experts", block=f"mtp.{k}", kind=UnitKind.EXPERTS))
         return units
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -219,15 +273,28 @@ class Transformer(nn.Module):
         emb = self.tok_embeddings.weight.numel() if self.tok_embeddings is not None else 0
         # per layer and token: 2 * seq * heads * (qk + v) forward, x3 with backward; not halved
         # for the causal mask (torchtitan's and Megatron-LM's convention)
-        attn = 6.0 * len(self.layers) * seq_len * a.n_heads * (a.qk_head_dim + a.v_head_dim)
+        # the MTP modules' blocks (and eh_proj, counted in n_params) run on every token too
+        blocks = len(self.layers) + (len(self.mtp) if self.mtp is not None else 0)
+        attn = 6.0 * blocks * seq_len * a.n_heads * (a.qk_head_dim + a.v_head_dim)
         return 6.0 * (n_params - emb) + attn
 
     def init_weights(self, seed: int, device) -> None:
         """Materialised (to_empty) model -> deterministic weights, zeroed MoE buffers and the
         RoPE cache. Routed-expert stacks are drawn per expert (only this rank's experts)."""
-        init_parameters(self, partial(transformer_init_fn, dim=self.args.dim), seed, device,
+        init_parameters(self, partial(_init_fn, dim=self.args.dim, n_layers=self.args.n_layers), seed, device,
                         per_expert=_is_expert_stack)
         for m in self.modules():
             if isinstance(m, MoE):
                 m.reset_buffers()
         self.rope = yarn_rope_cache(self.args, device=device)
+
+
+def _init_fn(fqn: str, dim: int, n_layers: int):
+    """transformer_init_fn; MTP depth k's parameters are drawn as those of a block
+    `layers.{n_layers + k}` (its depth-scaled output projections; eh_proj as any matrix).
+    Each parameter's random stream still follows its own name."""
+    parts = fqn.split(".")
+    if parts[0] == "mtp":
+        rest = parts[3:] if parts[2] == "block" else parts[2:]
+        fqn = ".".join(["layers", str(n_layers + int(parts[1])), *rest])
+    return transformer_init_fn(fqn, dim)

@@ -31,48 +31,68 @@ from torchtitan.models.deepseek_v3.model import Transformer
 from torchtitan.protocols.train_spec import TrainSpec
 
 # Modules TP keeps whole: MLA's LoRA down-projections (their outputs are small and feed the
-# norms before the head-split up-projections) and the router.
-_TP_WHOLE = ("attention.wq_a.", "attention.wkv_a.", "moe.router.")
+# norms before the head-split up-projections), the router and MTP's input projection.
+_TP_WHOLE = ("attention.wq_a.", "attention.wkv_a.", "moe.router.", "eh_proj.")
+
+
+def block_sharding(block: nn.Module) -> dict:
+    """The TP layout of one transformer block (a main block or an MTP module's): sequence
+    parallel norms; MLA's LoRA down-projections and their norms replicated, up-projections
+    column-wise (heads split), output row-wise; dense FFN and shared experts column/row-wise.
+    Routed experts are not TP-split: under sequence parallel each TP rank routes its own
+    tokens, and EP (which includes the TP ranks) moves them to their experts."""
+    sharding = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                                        use_local_output=True),
+        "attention.wkv_a": ReplicateParallel(),
+        "attention.kv_norm": ReplicateParallel(),
+        "attention.shared_key": ReplicateParallel(partial_output_grad=True),
+        "attention.wkv_b": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+    }
+    if getattr(block.attention, "wq", None) is not None:
+        sharding["attention.wq"] = ColwiseParallel()
+    else:
+        sharding.update({"attention.wq_a": ReplicateParallel(), "attention.q_norm": ReplicateParallel(),
+                         "attention.wq_b": ColwiseParallel()})
+    if block.moe_enabled:
+        sharding.update({
+            # Each TP rank keeps its own tokens: the router's gradient is summed over TP.
+            "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                      use_local_output=True),
+            "moe.router.gate": ReplicateParallel(input_layout=Shard(0)),
+        })
+        if block.moe.shared_experts is not None:
+            sharding.update(feed_forward_sharding("moe.shared_experts"))
+    else:
+        sharding.update(feed_forward_sharding("feed_forward"))
+    return sharding
+
+
+# An MTP module around its block: both of its inputs arrive split over the sequence (the last
+# block's output, the embeddings' reduce-scatter), so its norms are sequence parallel and
+# eh_proj, kept whole, runs on each rank's own tokens (its gradient summed over TP); the block
+# leaves its output split as every block does, and `norm` feeds the shared output head.
+_MTP_SHARDING = {
+    "enorm": SequenceParallel(),
+    "hnorm": SequenceParallel(),
+    "eh_proj": ReplicateParallel(input_layout=Shard(1)),
+    "norm": SequenceParallel(),
+}
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
-    """Sequence parallel between blocks as in Llama3. MLA: LoRA down-projections and their
-    norms replicated, up-projections column-wise (heads split), output row-wise. Dense FFN
-    and shared experts column/row-wise. Routed experts are not TP-split: under sequence
-    parallel each TP rank routes its own tokens, and EP (which includes the TP ranks) moves
-    them to their experts."""
+    """Sequence parallel between blocks as in Llama3; every block (the MTP modules' too) as
+    `block_sharding` says."""
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
     model.sequence_parallel = tp_mesh.size()  # blocks see 1/tp of the tokens between them
     for block in model.layers.values():
-        attn = block.attention
-        sharding = {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
-                                            use_local_output=True),
-            "attention.wkv_a": ReplicateParallel(),
-            "attention.kv_norm": ReplicateParallel(),
-            "attention.shared_key": ReplicateParallel(partial_output_grad=True),
-            "attention.wkv_b": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-        }
-        if getattr(attn, "wq", None) is not None:
-            sharding["attention.wq"] = ColwiseParallel()
-        else:
-            sharding.update({"attention.wq_a": ReplicateParallel(), "attention.q_norm": ReplicateParallel(),
-                         "attention.wq_b": ColwiseParallel()})
-        if block.moe_enabled:
-            sharding.update({
-                # Each TP rank keeps its own tokens: the router's gradient is summed over TP.
-                "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
-                                          use_local_output=True),
-                "moe.router.gate": ReplicateParallel(input_layout=Shard(0)),
-            })
-            if block.moe.shared_experts is not None:
-                sharding.update(feed_forward_sharding("moe.shared_experts"))
-        else:
-            sharding.update(feed_forward_sharding("feed_forward"))
-        parallelize_module(block, tp_mesh, sharding)
+        parallelize_module(block, tp_mesh, block_sharding(block))
+    for module in (model.mtp or {}).values():
+        parallelize_module(module.block, tp_mesh, block_sharding(module.block))
+        parallelize_module(module, tp_mesh, dict(_MTP_SHARDING))
 
 
 def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan,
@@ -89,6 +109,8 @@ def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig,
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS, save_groups=cp_groups)
     if cfg.compile.enable:
         apply_compile(model.layers, cfg.compile, fullgraph=False)  # MoE dispatch + experts stay eager
+        if model.mtp is not None:
+            apply_compile(model.mtp, cfg.compile, fullgraph=False)
     apply_data_parallel(model, dims, cfg, plan, param_dtype)
     return model
 

@@ -1,0 +1,28 @@
+"""Multi-token prediction (--model.mtp_depth=1) in multi-rank layouts vs 1 rank: `loss`,
+`mtp_loss` and the gradient norm per step within the suite's fp32 tolerance (mtp_parity.py)."""
+
+import pytest
+
+import mtp_parity
+
+STEPS = 3
+RTOL = 1e-4  # run_tests.Case's default, which every fp32 DeepSeek-V3 case uses
+
+
+def _check(layout: str, tmp_path) -> None:
+    rows = mtp_parity.parity([layout], STEPS, str(tmp_path))
+    ours = [r for r in rows if r[0] == layout]
+    assert len(ours) == STEPS
+    for name, step, loss, mtp_loss, *diffs in ours:
+        assert mtp_loss > 0, (step, mtp_loss)
+        assert max(diffs) <= RTOL, (name, step, loss, mtp_loss, diffs)
+
+
+def test_mtp_fsdp2_ep2_matches_one_rank(tmp_path):
+    _check("fsdp2+ep2", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tp2+ep2", "cp2+ep2", "simple_fsdp+tp2+ep2", "fsdp2+ep2_ac_op_compile"])
+def test_mtp_layout_matches_one_rank(layout, tmp_path):
+    _check(layout, tmp_path)
