@@ -39,6 +39,7 @@ def _export(model, args, folder, shard_bytes=1 << 30, dtype="float32"):
     export = hf_convert.export_args(args, FLAVOR.max_seq_len)
     writer = hf_weights._ShardWriter(str(folder), "model", shard_bytes)
     hf_weights.convert_full(hf_weights.checkpointed_tensors(model, hf_convert), "deepseek_v3", export, dtype, writer)
+    assert not writer.error, writer.error
     hf_weights.write_metadata(str(folder), hf_convert.hf_config(export, dtype, tok.bos_id, tok.eos_id),
                               writer.weight_map, writer.total_bytes, None)
     return str(folder)
@@ -325,3 +326,33 @@ def test_the_folder_rule_survives_conversion_to_a_checkpoint(tmp_path):
     from_checkpoint = model_args("deepseek_v3", "tiny", vocab, 32, initial_load_path=out)
     assert from_folder.yarn == from_checkpoint.yarn == "always"
     assert model_args("deepseek_v3", "tiny", vocab, 32).yarn == "beyond_original"
+
+
+def test_mtp_module_exports_to_layer_n_layers_and_imports_back(tmp_path):
+    args = _args(128, mtp_depth=1)
+    model = _model(args)
+    folder = _export(model, args, tmp_path / "hf")
+    n = args.n_layers
+    stored = weight_map(folder, "k")
+    for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+                 "self_attn.kv_b_proj.weight", "mlp.experts.7.down_proj.weight", "mlp.gate.e_score_correction_bias"):
+        assert f"model.layers.{n}.{name}" in stored, name
+    tensors = _tensors(folder)  # the published layout's copies of the shared embedding and head
+    assert torch.equal(tensors[f"model.layers.{n}.embed_tokens.weight"], model.tok_embeddings.weight)
+    assert torch.equal(tensors[f"model.layers.{n}.shared_head.head.weight"], model.output.weight)
+    assert torch.equal(tensors[f"model.layers.{n}.eh_proj.weight"], model.mtp["0"].eh_proj.weight)
+    assert json.load(open(os.path.join(folder, "config.json")))["num_nextn_predict_layers"] == 1
+    check_folder(folder, "deepseek_v3", "tiny", args)
+    fresh = _model(args, seed=6)
+    hf_weights.load_hf_weights([fresh], folder, "deepseek_v3", args)
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+    # transformers reads the main model of the same folder (the MTP layer is not part of its forward)
+    tokens = _tokens(args.vocab_size, 128)
+    with torch.no_grad():
+        _compare(model(tokens), _hf_logits(folder, tokens), "tiny DeepSeek-V3 with an MTP layer exported")
+    # a run without MTP skips the layer with one line
+    plain = dataclasses.replace(args, mtp_depth=0)
+    check_folder(folder, "deepseek_v3", "tiny", plain)
+    assert "skipping the folder's multi-token-prediction layer(s) 4" in hf_weights.load_hf_weights(
+        [_model(plain)], folder, "deepseek_v3", plain).note

@@ -126,8 +126,9 @@ def mtp_copies(args: DeepSeekV3Args, tensors: dict) -> list[tuple[str, object]]:
     out = []
     for k in range(_mtp(args)):
         layer = args.n_layers + k
-        out += [(f"model.layers.{layer}.embed_tokens.weight", tensors["tok_embeddings.weight"]),
-                (f"model.layers.{layer}.shared_head.head.weight", tensors["output.weight"])]
+        # clones: safetensors refuses to write tensors that share memory
+        out += [(f"model.layers.{layer}.embed_tokens.weight", tensors["tok_embeddings.weight"].clone()),
+                (f"model.layers.{layer}.shared_head.head.weight", tensors["output.weight"].clone())]
     return out
 
 
