@@ -25,7 +25,7 @@ from torchtitan.components.metrics import MetricsLogger, StepMemory, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
 from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
-from torchtitan.components.train_step import StepRunner, cross_entropy_loss, local_value
+from torchtitan.components.train_step import PipelineLoss, StepRunner, cross_entropy_loss, local_value
 from torchtitan.components.validation import Validator
 from torchtitan.config import JobConfig, load_config_or_exit
 from torchtitan.distributed.parallel_dims import ParallelDims
@@ -111,7 +111,8 @@ class Trainer:
             scale = n_mb * self.accum_steps
             self.pipeline = build_pipeline(
                 list(zip(parts.stage_ids, parts.modules)), layout, self.device, self.dims.pp_group(), n_mb,
-                loss_fn=lambda pred, target: cross_entropy_loss(pred, target) / scale,
+                loss_fn=PipelineLoss(scale, cfg.model.mtp_depth, t.mtp_loss_weight, t.seq_len,
+                                     cfg.parallelism.context_parallel_degree),
                 backward_phase=(lambda: self.comm.phase("backward")) if self.comm is not None else None,
             )
             held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in parts.stage_ids)

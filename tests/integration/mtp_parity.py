@@ -19,12 +19,18 @@ import run_tests  # noqa: E402
 
 MTP = ["--model.mtp_depth=1"]
 EP, TP = "--parallelism.expert_parallel_degree=2", "--parallelism.tensor_parallel_degree=2"
+PP = "--parallelism.pipeline_parallel_degree=2"
 LAYOUTS = {  # name -> (ranks, overrides)
     "fsdp2+ep2": (2, [EP, "--training.local_batch_size=2"]),
     "tp2+ep2": (2, [TP, EP, "--training.local_batch_size=4"]),
     "simple_fsdp+tp2+ep2": (4, [TP, EP, "--parallelism.fsdp_implementation=simple_fsdp",
                                 "--training.local_batch_size=2"]),
     "cp2+ep2": (2, ["--parallelism.context_parallel_degree=2", EP, "--training.local_batch_size=4"]),
+    "pp2_ZBVZeroBubble": (2, [PP, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                              "--training.local_batch_size=8"]),
+    "pp2_DualPipeV+ep2": (4, [PP, EP, "--parallelism.pipeline_parallel_schedule=DualPipeV",
+                              "--training.local_batch_size=4"]),
+    "pp2_1F1B+fsdp2": (4, [PP, "--parallelism.pipeline_parallel_schedule=1F1B", "--training.local_batch_size=4"]),
     "fsdp2+ep2_ac_op_compile": (2, [EP, "--activation_checkpoint.mode=selective", "--compile.enable=true",
                                     "--training.local_batch_size=2"]),
 }

@@ -223,11 +223,37 @@ def test_mtp_config_errors(argv, expected):
     assert config_error(argv) == expected
 
 
-def test_mtp_with_pipeline_parallel_is_refused():
-    msg = config_error(DS + ["--model.mtp_depth=1", "--parallelism.pipeline_parallel_degree=2"], world_size=2)
-    assert msg.startswith("--model.mtp_depth=1 with pipeline parallel is not supported yet: the MTP module needs the"
-                          " embedding of the first stage")
-    assert "FSDP/TP/EP" in msg and "--model.mtp_depth=0" in msg
+def test_pipeline_stages_carry_the_mtp_embeddings_to_the_last_stage():
+    """Under PP the first stage embeds the MTP tokens too and every stage passes them on with
+    its hidden state; the stages chained by hand give the whole model's logits bitwise."""
+    from torchtitan.distributed.pipeline_layout import plan_pipeline
+    from torchtitan.distributed.pipeline_parallel import split_model
+
+    torch.manual_seed(0)
+    args = dataclasses.replace(model_args("deepseek_v3", "tiny", 256, 32), mtp_depth=1)
+    model = Transformer(args)
+    model.init_weights(0, torch.device("cpu"))
+    model.eval()
+    tokens = torch.randint(0, 256, (2, 32))
+    mtp_tokens = torch.randint(0, 256, (2, 1, 32))
+    layout = plan_pipeline(args.n_layers, 2, "ZBVZeroBubble", -1, [], 4)  # 4 stages, 1 block each
+    stages = dict(part for r in range(2) for part in split_model(model, layout, r))
+    carried = (tokens,)
+    with torch.no_grad():
+        for stage_id in range(layout.num_stages):
+            out = stages[stage_id](*carried, mtp_tokens=mtp_tokens)
+            carried = out if isinstance(out, tuple) else (out,)
+            if stage_id < layout.num_stages - 1:  # (hidden state, MTP embeddings [batch, depth, seq, dim])
+                assert len(carried) == 2 and carried[1].shape == (2, 1, 32, args.dim)
+        whole = model(tokens, mtp_tokens=mtp_tokens)
+    assert stages[0].mtp is None and stages[layout.num_stages - 1].mtp is not None
+    assert torch.equal(carried[0], whole)
+
+
+def test_mtp_with_pipeline_parallel_is_allowed():
+    cfg, _ = load_config(DS + ["--model.mtp_depth=1", "--parallelism.pipeline_parallel_degree=2",
+                               "--parallelism.pipeline_parallel_schedule=1F1B"], 2)
+    assert cfg.model.mtp_depth == 1
 
 
 def test_mtp_with_context_parallel_is_allowed():

@@ -53,6 +53,41 @@ def mtp_losses(logits: torch.Tensor, labels: torch.Tensor, valid: list[torch.Ten
     return main, sum(depth_losses[1:], depth_losses[0]) / len(depth_losses)
 
 
+class PipelineLoss:
+    """The last pipeline stage's loss of one microbatch, divided by `scale` (microbatches x
+    accumulation steps). With multi-token prediction the stage returns main + weight x MTP
+    (what backward trains) and keeps the two apart (`main`, `mtp`: sums since `reset`) for
+    the log. A microbatch holds whole sequences of `seq_len` tokens (CP shards them over
+    `cp_degree` ranks): depth k's (1-based) positions with a target are rows x (seq_len - k),
+    its labels' last k having none (the data has no other ignored positions)."""
+
+    def __init__(self, scale: int, mtp_depth: int = 0, mtp_loss_weight: float = 0.0, seq_len: int = 0,
+                 cp_degree: int = 1):
+        self.scale, self.mtp_depth, self.weight = scale, mtp_depth, mtp_loss_weight
+        self.seq_len, self.cp_degree = seq_len, cp_degree
+        self.reset()
+
+    def reset(self) -> None:
+        self.mains: list[torch.Tensor] = []  # per call; the first step's shape-inference pass calls it too
+        self.mtps: list[torch.Tensor] = []
+
+    def parts(self, n: int) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """Sums of the main and MTP losses of the last `n` calls (the schedule's microbatches)."""
+        last = slice(len(self.mains) - n, None)
+        return sum(self.mains[last], 0.0), sum(self.mtps[last], 0.0)
+
+    def __call__(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not self.mtp_depth:
+            return cross_entropy_loss(pred, target) / self.scale
+        rows = target.shape[0]
+        valid = [torch.tensor(rows * (self.seq_len - k), device=target.device) for k in range(1, self.mtp_depth + 1)]
+        main, mtp = mtp_losses(pred, target, valid, self.cp_degree)
+        main, mtp = main / self.scale, mtp / self.scale
+        self.mains.append(local_value(main.detach()))
+        self.mtps.append(local_value(mtp.detach()))
+        return main + self.weight * mtp
+
+
 def local_value(t: torch.Tensor) -> torch.Tensor:
     """A replicated DTensor (loss-parallel loss) as a plain tensor."""
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -124,6 +159,8 @@ class StepRunner:
                 inputs, labels, kwargs = self.prepare(inputs, labels)
                 if self.pipeline is not None:
                     loss_sum += self.pipeline_losses(inputs, labels, kwargs=kwargs)
+                    if self.mtp_depth:
+                        mtp_sum += self.pipeline_mtp
                     continue
                 probe = (HeldForBackward(self._persistent()) if self.held_for_backward and first
                          else contextlib.nullcontext())
@@ -163,5 +200,11 @@ class StepRunner:
         """Run the schedule (forward only unless `train`) over one prepared local batch; return
         its (scaled) loss on the last stage (V schedules validate with a backward: the caller
         drops its gradients). `kwargs` reach every stage's model, split by microbatch."""
+        loss_fn = self.pipeline._loss_fn if self.mtp_depth else None  # a PipelineLoss
+        if loss_fn is not None:
+            loss_fn.reset()
         losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train, kwargs or {})
+        if loss_fn is not None:  # the returned losses include the weighted MTP term: log the parts
+            main, self.pipeline_mtp = loss_fn.parts(len(losses))
+            return main + torch.zeros((), device=self.device)
         return sum((local_value(x.detach()) for x in losses), torch.zeros((), device=self.device))

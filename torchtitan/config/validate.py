@@ -248,7 +248,7 @@ def check_moe(cfg: JobConfig, args) -> None:
 
 
 def check_mtp(cfg: JobConfig) -> None:
-    """Multi-token prediction: a DeepSeek-V3 feature, not under pipeline parallel yet."""
+    """Multi-token prediction: a DeepSeek-V3 feature."""
     m, t = cfg.model, cfg.training
     if m.mtp_depth < 0:
         raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: must be >= 0 (0 = no multi-token prediction)")
@@ -260,13 +260,6 @@ def check_mtp(cfg: JobConfig) -> None:
     if m.name != "deepseek_v3":
         raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: multi-token prediction is implemented for deepseek_v3"
                           f" only, not {m.name}; set --model.mtp_depth=0")
-    pp = cfg.parallelism.pipeline_parallel_degree
-    if pp > 1:
-        raise ConfigError(
-            f"--model.mtp_depth={m.mtp_depth} with pipeline parallel is not supported yet: the MTP module needs the"
-            f" embedding of the first stage on the last one; use FSDP/TP/EP (--parallelism.pipeline_parallel_degree=1)"
-            f" instead of --parallelism.pipeline_parallel_degree={pp}, or --model.mtp_depth=0"
-        )
 
 
 def check_context_parallel(cfg: JobConfig) -> None:

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.components.cpu_memory import CpuPeakMeter
 from torchtitan.components.optimizer import PartOptimizers
-from torchtitan.components.train_step import StepRunner, cross_entropy_loss
+from torchtitan.components.train_step import PipelineLoss, StepRunner, cross_entropy_loss
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.model_parts import build_parts, plan_records
 from torchtitan.distributed.parallel_dims import ParallelDims
@@ -188,7 +188,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             with fake_paths.as_pipeline_rank(dims.pp_group(), pp_rank):
                 pipeline = build_pipeline(
                     list(zip(parts.stage_ids, parts.modules)), parts.layout, device, dims.pp_group(),
-                    parts.microbatches, loss_fn=lambda pred, target: cross_entropy_loss(pred, target) / scale,
+                    parts.microbatches, loss_fn=PipelineLoss(scale, cfg.model.mtp_depth, t.mtp_loss_weight,
+                                                             t.seq_len, cfg.parallelism.context_parallel_degree),
                 )
         optimizers = PartOptimizers(parts.modules, cfg.optimizer, target, t.steps, cfg.lr_scheduler)
         params = [p for m in parts.modules for p in m.parameters()]

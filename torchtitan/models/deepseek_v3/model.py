@@ -215,8 +215,8 @@ class Transformer(nn.Module):
         self.context_parallel = None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
         self.sequence_parallel = 1  # TP degree when the residual stream is split over the sequence
 
-    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None,
-                mtp_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, mtp_emb: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None,
+                mtp_tokens: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
         [batch, global seq] under the block-causal mask (attention.document_ids).
 
@@ -224,25 +224,35 @@ class Transformer(nn.Module):
         embedding MTP depth k takes (the trainer's labels shifted left by k). Given (and the
         model has MTP modules), the logits are [batch, (1 + mtp_depth) * seq, vocab]: the main
         ones, then each depth's (predicting token t+2+k), along the sequence. Without it, only
-        the main logits (inference, export)."""
-        mtp = self.mtp if mtp_tokens is not None else None
-        if mtp is not None:
+        the main logits (inference, export).
+
+        Under pipeline parallel the MTP modules sit on the last stage, the embedding on the
+        first: the first stage embeds the MTP tokens too and every stage passes them on with
+        its hidden state (`mtp_emb` [batch, mtp_depth, seq, dim], a second stage input and
+        output), so the embedding's gradient comes back through the pipeline like h's."""
+        depth = self.args.mtp_depth if mtp_tokens is not None else 0
+        if self.tok_embeddings is not None and depth:
             # one embedding call for the main and the MTP tokens (one FSDP gather, one TP
             # reduce-scatter): [batch, 1 + depth, seq] -> [batch * (1 + depth), seq, dim]
             ids = torch.cat([tokens.unsqueeze(1), mtp_tokens], dim=1)
-            emb = self.tok_embeddings(ids.flatten(0, 1))
-            h, *mtp_emb = emb.unflatten(0, (tokens.shape[0], ids.shape[1])).unbind(1)
+            emb = self.tok_embeddings(ids.flatten(0, 1)).unflatten(0, (tokens.shape[0], ids.shape[1]))
+            h, mtp_emb = emb[:, 0], emb[:, 1:]
         else:
             h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
         attn = attention_inputs(h.shape[1] * self.sequence_parallel, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
             h = layer(h, attn)
-        if mtp is None:
+        if self.output is None:  # an earlier pipeline stage
             h = self.norm(h) if self.norm is not None else h
-            return self.output(h) if self.output is not None else h
+            # a copy: stage outputs must be new tensors (the schedule detaches them in place; a
+            # view or a stage input cannot be)
+            return h if not depth else (h, mtp_emb.clone())
+        if not depth or self.mtp is None:
+            h = self.norm(h) if self.norm is not None else h
+            return self.output(h)
         logits = [self.output(self.norm(h))]
-        for module, e in zip(mtp.values(), mtp_emb):  # h: the last main block's output, before the norm
+        for module, e in zip(self.mtp.values(), mtp_emb.unbind(1)):  # h: the last main block's output, before the norm
             h, normed = module(e, h, attn)
             logits.append(self.output(normed))
         return torch.cat(logits, dim=1)
