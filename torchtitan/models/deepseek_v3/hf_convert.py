@@ -122,13 +122,15 @@ def _is_stack(fqn: str) -> bool:
 
 
 def mtp_copies(args: DeepSeekV3Args, tensors: dict) -> list[tuple[str, object]]:
-    """The published MTP layers' copies of the shared embedding and output head."""
+    """The published MTP layers' copies of the shared embedding and output head, of those in
+    `tensors` (under PP the first stage's writer holds the embedding, the last one the head)."""
     out = []
     for k in range(_mtp(args)):
         layer = args.n_layers + k
-        # clones: safetensors refuses to write tensors that share memory
-        out += [(f"model.layers.{layer}.embed_tokens.weight", tensors["tok_embeddings.weight"].clone()),
-                (f"model.layers.{layer}.shared_head.head.weight", tensors["output.weight"].clone())]
+        for ours, theirs in (("tok_embeddings.weight", "embed_tokens.weight"),
+                             ("output.weight", "shared_head.head.weight")):
+            if ours in tensors:  # a clone: safetensors refuses to write tensors that share memory
+                out.append((f"model.layers.{layer}.{theirs}", tensors[ours].clone()))
     return out
 
 
