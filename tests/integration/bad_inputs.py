@@ -93,6 +93,26 @@ class BadInput:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def _deepseek_folder(path: str, mscale: float) -> None:
+    """A DeepSeek-V3 debugmodel folder whose YaRN mscale differs from mscale_all_dim (the
+    config is checked before any tensor is read: one placeholder tensor is enough)."""
+    import dataclasses
+
+    from safetensors.torch import save_file
+    import torch
+
+    from torchtitan.models.deepseek_v3 import hf_convert
+    from torchtitan.models.flavors import MODEL_FLAVORS
+
+    args = dataclasses.replace(MODEL_FLAVORS["deepseek_v3"]["debugmodel"], vocab_size=2048, yarn="always")
+    config = hf_convert.hf_config(args, "float32", 0, 1)
+    config["rope_scaling"].update(mscale=mscale, mscale_all_dim=1.0)
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file({"model.norm.weight": torch.ones(args.dim)}, os.path.join(path, "model.safetensors"))
+
+
 CASES = [
     BadInput("unknown key", ["--parallelism.tensor_parallel_degre=2"],
              "unknown config key 'parallelism.tensor_parallel_degre' (did you mean 'parallelism.tensor_parallel_degree'?)"),
@@ -202,9 +222,10 @@ CASES = [
     BadInput("HF export would overwrite", ["--checkpoint.last_save_in_hf=true"],
              "--checkpoint.last_save_in_hf: '{dump}/hf/step-50' already exists (nothing is overwritten)",
              setup=lambda d: os.makedirs(os.path.join(d, "hf", "step-50"))),
-    BadInput("HF export of a model without converter", ["--job.config_file=train_configs/deepseek_v3_debug.toml",
-                                                        "--checkpoint.last_save_in_hf=true"],
-             "--checkpoint.last_save_in_hf: model deepseek_v3 has no Hugging Face weight converter yet"),
+    BadInput("DeepSeek-V3 folder with mscale != mscale_all_dim",
+             ["--job.config_file=train_configs/deepseek_v3_debug.toml", "--checkpoint.initial_load_path={dump}/hf_in"],
+             "--checkpoint.initial_load_path: '{dump}/hf_in' cannot be loaded faithfully: rope_scaling.mscale=0.707"
+             " != mscale_all_dim=1.0", setup=lambda d: _deepseek_folder(os.path.join(d, "hf_in"), mscale=0.707)),
     BadInput("validation every 0 steps", ["--validation.enable=true", "--validation.freq=0"],
              "--validation.freq=0: must be >= 1"),
     BadInput("profile every 0 steps", ["--profiling.enable_profiling=true", "--profiling.profile_freq=0"],
