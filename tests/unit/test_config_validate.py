@@ -252,3 +252,92 @@ def test_validate_reports_the_first_problem_only():
         validate(cfg, 1)
 
 
+
+
+# --------------------------------------------------------------------------- validate: W&B
+
+WANDB_ON = ["--metrics.enable_wandb=true"]
+NOT_INSTALLED = "--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'"
+
+
+def _not_logged_in(host="api.wandb.ai"):
+    return (f"--metrics.enable_wandb: not logged in to W&B ({host}): no WANDB_API_KEY and no netrc entry;"
+            " run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
+
+
+@pytest.fixture
+def wandb_env(monkeypatch, tmp_path):
+    """wandb importable (a stand-in module), online, no credentials anywhere; returns the netrc path."""
+    import importlib.machinery
+    import sys
+    import types
+
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for var in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc either
+    return netrc
+
+
+def test_wandb_off_is_not_checked(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    load_config([], 1)
+
+
+def test_wandb_package_missing(monkeypatch, wandb_env):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # importlib.util.find_spec then says "not there"
+    assert config_error(WANDB_ON) == NOT_INSTALLED
+    monkeypatch.setenv("WANDB_MODE", "offline")  # missing whatever the mode
+    assert config_error(WANDB_ON) == NOT_INSTALLED
+
+
+def test_wandb_package_missing_found_by_find_spec(monkeypatch, wandb_env):
+    import importlib.util
+    import sys
+
+    monkeypatch.delitem(sys.modules, "wandb")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    assert config_error(WANDB_ON) == NOT_INSTALLED
+
+
+def test_wandb_online_without_login(wandb_env):
+    assert config_error(WANDB_ON) == _not_logged_in()
+    wandb_env.write_text("machine example.com login user password secret\n")  # another host's entry
+    assert config_error(WANDB_ON) == _not_logged_in()
+    wandb_env.write_text("machine api.wandb.ai login user password\n")  # no key: wandb finds none either
+    assert config_error(WANDB_ON) == _not_logged_in()
+
+
+def test_wandb_online_without_login_on_own_server(monkeypatch, wandb_env):
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")
+    wandb_env.write_text("machine api.wandb.ai login user password k\n")  # the key of another server
+    assert config_error(WANDB_ON) == _not_logged_in("wandb.example.com")
+    wandb_env.write_text("machine wandb.example.com login user password k\n")
+    load_config(WANDB_ON, 1)
+
+
+@pytest.mark.parametrize("setup", ["api_key", "netrc", "home_netrc", "offline", "dryrun", "disabled", "wandb_disabled"])
+def test_wandb_logged_in_or_not_online(monkeypatch, tmp_path, wandb_env, setup):
+    if setup == "api_key":
+        monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    elif setup == "netrc":
+        wandb_env.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    elif setup == "home_netrc":
+        monkeypatch.delenv("NETRC")
+        (tmp_path / "home").mkdir()
+        (tmp_path / "home" / ".netrc").write_text("machine api.wandb.ai login user password k\n")
+    elif setup == "wandb_disabled":
+        monkeypatch.setenv("WANDB_DISABLED", "true")
+    else:
+        monkeypatch.setenv("WANDB_MODE", setup)
+    cfg, _ = load_config(WANDB_ON, 1)
+    assert cfg.metrics.enable_wandb

@@ -340,6 +340,13 @@ class Metrics:
     enable_tensorboard: bool = True
     """Write TensorBoard event files under <dump_folder>/tb."""
 
+    enable_wandb: bool = False
+    """Log to Weights & Biases (rank 0) the scalars TensorBoard gets, with the job config as the
+    run config. Needs the wandb extra (pip install -e '.[wandb]') and, unless WANDB_MODE is
+    offline or disabled, a login (WANDB_API_KEY or `wandb login`). Project WANDB_PROJECT
+    (default "torchtitan"), entity WANDB_ENTITY, run name job.description or the dump folder's
+    name; the run's files go under <dump_folder>/wandb."""
+
     comm_stats: bool = False
     """Count collectives per step (rank 0): adds `comm` (counts) and `comm_bytes` to each
     metrics.jsonl record, keyed "<forward|backward|other>/<collective>/<mesh dim>";

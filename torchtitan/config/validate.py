@@ -53,6 +53,7 @@ def validate(cfg: JobConfig, world_size: int) -> None:
     check_inputs(cfg, args, global_batch)
     check_fsdp_policies(cfg)
     check_outputs(cfg, world_size, global_batch)
+    check_wandb(cfg)
     check_memory_keys(cfg)
     check_model_states(cfg, args, world_size)
 
@@ -210,6 +211,71 @@ def check_outputs(cfg: JobConfig, world_size: int, global_batch: int) -> None:
     for key in ("timeout_seconds", "checkpoint_timeout_seconds"):
         if getattr(cfg.comm, key) < 1:
             raise ConfigError(f"--comm.{key}={getattr(cfg.comm, key)}: must be >= 1")
+
+
+WANDB_DEFAULT_HOST = "https://api.wandb.ai"
+
+
+def wandb_offline() -> bool:
+    """Whether wandb.init will neither log in nor upload: WANDB_MODE offline (or its old name
+    dryrun) or disabled, or WANDB_DISABLED set true."""
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    disabled = os.environ.get("WANDB_DISABLED", "").strip().lower() in ("true", "1", "yes")
+    return mode in ("offline", "dryrun", "disabled") or disabled
+
+
+def wandb_credentials() -> str | None:
+    """Where wandb would find an API key, looked up as wandb does it but without importing it or
+    touching the network: WANDB_API_KEY (or WANDB_IDENTITY_TOKEN_FILE), else the netrc entry of
+    the W&B host (WANDB_BASE_URL, default api.wandb.ai) in $NETRC, ~/.netrc or ~/_netrc. None:
+    not logged in."""
+    import netrc
+
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(var):
+            return var
+    host = wandb_host()
+    if os.environ.get("NETRC"):
+        paths = [os.path.expanduser(os.environ["NETRC"])]
+    else:
+        paths = [os.path.expanduser("~/.netrc"), os.path.expanduser("~/_netrc")]
+    for path in paths:
+        if not os.path.isfile(path):
+            continue
+        try:
+            entry = netrc.netrc(path).authenticators(host)
+        except (netrc.NetrcParseError, OSError):
+            return None  # wandb warns and finds no key in it either
+        return path if entry and entry[2] else None
+    return None
+
+
+def check_wandb(cfg: JobConfig) -> None:
+    """--metrics.enable_wandb: the package is there and, online, a login (wandb.init would
+    otherwise prompt or fail on rank 0 only, after the process group is up)."""
+    if not cfg.metrics.enable_wandb:
+        return
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("wandb") is not None
+    except (ImportError, ValueError):  # a broken or half-imported package
+        found = False
+    if not found:
+        raise ConfigError("--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'")
+    if not wandb_offline() and wandb_credentials() is None:
+        raise ConfigError(
+            f"--metrics.enable_wandb: not logged in to W&B ({wandb_host()}): no WANDB_API_KEY and no netrc entry;"
+            " run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline"
+        )
+
+
+def wandb_host() -> str:
+    """The W&B server's host name: WANDB_BASE_URL's, default api.wandb.ai."""
+    from urllib.parse import urlsplit
+
+    url = os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_HOST
+    return urlsplit(url).netloc or url
 
 
 def check_moe(cfg: JobConfig, args) -> None:
