@@ -151,6 +151,7 @@ class Trainer:
         self.metrics = MetricsLogger(
             cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
             total_steps=t.steps, resume_step=self.train_state.step,
+            wandb_config=dataclasses.asdict(cfg) if cfg.metrics.enable_wandb else None, run_name=cfg.job.description,
         )
         self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
         if self.device.type == "cuda" and self.peak_flops is None:
@@ -299,9 +300,9 @@ class Trainer:
             return
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
                             self.train_state.step, self.cfg.training.steps, self.log)
-        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory:
+        # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises
+        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory, self.metrics:
             self._train_loop(profiler)
-        self.metrics.close()
         self.checkpoint.close()
         self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
 

@@ -61,3 +61,93 @@ def test_llama_3_2_flavors_have_the_published_shapes():
             model = Transformer(args)
         untied = sum(p.numel() for p in model.parameters())
         assert untied - model.output.weight.numel() == published, (flavor, untied)
+
+
+# --------------------------------------------------------------------------- scalar sinks (TensorBoard, W&B)
+
+
+class _FakeRun:
+    def __init__(self, **kwargs):
+        self.init, self.logged, self.finished = kwargs, [], []
+
+    def log(self, data, step):
+        self.logged.append((step, dict(data)))
+
+    def finish(self, exit_code=0):
+        self.finished.append(exit_code)
+
+
+class _RecordingSink:
+    def __init__(self):
+        self.written, self.closed = [], []
+
+    def write(self, step, scalars):
+        self.written.append((step, dict(scalars)))
+
+    def close(self, failed=False):
+        self.closed.append(failed)
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """wandb replaced by a stand-in whose init() returns a run recording what it gets."""
+    import sys
+    import types
+
+    runs = []
+    module = types.ModuleType("wandb")
+    module.init = lambda **kwargs: runs.append(_FakeRun(**kwargs)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    for var in ("WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(var, raising=False)
+    return runs
+
+
+STEP_VALUES = {"loss": 2.5, "grad_norm": 0.5, "lr": 1e-3, "tokens_per_sec": 100.0, "tokens_per_sec_per_device": 50.0,
+               "mfu": None, "memory_rss_gib": 0.4, "step_time": 0.1, "tokens_seen": 64, "expert_load_min": 0.5,
+               "expert_load_max": 1.5, "mtp_loss": 2.75, "comm": {"forward/all_gather/dp": 2}}
+
+
+def test_wandb_gets_what_tensorboard_gets(tmp_path, fake_wandb):
+    from torchtitan.components.metrics import MetricsLogger, TensorBoardSink, WandbSink
+
+    config = {"job": {"description": ""}, "training": {"steps": 2}}
+    with MetricsLogger(str(tmp_path / "run"), enabled=True, tensorboard=True, total_steps=2,
+                       wandb_config=config) as logger:
+        assert [type(s) for s in logger.sinks] == [TensorBoardSink, WandbSink]
+        (run,) = fake_wandb
+        assert run.init == {"project": "torchtitan", "entity": None, "name": "run", "dir": str(tmp_path / "run"),
+                            "config": config}
+        recorder = _RecordingSink()
+        logger.sinks.append(recorder)  # sees what every sink is given
+        logger.log(1, STEP_VALUES)
+        logger.log_validation(2, {"validation_loss": 2.0, "validation_perplexity": 7.39}, batches=1, seconds=0.2)
+    numbers = {k: v for k, v in STEP_VALUES.items() if k not in ("mfu", "comm")}  # not numbers: no scalar
+    expected = [(1, numbers), (2, {"validation_loss": 2.0, "validation_perplexity": 7.39})]
+    assert run.logged == recorder.written == expected
+    assert run.finished == [0] and recorder.closed == [False]
+    logger.close()  # closing twice finishes once
+    assert run.finished == [0]
+
+
+def test_wandb_run_failed_when_training_raises(tmp_path, fake_wandb, monkeypatch):
+    from torchtitan.components.metrics import MetricsLogger
+
+    monkeypatch.setenv("WANDB_PROJECT", "proj")
+    monkeypatch.setenv("WANDB_ENTITY", "team")
+    with pytest.raises(RuntimeError, match="boom"):
+        with MetricsLogger(str(tmp_path), enabled=True, tensorboard=False, total_steps=2,
+                           wandb_config={}, run_name="my run") as logger:
+            logger.log(1, STEP_VALUES)
+            raise RuntimeError("boom")
+    (run,) = fake_wandb
+    assert (run.init["project"], run.init["entity"], run.init["name"]) == ("proj", "team", "my run")
+    assert run.finished == [1] and [step for step, _ in run.logged] == [1]
+
+
+def test_no_wandb_run_off_or_off_rank_0(tmp_path, fake_wandb):
+    from torchtitan.components.metrics import MetricsLogger
+
+    MetricsLogger(str(tmp_path / "a"), enabled=True, tensorboard=False, total_steps=1).close()
+    MetricsLogger(str(tmp_path / "b"), enabled=False, tensorboard=True, total_steps=1, wandb_config={}).close()
+    assert fake_wandb == []

@@ -1,4 +1,5 @@
-"""Per-step metrics: the console line (with ETA), TensorBoard scalars and metrics.jsonl.
+"""Per-step metrics: the console line (with ETA), metrics.jsonl, and the numeric values as
+scalars to TensorBoard and (--metrics.enable_wandb) Weights & Biases.
 
 Only the logging rank writes these files. metrics.jsonl holds one JSON object per logged step;
 scripts/plot_loss.py and the tests read its keys (step, loss, grad_norm, lr, tokens_per_sec).
@@ -135,12 +136,65 @@ def _truncate_after(path: str, step: int) -> None:
     os.replace(tmp, path)
 
 
+class TensorBoardSink:
+    """Scalars as TensorBoard events under <dump_folder>/tb."""
+
+    def __init__(self, dump_folder: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(os.path.join(dump_folder, "tb"))
+
+    def write(self, step: int, scalars: dict) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self, failed: bool = False) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Scalars to a W&B run (rank 0's), the job config as the run config. Project and entity:
+    WANDB_PROJECT (default "torchtitan") and WANDB_ENTITY; mode (online / offline / disabled):
+    WANDB_MODE, as wandb reads it. The run's files go under <dump_folder>/wandb; a resumed job
+    starts a new run. validate.check_wandb has checked the package and the login."""
+
+    def __init__(self, dump_folder: str, config: dict, name: str):
+        import wandb
+
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or "torchtitan",
+            entity=os.environ.get("WANDB_ENTITY") or None,
+            name=name or os.path.basename(os.path.abspath(dump_folder)),
+            dir=os.path.abspath(dump_folder),
+            config=config,
+        )
+
+    def write(self, step: int, scalars: dict) -> None:
+        self.run.log(scalars, step=step)
+
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+def scalars_of(values: dict) -> dict:
+    """The values the scalar sinks get: numbers only (not mfu=None, not the comm dicts)."""
+    return {k: v for k, v in values.items() if isinstance(v, (int, float))}
+
+
 class MetricsLogger:
-    def __init__(self, dump_folder: str, enabled: bool, tensorboard: bool, total_steps: int, resume_step: int = 0):
+    """Rank 0's metrics (enabled): console, metrics.jsonl and the scalar sinks, which each get
+    the same scalars (scalars_of) of every training and validation record. `wandb_config`: the
+    job config as a dict to turn W&B on, `run_name` its run's name. Use it as a context
+    manager around training: a failure closes it, marking the W&B run failed."""
+
+    def __init__(self, dump_folder: str, enabled: bool, tensorboard: bool, total_steps: int, resume_step: int = 0,
+                 wandb_config: dict | None = None, run_name: str = ""):
         self.enabled, self.total_steps = enabled, total_steps
         self.start = time.perf_counter()
         self._step_times: list[float] = []
-        self.jsonl = self.tb = None
+        self.jsonl = None
+        self.sinks: list = []
         if not enabled:
             return
         os.makedirs(dump_folder, exist_ok=True)
@@ -149,9 +203,14 @@ class MetricsLogger:
             _truncate_after(self.jsonl_path, resume_step)
         self.jsonl = open(self.jsonl_path, "a" if resume_step > 0 else "w")
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            self.sinks.append(TensorBoardSink(dump_folder))
+        if wandb_config is not None:
+            self.sinks.append(WandbSink(dump_folder, wandb_config, run_name))
 
-            self.tb = SummaryWriter(os.path.join(dump_folder, "tb"))
+    def _write_scalars(self, step: int, values: dict) -> None:
+        scalars = scalars_of(values)
+        for sink in self.sinks:
+            sink.write(step, scalars)
 
     def eta(self, step: int, step_time: float) -> float:
         # Skip the first step (compilation, warm-up) once there are others to average.
@@ -184,11 +243,7 @@ class MetricsLogger:
         )
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        if self.tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self.tb.add_scalar(key, value, step)
-            self.tb.flush()
+        self._write_scalars(step, values)
 
     def log_validation(self, step: int, values: dict, batches: int, seconds: float) -> None:
         """A validation record: {"step", "validation_loss", "validation_perplexity", ...} of its
@@ -200,13 +255,21 @@ class MetricsLogger:
         record = {"step": step, **values, "validation_batches": batches, "validation_time": round(seconds, 3)}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        if self.tb is not None:
-            for key, value in values.items():
-                self.tb.add_scalar(key, value, step)
-            self.tb.flush()
+        self._write_scalars(step, values)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the files and sinks (once; later calls do nothing). failed: the W&B run ends
+        with exit code 1 (shown as failed)."""
         if self.jsonl is not None:
             self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
+            self.jsonl = None
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(failed)
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> bool:
+        self.close(failed=exc_type is not None)
+        return False
