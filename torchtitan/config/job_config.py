@@ -318,6 +318,15 @@ class Checkpoint:
     """Initialise the model on one rank (NGPU=1, no parallelism), save it as step-0 (weights
     only) and exit; every layout that then trains from this folder starts from these weights."""
 
+    async_mode: Literal["disabled", "async"] = "disabled"
+    """disabled: a save stops training until every rank's files are written. async: training
+    stops only while each rank copies its state into host memory (staging); DCP writes the copy
+    from a background thread during the next steps, over a gloo group of its own. A save waits
+    for the previous one; the last save and a preemption save are synchronous; a save counts
+    (becomes step-N) only once all of it is written. Memory: every rank keeps a staged copy of
+    its parameters and optimizer states from the first save on (pinned host memory on CUDA, the
+    same memory as training on CPU; the memory prediction counts it)."""
+
 
 @dataclass
 class Comm:
@@ -330,6 +339,22 @@ class Comm:
     """Longest a checkpoint save or load may wait for the slowest rank's file I/O. Separate
     from timeout_seconds so that writing a large checkpoint to a slow file system does not
     fail a healthy run."""
+
+    hang_timeout_seconds: int = -1
+    """A rank that passes no progress point of the training loop (data read, forward/backward,
+    metrics ...) for this long reports a hang, before the collective timeout ends the job
+    without saying who was where: the stuck ranks write their Python stacks (and NCCL's flight
+    recorder on CUDA) to <dump_folder>/hang/, the lowest live one prints one line naming the
+    rank(s) that stopped - also a frozen rank, silent in the per-rank heartbeats of the
+    rendezvous store - and where the others wait, then the job exits 1. Paused during
+    checkpoint saves, validation, compilation and the first step. -1 = 60% of timeout_seconds
+    (180 s by default); 0 = off; else below timeout_seconds, and longer than a step."""
+
+    def resolved_hang_timeout(self) -> float:
+        """hang_timeout_seconds with -1 resolved (0: no watchdog)."""
+        if self.hang_timeout_seconds == -1:
+            return 0.6 * self.timeout_seconds
+        return float(self.hang_timeout_seconds)
 
 
 @dataclass
