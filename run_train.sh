@@ -10,7 +10,22 @@
 #   host, RDZV_ID (default torchtitan), NODE_RANK (optional: c10d rendezvous assigns ranks).
 #   NGPU is then per node; the world is NGPU x NNODES.
 # Extra arguments are config overrides (--section.key=value); --help lists every key.
+#
+# Signals: SIGTERM (Slurm's preemption, scancel, time limit) and SIGUSR1 (sbatch --signal=USR1@<s>)
+# reach every rank (passed on by this script and torchtitan.launcher; torchrun itself keeps
+# running): the ranks finish the step, checkpoint it and stop. Exit code: 0 done, 1 failed,
+# 2 bad input, 75 preempted (checkpoint saved: rerun to resume; Slurm: RequeueExit=75 or
+# scripts/multinode_trainer.slurm). torchrun exits 1 or 0 whatever the ranks meant: the
+# ranks say it in a status file this script reads (torchtitan/components/exit_status.py).
 set -euo pipefail
+GOT_SIGNAL=""
+TR_PID=""
+on_signal() {  # note it; pass it on to torchrun once it runs (it passes it to the ranks)
+  GOT_SIGNAL=$1
+  if [[ -n "$TR_PID" ]]; then kill -s "$1" "$TR_PID" 2>/dev/null || true; fi
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal USR1' USR1
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
@@ -81,6 +96,33 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
   export OMP_NUM_THREADS=$threads
 fi
 
-exec "$PY" -m torch.distributed.run "${LAUNCH[@]}" --nproc_per_node="$NGPU" \
-  --local-ranks-filter "$LOG_RANK" \
-  -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"
+if [[ -n "$GOT_SIGNAL" ]]; then
+  echo "[torchtitan] preempted (SIG$GOT_SIGNAL) before training started: nothing to save; exit 75: rerun the same command to resume" >&2
+  exit 75
+fi
+STATUS_FILE=$(mktemp "${TMPDIR:-/tmp}/torchtitan-status.XXXXXX")
+trap 'rm -f "$STATUS_FILE"' EXIT
+trap ':' INT  # ^C reaches torchrun too (same process group), which stops the ranks: wait for it
+TORCHTITAN_STATUS_FILE="$STATUS_FILE" "$PY" -m torchtitan.launcher "${LAUNCH[@]}" --nproc_per_node="$NGPU" \
+  --local-ranks-filter "$LOG_RANK" --signals-to-handle=SIGINT,SIGHUP,SIGQUIT \
+  -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@" &
+TR_PID=$!
+rc=0
+while kill -0 "$TR_PID" 2>/dev/null; do  # a trapped signal interrupts wait: wait again
+  if wait "$TR_PID"; then rc=0; else rc=$?; fi
+done
+# the last wait may have been interrupted just as torchrun ended: its status is kept for this one
+if wait "$TR_PID" 2>/dev/null; then rc=0; else r=$?; [[ $r -eq 127 ]] || rc=$r; fi
+
+if [[ -s "$STATUS_FILE" ]]; then  # a rank ended the run on purpose: its code, and its line if not shown
+  read -r code writer < "$STATUS_FILE"
+  if [[ ",$LOG_RANK," != *",$writer,"* ]]; then
+    line=$(sed -n 2p "$STATUS_FILE")
+    if [[ "$code" == 0 || "$code" == 75 ]]; then echo "[torchtitan] $line" >&2; else echo "error: $line" >&2; fi
+  fi
+  rc=$code
+elif [[ -n "$GOT_SIGNAL" && $rc -ne 0 ]]; then
+  echo "[torchtitan] preempted (SIG$GOT_SIGNAL) before its checkpoint was saved (during start-up, or the save failed); exit 75: rerun the same command to resume from the last complete checkpoint" >&2
+  rc=75
+fi
+exit "$rc"

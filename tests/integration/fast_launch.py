@@ -19,8 +19,9 @@ A rank leaves with os._exit() after main() returns (threads joined and atexit ha
 at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of
 CPU_NOTES.md cannot happen here; that a finished run also exits 0 through a real interpreter
 exit is left to the runs that keep run_train.sh). When a rank fails the others get SIGTERM,
-then SIGKILL after GRACE_S, as torchrun does. Exit code: 0 when every rank exited 0; 124
-after the timeout; 2 when the first rank to fail exited 2 (main's code for a bad config,
+then SIGKILL after GRACE_S, as torchrun does. Exit code: 124 after the timeout; the code in the
+status file when a rank wrote one (a preemption's 75, a hang report's 1: run_train.sh's rule,
+its line shown when the writing rank's output is not); 0 when every rank exited 0; 2 when the first rank to fail exited 2 (main's code for a bad config,
 which run_train.sh's config check reports with 2 before launching, or a bad device); else 1
 (torchrun's code). The config check run_train.sh does before launching is repeated by every
 rank at start-up (load_config_or_exit), so a success path checks exactly what it did. A dry
@@ -46,6 +47,9 @@ import time
 import traceback
 import types
 from multiprocessing.connection import wait
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from torchtitan.components import exit_status  # noqa: E402  (torch-free)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -274,6 +278,10 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     # torchrun's agent hosts the rendezvous store and the ranks connect to it
     # (TORCHELASTIC_USE_AGENT_STORE): a port taken by the store itself, nothing to race for.
     store = None if dry_run else TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    # run_train.sh's status file: a rank that ends the run on purpose (preemption, hang report)
+    # writes its exit code and line there (torchtitan/components/exit_status.py)
+    fd, status_path = tempfile.mkstemp(prefix="titan_status_")
+    os.close(fd)
     run_id = f"fast{os.getpid()}_{time.monotonic_ns()}"
     procs = []
     console: list[str] = []
@@ -291,6 +299,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
                 "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ngpu), "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
                 "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHTITAN_STATUS_FILE": status_path,
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
             p = ctx.Process(target=_worker, args=(entry, argv, renv, os.getcwd(), os.path.join(log_dir, str(rank)),
                                                   threads), name=f"rank{rank}")
@@ -336,8 +345,14 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         p.close()
     if first_failure is None:
         first_failure = next(((r, c) for r, c in enumerate(codes) if c != 0), None)
+    status = exit_status.read(status_path)
+    os.remove(status_path)
     if timed_out:
         rc = 124
+    elif status is not None:  # as run_train.sh: the rank's code, its line when the console does not show it
+        rc = status[0]
+        if status[1] not in log_ranks:
+            console.append(("[torchtitan] " if rc in (0, 75) else "error: ") + status[2] + "\n")
     elif all(c == 0 for c in codes):
         rc = 0
     elif first_failure[1] == 2:
@@ -355,7 +370,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         console.append(f"[fast_launch] the fork server (pid {server}) died during this run, its ranks with it"
                        f" (killed from outside?); the next run starts a new one. The end of its log {SERVER_LOG}:\n"
                        + "".join(_last_lines(SERVER_LOG)))
-    if rc not in (0, 124):
+    if rc not in (0, 124) and first_failure is not None:
         # torchrun's failure summary, in the lines checkpoint_checks.rank_exit_codes reads
         console.append(f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "
                        f"(exit code {first_failure[1]}); ranks still running then got SIGTERM\n")
