@@ -19,10 +19,13 @@ from torchtitan.components.checkpoint import CheckpointManager, TrainState
 from torchtitan.components.checkpoint_files import CheckpointError
 from torchtitan.components.dataloader import build_dataloader
 from torchtitan.components.datasets import DataError
+from torchtitan.components import exit_status, faults
 from torchtitan.components.expert_balance import ExpertBalancer
+from torchtitan.components.hang_watchdog import HangWatchdog
 from torchtitan.components.hf_weights import HFExportError, HFSpec
 from torchtitan.components.metrics import MetricsLogger, StepMemory, peak_tflops
 from torchtitan.components.optimizer import PartOptimizers
+from torchtitan.components.preemption import Preemption, kill_wait_note, stop_line
 from torchtitan.components.profiling import Profiler
 from torchtitan.components.tokenizer import Tokenizer
 from torchtitan.components.train_step import PipelineLoss, StepRunner, cross_entropy_loss, local_value
@@ -136,6 +139,11 @@ class Trainer:
                           if cfg.validation.enable else None)
         self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, self.device.type, t.steps, cfg.lr_scheduler)
         self.train_state = TrainState(self.rank)
+        self.watchdog = HangWatchdog(cfg.comm.resolved_hang_timeout(), cfg.job.dump_folder, self.rank, world,
+                                     self.device, watch_compile=cfg.compile.enable)
+        self.preemption = Preemption(self.device)
+        self.preempted = None  # the closing line of a preempted run
+        self.last_step_s, self.kill_wait_noted = 0.0, False
         self.checkpoint = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
             self.train_state, {"world_size": world, "global_batch": self.global_batch,
@@ -144,6 +152,7 @@ class Trainer:
                                "hf_args": export_fields(cfg.model.name, self.model_args),
                                "model_rules": model_rules(cfg.model.name, self.model_args)},
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, hf=self._hf_spec(pp_rank),
+            device_type=self.device.type, log=self.log,
         )
         if cfg.checkpoint.create_seed_checkpoint:
             return  # train() writes the seed checkpoint and stops
@@ -281,11 +290,11 @@ class Trainer:
 
     def _validate(self, step: int) -> None:
         start = time.perf_counter()
-        self.activity = f"validation after step {step}"
         for m in self.model_parts:
             m.eval()  # e.g. MoE layers do not count tokens for load balancing
         try:
-            values = self.validator.measure(self.eval_step)
+            with self.watchdog.paused(f"validation after step {step}"):
+                values = self.validator.measure(self.eval_step)
         finally:
             for m in self.model_parts:
                 m.train()
@@ -300,57 +309,97 @@ class Trainer:
             return
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
                             self.train_state.step, self.cfg.training.steps, self.log)
-        # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises
-        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory, self.metrics:
-            self._train_loop(profiler)
+        # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises;
+        # the preemption handlers are on for the loop only (preemption.py)
+        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory, self.metrics, \
+                self.preemption:
+            self.watchdog.start()
+            try:
+                self._train_loop(profiler)
+            finally:
+                self.watchdog.close()
+            self.metrics.preempted = self.preempted is not None
         self.checkpoint.close()
-        self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
+        if self.preempted is None:
+            self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
 
     def _train_loop(self, profiler: Profiler) -> None:
         t = self.cfg.training
         data = iter(self.dataloader)
-        tokens_per_step = self.global_batch * t.seq_len
         start_step = self.train_state.step
         if self.validator is not None and self.validator.due(0, t.steps, start_step):
             self._validate(0)
         while self.train_state.step < t.steps:
             step = self.train_state.step + 1
             start = time.perf_counter()
+            self.watchdog.progress(f"step {step}: data")
+            faults.point("data", step)
             batches = [next(data) for _ in range(self.accum_steps)]
             lr = self.optimizers.last_lr()
             self.memory.begin()
             if self.comm is not None:
                 self.comm.reset()  # drop what ran between steps (e.g. checkpoint saves)
-            self.activity = f"step {step}"
+            self.watchdog.progress(f"step {step}: forward/backward")
+            faults.point("step", step)
             with profiler.step(step):
                 loss, grad_norm, moe = self.train_step(batches)
             memory = self.memory.end(step)
-            comm = {}
-            if self.comm is not None:
-                counts, nbytes = self.comm.reset()
-                comm = {"comm": counts, "comm_bytes": nbytes}
+            self.watchdog.progress(f"step {step}: metrics")
             self.train_state.step = step
-            self.train_state.tokens_seen += tokens_per_step
-            step_time = time.perf_counter() - start
-            if step % self.cfg.metrics.log_freq == 0 or step == t.steps:
-                tps = tokens_per_step / step_time
-                per_device = tps / self.dims.world_size
-                mfu = None
-                if self.peak_flops:
-                    mfu = per_device * self.flops_per_token / (self.peak_flops * 1e12)
-                self.metrics.log(step, {
-                    "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
-                    "tokens_per_sec_per_device": per_device, "mfu": mfu,
-                    **memory, "step_time": step_time,
-                    "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
-                    **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
-                })
+            self.train_state.tokens_seen += self.global_batch * t.seq_len
+            self.last_step_s = time.perf_counter() - start
+            self._log_step(step, self.last_step_s, loss, grad_norm, lr, memory, moe)
+            if step == start_step + 1:
+                self.watchdog.arm()  # the first step (set-up, compilation) may take longer
             if step == start_step + 2:
                 self._log_memory_error(memory)
-            if self.validator is not None and self.validator.due(step, t.steps, start_step):
-                self._validate(step)
-            self.activity = f"the checkpoint save after step {step}"
+            if self._between_steps(step, start_step):
+                return
+
+    def _log_step(self, step: int, step_time: float, loss: float, grad_norm: float, lr: float, memory: dict,
+                  moe: dict) -> None:
+        t = self.cfg.training
+        comm = {}
+        if self.comm is not None:
+            counts, nbytes = self.comm.reset()
+            comm = {"comm": counts, "comm_bytes": nbytes}
+        if step % self.cfg.metrics.log_freq != 0 and step != t.steps:
+            return
+        tps = self.global_batch * t.seq_len / step_time
+        per_device = tps / self.dims.world_size
+        mfu = per_device * self.flops_per_token / (self.peak_flops * 1e12) if self.peak_flops else None
+        self.metrics.log(step, {
+            "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
+            "tokens_per_sec_per_device": per_device, "mfu": mfu, **memory, "step_time": step_time,
+            "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
+            **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
+        })
+
+    def _between_steps(self, step: int, start_step: int) -> bool:
+        """Validation, checkpoint, and the ranks' agreement on a preemption signal; True when
+        the run stops here (preempted: the step is checkpointed)."""
+        t = self.cfg.training
+        if self.validator is not None and self.validator.due(step, t.steps, start_step):
+            self._validate(step)
+        with self.watchdog.paused(f"the checkpoint save after step {step}"):
             self.checkpoint.maybe_save(step, last=step == t.steps)
+        if step == t.steps:
+            return False  # finished: a late signal has nothing left to stop
+        note = kill_wait_note(self.checkpoint.save_estimate(), self.last_step_s) if self.cfg.checkpoint.enable else None
+        if note is not None and not self.kill_wait_noted:  # once
+            self.kill_wait_noted = True
+            self.log(f"[torchtitan] {note}")
+        self.watchdog.progress(f"step {step}: preemption check")
+        stop = self.preemption.agree()
+        if stop is None:
+            return False
+        with self.watchdog.paused(f"the preemption save after step {step}"):
+            saved = self.checkpoint.save_now(step)
+        save_s = saved[1] if saved is not None else 0.0
+        self.preempted = stop_line(stop, step, saved[0] if saved is not None else None, save_s,
+                                   stop.since_signal_s + save_s)
+        self.log(f"[torchtitan] {self.preempted}")
+        return True
 
 
 def _error_line(text: str) -> None:
@@ -390,12 +439,19 @@ def main(argv: list[str] | None = None) -> int:
         if not is_comm_failure(e):
             raise
         # A peer died or hung: the group is unusable, so tearing it down could hang too.
-        activity = getattr(trainer, "activity", "start-up")
+        watchdog = getattr(trainer, "watchdog", None)
+        if watchdog is not None:
+            watchdog.wait_for_report()  # a hang report in progress ends the process itself
+        activity = watchdog.activity if watchdog is not None else "start-up"
         _error_line(f"error: rank {os.environ.get('RANK')}: communication failed during {activity}"
                     f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
                     f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint")
         os._exit(1)
     shutdown_distributed()
+    if trainer is not None and trainer.preempted is not None:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # one status file per node (run_train.sh)
+            exit_status.record(exit_status.EXIT_PREEMPTED, trainer.preempted)
+        return exit_status.preempted_exit_code()
     return 0
 
 

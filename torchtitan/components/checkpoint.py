@@ -31,6 +31,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.distributed.utils import is_comm_failure
+from torchtitan.components import faults
+from torchtitan.components.checkpoint_async import AsyncSaves
 from torchtitan.components.hf_folder import HFFolderError, check_folder, is_hf_folder
 from torchtitan.components.hf_weights import HFSpec, export_hf, load_hf_weights
 from torchtitan.components.checkpoint_files import (
@@ -152,6 +154,18 @@ def _is_main() -> bool:
     return dist.get_rank() == 0
 
 
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer, with the fault-injection point of the failure tests (faults.py)."""
+
+    def __init__(self, path: str, step: int):
+        super().__init__(path)
+        self.step = step
+
+    def write_data(self, plan, planner):
+        faults.point("checkpoint_write", self.step)
+        return super().write_data(plan, planner)
+
+
 class CheckpointManager:
     """Save and load of one run's checkpoint folder; every method is called on all ranks.
 
@@ -162,7 +176,8 @@ class CheckpointManager:
     """
 
     def __init__(self, cfg, dump_folder, model_parts, optimizers, dataloader, train_state, run_info: dict,
-                 io_timeout_seconds: int = 1800, hf: HFSpec | None = None):
+                 io_timeout_seconds: int = 1800, hf: HFSpec | None = None, device_type: str = "cpu",
+                 log=lambda line: None):
         self.cfg = cfg
         self.folder = os.path.join(dump_folder, cfg.folder)
         self.dump_folder = dump_folder
@@ -180,6 +195,10 @@ class CheckpointManager:
         self._io_timeout = timedelta(seconds=io_timeout_seconds)
         self._pg = None
         self._deleting: threading.Thread | None = None
+        self.async_saves = AsyncSaves(device_type, io_timeout_seconds) if cfg.async_mode == "async" else None
+        self.saved_step = -1  # the step of the newest save this run started (sync or async)
+        self.save_s = 0.0  # the longest synchronous save so far
+        self.log = log  # rank 0's console (a line per save)
 
     @property
     def pg(self):
@@ -282,17 +301,48 @@ class CheckpointManager:
     # ------------------------------------------------------------------ save
 
     def maybe_save(self, step: int, last: bool) -> None:
+        """Between steps: publish a finished asynchronous save; save at the interval and the
+        last step (the last one synchronously, so a finished run's checkpoint is complete)."""
+        self.poll()
         if self.cfg.enable and (last or step % self.cfg.interval == 0):
             if last and self.cfg.last_save_model_only:
                 dtype = DTYPES[self.cfg.export_dtype]
                 self._save(step, {"model": ModelState(self.model_parts, dtype)}, model_only=True,
                            dtype=self.cfg.export_dtype)
             else:
-                self._save(step, self.states, model_only=False)
-            self._prune()
+                self._save(step, self.states, model_only=False, background=not last)
         if last and self.cfg.last_save_in_hf:  # after the checkpoint: a failed export loses nothing
             self._export_hf(step)
 
+    def save_now(self, step: int) -> tuple[str, float] | None:
+        """A preemption's save of `step`, synchronous (a save of it in flight is waited for);
+        (its folder, the seconds it took), or None when checkpointing is off."""
+        if not self.cfg.enable:
+            return None
+        start = time.monotonic()
+        if self.saved_step != step:
+            self._save(step, self.states, model_only=False)
+        self.wait()
+        return step_path(self.folder, step), time.monotonic() - start
+
+    def save_estimate(self) -> float:
+        """Seconds a synchronous save of the full state takes, as far as this run has seen
+        (its saves, or its background writes): what a preemption save needs."""
+        return max(self.save_s, self.async_saves.write_s if self.async_saves is not None else 0.0)
+
+    def poll(self) -> None:
+        if self.async_saves is not None:
+            self._logged(self.async_saves.poll())
+
+    def wait(self) -> None:
+        """Until the save in flight, if any, is written and published (every rank)."""
+        if self.async_saves is not None:
+            self._logged(self.async_saves.wait())
+
+    def _logged(self, line: str | None) -> None:
+        if line is not None:
+            self._prune()
+            self.log(f"[torchtitan] {line}")
     def _export_hf(self, step: int) -> None:
         folder = hf_export_path(self.dump_folder, step)
         if self._agree(lambda: os.path.exists(folder)):  # e.g. a resumed run that exported before
@@ -308,27 +358,47 @@ class CheckpointManager:
         self._save(0, {"model": ModelState(self.model_parts)}, model_only=True, dtype="float32")
         return step_path(self.folder, 0)
 
-    def _save(self, step: int, states: dict, model_only: bool, dtype: str = "") -> None:
+    def _save(self, step: int, states: dict, model_only: bool, dtype: str = "", background: bool = False) -> None:
         """DCP files into step-N.tmp, then the marker, then the rename: the step becomes
-        visible only complete, and an existing step-N is replaced only after that."""
+        visible only complete, and an existing step-N is replaced only after that. With
+        async_mode=async and `background`, the files are written while training goes on
+        (checkpoint_async.py) and the marker and rename follow once they are all written."""
+        self.wait()  # one save in flight
         final = step_path(self.folder, step)
         tmp = final + ".tmp"
+        start = time.monotonic()
         if _is_main():
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp, exist_ok=True)
         self._barrier()
         self._check_shared(tmp)
-        dcp.save(states, checkpoint_id=tmp, process_group=self.pg)
+        record = {"step": step, "model_only": model_only, "dtype": dtype, **self.run_info}
+        self.saved_step = step
+        if background and self.async_saves is not None:
+            staged = self.async_saves.start(step, states, _Writer(tmp, step), lambda: self._publish(tmp, final, record))
+            self.log(f"[torchtitan] checkpoint step-{step}: staged in {staged:.2f}s, writing in the background")
+            return
+        dcp.save(states, storage_writer=_Writer(tmp, step), process_group=self.pg)
         self._barrier()
-        if _is_main():
-            write_marker(tmp, {"step": step, "model_only": model_only, "dtype": dtype, "time": time.time(), **self.run_info})
-            old = final + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            if os.path.exists(final):
-                os.replace(final, old)
-            os.replace(tmp, final)  # a crash before this line: step-N.old still loads (scan)
-            shutil.rmtree(old, ignore_errors=True)
+        self._publish(tmp, final, record)
         self._barrier()
+        self._prune()
+        took = time.monotonic() - start
+        self.save_s = max(self.save_s, took)
+        self.log(f"[torchtitan] checkpoint step-{step} saved in {took:.2f}s (training stopped)")
+
+    def _publish(self, tmp: str, final: str, record: dict) -> None:
+        """Rank 0, once every rank's files and DCP's metadata are in `tmp`: the marker, then
+        the rename."""
+        if not _is_main():
+            return
+        write_marker(tmp, {**record, "time": time.time()})
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(tmp, final)  # a crash before this line: step-N.old still loads (scan)
+        shutil.rmtree(old, ignore_errors=True)
 
     def _check_shared(self, tmp: str) -> None:
         """Every rank must see the folder rank 0 just created: DCP writes each rank's shard
@@ -362,6 +432,9 @@ class CheckpointManager:
             self._deleting.start()
 
     def close(self) -> None:
-        """Wait for background deletions (end of training)."""
+        """End of training: wait for the save in flight and background deletions."""
+        self.wait()
+        if self.async_saves is not None:
+            self.async_saves.close()
         if self._deleting is not None:
             self._deleting.join()

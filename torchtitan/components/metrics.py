@@ -13,6 +13,7 @@ import time
 import torch
 
 from torchtitan.components.cpu_memory import CpuPeakMeter
+from torchtitan.components.exit_status import EXIT_PREEMPTED
 from torchtitan.components.peak_flops import peak_bf16_tflops
 
 
@@ -149,7 +150,7 @@ class TensorBoardSink:
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
-    def close(self, failed: bool = False) -> None:
+    def close(self, failed: bool = False, preempted: bool = False) -> None:
         self.writer.close()
 
 
@@ -173,8 +174,10 @@ class WandbSink:
     def write(self, step: int, scalars: dict) -> None:
         self.run.log(scalars, step=step)
 
-    def close(self, failed: bool = False) -> None:
-        self.run.finish(exit_code=1 if failed else 0)
+    def close(self, failed: bool = False, preempted: bool = False) -> None:
+        if preempted:  # W&B shows the run as preempted (it resumes as a new run)
+            self.run.mark_preempting()
+        self.run.finish(exit_code=1 if failed else EXIT_PREEMPTED if preempted else 0)
 
 
 def scalars_of(values: dict) -> dict:
@@ -195,6 +198,7 @@ class MetricsLogger:
         self._step_times: list[float] = []
         self.jsonl = None
         self.sinks: list = []
+        self.preempted = False
         if not enabled:
             return
         os.makedirs(dump_folder, exist_ok=True)
@@ -259,13 +263,14 @@ class MetricsLogger:
 
     def close(self, failed: bool = False) -> None:
         """Close the files and sinks (once; later calls do nothing). failed: the W&B run ends
-        with exit code 1 (shown as failed)."""
+        with exit code 1 (shown as failed); `preempted` set by the trainer: marked preempting,
+        exit code 75."""
         if self.jsonl is not None:
             self.jsonl.close()
             self.jsonl = None
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
-            sink.close(failed)
+            sink.close(failed, self.preempted and not failed)
 
     def __enter__(self) -> "MetricsLogger":
         return self
