@@ -38,6 +38,8 @@ KEYS = {
     "reshard": "parallelism.reshard_after_forward",
     "fsdp_ac": "activation_checkpoint.fsdp_ac_policy",
 }
+# ckpt=async: a checkpoint every step, saved asynchronously (its staged copy is memory)
+CKPT_PRESETS = {"async": {"checkpoint.enable": "true", "checkpoint.interval": "1", "checkpoint.async_mode": "async"}}
 # ac=<preset>: the activation-checkpointing modes by their usual names
 AC_PRESETS = {
     "none": {"activation_checkpoint.mode": "none"},
@@ -99,6 +101,9 @@ llama_cp2_fsdp2_ac_op                   4      cp=2 ac=op
 llama_cp2_block_causal                  2      cp=2 mask=block_causal
 llama_pp_cp2_1F1B_mb4                   4      pp=2 cp=2 schedule=1F1B lbs=4 mbs=1
 ds_cp2_ep                               4      cp=2 ep=2
+# asynchronous checkpoints every step: from step 2 on, every rank holds the staged copy
+llama_fsdp2_ckpt_async                  2      ckpt=async
+ds_fsdp2_ep_ckpt_async                  4      ep=2 ckpt=async
 """
 
 # The dimensions the matrix must cover (tests/unit/test_memory_check.py), as tags().
@@ -111,7 +116,7 @@ REQUIRED_TAGS = {
     "tp", "ep:part_of_dp_shard", "ep:all_of_dp_shard", "grad_accum",
     "dtype:float32", "dtype:bfloat16",
     "reshard:auto", "reshard:always", "reshard:never",
-    "cp", "mask:block_causal",
+    "cp", "mask:block_causal", "checkpoint:async",
 }
 
 
@@ -146,16 +151,17 @@ def parse_settings(tokens: list[str], where: str) -> tuple[tuple[str, str], ...]
         key, sep, value = token.partition("=")
         if not sep or not value:
             raise ValueError(f"{where}: '{token}' is not key=value")
-        if key == "ac":
-            if value not in AC_PRESETS:
-                raise ValueError(f"{where}: ac={value}: one of {', '.join(AC_PRESETS)}")
-            pairs = AC_PRESETS[value].items()
+        if key in ("ac", "ckpt"):
+            presets = AC_PRESETS if key == "ac" else CKPT_PRESETS
+            if value not in presets:
+                raise ValueError(f"{where}: {key}={value}: one of {', '.join(presets)}")
+            pairs = presets[value].items()
         elif key in KEYS:
             pairs = [(KEYS[key], value)]
         elif "." in key:
             pairs = [(key, value)]
         else:
-            raise ValueError(f"{where}: unknown short key '{key}' (one of ac, {', '.join(KEYS)}, or section.key)")
+            raise ValueError(f"{where}: unknown short key '{key}' (one of ac, ckpt, {', '.join(KEYS)}, or section.key)")
         for k, v in pairs:
             if k in out:
                 raise ValueError(f"{where}: {k} set twice")
@@ -249,4 +255,6 @@ def tags(job: Job) -> set[str]:
         out.add(f"mask:{job.value(KEYS['mask'])}")
     if s.global_batch > s.local_batch * s.dp:
         out.add("grad_accum")
+    if job.value("checkpoint.async_mode", "disabled") == "async":
+        out.add("checkpoint:async")
     return out

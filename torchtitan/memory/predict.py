@@ -147,7 +147,7 @@ def role_table(roles: list[RolePrediction], budget: int | None) -> str:
     short = {"parameters": "params", "optimizer_states": "adamw", "gradients": "grads",
              "unsharded_parameters": "gathered", "activations": "activ", "logits_and_loss": "logits",
              "backward_transients": "bwd tmp", "ep_dispatch": "ep a2a", "pipeline_buffers": "pp bufs",
-             "optimizer_transients": "opt tmp", "inputs_and_buffers": "buffers"}
+             "optimizer_transients": "opt tmp", "inputs_and_buffers": "buffers", "checkpoint_staging": "ckpt stage"}
     head = ["role", "ranks", "peak GiB"] + [short[c] for c in shown] + ["worst GiB", "peak at"]
     rows = [head]
     for r in roles:

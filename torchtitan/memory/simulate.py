@@ -47,7 +47,7 @@ _A2A = {_fc.all_to_all_single.default}
 # categories of the breakdown, in the order they are printed
 CATEGORIES = ("parameters", "optimizer_states", "gradients", "unsharded_parameters", "activations",
               "logits_and_loss", "backward_transients", "ep_dispatch", "pipeline_buffers",
-              "optimizer_transients", "inputs_and_buffers")
+              "optimizer_transients", "inputs_and_buffers", "checkpoint_staging")
 
 
 def _nbytes(tensors) -> int:
@@ -237,7 +237,22 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             clip_grad_norm_(params, t.max_norm, dims.pp_group() if pipeline is not None else None)
             tracker.phase = "optimizer"
             optimizers.step()
-    at_peak = tracker.breakdown_at_peak()
-    return StepMemory(pp_rank, parts.stage_ids, tracker.peak, tracker.peak_phase,
-                      {k: at_peak.get(k, 0) for k in CATEGORIES}, start, plan_records(parts),
+    breakdown = tracker.breakdown_at_peak()
+    breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(cfg, target, breakdown, params)
+    return StepMemory(pp_rank, parts.stage_ids, tracker.peak + staged, tracker.peak_phase,
+                      {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts),
                       _end(meter))
+
+
+def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:
+    """What an asynchronous checkpoint (checkpoint_async.py) adds to every step from its first
+    save on, on CPU: the staged copy of the parameters and optimizer states (each storage
+    once, as DCP's stager copies them), and while it is written the largest parameter storage
+    once more (DCP's writer copies a tensor whose storage is larger than itself - FSDP's
+    padded shards - one at a time). On CUDA the copy is host memory: 0 here (the dry run
+    says how much)."""
+    c = cfg.checkpoint
+    if not (c.enable and c.async_mode == "async") or target != "cpu":
+        return 0
+    largest = max((t.untyped_storage().nbytes() for t in _storages(params)), default=0)
+    return breakdown.get("parameters", 0) + breakdown.get("optimizer_states", 0) + largest
