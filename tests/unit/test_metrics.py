@@ -76,6 +76,9 @@ class _FakeRun:
     def finish(self, exit_code=0):
         self.finished.append(exit_code)
 
+    def mark_preempting(self):
+        self.finished.append("preempting")
+
 
 class _RecordingSink:
     def __init__(self):
@@ -84,7 +87,7 @@ class _RecordingSink:
     def write(self, step, scalars):
         self.written.append((step, dict(scalars)))
 
-    def close(self, failed=False):
+    def close(self, failed=False, preempted=False):
         self.closed.append(failed)
 
 
@@ -151,3 +154,14 @@ def test_no_wandb_run_off_or_off_rank_0(tmp_path, fake_wandb):
     MetricsLogger(str(tmp_path / "a"), enabled=True, tensorboard=False, total_steps=1).close()
     MetricsLogger(str(tmp_path / "b"), enabled=False, tensorboard=True, total_steps=1, wandb_config={}).close()
     assert fake_wandb == []
+
+
+def test_a_preempted_run_ends_its_wandb_run_preempted(tmp_path, fake_wandb):
+    from torchtitan.components.metrics import MetricsLogger
+
+    with MetricsLogger(str(tmp_path / "run"), enabled=True, tensorboard=False, total_steps=4,
+                       wandb_config={}) as logger:
+        logger.log(1, STEP_VALUES)
+        logger.preempted = True  # the trainer sets it when the ranks stopped for a signal
+    (run,) = fake_wandb
+    assert run.finished == ["preempting", 75]
