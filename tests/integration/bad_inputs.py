@@ -238,6 +238,12 @@ CASES = [
              "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode is on"
              " (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE); unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE to stream it,"
              " or use a local file or 'pydoc'", env=OFFLINE),
+    BadInput("hang timeout not below the collective timeout", ["--comm.hang_timeout_seconds=300"],
+             "--comm.hang_timeout_seconds=300: must be below --comm.timeout_seconds=300"),
+    BadInput("async checkpoints without checkpoints", ["--checkpoint.async_mode=async"],
+             "--checkpoint.async_mode=async has no effect without --checkpoint.enable=true"),
+    BadInput("bad fault injection", [], "TORCHTITAN_FAULT: 'freeze@data': use stop@<point> or sleep=<seconds>@<point>",
+             env={"TORCHTITAN_FAULT": "freeze@data"}),
     BadInput("validation hub dataset unreachable", ["--validation.enable=true", "--validation.dataset=wikitext",
                                                     "--validation.dataset_config_name=wikitext-2-raw-v1"],
              "--validation.dataset='wikitext': cannot reach the Hugging Face hub: offline mode is on", env=OFFLINE),

@@ -110,18 +110,20 @@ def _running(pid: int) -> bool:
 
 
 def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int = 20, steps: int = 30,
-             sig: int = signal.SIGKILL, ngpu: int = 4, in_save: int | None = None) -> dict:
-    """FSDP run checkpointing every 5 steps; once rank 0 logged `after_step` (or, with
-    in_save=N, as soon as the save of step N has begun writing step-N.tmp), send one worker
-    `sig` (SIGKILL: dies; SIGSTOP: stalls) and time how long until every other rank has
-    exited, and until the whole job is gone."""
-    cmd = [run_tests.RUN_TRAIN, *run_tests.BASE, f"--training.steps={steps}", *CKPT,
+             sig: int = signal.SIGKILL, ngpu: int = 4, in_save: int | None = None, extra: list[str] = (),
+             env: dict | None = None) -> dict:
+    """FSDP run checkpointing every 5 steps (`extra` overrides may change it); once rank 0
+    logged `after_step` (or, with in_save=N, as soon as the save of step N has begun writing
+    step-N.tmp), send one worker `sig` (SIGKILL: dies; SIGSTOP: stalls) and time how long
+    until every other rank has exited, and until the whole job is gone. `env`: added to the
+    run's environment."""
+    cmd = [run_tests.RUN_TRAIN, *run_tests.BASE, f"--training.steps={steps}", *CKPT, *extra,
            f"--comm.timeout_seconds={timeout}", f"--job.dump_folder={dump}"]
     os.makedirs(dump, exist_ok=True)
     log_path = os.path.join(os.path.dirname(dump), os.path.basename(dump) + ".log")
     with open(log_path, "w") as log:
         # Every rank's output, so each survivor's error line shows.
-        env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": ",".join(map(str, range(ngpu)))}
+        env = {**os.environ, "NGPU": str(ngpu), "LOG_RANK": ",".join(map(str, range(ngpu))), **(env or {})}
         proc = subprocess.Popen(cmd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     read_log = lambda: open(log_path).read()  # noqa: E731
@@ -192,8 +194,8 @@ def rank_exit_codes(torchrun_output: str) -> dict[int, int]:
     return codes
 
 
-def resume_after_kill(dump: str, steps: int = 30, ngpu: int = 4) -> tuple[dict[int, float], str]:
-    rc, _, log = run_tests.run(ngpu, [f"--training.steps={steps}", *CKPT], dump)
+def resume_after_kill(dump: str, steps: int = 30, ngpu: int = 4, extra: list[str] = ()) -> tuple[dict[int, float], str]:
+    rc, _, log = run_tests.run(ngpu, [f"--training.steps={steps}", *CKPT, *extra], dump)
     if rc != 0:
         raise RuntimeError(f"resume after kill failed (exit {rc}):\n{log[-3000:]}")
     return losses(dump), log
@@ -246,7 +248,7 @@ def main(argv=None) -> int:
           f" {k['losses'].get(first, float('nan')):.9f} ({'equal' if same else 'DIFFERENT'})")
     if args.stall:
         print("\nstall test: 4 ranks, SIGSTOP of one worker after step 12 was logged")
-        k = kill_run(os.path.join(out, "stall"), sig=signal.SIGSTOP, timeout=10)
+        k = kill_run(os.path.join(out, "stall"), sig=signal.SIGSTOP, timeout=10, extra=["--comm.hang_timeout_seconds=0"])
         print(f"stopped rank {k['killed_rank']}; the other ranks exited after {k['others_exited']:.2f}s"
               f" (comm.timeout_seconds={k['timeout']}); exit {k['returncode']} (the stopped rank is then killed)")
         print(f"exit code per rank: {dict(sorted(k['exit_codes'].items()))}")

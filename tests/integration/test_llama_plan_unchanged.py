@@ -13,7 +13,8 @@ the "; fits the budget (...)" note in their reasons. The case "8b_budget" (resha
 became "8b" with memory_budget_gib=-1: the old key now means a 1 GiB budget for the whole
 peak, over which auto would reshard every block; without a budget the plan is the one it was,
 and the prediction still runs. The units, sizes, decisions and AC regions are otherwise those
-of 830210d.
+of 830210d. The breakdowns gained the category checkpoint_staging (0: no asynchronous
+checkpoints) with [checkpoint] async_mode; the key was added to the files, nothing else changed.
 
 Compared exactly: everything but
 - memory_per_rank_role: its records' keys, roles, ranks and stages exactly; the predicted and
