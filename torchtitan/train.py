@@ -430,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (NonFiniteLossError, CheckpointError, HFExportError) as e:  # raised alike on every rank
         _error_line(f"error: {e}")
+        if trainer is not None:
+            trainer.checkpoint.settle()
         shutdown_distributed()
         return 1
     except DataError as e:  # a bad document on this rank's rows only: the others wait in a collective

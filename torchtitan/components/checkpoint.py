@@ -431,6 +431,15 @@ class CheckpointManager:
                                               daemon=True)
             self._deleting.start()
 
+    def settle(self) -> None:
+        """Training stopped with an error every rank raised (no rank lost): let an asynchronous
+        save of an earlier, good step finish and be published rather than cut it off when the
+        process group goes down; a failure of it changes nothing (it stays step-N.tmp)."""
+        try:
+            self.wait()
+        except (Exception, CheckpointException):
+            pass
+
     def close(self) -> None:
         """End of training: wait for the save in flight and background deletions."""
         self.wait()
