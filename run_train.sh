@@ -102,11 +102,14 @@ if [[ -n "$GOT_SIGNAL" ]]; then
 fi
 STATUS_FILE=$(mktemp "${TMPDIR:-/tmp}/torchtitan-status.XXXXXX")
 trap 'rm -f "$STATUS_FILE"' EXIT
-trap ':' INT  # ^C reaches torchrun too (same process group), which stops the ranks: wait for it
+# The launcher has a process group of its own (a terminal's ^C reaches it once, from here):
+# torchrun stops the ranks on these, this script waits for it.
+for sig in INT HUP QUIT; do trap "[[ -z \$TR_PID ]] || kill -s $sig \$TR_PID 2>/dev/null || true" "$sig"; done
 TORCHTITAN_STATUS_FILE="$STATUS_FILE" "$PY" -m torchtitan.launcher "${LAUNCH[@]}" --nproc_per_node="$NGPU" \
   --local-ranks-filter "$LOG_RANK" --signals-to-handle=SIGINT,SIGHUP,SIGQUIT \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@" &
 TR_PID=$!
+if [[ -n "$GOT_SIGNAL" ]]; then kill -s "$GOT_SIGNAL" "$TR_PID" 2>/dev/null || true; fi  # came just before
 rc=0
 while kill -0 "$TR_PID" 2>/dev/null; do  # a trapped signal interrupts wait: wait again
   if wait "$TR_PID"; then rc=0; else rc=$?; fi

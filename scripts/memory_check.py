@@ -64,7 +64,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -400,7 +399,11 @@ class Launcher:
                 out, _ = proc.communicate(timeout=self.timeout)
                 rc = proc.returncode
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                if FAST_LAUNCH_DIR not in sys.path:
+                    sys.path.insert(0, FAST_LAUNCH_DIR)
+                import run_tests  # the launcher and the ranks run outside run_train.sh's process group
+
+                run_tests.kill_tree(proc.pid)
                 out, _ = proc.communicate()
                 rc = 124
         if rc == 124:

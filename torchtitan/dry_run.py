@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):")
     print(role_table(roles, None if budget is None else budget.bytes))
     c = cfg.checkpoint
-    if c.enable and c.async_mode == "async" and target == "cuda":  # on CPU: in the table (ckpt stage)
+    if c.enable and c.async_mode == "async" and c.interval < cfg.training.steps and target == "cuda":  # CPU: ckpt stage
         host = max(r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0) for r in roles)
         print(f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
               f" memory: up to {host / 2**30:.3f} GiB per rank (times the ranks of a node)")

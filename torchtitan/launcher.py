@@ -5,20 +5,33 @@ A preemption signal asks the ranks to finish their step, checkpoint it and exit
 (components/preemption.py). torchrun (2.13) would get in the way: on SIGTERM it stops the
 workers after --shutdown-timeout (30 s, too short for a large save) and exits 1 with a
 SignalException traceback whatever they returned; SIGUSR1, not among its --signals-to-handle by
-default, kills it and orphans the workers. This process is torchrun, except that it keeps running
-on those two signals and passes each on to its workers, as torchrun passes on the signals it
-handles itself (run_train.sh gives it --signals-to-handle=SIGINT,SIGHUP,SIGQUIT). Under Slurm
-every process of the job is signalled anyway; a worker signalled twice counts it once.
+default, kills it and orphans the workers. This process is torchrun, except that:
+
+- it keeps running on SIGTERM and SIGUSR1 and passes each on to its workers, also to those not
+  started yet when it came (rendezvous may take minutes), as torchrun passes on the signals it
+  handles itself (run_train.sh gives it --signals-to-handle=SIGINT,SIGHUP,SIGQUIT);
+- when a worker fails, torchrun stops the others with SIGTERM, which the ranks would take for a
+  preemption (and a rank blocked in a collective with the dead one could not even run its
+  handler): here they get SIGKILL, as promptly as SIGTERM's default action stopped them before;
+- it runs in a process group of its own, so a terminal's ^C reaches it once, from run_train.sh
+  (which passes on INT, HUP and QUIT too), and it takes SIGINT and SIGQUIT back from the
+  "ignored" a shell gives a background command.
 
 Handlers, not SIG_IGN: a handler is reset at exec, so the workers start with the default action
 (a worker signalled before its training loop starts ends at once: there is nothing to save).
+Under Slurm every process of the job is signalled anyway; a worker signalled twice counts it once.
 """
 
 import os
 import signal
 import sys
+import threading
+import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_pending: set[int] = set()  # preemption signals received so far
+_told: set[tuple[int, int]] = set()  # (pid, signal) already passed on
+_lock = threading.Lock()
 
 
 def workers(parent: int) -> list[int]:
@@ -37,17 +50,57 @@ def workers(parent: int) -> list[int]:
     return found
 
 
-def _forward(signum, frame) -> None:
-    for pid in workers(os.getpid()):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+def _pass_on() -> None:
+    """Each pending signal to each worker that has not had it."""
+    with _lock:
+        for pid in workers(os.getpid()):
+            for sig in sorted(_pending):
+                if (pid, sig) not in _told:
+                    _told.add((pid, sig))
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+
+
+def _watch() -> None:
+    """After a signal: workers started later get it too."""
+    while True:
+        time.sleep(0.2)
+        _pass_on()
+
+
+def _on_signal(signum, frame) -> None:
+    first = not _pending
+    _pending.add(signum)
+    _pass_on()
+    if first:
+        threading.Thread(target=_watch, name="pass-on-signals", daemon=True).start()
+
+
+def _kill_on_failure() -> None:
+    """torchrun stops the rest of a failed group with SIGTERM: make it SIGKILL (docstring).
+    Stops caused by a signal torchrun handles (INT, HUP, QUIT) keep that signal."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    shutdown = LocalElasticAgent._shutdown
+
+    def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
+        return shutdown(self, signal.SIGKILL if death_sig == signal.SIGTERM else death_sig, timeout)
+
+    LocalElasticAgent._shutdown = _shutdown
 
 
 def main() -> None:
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # already a group leader (started by hand): keep it
+        pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     for sig in SIGNALS:
-        signal.signal(sig, _forward)
+        signal.signal(sig, _on_signal)
+    _kill_on_failure()
     from torch.distributed.run import main as torchrun
 
     sys.argv[0] = "torchrun"

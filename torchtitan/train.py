@@ -318,6 +318,7 @@ class Trainer:
                 self._train_loop(profiler)
             finally:
                 self.watchdog.close()
+            self.preemption.drain()
             self.metrics.preempted = self.preempted is not None
         self.checkpoint.close()
         if self.preempted is None:
@@ -332,6 +333,7 @@ class Trainer:
         while self.train_state.step < t.steps:
             step = self.train_state.step + 1
             start = time.perf_counter()
+            self.watchdog.step_began()
             self.watchdog.progress(f"step {step}: data")
             faults.point("data", step)
             batches = [next(data) for _ in range(self.accum_steps)]
@@ -349,6 +351,7 @@ class Trainer:
             self.train_state.tokens_seen += self.global_batch * t.seq_len
             self.last_step_s = time.perf_counter() - start
             self._log_step(step, self.last_step_s, loss, grad_norm, lr, memory, moe)
+            self.watchdog.step_ended()
             if step == start_step + 1:
                 self.watchdog.arm()  # the first step (set-up, compilation) may take longer
             if step == start_step + 2:

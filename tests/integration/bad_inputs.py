@@ -238,8 +238,9 @@ CASES = [
              "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode is on"
              " (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE); unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE to stream it,"
              " or use a local file or 'pydoc'", env=OFFLINE),
-    BadInput("hang timeout not below the collective timeout", ["--comm.hang_timeout_seconds=300"],
-             "--comm.hang_timeout_seconds=300: must be below --comm.timeout_seconds=300"),
+    BadInput("hang timeout too close to the collective timeout", ["--comm.hang_timeout_seconds=300"],
+             "--comm.hang_timeout_seconds=300: must be -1 (auto), 0 (off) or seconds (1..238 with"
+             " --comm.timeout_seconds=300"),
     BadInput("async checkpoints without checkpoints", ["--checkpoint.async_mode=async"],
              "--checkpoint.async_mode=async has no effect without --checkpoint.enable=true"),
     BadInput("bad fault injection", [], "TORCHTITAN_FAULT: 'freeze@data': use stop@<point> or sleep=<seconds>@<point>",

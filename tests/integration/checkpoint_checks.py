@@ -162,7 +162,7 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
             time.sleep(0.05)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            run_tests.kill_tree(proc.pid)
         proc.wait()
     job_gone = time.time() - start
     if others_exited is None and not alive(others):
@@ -182,7 +182,7 @@ def kill_run(dump: str, kill_rank: int = 2, after_step: int = 12, timeout: int =
 
 def rank_exit_codes(torchrun_output: str) -> dict[int, int]:
     """rank -> exit code of each failed worker, from torchrun's failure summary (a worker
-    that torchrun itself stopped shows -15, SIGTERM)."""
+    that torchrun itself stopped shows -9: run_train.sh's launcher has it stop them with SIGKILL)."""
     codes, rank = {}, None
     for line in torchrun_output.splitlines():
         m = re.match(r"\s*rank\s*:\s*(\d+)", line)
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     print(f"killed rank {k['killed_rank']}; the other ranks exited after {k['others_exited']:.2f}s, the whole job"
           f" after {k['job_gone']:.2f}s (comm.timeout_seconds={k['timeout']}); torchrun exit {k['returncode']};"
           f" checkpoints left {k['checkpoints']}")
-    print(f"exit code per rank (torchrun's summary; -15 = stopped by torchrun): {dict(sorted(k['exit_codes'].items()))}")
+    print(f"exit code per rank (torchrun's summary; -9 = stopped by torchrun): {dict(sorted(k['exit_codes'].items()))}")
     for line in k["errors"]:
         print(f"    {line}")
     resumed, log = resume_after_kill(dump)

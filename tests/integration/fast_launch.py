@@ -18,8 +18,8 @@ run forks its N ranks from it. Every rank gets what torchrun would give it:
 A rank leaves with os._exit() after main() returns (threads joined and atexit handlers run as
 at a normal exit, but the interpreter is not torn down: the gloo exit-time abort of
 CPU_NOTES.md cannot happen here; that a finished run also exits 0 through a real interpreter
-exit is left to the runs that keep run_train.sh). When a rank fails the others get SIGTERM,
-then SIGKILL after GRACE_S, as torchrun does. Exit code: 124 after the timeout; the code in the
+exit is left to the runs that keep run_train.sh). When a rank fails the others get SIGKILL, as
+torchrun started by run_train.sh's launcher does it (torchtitan/launcher.py). Exit code: 124 after the timeout; the code in the
 status file when a rank wrote one (a preemption's 75, a hang report's 1: run_train.sh's rule,
 its line shown when the writing rank's output is not); 0 when every rank exited 0; 2 when the first rank to fail exited 2 (main's code for a bad config,
 which run_train.sh's config check reports with 2 before launching, or a bad device); else 1
@@ -54,7 +54,6 @@ from torchtitan.components import exit_status  # noqa: E402  (torch-free)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CONFIG = os.path.join(ROOT, "train_configs", "llama3_debug.toml")
-GRACE_S = 5.0  # after a rank failed: SIGTERM to the others, SIGKILL after this
 # Variables torch, datasets, tokenizers & co. may read while being imported (TORCHRUN_LOG_DIR is
 # run_train.sh's, read by no import).
 IMPORT_TIME_PREFIXES = ("HF_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "TRANSFORMERS_", "TOKENIZERS_",
@@ -286,7 +285,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     procs = []
     console: list[str] = []
     start = time.monotonic()
-    timed_out, stopping_since, first_failure = False, None, None
+    timed_out, first_failure = False, None
     # multiprocessing re-runs the parent's __main__ script in each child (spawn semantics: run_tests.py
     # as a CLI, a pytest console script): the ranks run `entry`, so show it a __main__ without a file.
     main_module = sys.modules["__main__"]
@@ -318,16 +317,11 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
             now = time.monotonic()
             if first_failure is None:
                 failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if failed:
+                if failed:  # as run_train.sh's launcher (torchtitan/launcher.py): SIGKILL to the rest
                     first_failure = failed[0]
-                    stopping_since = now
                     for p in procs:
                         if p.exitcode is None:
-                            _signal_group(p.pid, signal.SIGTERM)
-            if stopping_since is not None and now > stopping_since + GRACE_S:
-                for p in procs:
-                    if p.exitcode is None:
-                        _signal_group(p.pid, signal.SIGKILL)
+                            _signal_group(p.pid, signal.SIGKILL)
             if not timed_out and now > start + timeout:
                 timed_out = True
                 for p in procs:
@@ -373,7 +367,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     if rc not in (0, 124) and first_failure is not None:
         # torchrun's failure summary, in the lines checkpoint_checks.rank_exit_codes reads
         console.append(f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "
-                       f"(exit code {first_failure[1]}); ranks still running then got SIGTERM\n")
+                       f"(exit code {first_failure[1]}); ranks still running then got SIGKILL\n")
         for r, c in enumerate(codes):
             if c != 0:
                 console.append(f"  rank      : {r} (local_rank: {r})\n  exitcode  : {c}\n")

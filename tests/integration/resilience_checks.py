@@ -64,7 +64,7 @@ def preempt_run(dump: str, target: str = "launcher", sig: int = signal.SIGTERM, 
         rc = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            run_tests.kill_tree(proc.pid)
             proc.wait()
     exit_s = time.time() - sent
     out = re.sub(r"(?m)^\[default\d+\]:", "", open(log_path).read())

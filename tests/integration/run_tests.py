@@ -252,6 +252,28 @@ def chosen_launcher(env: dict, launcher: str | None = None) -> str:
     return "torchrun" if name == "fast" and fast_launch.needs_torchrun(env) else name
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`, its process group and every process below it: run_train.sh's launcher
+    runs in a process group of its own, and torchrun's workers in sessions of their own."""
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
+        except OSError:
+            continue
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in [pid, *tree]:
+        try:
+            os.killpg(p, signal.SIGKILL) if p == pid else os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def launch(ngpu: int, args: list[str], log_dir: str, extra_env: dict | None = None,
            launcher: str | None = None) -> tuple[int, float, str]:
     """Train with `run_train.sh <args>` on `ngpu` ranks; (exit code, seconds, console output).
@@ -274,7 +296,7 @@ def launch(ngpu: int, args: list[str], log_dir: str, extra_env: dict | None = No
             out, _ = proc.communicate(timeout=TIMEOUT_S)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             out, _ = proc.communicate()
             rc = 124
         out = re.sub(r"(?m)^\[default\d+\]:", "", out)  # torchrun's --tee prefix: the console as without it

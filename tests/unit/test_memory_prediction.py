@@ -86,3 +86,24 @@ def test_bad_memory_keys_are_one_line(argv, message):
     with pytest.raises(ConfigError) as info:
         load_config(argv, 1)
     assert str(info.value) == message
+
+
+def test_async_checkpoint_staging_is_counted_only_where_it_is_memory():
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from torchtitan.memory.simulate import checkpoint_staging_bytes
+
+    params = [torch.zeros(10), torch.zeros(300)[:200]]  # storages of 40 and 1200 bytes (a view of a padded one)
+    at_peak = {"parameters": 1240, "optimizer_states": 2480, "activations": 9999}
+
+    def cfg(enable=True, mode="async", interval=5, steps=10):
+        return NS(checkpoint=NS(enable=enable, async_mode=mode, interval=interval), training=NS(steps=steps))
+
+    # the staged copy of parameters and optimizer states, plus the largest storage while DCP writes it
+    assert checkpoint_staging_bytes(cfg(), "cpu", at_peak, params) == 1240 + 2480 + 1200
+    assert checkpoint_staging_bytes(cfg(), "cuda", at_peak, params) == 0  # host memory there
+    assert checkpoint_staging_bytes(cfg(mode="disabled"), "cpu", at_peak, params) == 0
+    assert checkpoint_staging_bytes(cfg(enable=False), "cpu", at_peak, params) == 0
+    assert checkpoint_staging_bytes(cfg(interval=10), "cpu", at_peak, params) == 0  # only the last save: synchronous

@@ -67,14 +67,25 @@ def test_first_signal_counts(outer_handlers):
     assert seen == []
 
 
-def test_agree_on_one_gloo_rank(gloo_world):
+def test_agree_on_one_gloo_rank_one_boundary_after_the_signal(gloo_world):
     p = Preemption(torch.device("cpu"))
-    assert p.agree() is None
+    assert p.agree() is None  # boundary 1: starts its all-reduce (no signal)
     p.signum, p.received_at = signal.SIGTERM, time.monotonic() - 2.0
-    stop = p.agree()
+    assert p.agree() is None  # boundary 2: reads boundary 1's (no signal then), starts its own
+    stop = p.agree()  # boundary 3: reads boundary 2's
     assert stop.signals == {0: "SIGTERM"}
     assert 2.0 <= stop.since_signal_s < 30.0
     assert stop.who() == "SIGTERM reached rank 0"
+    assert p._pending is None  # stopping starts nothing more
+    p.drain()
+
+
+def test_drain_completes_the_all_reduce_in_flight(gloo_world):
+    p = Preemption(torch.device("cpu"))
+    assert p.agree() is None
+    assert p._pending is not None
+    p.drain()
+    assert p._pending is None
 
 
 def test_kill_wait_note_only_when_a_preemption_would_not_fit():

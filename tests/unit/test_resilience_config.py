@@ -6,8 +6,8 @@ from torchtitan.config import load_config
 
 from config_helpers import config_error
 
-HANG = ("must be below --comm.timeout_seconds={t} (the report comes before the collective timeout ends the job),"
-        " 0 to turn the watchdog off, or -1 for 60% of timeout_seconds")
+HANG = ("must be -1 (auto), 0 (off) or seconds ({allowed} with --comm.timeout_seconds={t}: a hang report takes up"
+        " to 6 heartbeat intervals more, and must come before the collective timeout ends the job)")
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +20,9 @@ def no_fault(monkeypatch):
     (["--comm.timeout_seconds=100"], -1, 60.0),
     (["--comm.hang_timeout_seconds=0"], 0, 0.0),
     (["--comm.hang_timeout_seconds=45"], 45, 45.0),
-    (["--comm.hang_timeout_seconds=299"], 299, 299.0),
+    (["--comm.hang_timeout_seconds=238"], 238, 238.0),  # the longest that leaves time for the report
+    (["--comm.timeout_seconds=20"], -1, 11.0),  # 60% (12 s) would report too late: the longest that fits
+    (["--comm.timeout_seconds=5"], -1, 0.0),  # no time for a report: off
 ])
 def test_hang_timeout_resolved(argv, hang, resolved):
     cfg, _ = load_config(argv, 2)
@@ -28,14 +30,16 @@ def test_hang_timeout_resolved(argv, hang, resolved):
     assert cfg.comm.resolved_hang_timeout() == resolved
 
 
-@pytest.mark.parametrize("argv, value, timeout", [
-    (["--comm.hang_timeout_seconds=300"], 300, 300),
-    (["--comm.hang_timeout_seconds=500"], 500, 300),
-    (["--comm.timeout_seconds=60", "--comm.hang_timeout_seconds=60"], 60, 60),
-    (["--comm.hang_timeout_seconds=-2"], -2, 300),
+@pytest.mark.parametrize("argv, value, timeout, allowed", [
+    (["--comm.hang_timeout_seconds=239"], 239, 300, "1..238"),
+    (["--comm.hang_timeout_seconds=500"], 500, 300, "1..238"),
+    (["--comm.timeout_seconds=60", "--comm.hang_timeout_seconds=60"], 60, 60, "1..36"),
+    (["--comm.hang_timeout_seconds=-2"], -2, 300, "1..238"),
+    (["--comm.timeout_seconds=5", "--comm.hang_timeout_seconds=3"], 3, 5, "none"),
 ])
-def test_hang_timeout_refused(argv, value, timeout):
-    assert config_error(argv, world_size=2) == f"--comm.hang_timeout_seconds={value}: " + HANG.format(t=timeout)
+def test_hang_timeout_refused(argv, value, timeout, allowed):
+    assert config_error(argv, world_size=2) == f"--comm.hang_timeout_seconds={value}: " + HANG.format(
+        t=timeout, allowed=allowed)
 
 
 def test_async_mode_needs_checkpointing(tmp_path):

@@ -17,8 +17,8 @@ where. With it (`[comm] hang_timeout_seconds`), each rank:
   the report (one line on its console and in the launcher's status file, hang/report.txt with
   a line per rank); then every stuck rank exits 1 and the launcher stops the rest.
 
-A report is written within about hang_timeout + 4 intervals of the stall, before the
-collective timeout ends the ranks (config check: hang_timeout_seconds < timeout_seconds).
+A report is written within hang_timeout + 6 intervals of the stall, before the collective
+timeout ends the ranks (config/job_config.py: longest_hang_timeout, checked before launch).
 """
 
 from __future__ import annotations
@@ -37,11 +37,7 @@ import torch
 
 from torchtitan.components import exit_status
 from torchtitan.components.hang_report import RankState, summary, table
-
-
-def interval_for(timeout_s: float) -> float:
-    """Seconds between heartbeats: a tenth of the timeout, within [0.5, 10]."""
-    return min(10.0, max(0.5, timeout_s / 10))
+from torchtitan.config.job_config import heartbeat_interval
 
 
 def _short(filename: str) -> str:
@@ -85,12 +81,14 @@ class HangWatchdog:
     def __init__(self, timeout_s: float, dump_folder: str, rank: int, world: int, device: torch.device,
                  watch_compile: bool = False):
         self.timeout = float(timeout_s)
-        self.interval = interval_for(self.timeout)
+        self.interval = heartbeat_interval(self.timeout)
         self.folder = os.path.join(dump_folder, "hang")
         self.rank, self.world, self.device = rank, world, device
         self.seq, self.activity, self.last = 0, "start-up", time.monotonic()
         self.armed = False
-        self._pauses = 0
+        self.longest_step = 0.0
+        self._pauses, self._paused_s, self._paused_since = 0, 0.0, 0.0  # (nested) pauses, their total seconds
+        self._step_start = (time.monotonic(), 0.0)
         self._compile_hooks = None
         self._watch_compile = watch_compile
         self._stop = threading.Event()
@@ -110,19 +108,22 @@ class HangWatchdog:
     @contextlib.contextmanager
     def paused(self, activity: str):
         self.progress(activity)
-        self._pauses += 1
+        self._pause()
         try:
             yield
         finally:
-            self._pauses -= 1
-            self.last = time.monotonic()
+            self._resume()
 
     def _pause(self, _args=None) -> None:
+        if self._pauses == 0:
+            self._paused_since = time.monotonic()
         self._pauses += 1
 
     def _resume(self, _args=None) -> None:
         self._pauses -= 1
         self.last = time.monotonic()
+        if self._pauses == 0:
+            self._paused_s += self.last - self._paused_since
 
     def start(self) -> None:
         if self.timeout <= 0 or self._thread is not None:
@@ -138,6 +139,19 @@ class HangWatchdog:
 
     def arm(self) -> None:
         self.armed, self.last = True, time.monotonic()
+
+    def step_began(self) -> None:
+        self._step_start = (time.monotonic(), self._paused_s)
+
+    def step_ended(self) -> None:
+        """A job whose steps take longer than the hang timeout is not hung: the limit becomes
+        1.5 x the longest step (its paused parts, e.g. compilation, left out) when longer."""
+        start, paused = self._step_start
+        self.longest_step = max(self.longest_step, time.monotonic() - start - (self._paused_s - paused))
+
+    @property
+    def limit(self) -> float:
+        return max(self.timeout, 1.5 * self.longest_step)
 
     def close(self) -> None:
         self._stop.set()
@@ -165,25 +179,22 @@ class HangWatchdog:
         return PrefixStore(f"torchtitan_hang/{run}/", store)
 
     def _run(self) -> None:
-        try:
-            store = self._store()
-        except Exception as e:  # no rendezvous store to reach: no reports, training goes on
-            print(f"[torchtitan] rank {self.rank}: hang watchdog off, the rendezvous store is unreachable ({e})",
-                  flush=True)
-            return
+        store, failures = None, 0
         while not self._stop.is_set():
             try:
+                store = store or self._store()
                 self._beat(store)
-                if self.armed and self._pauses == 0 and time.monotonic() - self.last > self.timeout:
-                    self._report(store)
-                    return
-            except Exception as e:  # the store went away (the job is ending): stop watching
-                if not self._stop.is_set():
-                    print(f"[torchtitan] rank {self.rank}: hang watchdog stopped ({type(e).__name__}: {e})", flush=True)
-                return
-            self._wake.wait(self.interval)  # a progress point, or the interval
+                failures = 0
+                if self.armed and self._pauses == 0 and time.monotonic() - self.last > self.limit:
+                    self._report(store)  # exits the process, unless progress came back
+            except Exception as e:  # the store is unreachable (a restart, the job ending): retry
+                store, failures = None, failures + 1
+                if failures == 1 and not self._stop.is_set():
+                    print(f"[torchtitan] rank {self.rank}: hang watchdog cannot reach the rendezvous store"
+                          f" ({type(e).__name__}: {e}); retrying", flush=True)
+            self._wake.wait(self.interval if failures == 0 else min(30.0, self.interval * 2 ** failures))
             self._wake.clear()
-            time.sleep(min(0.05, self.interval / 10))  # a burst of progress points: one heartbeat
+            self._stop.wait(self.interval / 4)  # at most 4 heartbeats per interval, however fast the steps
 
     def _beat(self, store) -> None:
         self._beats += 1
@@ -198,21 +209,25 @@ class HangWatchdog:
             return {r: json.loads(v) for r, v in enumerate(store.multi_get(keys))}
         return {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
 
-    def _report(self, store) -> None:
+    def _report(self, store) -> bool:
+        """Report and exit the process; returns (False) only when this rank made progress
+        again meanwhile."""
+        self.done.clear()
         self.reporting.set()
         try:
-            self._report_and_exit(store)
+            return self._report_and_exit(store)
         finally:
+            self.reporting.clear()
             self.done.set()
 
-    def _report_and_exit(self, store) -> None:
-        quiet = time.monotonic() - self.last
+    def _report_and_exit(self, store) -> bool:
+        quiet, seq = time.monotonic() - self.last, self.seq
         os.makedirs(self.folder, exist_ok=True)
         stacks, where = _stacks_text()
         with open(os.path.join(self.folder, f"rank{self.rank}.txt"), "w") as f:
             f.write(f"rank {self.rank} (host {socket.gethostname()}, pid {os.getpid()}): {quiet:.1f}s without"
                     f" progress; last progress point: {self.activity}\n\n{stacks}")
-        if self.device.type == "cuda":  # NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE, set at start-up)
+        if self.device.type == "cuda":  # NCCL's flight recorder (on by default: TORCH_FR_BUFFER_SIZE=2000)
             with contextlib.suppress(Exception):
                 trace = torch._C._distributed_c10d._dump_nccl_trace()
                 with open(os.path.join(self.folder, f"nccl_trace_rank{self.rank}.pkl"), "wb") as f:
@@ -220,6 +235,11 @@ class HangWatchdog:
         store.set(f"stuck/{self.rank}", json.dumps({"where": where, "quiet": round(quiet, 1)}))
         first = self._heartbeats(store)
         self._beating(store, 2 * self.interval + 0.5)  # every live rank beats at least twice meanwhile
+        if self.seq != seq:  # it was slow, not stuck: no report, watch on
+            store.delete_key(f"stuck/{self.rank}")
+            print(f"[torchtitan] rank {self.rank}: {quiet:.0f}s without progress, then progress again: no hang",
+                  flush=True)
+            return False
         last = self._heartbeats(store)
         alive = {r for r, hb in last.items() if r == self.rank or hb["n"] != first.get(r, {}).get("n")}
         reporter = self._elect(store, alive)

@@ -5,9 +5,11 @@ cancels a job and at its time limit, then SIGKILL KillWait seconds later (30 by 
 `sbatch --signal=USR1@<s>` sends SIGUSR1 <s> seconds before the time limit. The signal may reach
 only some ranks (a launcher passes it to its own node's ranks; a worker may be signalled
 alone), so the handler only notes it, and at every step boundary the ranks agree with one
-all-reduce (MAX) of one integer over the world group whether any of them was signalled. If one
-was, every rank checkpoints that step (even off the interval, synchronously) and the run ends
-with exit_status.EXIT_PREEMPTED.
+all-reduce (MAX) of one integer over the world group whether any of them was signalled. The
+all-reduce is started at one boundary and read at the next (by then long done): no rank waits
+for it and the device is not synchronised for it, at the price of stopping one step later. If
+a rank was signalled, every rank checkpoints the step of the boundary where they read it (even
+off the interval, synchronously) and the run ends with exit_status.EXIT_PREEMPTED.
 
 The handlers are installed around the training loop only (`with preemption:`): before it
 (start-up, nothing trained yet) and after it a signal keeps its default action and ends the
@@ -45,14 +47,15 @@ class Stop:
 
 class Preemption:
     """Signal flag + step-boundary agreement. `with preemption:` installs the handlers (main
-    thread); `agree()` at a step boundary, on every rank, returns a Stop when any rank was
-    signalled, else None."""
+    thread); `agree()` at each step boundary, on every rank, returns a Stop once the ranks know
+    that one of them was signalled (one boundary after it), else None; `drain()` at the end."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.signum = 0
         self.received_at: float | None = None
         self._previous: dict[int, object] = {}
+        self._pending: tuple | None = None  # the all-reduce started at the last boundary
 
     def _on_signal(self, signum, frame) -> None:
         if not self.signum:  # the first one counts; a repeat (Slurm and the launcher both) is the same request
@@ -71,17 +74,51 @@ class Preemption:
         return False
 
     def agree(self) -> Stop | None:
-        """One all-reduce of this rank's signal number (0 = none) over the world group; the
-        details travel only when some rank was signalled."""
+        """At a step boundary, on every rank: the verdict of the all-reduce started at the
+        previous boundary (a Stop when some rank had been signalled by then, else None), and,
+        when it says go on, this boundary's all-reduce started."""
+        if self._pending is not None:
+            signalled = self._read(self._pending)
+            self._pending = None
+            if signalled:
+                return self._stop()
+        self._pending = self._start()
+        return None
+
+    def _start(self) -> tuple:
         flag = torch.tensor([self.signum], dtype=torch.int64, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag.item()) == 0:
-            return None
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        if self.device.type != "cuda":
+            return work, flag, None
+        work.wait()  # the current stream waits for it; the host does not
+        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        host.copy_(flag, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return None, host, done
+
+    @staticmethod
+    def _read(pending: tuple) -> bool:
+        work, value, done = pending
+        if done is not None:
+            done.synchronize()  # only up to the copy queued at the last boundary
+        else:
+            work.wait()
+        return int(value.item()) != 0
+
+    def _stop(self) -> Stop:
+        """Who was signalled and how long ago (gathered once, when stopping)."""
         age = time.monotonic() - self.received_at if self.received_at is not None else 0.0
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, (self.signum, age))
         signals = {r: signal.Signals(s).name for r, (s, _) in enumerate(everyone) if s}
         return Stop(signals, max(a for s, a in everyone if s))
+
+    def drain(self) -> None:
+        """End of training, every rank: complete the all-reduce still in flight."""
+        if self._pending is not None:
+            self._read(self._pending)
+            self._pending = None
 
 
 def stop_line(stop: Stop, step: int, saved: str | None, save_s: float, total_s: float) -> str:

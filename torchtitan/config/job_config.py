@@ -347,14 +347,32 @@ class Comm:
     recorder on CUDA) to <dump_folder>/hang/, the lowest live one prints one line naming the
     rank(s) that stopped - also a frozen rank, silent in the per-rank heartbeats of the
     rendezvous store - and where the others wait, then the job exits 1. Paused during
-    checkpoint saves, validation, compilation and the first step. -1 = 60% of timeout_seconds
-    (180 s by default); 0 = off; else below timeout_seconds, and longer than a step."""
+    checkpoint saves, validation, compilation and the first step; raised to 1.5 x the longest
+    step when the steps are longer. -1 = 60% of timeout_seconds (180 s by default); 0 = off;
+    at most what leaves time for the report before timeout_seconds (238 s of 300: the check
+    says it)."""
 
     def resolved_hang_timeout(self) -> float:
-        """hang_timeout_seconds with -1 resolved (0: no watchdog)."""
-        if self.hang_timeout_seconds == -1:
-            return 0.6 * self.timeout_seconds
-        return float(self.hang_timeout_seconds)
+        """hang_timeout_seconds with -1 resolved (0: no watchdog): 60% of timeout_seconds, or
+        the longest that leaves time for a report (0 when none does)."""
+        if self.hang_timeout_seconds != -1:
+            return float(self.hang_timeout_seconds)
+        return float(min(0.6 * self.timeout_seconds, longest_hang_timeout(self.timeout_seconds)))
+
+
+def heartbeat_interval(hang_timeout_s: float) -> float:
+    """Seconds between a rank's heartbeats: a tenth of the hang timeout, within [0.5, 10]."""
+    return min(10.0, max(0.5, hang_timeout_s / 10))
+
+
+def longest_hang_timeout(timeout_s: int) -> int:
+    """The longest whole hang timeout whose report still comes before the collective timeout:
+    a report takes up to 6 heartbeat intervals (+1 s) after the timeout (detection, two
+    intervals of watching the heartbeats, waiting for the other ranks' records). 0: none."""
+    h = timeout_s - 1
+    while h > 0 and h + 6 * heartbeat_interval(h) + 1 >= timeout_s:
+        h -= 1
+    return h
 
 
 @dataclass

@@ -6,7 +6,7 @@ the hang watchdog, Weights & Biases. Part of validate(): no process group, one l
 import os
 
 from torchtitan.components import checkpoint_files, faults, hf_folder
-from torchtitan.config.job_config import JobConfig
+from torchtitan.config.job_config import JobConfig, longest_hang_timeout
 from torchtitan.config.manager import ConfigError
 
 
@@ -24,12 +24,13 @@ def check_comm(cfg: JobConfig) -> None:
     for key in ("timeout_seconds", "checkpoint_timeout_seconds"):
         if getattr(c, key) < 1:
             raise ConfigError(f"--comm.{key}={getattr(c, key)}: must be >= 1")
-    hang = c.hang_timeout_seconds
-    if hang < -1 or hang >= c.timeout_seconds:
+    hang, longest = c.hang_timeout_seconds, longest_hang_timeout(c.timeout_seconds)
+    if hang < -1 or hang > longest:
+        allowed = f"1..{longest}" if longest >= 1 else "none"
         raise ConfigError(
-            f"--comm.hang_timeout_seconds={hang}: must be below --comm.timeout_seconds={c.timeout_seconds} (the"
-            " report comes before the collective timeout ends the job), 0 to turn the watchdog off, or -1 for 60% of"
-            " timeout_seconds")
+            f"--comm.hang_timeout_seconds={hang}: must be -1 (auto), 0 (off) or seconds ({allowed} with"
+            f" --comm.timeout_seconds={c.timeout_seconds}: a hang report takes up to 6 heartbeat intervals more, and"
+            " must come before the collective timeout ends the job)")
     try:
         faults.parse(os.environ.get(faults.ENV, ""))
     except ValueError as e:

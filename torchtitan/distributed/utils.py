@@ -39,8 +39,6 @@ def backend_for(device_type: str) -> str:
 
 
 def init_distributed(device: torch.device, timeout_seconds: int = 300) -> None:
-    if device.type == "cuda":  # NCCL's flight recorder, read by a hang report (read when the group is made)
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend_for(device.type), device_id=device if device.type == "cuda" else None,

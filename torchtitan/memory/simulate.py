@@ -246,13 +246,14 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:
     """What an asynchronous checkpoint (checkpoint_async.py) adds to every step from its first
-    save on, on CPU: the staged copy of the parameters and optimizer states (each storage
+    save on, on CPU, when a save falls before the last step (which saves synchronously): the staged copy of the parameters and optimizer states (each storage
     once, as DCP's stager copies them), and while it is written the largest parameter storage
     once more (DCP's writer copies a tensor whose storage is larger than itself - FSDP's
     padded shards - one at a time). On CUDA the copy is host memory: 0 here (the dry run
     says how much)."""
     c = cfg.checkpoint
-    if not (c.enable and c.async_mode == "async") or target != "cpu":
+    background = c.enable and c.async_mode == "async" and c.interval < cfg.training.steps  # the last save is sync
+    if not background or target != "cpu":
         return 0
     largest = max((t.untyped_storage().nbytes() for t in _storages(params)), default=0)
     return breakdown.get("parameters", 0) + breakdown.get("optimizer_states", 0) + largest
