@@ -343,6 +343,7 @@ class CheckpointManager:
         if line is not None:
             self._prune()
             self.log(f"[torchtitan] {line}")
+
     def _export_hf(self, step: int) -> None:
         folder = hf_export_path(self.dump_folder, step)
         if self._agree(lambda: os.path.exists(folder)):  # e.g. a resumed run that exported before

@@ -254,10 +254,10 @@ class HangWatchdog:
                 states.append(RankState(r, r in alive, hb["seq"], hb["activity"], stuck.get("quiet", hb["quiet"]),
                                         stuck.get("where", ""), hb.get("host", ""),
                                         silent_s=time.time() - hb["t"] if "t" in hb else 0.0))
-            line = summary(states, self.timeout, self.folder)
+            line = summary(states, self.limit, self.folder)
             with open(os.path.join(self.folder, "report.txt"), "w") as f:
-                f.write(f"{line}\n\nreported by rank {self.rank}, hang_timeout_seconds={self.timeout:g}\n\n"
-                        f"{table(states)}\n")
+                f.write(f"{line}\n\nreported by rank {self.rank}, hang_timeout_seconds={self.timeout:g}"
+                        f" (limit {self.limit:.0f}s: 1.5 x the longest step if longer)\n\n{table(states)}\n")
             sys.stdout.flush()
             os.write(2, f"error: {line}\n".encode())
             exit_status.record(exit_status.EXIT_FAILED, line)
