@@ -16,7 +16,7 @@
 # running): the ranks finish the step, checkpoint it and stop. Exit code: 0 done, 1 failed,
 # 2 bad input, 75 preempted (checkpoint saved: rerun to resume; Slurm: RequeueExit=75 or
 # scripts/multinode_trainer.slurm). torchrun exits 1 or 0 whatever the ranks meant: the
-# ranks say it in a status file this script reads (torchtitan/components/exit_status.py).
+# ranks say it in a status file this script reads (torchtitan/resilience/exit_status.py).
 set -euo pipefail
 GOT_SIGNAL=""
 TR_PID=""
@@ -79,11 +79,11 @@ if [[ -n "${TORCHRUN_LOG_DIR:-}" ]]; then
 fi
 
 for arg in "$@"; do
-  if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.config.check --help; fi
+  if [[ "$arg" == "--help" || "$arg" == "-h" ]]; then exec "$PY" -m torchtitan.checks --help; fi
 done
 # Fail fast, in one process and without importing torch, on any config problem (model states
 # over the memory budget included: LOCAL_WORLD_SIZE = the ranks sharing this node's memory).
-MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$WORLD" LOCAL_WORLD_SIZE="$NGPU" "$PY" -m torchtitan.config.check --job.config_file "$CONFIG_FILE" "$@") || exit $?
+MODE=$(TORCHTITAN_PRINT_MODE=1 NGPU="$WORLD" LOCAL_WORLD_SIZE="$NGPU" "$PY" -m torchtitan.checks --job.config_file "$CONFIG_FILE" "$@") || exit $?
 if [[ "$MODE" == "dry_run" ]]; then
   # One process plans a job of NGPU x NNODES ranks with a fake process group.
   WORLD_SIZE="$WORLD" exec "$PY" -m torchtitan.dry_run --job.config_file "$CONFIG_FILE" "$@"

@@ -9,7 +9,7 @@
 Each row is one run_train.sh job, run one after another, of
 --steps steps on the embedded corpus; the first --warmup steps (compilation, allocator
 warm-up) are left out. Reported: the median tokens/s per device, MFU against the GPU's dense
-bf16 peak (torchtitan/components/peak_flops.py; FLOPs per token as torchtitan and Megatron-LM
+bf16 peak (torchtitan/observe/peak_flops.py; FLOPs per token as torchtitan and Megatron-LM
 count them, see the README), and the largest per-step peak of allocated and reserved CUDA
 memory (on CPU: resident set size). Overrides after `--` go to every run.
 """
@@ -92,11 +92,11 @@ def main(argv=None) -> int:
             print(f"error: {key}: unknown {bad[0]!r}; use {', '.join(allowed)}", file=sys.stderr)
             return 2
     sys.path.insert(0, ROOT)
-    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.flavors import flavors_of
 
-    unknown = [f for f in args.flavors.split(",") if f not in MODEL_FLAVORS["llama3"]]
+    unknown = [f for f in args.flavors.split(",") if f not in flavors_of("llama3")]
     if unknown:
-        print(f"error: --flavors: unknown llama3 flavor {unknown[0]!r}; choose from {', '.join(MODEL_FLAVORS['llama3'])}",
+        print(f"error: --flavors: unknown llama3 flavor {unknown[0]!r}; choose from {', '.join(flavors_of('llama3'))}",
               file=sys.stderr)
         return 2
     if args.steps <= args.warmup:

@@ -35,8 +35,9 @@ def worker(args) -> None:
     from torch.distributed.fsdp import fully_shard
 
     sys.path.insert(0, ROOT)
-    from torchtitan.components.tokenizer import Tokenizer
-    from torchtitan.protocols.train_spec import get_train_spec, model_args
+    from torchtitan.data.tokenizer import Tokenizer
+    from torchtitan.models.flavors import model_args
+    from torchtitan.models.train_spec import get_train_spec
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -15,8 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-from torchtitan.components.corpus import pydoc_documents  # noqa: E402
-from torchtitan.components.tokenizer import BUNDLED_TOKENIZER  # noqa: E402
+from torchtitan.data.corpus import pydoc_documents  # noqa: E402
+from torchtitan.data.tokenizer import BUNDLED_TOKENIZER  # noqa: E402
 
 
 def main() -> None:

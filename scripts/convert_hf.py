@@ -38,19 +38,20 @@ def _fail(message: str) -> int:
 
 def _import_hf(args) -> int:
     """Hugging Face folder -> model-only DCP step folder."""
-    from torchtitan.components.hf_folder import HFFolderError
-    from torchtitan.components.hf_weights import import_folder
-    from torchtitan.components.tokenizer import TokenizerError
-    from torchtitan.models.flavors import MODEL_FLAVORS
-    from torchtitan.models.hf_converters import hf_converter
+    from torchtitan.models.hf.folder import HFFolderError
+    from torchtitan.hf_convert import import_folder
+    from torchtitan.data.tokenizer import TokenizerError
+    from torchtitan.models.flavors import flavors_of
+    from torchtitan.models.hf.converters import hf_converter
+    from torchtitan.models.registry import MODELS
 
     if not args.model or not args.flavor:
         return _fail(f"'{args.checkpoint}' is a Hugging Face folder: converting it needs --model and --flavor"
                      f" (e.g. --model deepseek_v3 --flavor 16B)")
-    if args.model not in MODEL_FLAVORS:
-        return _fail(f"--model {args.model!r}: one of {', '.join(sorted(MODEL_FLAVORS))}")
-    if args.flavor not in MODEL_FLAVORS[args.model]:
-        return _fail(f"--flavor {args.flavor!r}: {args.model} has {', '.join(MODEL_FLAVORS[args.model])}")
+    if args.model not in MODELS:
+        return _fail(f"--model {args.model!r}: one of {', '.join(sorted(MODELS))}")
+    if args.flavor not in flavors_of(args.model):
+        return _fail(f"--flavor {args.flavor!r}: {args.model} has {', '.join(flavors_of(args.model))}")
     try:
         hf_converter(args.model)
     except ValueError as e:
@@ -80,8 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shard_gib", type=float, default=4.0, help="largest safetensors file, GiB (default 4)")
     args = ap.parse_args(argv)
 
-    from torchtitan.components.checkpoint_files import DCP_METADATA
-    from torchtitan.components.hf_folder import is_hf_folder
+    from torchtitan.checkpoint.files import DCP_METADATA
+    from torchtitan.models.hf.folder import is_hf_folder
 
     if os.path.exists(args.out):
         return _fail(f"'{args.out}' already exists (nothing is overwritten); give a new folder")
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
                      " (config.json + safetensors); give a step-N folder or a Hugging Face model folder")
     if args.model or args.flavor:
         return _fail("--model/--flavor are for a Hugging Face folder in; a checkpoint's marker names its model")
-    from torchtitan.components.hf_weights import export_checkpoint
+    from torchtitan.hf_convert import export_checkpoint
 
     try:
         out = export_checkpoint(args.checkpoint, args.out, args.tokenizer_path, args.dtype,

@@ -18,31 +18,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main() -> int:
     fp8 = "--fp8" in sys.argv
     argv = [a for a in sys.argv[1:] if a != "--fp8"] + ["--job.dry_run=true"]  # the dry run's checks: no tokenizer file needed
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from torchtitan.components.hf_read_plan import folder_bytes, planned_bytes
-    from torchtitan.config import load_config_or_exit
-    from torchtitan.distributed.model_parts import build_parts
-    from torchtitan.distributed.parallel_dims import ParallelDims
-    from torchtitan.dry_run import build_model
+    from torchtitan.checks import load_config_or_exit
+    from torchtitan.models.hf.read_plan import folder_bytes, planned_bytes
+    from torchtitan.training.build import build_parts, fake_world, model_on_meta
 
     world = int(os.environ.get("NGPU", "1"))
     cfg = load_config_or_exit(argv, world)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    dims = ParallelDims.from_config(cfg, world)
-    dims.build_mesh("cpu")
-    spec, model, args = build_model(cfg)
-    total = folder_bytes(cfg.model.name, args, 2, fp8)
-    fmt = "fp8 (128 x 128 block scales)" if fp8 else "bfloat16"
-    print(f"{cfg.model.name} {cfg.model.flavor}, world {world}, mesh {dims.mesh_shape}, folder {fmt}:"
-          f" {total / 2**30:,.1f} GiB of weights")
-    print(f"{'pp rank':>8} {'GiB read per rank':>18} {'% of folder':>12}")
-    for pp_rank in range(dims.pp):
-        parts = build_parts(spec, model, dims, cfg, "cuda", pp_rank)
-        n = planned_bytes(parts.modules, cfg.model.name, args, 2, fp8)
-        print(f"{pp_rank:>8} {n / 2**30:>18.3f} {n / total * 100:>11.3f}%")
-    dist.destroy_process_group()
+    with fake_world(cfg, world) as dims:
+        meta = model_on_meta(cfg)
+        total = folder_bytes(cfg.model.name, meta.args, 2, fp8)
+        fmt = "fp8 (128 x 128 block scales)" if fp8 else "bfloat16"
+        print(f"{cfg.model.name} {cfg.model.flavor}, world {world}, mesh {dims.mesh_shape}, folder {fmt}:"
+              f" {total / 2**30:,.1f} GiB of weights")
+        print(f"{'pp rank':>8} {'GiB read per rank':>18} {'% of folder':>12}")
+        for pp_rank in range(dims.pp):
+            parts = build_parts(meta.spec, meta.model, dims, cfg, "cuda", pp_rank)
+            n = planned_bytes(parts.modules, cfg.model.name, meta.args, 2, fp8)
+            print(f"{pp_rank:>8} {n / 2**30:>18.3f} {n / total * 100:>11.3f}%")
     return 0
 
 

@@ -34,11 +34,11 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, ROOT)
-    from torchtitan.config import load_config
-    from torchtitan.distributed.model_parts import build_parts
+    from torchtitan.checks import load_config
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models.common import init
-    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.models.flavors import flavors_of
+    from torchtitan.training.build import build_parts, model_on_meta
 
     if args.whole:
         init.CHUNK_ELEMENTS = 1 << 62
@@ -48,12 +48,10 @@ def worker(args) -> None:
     cfg, _ = load_config([f"--model.flavor={args.flavor}", "--training.device=cpu"], world)
     dims = ParallelDims.from_config(cfg, world)
     dims.build_mesh("cpu")
-    spec = get_train_spec("llama3")
-    flavor = spec.flavors[args.flavor]
+    flavor = flavors_of("llama3")[args.flavor]
     flavor = dataclasses.replace(flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers)
-    with torch.device("meta"):
-        whole = spec.model_cls(flavor)
-    (model,) = build_parts(spec, whole, dims, cfg, "cpu", dims.pp_rank()).modules
+    meta = model_on_meta(cfg, flavor)
+    (model,) = build_parts(meta.spec, meta.model, dims, cfg, "cpu", dims.pp_rank()).modules
     model.to_empty(device="cpu")
     shard_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
     largest = max(p.numel() * 4 for p in model.parameters())
@@ -81,9 +79,9 @@ def main(argv=None) -> int:
         worker(args)
         return 0
     sys.path.insert(0, ROOT)
-    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.flavors import flavors_of
 
-    fixed = [f for f, a in MODEL_FLAVORS["llama3"].items() if a.vocab_size]
+    fixed = [f for f, a in flavors_of("llama3").items() if a.vocab_size]
     if args.flavor not in fixed:
         print(f"error: --flavor={args.flavor!r}: pick a llama3 flavor with a fixed vocabulary: {', '.join(fixed)}",
               file=sys.stderr)

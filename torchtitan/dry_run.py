@@ -5,86 +5,73 @@
 
 One process joins a fake process group of world size NGPU (collectives do nothing), builds
 the model on meta, and for every pipeline rank splits, plans and parallelizes its stages
-(TP -> AC -> FSDP) exactly as training would, then runs one training step of it on fake
-tensors (torchtitan/memory) to predict the peak of allocated bytes of each rank role, with
-its breakdown. It prints the reshard plan and the per-role table and writes plan.json.
+(TP -> AC -> FSDP) exactly as training would (training/build.py), then runs one training step
+of it on fake tensors (torchtitan/memory) to predict the peak of allocated bytes of each rank
+role, with its breakdown. It prints the reshard plan and the per-role table and writes
+plan.json.
+
+The trainer's start-up memory check runs this module too, as a child process of rank 0
+(memory/startup.py): with TITAN_STARTUP_PREDICTION=1 it reads the job from stdin and hands its
+prediction back on stdout.
 """
 
 import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
-from torchtitan.config import load_config_or_exit
-from torchtitan.config.memory_budget import memory_budget, ranks_on_this_node
-from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
+from torchtitan.checks import load_config_or_exit
+from torchtitan.checks.job import accepts
+from torchtitan.memory import startup
+from torchtitan.memory.budget import memory_budget, ranks_on_this_node
 from torchtitan.memory.fit import fit_report
 from torchtitan.memory.predict import predict, role_table
-from torchtitan.protocols.train_spec import get_train_spec, model_args
-
-
-def build_model(cfg):
-    """The job's model on meta, and its args (the tokenizer's vocabulary if the flavor takes it)."""
-    spec = get_train_spec(cfg.model.name)
-    vocab = 0
-    if not spec.flavors[cfg.model.flavor].vocab_size:
-        from torchtitan.components.tokenizer import Tokenizer
-
-        vocab = Tokenizer(cfg.model.tokenizer_path).vocab_size
-    args = model_args(cfg.model.name, cfg.model.flavor, vocab, cfg.training.seq_len, cfg.moe,
-                      mtp_depth=cfg.model.mtp_depth, initial_load_path=cfg.checkpoint.initial_load_path)
-    with torch.device("meta"):
-        model = spec.model_cls(args)
-    return spec, model, args
+from torchtitan.training.build import fake_world, model_on_meta
+from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
+from torchtitan.units import GIB
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(startup.STARTUP_ENV) == "1":
+        startup.child_main(accepts)
+        return 0
     start = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("NGPU", "1")))
     cfg = load_config_or_exit(argv, world)
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    dims = ParallelDims.from_config(cfg, world)
-    dims.build_mesh("cpu")
     target = "cpu" if cfg.training.device == "cpu" else "cuda"  # the machine the job is planned for
-    spec, model, args = build_model(cfg)
-    n_params = sum(p.numel() for p in model.parameters())
     budget = memory_budget(cfg, ranks_on_this_node(world))
     if target == "cuda" and budget is not None and budget.origin.startswith("CPU"):
         budget = None  # planned for GPUs on a machine without one: the default is unknown here
-
-    prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes)
-    roles, records = prediction.roles, prediction.plan_records
-    p = cfg.parallelism
-    print(f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
-          f" mesh {dims.mesh_shape}, reshard_after_forward {p.reshard_after_forward},"
-          f" memory budget {'none' if budget is None else f'{budget.bytes / 2**30:.2f} GiB ({budget.origin})'}")
-    print(compress_table(plan_table(records)))
-    print(f"\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):")
-    print(role_table(roles, None if budget is None else budget.bytes))
-    c = cfg.checkpoint
-    if c.enable and c.async_mode == "async" and c.interval < cfg.training.steps and target == "cuda":  # CPU: ckpt stage
-        host = max(r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0) for r in roles)
-        print(f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
-              f" memory: up to {host / 2**30:.3f} GiB per rank (times the ranks of a node)")
-    extra = {}
-    if cfg.job.fit:
-        text, extra = fit_report(spec, model, dims, cfg, target, args, budget, cfg.job.fit)
-        print("\n" + text)
-    path = write_plan_json(
-        cfg.job.dump_folder, world, dims.mesh_shape, records,
-        {"dry_run": True, "model": f"{cfg.model.name} {cfg.model.flavor}",
-         "reshard_after_forward": p.reshard_after_forward,
-         "memory_budget_bytes": None if budget is None else budget.bytes,
-         "memory_per_rank_role": [r.record() for r in roles], **extra},
-    )
+    with fake_world(cfg, world) as dims:
+        meta = model_on_meta(cfg)
+        spec, model, args = meta.spec, meta.model, meta.args
+        n_params = sum(p.numel() for p in model.parameters())
+        prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes)
+        roles, records = prediction.roles, prediction.plan_records
+        p = cfg.parallelism
+        print(f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
+              f" mesh {dims.mesh_shape}, reshard_after_forward {p.reshard_after_forward},"
+              f" memory budget {'none' if budget is None else f'{budget.bytes / GIB:.2f} GiB ({budget.origin})'}")
+        print(compress_table(plan_table(records)))
+        print("\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):")
+        print(role_table(roles, None if budget is None else budget.bytes))
+        c = cfg.checkpoint
+        if c.enable and c.async_mode == "async" and c.interval < cfg.training.steps and target == "cuda":
+            host = max(r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0) for r in roles)
+            print(f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
+                  f" memory: up to {host / GIB:.3f} GiB per rank (times the ranks of a node)")
+        extra = {}
+        if cfg.job.fit:
+            text, extra = fit_report(spec, model, dims, cfg, target, args, budget, cfg.job.fit, accepts(world))
+            print("\n" + text)
+        path = write_plan_json(
+            cfg.job.dump_folder, world, dims.mesh_shape, records,
+            {"dry_run": True, "model": f"{cfg.model.name} {cfg.model.flavor}",
+             "reshard_after_forward": p.reshard_after_forward,
+             "memory_budget_bytes": None if budget is None else budget.bytes,
+             "memory_per_rank_role": [r.record() for r in roles], **extra},
+        )
     print(f"\nwrote {path} ({time.perf_counter() - start:.1f}s)")
-    dist.destroy_process_group()
     return 0
 
 

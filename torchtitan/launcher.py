@@ -2,7 +2,7 @@
 to the ranks. run_train.sh starts every run through it.
 
 A preemption signal asks the ranks to finish their step, checkpoint it and exit
-(components/preemption.py). torchrun (2.13) would get in the way: on SIGTERM it stops the
+(resilience/preemption.py). torchrun (2.13) would get in the way: on SIGTERM it stops the
 workers after --shutdown-timeout (30 s, too short for a large save) and exits 1 with a
 SignalException traceback whatever they returned; SIGUSR1, not among its --signals-to-handle by
 default, kills it and orphans the workers. This process is torchrun, except that:

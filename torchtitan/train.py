@@ -1,6 +1,8 @@
-"""The trainer: config -> mesh -> model on meta -> parallelize -> materialise -> train loop.
+"""The trainer: config -> mesh -> model on meta -> plan + parallelize -> materialise -> train loop.
 
 Launched by run_train.sh as `torchrun ... -m torchtitan.train --job.config_file X [overrides]`.
+Every rank runs `main`: the checks again, then the Trainer (or, with
+checkpoint.create_seed_checkpoint, `write_seed_checkpoint`).
 """
 
 import contextlib
@@ -15,38 +17,39 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchtitan.components.checkpoint import CheckpointManager, TrainState
-from torchtitan.components.checkpoint_files import CheckpointError
-from torchtitan.components.dataloader import build_dataloader
-from torchtitan.components.datasets import DataError
-from torchtitan.components import exit_status, faults
-from torchtitan.components.expert_balance import ExpertBalancer
-from torchtitan.components.hang_watchdog import HangWatchdog
-from torchtitan.components.hf_weights import HFExportError, HFSpec
-from torchtitan.components.metrics import MetricsLogger, StepMemory, peak_tflops
-from torchtitan.components.optimizer import PartOptimizers
-from torchtitan.components.preemption import Preemption, kill_wait_note, stop_line
-from torchtitan.components.profiling import Profiler
-from torchtitan.components.tokenizer import Tokenizer
-from torchtitan.components.train_step import PipelineLoss, StepRunner, cross_entropy_loss, local_value
-from torchtitan.components.validation import Validator
-from torchtitan.config import JobConfig, load_config_or_exit
-from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.comm_stats import CommStats
+from torchtitan.checkpoint.files import CheckpointError, run_record
+from torchtitan.checkpoint.manager import CheckpointManager
+from torchtitan.checkpoint.states import TrainState
+from torchtitan.checks import load_config_or_exit
+from torchtitan.config import JobConfig
+from torchtitan.data.dataloader import build_dataloader
+from torchtitan.data.datasets import DataError
+from torchtitan.data.tokenizer import load_tokenizer
+from torchtitan.data.validation import Validator
 from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.job_shape import batch_shape
-from torchtitan.distributed.model_parts import ModelParts, build_parts, plan_records
-from torchtitan.distributed.plan_report import compress_table, plan_table, write_plan_json
-from torchtitan.distributed.pipeline_parallel import build_pipeline
-from torchtitan.distributed.tensor_parallel import loss_parallel_context
+from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
     shutdown_distributed,
 )
 from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction
-from torchtitan.models.flavors import MODEL_FLAVORS
-from torchtitan.models.hf_converters import export_args, export_fields, model_rules
-from torchtitan.protocols.train_spec import get_train_spec, model_args
+from torchtitan.models.flavors import flavors_of
+from torchtitan.models.hf.converters import export_args, export_fields, model_rules
+from torchtitan.models.hf.weights import HFExportError, HFSpec
+from torchtitan.observe.comm_stats import CommStats
+from torchtitan.observe.metrics import MetricsLogger, StepMemoryLog, peak_tflops
+from torchtitan.observe.profiling import Profiler
+from torchtitan.resilience import exit_status, faults
+from torchtitan.resilience.hang_watchdog import HangWatchdog
+from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_line
+from torchtitan.resilience.timeouts import hang_timeout
+from torchtitan.training.build import ModelParts, build_parts, model_on_meta, plan_records, step_runner
+from torchtitan.training.expert_balance import ExpertBalancer
+from torchtitan.training.loss import global_mean
+from torchtitan.training.optimizer import PartOptimizers
+from torchtitan.training.plan_report import report_plan
+from torchtitan.units import GIB
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
 
@@ -55,144 +58,188 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+def join_job(cfg: JobConfig, device: torch.device):
+    """Rank 0 starts the memory prediction (a child process on a fake process group, while the
+    ranks rendezvous and build), every rank joins the process group and gets the prediction
+    (None without a budget); a role over the budget stops every rank here."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    first = int(os.environ.get("RANK", "0")) == 0
+    child = start_prediction(cfg, world, device.type) if first else None
+    init_distributed(device, cfg.comm.timeout_seconds)
+    predicted = share(child) if cfg.parallelism.memory_budget_gib != "none" else None
+    if predicted is not None and predicted.refusal:
+        raise MemoryBudgetError("\n".join(predicted.refusal))
+    return predicted
+
+
+def seed_and_determinism(cfg: JobConfig, device: torch.device) -> None:
+    torch.manual_seed(cfg.training.seed)
+    if cfg.training.deterministic:
+        torch.use_deterministic_algorithms(True)
+        if device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def job_mesh(cfg: JobConfig, device: torch.device) -> ParallelDims:
+    dims = ParallelDims.from_config(cfg, dist.get_world_size())
+    dims.build_mesh(device.type, cfg.comm.timeout_seconds)
+    return dims
+
+
+def materialised_parts(meta, dims: ParallelDims, cfg: JobConfig, device: torch.device, predicted=None,
+                       log=print) -> ModelParts:
+    """This rank's parts, planned (with what the memory budget frees) and parallelized on meta,
+    the plan reported, then given memory and their layout-independent initial weights."""
+    pp_rank = dims.pp_rank()
+    free = predicted.free_bytes.get(pp_rank, 0) if predicted is not None else 0
+    parts = build_parts(meta.spec, meta.model, dims, cfg, device.type, pp_rank, free,
+                        predicted.budget_note if predicted is not None else "")
+    report_plan(plan_records(parts), dims, cfg, predicted, log)
+    for part in parts.modules:
+        part.to_empty(device=device)
+        part.init_weights(cfg.training.seed, device)
+        part.train()
+    return parts
+
+
+def run_info(cfg: JobConfig, dims: ParallelDims, tokenizer, args, global_batch: int | None) -> dict:
+    """What this run's checkpoint markers record (checkpoint/files.run_record)."""
+    m = cfg.model
+    return run_record(f"{m.name}/{m.flavor}", dims.world_size, dict(dims.mesh_shape), tokenizer.path,
+                      export_fields(m.name, args), model_rules(m.name, args), global_batch)
+
+
+def hf_spec(cfg: JobConfig, dims: ParallelDims, tokenizer, args) -> HFSpec:
+    """Hugging Face import/export facts; the first rank of each pipeline stage writes."""
+    m = cfg.model
+    export = export_args(m.name, args, flavors_of(m.name)[m.flavor].max_seq_len)
+    return HFSpec(m.name, export, tokenizer.bos_id, tokenizer.eos_id, tokenizer.path, dims.leads_stage(),
+                  dims.pp_rank())
+
+
+def write_seed_checkpoint(cfg: JobConfig) -> str:
+    """checkpoint.create_seed_checkpoint: the model initialised on this one rank (the checks
+    made sure there is one), saved as step-0, weights only; every layout that then trains from
+    the folder starts from these weights. Nothing is trained."""
+    device = pick_device(cfg.training.device)
+    init_distributed(device, cfg.comm.timeout_seconds)
+    seed_and_determinism(cfg, device)
+    dims = job_mesh(cfg, device)
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+    meta = model_on_meta(cfg)
+    parts = materialised_parts(meta, dims, cfg, device)
+    manager = CheckpointManager(cfg.checkpoint, cfg.job.dump_folder, parts.modules,
+                                run_info(cfg, dims, tokenizer, meta.args, batch_shape(cfg, dims.dp).global_batch),
+                                io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, device_type=device.type)
+    return manager.save_seed()
+
+
 class Trainer:
-    def __init__(self, cfg: JobConfig, argv: list[str] | None = None):
+    """One rank of a training job, built in the order of the flow in docs/architecture.md."""
+
+    def __init__(self, cfg: JobConfig):
         self.cfg = cfg
         t = cfg.training
         self.device = pick_device(t.device)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        # rank 0 predicts every role's peak (a child process on a fake process group) while the
-        # ranks join and build; every rank gets it before it parallelizes (the plan may use it)
-        first = int(os.environ.get("RANK", "0")) == 0
-        child = start_prediction(argv or [], cfg, world, self.device.type) if first else None
-        init_distributed(self.device, cfg.comm.timeout_seconds)
-        self.rank, world = dist.get_rank(), dist.get_world_size()
-        self.predicted = share(child) if cfg.parallelism.memory_budget_gib != -1 else None
-        if self.predicted is not None and self.predicted.refusal:
-            raise MemoryBudgetError("\n".join(self.predicted.refusal))
+        self.predicted = join_job(cfg, self.device)
+        self.rank = dist.get_rank()
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
-        self.memory = StepMemory(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank)
-        torch.manual_seed(t.seed)
-        if t.deterministic:
-            torch.use_deterministic_algorithms(True)
-            if self.device.type == "cuda":
-                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-        self.dims = ParallelDims.from_config(cfg, world)
-        self.mesh = self.dims.build_mesh(self.device.type, cfg.comm.timeout_seconds)
-
-        self.tokenizer = Tokenizer(cfg.model.tokenizer_path)
-        spec = get_train_spec(cfg.model.name)
-        self.model_args = model_args(cfg.model.name, cfg.model.flavor, self.tokenizer.vocab_size, t.seq_len, cfg.moe,
-                                     mtp_depth=cfg.model.mtp_depth, initial_load_path=cfg.checkpoint.initial_load_path)
-        with torch.device("meta"):
-            model = spec.model_cls(self.model_args)
-        self.n_params = sum(p.numel() for p in model.parameters())
-        self.flops_per_token = model.flops_per_token(t.seq_len)
-
-        shape = batch_shape(cfg, self.dims.dp)
-        self.global_batch, self.accum_steps = shape.global_batch, shape.accum_steps
-        self.pipeline = self.layout = None
-        self.layout_note = ""
-        self.held_bytes = 0
+        # early: the CPU peak meter counts the frees of the blocks allocated after it
+        self.memory = StepMemoryLog(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank)
+        seed_and_determinism(cfg, self.device)
+        self.dims = job_mesh(cfg, self.device)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+        self.meta = model_on_meta(cfg)
+        # of the whole model, before parallelizing changes it
+        self.n_params = sum(p.numel() for p in self.meta.model.parameters())
+        self.flops_per_token = self.meta.model.flops_per_token(t.seq_len)
+        self.shape = batch_shape(cfg, self.dims.dp)
         self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
-        pp_rank = self.dims.pp_rank()
-        free = self.predicted.free_bytes.get(pp_rank, 0) if self.predicted is not None else 0
-        parts = build_parts(spec, model, self.dims, cfg, self.device.type, pp_rank, free,
-                            self.predicted.budget_note if self.predicted is not None else "")
-        self.param_dtype = parts.param_dtype
-        self._report_plan(parts)
-        for part in parts.modules:
-            part.to_empty(device=self.device)
-            part.init_weights(t.seed, self.device)
-            part.train()
-        self.model_parts = parts.modules
-        self.stage_ids = parts.stage_ids
-        if parts.layout is not None:
-            layout, n_mb = parts.layout, parts.microbatches
-            self.layout = layout
-            scale = n_mb * self.accum_steps
-            self.pipeline = build_pipeline(
-                list(zip(parts.stage_ids, parts.modules)), layout, self.device, self.dims.pp_group(), n_mb,
-                loss_fn=PipelineLoss(scale, cfg.model.mtp_depth, t.mtp_loss_weight, t.seq_len,
-                                     cfg.parallelism.context_parallel_degree),
-                backward_phase=(lambda: self.comm.phase("backward")) if self.comm is not None else None,
-            )
-            held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in parts.stage_ids)
-            self.layout_note = (
-                f"pipeline {cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
-                f" ({layout.stages_per_rank} per rank), {n_mb} microbatches; rank {self.rank} holds stage {held}"
-            )
-        self.loss_parallel = self.dims.tp > 1 and cfg.parallelism.loss_parallel
-        self.runner = StepRunner(self.model_parts, self.device, self.accum_steps, self.loss_parallel, self.pipeline,
-                                 self.layout, self.stage_ids, cfg.metrics.held_for_backward,
-                                 bos_id=self.tokenizer.bos_id if cfg.model.attn_mask == "block_causal" else None,
-                                 cp=self.model_parts[0].context_parallel,
-                                 mtp_depth=cfg.model.mtp_depth, mtp_loss_weight=t.mtp_loss_weight)
-
-        self.balancer = None
-        self.model_args_aux_loss = getattr(self.model_args, "aux_loss_coeff", 0.0) > 0
-        if getattr(self.model_args, "n_routed_experts", 0):
-            self.balancer = ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group())
-        self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
-        self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.accum_steps)
+        self.parts = materialised_parts(self.meta, self.dims, cfg, self.device, self.predicted, self.log)
+        self.model_parts = self.parts.modules
+        self.runner = step_runner(self.parts, self.dims, cfg, self.device, bos_id=self.tokenizer.bos_id,
+                                  held_for_backward=cfg.metrics.held_for_backward,
+                                  backward_phase=(lambda: self.comm.phase("backward")) if self.comm else None)
+        self.balancer = self._expert_balancer()
+        self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
+        self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
                           if cfg.validation.enable else None)
-        self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, self.device.type, t.steps, cfg.lr_scheduler)
+        self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler)
         self.train_state = TrainState(self.rank)
-        self.watchdog = HangWatchdog(cfg.comm.resolved_hang_timeout(), cfg.job.dump_folder, self.rank, world,
+        self.watchdog = HangWatchdog(hang_timeout(cfg.comm), cfg.job.dump_folder, self.rank, self.dims.world_size,
                                      self.device, watch_compile=cfg.compile.enable)
         self.preemption = Preemption(self.device)
         self.preempted = None  # the closing line of a preempted run
-        self.last_step_s, self.kill_wait_noted = 0.0, False
+        self.last_step_s, self.kill_wait_noted, self.held_bytes = 0.0, False, 0
         self.checkpoint = CheckpointManager(
-            cfg.checkpoint, cfg.job.dump_folder, self.model_parts, self.optimizers, self.dataloader,
-            self.train_state, {"world_size": world, "global_batch": self.global_batch,
-                               "model": f"{cfg.model.name}/{cfg.model.flavor}", "mesh": dict(self.dims.mesh_shape),
-                               "tokenizer": os.path.abspath(self.tokenizer.path),
-                               "hf_args": export_fields(cfg.model.name, self.model_args),
-                               "model_rules": model_rules(cfg.model.name, self.model_args)},
-            io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, hf=self._hf_spec(pp_rank),
-            device_type=self.device.type, log=self.log,
+            cfg.checkpoint, cfg.job.dump_folder, self.model_parts,
+            run_info(cfg, self.dims, self.tokenizer, self.meta.args, self.shape.global_batch),
+            optimizers=self.optimizers, dataloader=self.dataloader, train_state=self.train_state,
+            io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
+            hf=hf_spec(cfg, self.dims, self.tokenizer, self.meta.args), device_type=self.device.type, log=self.log,
         )
-        if cfg.checkpoint.create_seed_checkpoint:
-            return  # train() writes the seed checkpoint and stops
         load_note = self.checkpoint.load()
         self.metrics = MetricsLogger(
             cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
             total_steps=t.steps, resume_step=self.train_state.step,
             wandb_config=dataclasses.asdict(cfg) if cfg.metrics.enable_wandb else None, run_name=cfg.job.description,
         )
-        self.peak_flops = peak_tflops(self.device, cfg.metrics.peak_tflops)
-        if self.device.type == "cuda" and self.peak_flops is None:
-            self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
-                     " set --metrics.peak_tflops (dense bf16) to get it")
+        self.peak_flops = self._peak_flops()
         self._log_header(load_note)
 
-    def _hf_spec(self, pp_rank: int) -> HFSpec:
-        """Hugging Face import/export facts; the first rank of each pipeline stage writes."""
-        m = self.cfg.model
-        writes = self.dims.leads_stage()
-        args = export_args(m.name, self.model_args, MODEL_FLAVORS[m.name][m.flavor].max_seq_len)
-        return HFSpec(m.name, args, self.tokenizer.bos_id, self.tokenizer.eos_id, self.tokenizer.path, writes, pp_rank)
+    # ------------------------------------------------------------------ builders
 
-    def _report_plan(self, parts: ModelParts) -> None:
-        """Every pipeline rank's plan -> rank 0 prints the table and writes plan.json."""
-        records = plan_records(parts)
-        if self.dims.pp > 1:
-            gathered = [None] * self.dims.pp
-            dist.all_gather_object(gathered, records, group=self.dims.pp_group())
-            records = [r for rank_records in gathered for r in rank_records]
-        if self.rank == 0:
-            p = self.cfg.parallelism
-            path = write_plan_json(
-                self.cfg.job.dump_folder, self.dims.world_size, self.dims.mesh_shape, records,
-                {"reshard_after_forward": p.reshard_after_forward,
-                 "memory_budget_bytes": self.predicted.budget_bytes if self.predicted is not None else None,
-                 "memory_per_rank_role": ([r.record() for r in self.predicted.roles]
-                                          if self.predicted is not None else None)},
-            )
-            self.log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
-                     + compress_table(plan_table(records)))
+    def _expert_balancer(self) -> ExpertBalancer | None:
+        if not getattr(self.meta.args, "n_routed_experts", 0):
+            return None
+        return ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group())
+
+    def _peak_flops(self) -> float | None:
+        peak = peak_tflops(self.device, self.cfg.metrics.peak_tflops)
+        if self.device.type == "cuda" and peak is None:
+            self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
+                     " set --metrics.peak_tflops (dense bf16) to get it")
+        return peak
+
+    # ------------------------------------------------------------------ log lines
+
+    def log(self, msg: str) -> None:
+        if self.rank in self.log_ranks:
+            print(msg, flush=True)
+
+    def _log_header(self, load_note: str) -> None:
+        cfg, t, shape = self.cfg, self.cfg.training, self.shape
+        if cfg.job.print_config:
+            for section, values in dataclasses.asdict(cfg).items():
+                self.log(f"[{section}] " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+        self.log(
+            f"[torchtitan] {cfg.job.description + ': ' if cfg.job.description else ''}"
+            f"{cfg.model.name} {cfg.model.flavor}: {self.n_params:,} parameters,"
+            f" device {self.device.type}, world {self.dims.world_size}, mesh {dict(self.dims.mesh_shape)},"
+            f" params {self.parts.param_dtype}, reduce {t.mixed_precision_reduce}"
+        )
+        self.log(
+            f"[torchtitan] global batch {shape.global_batch} x {t.seq_len} tokens"
+            f" ({t.local_batch_size} per rank x {shape.accum_steps} accumulation steps x dp {self.dims.dp}),"
+            f" {t.steps} steps, dump folder {cfg.job.dump_folder}"
+        )
+        if load_note:
+            self.log(f"[torchtitan] checkpoint: {load_note}")
+        ac, comp = cfg.activation_checkpoint, cfg.compile
+        ac_note = ac.mode if ac.mode != "selective" else f"selective ({ac.selective_ac_option})"
+        self.log(
+            f"[torchtitan] activation checkpointing {ac_note}, compile"
+            f" {'on (' + comp.backend + ')' if comp.enable else 'off'}"
+            + (", loss parallel" if self.runner.loss_parallel else "")
+            + (f"; {self._pipeline_note()}" if self.parts.layout is not None else "")
+        )
+
+    def _pipeline_note(self) -> str:
+        layout, parts = self.parts.layout, self.parts
+        held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in parts.stage_ids)
+        return (f"pipeline {self.cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
+                f" ({layout.stages_per_rank} per rank), {parts.microbatches} microbatches; rank {self.rank} holds"
+                f" stage {held}")
 
     def _log_memory_error(self, memory: dict) -> None:
         """Predicted vs measured peak of this rank, once (after step 2), so every run reports
@@ -200,57 +247,34 @@ class Trainer:
         role = self.predicted.role_of(self.rank) if self.predicted is not None else None
         if role is None:
             return
-        predicted = role.predicted_peak_bytes / 2**30
+        predicted = role.predicted_peak_bytes / GIB
         measured = memory.get("memory_peak_allocated_gib")
         text = (f"measured {measured:.3f} GiB, error {100 * (predicted - measured) / measured:+.1f}%" if measured
                 else "measured n/a (on CPU: --metrics.cpu_memory_peak=true)")
         self.log(f"[torchtitan] memory, rank {self.rank} (role {role.role}): predicted peak {predicted:.3f} GiB"
                  f" (at {role.peak_at}), {text}")
 
-    def log(self, msg: str) -> None:
-        if self.rank in self.log_ranks:
-            print(msg, flush=True)
+    # ------------------------------------------------------------------ one step
 
-    def _log_header(self, load_note: str) -> None:
-        t = self.cfg.training
-        if self.cfg.job.print_config:
-            for section, values in dataclasses.asdict(self.cfg).items():
-                self.log(f"[{section}] " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
-        self.log(
-            f"[torchtitan] {self.cfg.job.description + ': ' if self.cfg.job.description else ''}"
-            f"{self.cfg.model.name} {self.cfg.model.flavor}: {self.n_params:,} parameters,"
-            f" device {self.device.type}, world {self.dims.world_size}, mesh {dict(self.dims.mesh_shape)},"
-            f" params {self.param_dtype}, reduce {t.mixed_precision_reduce}"
-        )
-        self.log(
-            f"[torchtitan] global batch {self.global_batch} x {t.seq_len} tokens"
-            f" ({t.local_batch_size} per rank x {self.accum_steps} accumulation steps x dp {self.dims.dp}),"
-            f" {t.steps} steps, dump folder {self.cfg.job.dump_folder}"
-        )
-        if load_note:
-            self.log(f"[torchtitan] checkpoint: {load_note}")
-        ac, comp = self.cfg.activation_checkpoint, self.cfg.compile
-        ac_note = ac.mode if ac.mode != "selective" else f"selective ({ac.selective_ac_option})"
-        self.log(
-            f"[torchtitan] activation checkpointing {ac_note}, compile"
-            f" {'on (' + comp.backend + ')' if comp.enable else 'off'}"
-            + (", loss parallel" if self.loss_parallel else "")
-            + (f"; {self.layout_note}" if self.layout_note else "")
-        )
+    def _mean(self, value: torch.Tensor, pipeline: bool = True) -> float:
+        """A rank's sum of scaled loss parts -> the global batch's mean, read on the host."""
+        pp = self.dims.pp_group() if pipeline and self.runner.pipeline is not None else None
+        return global_mean(value, self.dims.loss_group(), self.dims.dp_cp, pp).item()
 
     def train_step(self, batches) -> tuple[float, float, dict]:
-        """One optimizer step over `accum_steps` micro-batches; returns (global loss, grad norm,
-        extra figures: the MoE balance loss when on, the expert load, the MTP loss when on)."""
+        """One optimizer step over the accumulation steps' micro-batches; returns (global loss,
+        grad norm, the other figures: the MoE balance loss when on, the expert load, the MTP
+        loss when on)."""
         if self.comm is not None:
             self.comm.phase_name = "forward"  # backward is detected from autograd
-        loss_sum, aux_sum, mtp_sum = self.runner.forward_backward(batches)
+        sums = self.runner.forward_backward(batches)
         self.held_bytes = self.runner.held_bytes
         if self.comm is not None:
             self.comm.phase_name = "other"
-        pp_group = self.dims.pp_group() if self.pipeline is not None else None
+        pp_group = self.dims.pp_group() if self.runner.pipeline is not None else None
         params = [p for m in self.model_parts for p in m.parameters()]
         grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group).item()
-        loss = self._global_loss(loss_sum)
+        loss = self._mean(sums.main)
         # Checked before the update, so a bad step never reaches the weights (or a checkpoint).
         for what, value in (("loss", loss), ("gradient norm", grad_norm)):
             if not math.isfinite(value):
@@ -259,34 +283,12 @@ class Trainer:
                     " --optimizer.lr or set --training.max_norm, then resume from the last checkpoint"
                 )
         self.optimizers.step()
-        moe = self.balancer.step() if self.balancer is not None else {}
-        if self.model_args_aux_loss:
-            dist.all_reduce(aux_sum, group=self.dims.loss_group())
-            moe["aux_loss"] = aux_sum.item() / self.dims.dp_cp
+        figures = self.balancer.step() if self.balancer is not None else {}
+        if getattr(self.meta.args, "aux_loss_coeff", 0.0) > 0:
+            figures["aux_loss"] = self._mean(sums.aux, pipeline=False)
         if self.runner.mtp_depth:  # reduced as the loss: a per-rank mean, averaged over the ranks
-            moe["mtp_loss"] = self._global_loss(mtp_sum)
-        return loss, grad_norm, moe
-
-    def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        """This rank's sum of scaled micro-batch losses -> the mean over the global batch."""
-        if self.pipeline is not None:  # only the last stage computed a loss; the others add 0
-            dist.all_reduce(loss_sum, group=self.dims.pp_group())
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.dims.loss_group())
-        return loss_sum.item() / self.dims.dp_cp
-
-    @torch.no_grad()
-    def eval_step(self, batches) -> float:
-        """train_step's loss of one global batch without backward or update (validation)."""
-        loss_sum = torch.zeros((), device=self.device)
-        with loss_parallel_context(self.loss_parallel):
-            for inputs, labels in batches:
-                inputs, labels, kwargs = self.runner.prepare(inputs, labels, mtp=False)  # the main loss only
-                if self.pipeline is not None:
-                    loss_sum += self.runner.pipeline_losses(inputs, labels, train=False, kwargs=kwargs)
-                    continue
-                logits = self.model_parts[0](inputs, **kwargs)
-                loss_sum += local_value(cross_entropy_loss(logits, labels) / self.accum_steps)
-        return self._global_loss(loss_sum)
+            figures["mtp_loss"] = self._mean(sums.mtp)
+        return loss, grad_norm, figures
 
     def _validate(self, step: int) -> None:
         start = time.perf_counter()
@@ -294,7 +296,7 @@ class Trainer:
             m.eval()  # e.g. MoE layers do not count tokens for load balancing
         try:
             with self.watchdog.paused(f"validation after step {step}"):
-                values = self.validator.measure(self.eval_step)
+                values = self.validator.measure(lambda batches: self._mean(self.runner.evaluate(batches)))
         finally:
             for m in self.model_parts:
                 m.train()
@@ -302,11 +304,9 @@ class Trainer:
             reshard_after_eval(self.model_parts)
         self.metrics.log_validation(step, values, self.cfg.validation.steps, time.perf_counter() - start)
 
+    # ------------------------------------------------------------------ the loop
+
     def train(self) -> None:
-        if self.cfg.checkpoint.create_seed_checkpoint:
-            path = self.checkpoint.save_seed()
-            self.log(f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder")
-            return
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
                             self.train_state.step, self.cfg.training.steps, self.log)
         # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises;
@@ -336,7 +336,7 @@ class Trainer:
             self.watchdog.step_began()
             self.watchdog.progress(f"step {step}: data")
             faults.point("data", step)
-            batches = [next(data) for _ in range(self.accum_steps)]
+            batches = [next(data) for _ in range(self.shape.accum_steps)]
             lr = self.optimizers.last_lr()
             self.memory.begin()
             if self.comm is not None:
@@ -344,13 +344,13 @@ class Trainer:
             self.watchdog.progress(f"step {step}: forward/backward")
             faults.point("step", step)
             with profiler.step(step):
-                loss, grad_norm, moe = self.train_step(batches)
+                loss, grad_norm, figures = self.train_step(batches)
             memory = self.memory.end(step)
             self.watchdog.progress(f"step {step}: metrics")
             self.train_state.step = step
-            self.train_state.tokens_seen += self.global_batch * t.seq_len
+            self.train_state.tokens_seen += self.shape.global_batch * t.seq_len
             self.last_step_s = time.perf_counter() - start
-            self._log_step(step, self.last_step_s, loss, grad_norm, lr, memory, moe)
+            self._log_step(step, self.last_step_s, loss, grad_norm, lr, memory, figures)
             self.watchdog.step_ended()
             if step == start_step + 1:
                 self.watchdog.arm()  # the first step (set-up, compilation) may take longer
@@ -360,7 +360,7 @@ class Trainer:
                 return
 
     def _log_step(self, step: int, step_time: float, loss: float, grad_norm: float, lr: float, memory: dict,
-                  moe: dict) -> None:
+                  figures: dict) -> None:
         t = self.cfg.training
         comm = {}
         if self.comm is not None:
@@ -368,13 +368,13 @@ class Trainer:
             comm = {"comm": counts, "comm_bytes": nbytes}
         if step % self.cfg.metrics.log_freq != 0 and step != t.steps:
             return
-        tps = self.global_batch * t.seq_len / step_time
+        tps = self.shape.global_batch * t.seq_len / step_time
         per_device = tps / self.dims.world_size
         mfu = per_device * self.flops_per_token / (self.peak_flops * 1e12) if self.peak_flops else None
         self.metrics.log(step, {
             "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
             "tokens_per_sec_per_device": per_device, "mfu": mfu, **memory, "step_time": step_time,
-            "tokens_seen": self.train_state.tokens_seen, **moe, **comm,
+            "tokens_seen": self.train_state.tokens_seen, **figures, **comm,
             **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
         })
 
@@ -420,8 +420,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("MASTER_PORT", "29571")
     trainer = None
     try:
-        trainer = Trainer(cfg, argv)
-        trainer.train()
+        if cfg.checkpoint.create_seed_checkpoint:
+            path = write_seed_checkpoint(cfg)
+            if dist.get_rank() == 0:
+                print(f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder", flush=True)
+        else:
+            trainer = Trainer(cfg)
+            trainer.train()
     except DeviceError as e:  # before any process group, alike on every rank of the node
         _error_line(f"error: {e}")
         return 2

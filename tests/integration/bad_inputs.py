@@ -102,9 +102,9 @@ def _deepseek_folder(path: str, mscale: float) -> None:
     import torch
 
     from torchtitan.models.deepseek_v3 import hf_convert
-    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.flavors import flavors_of
 
-    args = dataclasses.replace(MODEL_FLAVORS["deepseek_v3"]["debugmodel"], vocab_size=2048, yarn="always")
+    args = dataclasses.replace(flavors_of("deepseek_v3")["debugmodel"], vocab_size=2048, yarn="always")
     config = hf_convert.hf_config(args, "float32", 0, 1)
     config["rope_scaling"].update(mscale=mscale, mscale_all_dim=1.0)
     os.makedirs(path)
@@ -175,7 +175,7 @@ CASES = [
              "--training.dataset='pydoc': split 'train' has 413 documents, fewer than the 512 rows of a global batch"),
     # ---- local datasets
     BadInput("text field missing", ["--training.dataset={dump}/data.jsonl", "--training.dataset_text_field=body"],
-             "--training.dataset_text_field='body': '{dump}/data.jsonl' has no such column; its columns are: text, id",
+             "--training.dataset_text_field='body': document 0 of '{dump}/data.jsonl' has no such column; its columns are: text, id",
              setup=lambda d: _jsonl(d, "data.jsonl", _docs(8))),
     BadInput("text field not a string", ["--training.dataset={dump}/data.jsonl"],
              "--training.dataset_text_field='text': document 0 of '{dump}/data.jsonl' holds int 5, not a string",
@@ -207,7 +207,7 @@ CASES = [
              setup=lambda d: _jsonl(d, "val.jsonl", _docs(8))),
     BadInput("validation text field missing", ["--validation.enable=true", "--validation.dataset={dump}/val.jsonl",
                                                "--validation.dataset_split=train", "--validation.dataset_text_field=content"],
-             "--validation.dataset_text_field='content': '{dump}/val.jsonl' has no such column; its columns are: body, id",
+             "--validation.dataset_text_field='content': document 0 of '{dump}/val.jsonl' has no such column; its columns are: body, id",
              setup=lambda d: _jsonl(d, "val.jsonl", _docs(8, field="body"))),
     BadInput("missing validation dataset path", ["--validation.enable=true", "--validation.dataset=./no/such/val.jsonl"],
              "--validation.dataset: local dataset path './no/such/val.jsonl' does not exist"),
@@ -239,7 +239,7 @@ CASES = [
              " (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE); unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE to stream it,"
              " or use a local file or 'pydoc'", env=OFFLINE),
     BadInput("hang timeout too close to the collective timeout", ["--comm.hang_timeout_seconds=300"],
-             "--comm.hang_timeout_seconds=300: must be -1 (auto), 0 (off) or seconds (1..238 with"
+             "--comm.hang_timeout_seconds=300: must be auto, 0 (off) or seconds (1..238 with"
              " --comm.timeout_seconds=300"),
     BadInput("async checkpoints without checkpoints", ["--checkpoint.async_mode=async"],
              "--checkpoint.async_mode=async has no effect without --checkpoint.enable=true"),

@@ -49,7 +49,7 @@ import types
 from multiprocessing.connection import wait
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from torchtitan.components import exit_status  # noqa: E402  (torch-free)
+from torchtitan.resilience import exit_status  # noqa: E402  (torch-free)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -266,7 +266,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     if not dry_run and entry == "torchtitan.train" and not any("memory_budget_gib" in a for a in argv):
         # The start-up memory prediction (a child process per run) is tested by the runs that
         # set a budget; the others skip it to keep the suite fast.
-        argv = [*argv, "--parallelism.memory_budget_gib=-1"]
+        argv = [*argv, "--parallelism.memory_budget_gib=none"]
     log_ranks = sorted({int(r) for r in env.get("LOG_RANK", "0").split(",") if r.strip()})
     for rank in range(ngpu):  # this launch's logs only (a resumed run reuses its dump folder)
         for name in ("stdout.log", "stderr.log"):
@@ -278,7 +278,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     # (TORCHELASTIC_USE_AGENT_STORE): a port taken by the store itself, nothing to race for.
     store = None if dry_run else TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     # run_train.sh's status file: a rank that ends the run on purpose (preemption, hang report)
-    # writes its exit code and line there (torchtitan/components/exit_status.py)
+    # writes its exit code and line there (torchtitan/resilience/exit_status.py)
     fd, status_path = tempfile.mkstemp(prefix="titan_status_")
     os.close(fd)
     run_id = f"fast{os.getpid()}_{time.monotonic_ns()}"

@@ -14,23 +14,23 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from torchtitan.config import load_config_or_exit
+from torchtitan.checks import load_config_or_exit
 from torchtitan.models.common.init import clean_fqn
 from torchtitan.train import Trainer
 
 
 def main() -> None:
     out, argv = sys.argv[1], sys.argv[2:]
-    trainer = Trainer(load_config_or_exit(argv, int(os.environ["WORLD_SIZE"])), argv)
+    trainer = Trainer(load_config_or_exit(argv, int(os.environ["WORLD_SIZE"])))
     trainer.optimizers.step = lambda: None  # keep the weights: only the gradients matter
     data = iter(trainer.dataloader)
-    trainer.train_step([next(data) for _ in range(trainer.accum_steps)])
+    trainer.train_step([next(data) for _ in range(trainer.shape.accum_steps)])
     grads = {}
     for part in trainer.model_parts:
         for name, p in part.named_parameters():
             if p.grad is not None:
                 grads[clean_fqn(name)] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-    if trainer.pipeline is not None:  # every stage's gradients, gathered on rank 0
+    if trainer.runner.pipeline is not None:  # every stage's gradients, gathered on rank 0
         parts = [None] * trainer.dims.pp
         dist.all_gather_object(parts, grads, group=trainer.dims.pp_group())
         grads = {k: v for p in parts for k, v in p.items()}

@@ -32,7 +32,7 @@ def test_issue_sequence_writes_nothing(tmp_path):
          f"error: --model.tokenizer_path='{inputs / 'tokenizer.json'}': not an HF tokenizer.json: JSON, but no"
          " tokenizer 'model' in it (its keys: a)"),
         ([f"--training.dataset={inputs / 'data.jsonl'}", "--training.dataset_text_field=body"],
-         f"error: --training.dataset_text_field='body': '{inputs / 'data.jsonl'}' has no such column; its columns"
+         f"error: --training.dataset_text_field='body': document 0 of '{inputs / 'data.jsonl'}' has no such column; its columns"
          " are: text, id"),
     ]
     for args, expect in attempts:

@@ -94,14 +94,16 @@ def _expected_fsdp_ep_bytes(hf: str, rank: int, dp_shard: int = 2, ep: int = 2) 
     buffers are read whole. Element sizes are the folder's (its dtype)."""
     import torch
 
-    from torchtitan.components.hf_weights import checkpointed_tensors
-    from torchtitan.models.hf_converters import hf_converter
-    from torchtitan.protocols.train_spec import get_train_spec, model_args
+    from torchtitan.models.hf.weights import checkpointed_tensors
+    from torchtitan.models.hf.converters import hf_converter
+    from torchtitan.models.flavors import model_args
+    from torchtitan.training.model_args import initial_rules
+    from torchtitan.models.train_spec import get_train_spec
 
     assert dp_shard == ep, "the experts' FSDP mesh (dp_shard / ep) is 1 here"
     config = json.load(open(os.path.join(hf, "config.json")))
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[config["torch_dtype"]]
-    args = model_args(DS, "tiny", config["vocab_size"], 64, initial_load_path=hf)
+    args = model_args(DS, "tiny", config["vocab_size"], 64, rules=initial_rules(DS, hf))
     with torch.device("meta"):
         model = get_train_spec(DS).model_cls(args)
     experts = other = 0

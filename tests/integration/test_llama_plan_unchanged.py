@@ -10,7 +10,7 @@ each plan.json, because plan.json changed with it: param_dtype, reshard_budget_g
 memory_per_pp_rank are gone; memory_budget_bytes and memory_per_rank_role (per pipeline rank,
 the predicted peak of a simulated training step and its breakdown) are new; kept units lost
 the "; fits the budget (...)" note in their reasons. The case "8b_budget" (reshard_budget_gib=1)
-became "8b" with memory_budget_gib=-1: the old key now means a 1 GiB budget for the whole
+became "8b" with memory_budget_gib=none: the old key now means a 1 GiB budget for the whole
 peak, over which auto would reshard every block; without a budget the plan is the one it was,
 and the prediction still runs. The units, sizes, decisions and AC regions are otherwise those
 of 830210d. The breakdowns gained the category checkpoint_staging (0: no asynchronous
@@ -35,14 +35,14 @@ import run_tests
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = {
-    "debug_fsdp": (8, "llama3_debug.toml", ["--model.flavor=tiny", "--parallelism.memory_budget_gib=-1"]),
+    "debug_fsdp": (8, "llama3_debug.toml", ["--model.flavor=tiny", "--parallelism.memory_budget_gib=none"]),
     "debug_pp_tp": (8, "llama3_debug.toml", [
         "--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",
         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--training.local_batch_size=4",
         "--parallelism.fsdp_implementation=simple_fsdp", "--activation_checkpoint.mode=selective",
-        "--parallelism.memory_budget_gib=-1"]),
+        "--parallelism.memory_budget_gib=none"]),
     "8b": (64, "llama3_8b.toml", [
-        "--parallelism.tensor_parallel_degree=8", "--parallelism.memory_budget_gib=-1",
+        "--parallelism.tensor_parallel_degree=8", "--parallelism.memory_budget_gib=none",
         "--parallelism.data_parallel_replicate_degree=2"]),
 }
 

@@ -29,12 +29,12 @@ import datasets  # noqa: E402,F401
 import datasets.distributed  # noqa: E402,F401
 import pydoc_data.topics  # noqa: E402,F401
 import safetensors.torch  # noqa: E402,F401
-import torchtitan.components.hf_folder  # noqa: E402,F401
-import torchtitan.config.check_data  # noqa: E402,F401
-import torchtitan.components.hf_weights  # noqa: E402,F401
+import torchtitan.models.hf.folder  # noqa: E402,F401
+import torchtitan.checks.data  # noqa: E402,F401
+import torchtitan.models.hf.weights  # noqa: E402,F401
 import torchtitan.dry_run  # noqa: E402,F401
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402,F401
-from torchtitan.protocols.train_spec import get_train_spec  # noqa: E402
+from torchtitan.models.train_spec import get_train_spec  # noqa: E402
 from torchtitan.models.registry import MODELS  # noqa: E402
 
 for _name in MODELS:  # every registered model's model and parallelize modules

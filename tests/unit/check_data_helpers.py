@@ -6,13 +6,13 @@ import os
 import pytest
 
 from torchtitan.config import ConfigError
-from torchtitan.config.check_data import check_data_inputs
-from torchtitan.models.flavors import MODEL_FLAVORS
+from torchtitan.checks.data import check_data_inputs
+from torchtitan.models.flavors import flavors_of
 
 from config_helpers import cfg_of
 
-DEBUG = MODEL_FLAVORS["llama3"]["debugmodel"]  # vocab_size 0: takes the tokenizer's
-FIXED = MODEL_FLAVORS["llama3"]["8B"]  # vocab_size 128256
+DEBUG = flavors_of("llama3")["debugmodel"]  # vocab_size 0: takes the tokenizer's
+FIXED = flavors_of("llama3")["8B"]  # vocab_size 128256
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -8,33 +8,27 @@ import json
 import os
 import sys
 
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from torchtitan.config import load_config  # noqa: E402
-from torchtitan.distributed.parallel_dims import ParallelDims  # noqa: E402
-from torchtitan.dry_run import build_model  # noqa: E402
-from torchtitan.memory.fake_paths import PipelineStartup  # noqa: E402
+from torchtitan.checks import load_config  # noqa: E402
 from torchtitan.memory.simulate import simulate_pp_rank  # noqa: E402
+from torchtitan.memory.simulation_patches import PipelineStartup  # noqa: E402
+from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
 
 
 def main() -> None:
     world, argv = int(sys.argv[1]), sys.argv[2:]
     cfg, _ = load_config(["--training.device=cpu", "--job.dry_run=true", *argv], world)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    dims = ParallelDims.from_config(cfg, world)
-    dims.build_mesh("cpu")
-    spec, model, args = build_model(cfg)
-    fake_startup, real_startup = PipelineStartup(), PipelineStartup()
-    for pp_rank in range(dims.pp):
-        fake = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, fake_startup)
-        real = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, real_startup, profile=True)
-        print(json.dumps({"pp_rank": pp_rank, "predicted": fake.peak_bytes, "tracked_real": real.peak_bytes,
-                          "allocator": real.allocator_peak_bytes, "breakdown": fake.breakdown}), flush=True)
-    dist.destroy_process_group()
+    with fake_world(cfg, world) as dims:
+        meta = model_on_meta(cfg)
+        spec, model, args = meta.spec, meta.model, meta.args
+        fake_startup, real_startup = PipelineStartup(), PipelineStartup()
+        for pp_rank in range(dims.pp):
+            fake = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, fake_startup)
+            real = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, real_startup, profile=True)
+            print(json.dumps({"pp_rank": pp_rank, "predicted": fake.peak_bytes, "tracked_real": real.peak_bytes,
+                              "allocator": real.allocator_peak_bytes, "breakdown": fake.breakdown}), flush=True)
 
 
 if __name__ == "__main__":

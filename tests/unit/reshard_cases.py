@@ -2,7 +2,7 @@
 a change of wording is noticed), schedule lists and small unit layouts."""
 
 from torchtitan.distributed.plan import FsdpUnit
-from torchtitan.distributed.reshard_policy import GIB
+from torchtitan.units import GIB
 
 NEVER = "never: kept for backward (ZeRO-2)"
 ROOT = "root: backward starts here, FSDP would gather it again at once"

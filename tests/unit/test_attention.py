@@ -13,7 +13,7 @@ from torchtitan.models.common.attention import (
     AttentionInputs, ContextParallel, attend, attention_inputs, causal_chunk_mask, document_ids,
 )
 from torchtitan.models.flavors import model_args
-from torchtitan.protocols.train_spec import get_train_spec
+from torchtitan.models.train_spec import get_train_spec
 
 VOCAB, SEQ, BOS = 256, 32, 0
 # deepseek_v3_dense: the tiny flavor with every layer dense (MLA without the MoE layers)

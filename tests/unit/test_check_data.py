@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from torchtitan.config import check_data
-from torchtitan.config.check_data import check_data_inputs
+from torchtitan.checks import data as check_data
+from torchtitan.checks.data import check_data_inputs
 
 from check_data_helpers import DEBUG, FIXED, ROOT, check_error, docs, write_jsonl
 from config_helpers import cfg_of, config_error
@@ -87,7 +87,7 @@ def test_tokenizer_larger_than_a_fixed_vocabulary(tmp_path):
 
 def test_the_check_catches_what_model_args_would_raise(tmp_path):
     """train_spec.model_args keeps its ValueError as a backstop; the check says it first."""
-    from torchtitan.protocols.train_spec import model_args
+    from torchtitan.models.flavors import model_args
 
     words = ["<s>", "</s>", *(f"w{i}" for i in range(FIXED.vocab_size)), "<unk>"]
     path = word_tokenizer(tmp_path / "big.json", words)
@@ -147,7 +147,7 @@ def test_pydoc_text_field_and_config_name():
 
 
 def test_pydoc_smaller_than_a_global_batch():
-    from torchtitan.components.corpus import pydoc_documents
+    from torchtitan.data.corpus import pydoc_documents
 
     n_train, n_val = len(pydoc_documents("train")), len(pydoc_documents("validation"))
     check_data_inputs(cfg_of([]), DEBUG, global_batch=n_train)
@@ -171,11 +171,11 @@ def test_text_field_missing_lists_the_columns(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "data.jsonl", docs(8))
     assert check_error(["--training.dataset=data.jsonl", "--training.dataset_text_field=body"]) == (
-        "--training.dataset_text_field='body': 'data.jsonl' has no such column; its columns are: text, id;"
+        "--training.dataset_text_field='body': document 0 of 'data.jsonl' has no such column; its columns are: text, id;"
         " set --training.dataset_text_field to the one holding the document text"
     )
     assert check_error(["--training.dataset=data.jsonl", "--training.dataset_text_field=txt"]).startswith(
-        "--training.dataset_text_field='txt': 'data.jsonl' has no such column (did you mean 'text'?); its columns"
+        "--training.dataset_text_field='txt': document 0 of 'data.jsonl' has no such column (did you mean 'text'?); its columns"
         " are: text, id;"
     )
 
@@ -237,8 +237,7 @@ def test_validate_passes_the_global_batch_of_the_world(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", docs(6))
     config_error_msg = config_error([f"--training.dataset={path}", "--training.local_batch_size=2"], world_size=4)
     assert "has 6 documents, fewer than the 8 rows of a global batch" in config_error_msg
-    from torchtitan.config import load_config
-
+    from torchtitan.checks import load_config
     load_config([f"--training.dataset={path}", "--training.local_batch_size=2"], 3)
 
 
@@ -283,7 +282,7 @@ def test_local_folder(tmp_path):
     )
     assert check_error(["--validation.enable=true", f"--validation.dataset={folder}",
                         "--validation.dataset_text_field=body"]).startswith(
-        f"--validation.dataset_text_field='body': '{folder}' has no such column; its columns are: text, id;"
+        f"--validation.dataset_text_field='body': document 0 of '{folder}' has no such column; its columns are: text, id;"
     )
     # splits whose columns differ: datasets casts every split to the first one's columns
     write_jsonl(folder / "validation.jsonl", docs(8, field="body"))
@@ -296,7 +295,7 @@ def test_csv_and_txt_columns(tmp_path):
     csv = tmp_path / "d.csv"
     csv.write_text("title,body\n" + "".join(f"t{i},b{i}\n" for i in range(8)))
     assert check_error([f"--training.dataset={csv}"]).startswith(
-        f"--training.dataset_text_field='text': '{csv}' has no such column; its columns are: title, body;"
+        f"--training.dataset_text_field='text': document 0 of '{csv}' has no such column; its columns are: title, body;"
     )
     check_data_inputs(cfg_of([f"--training.dataset={csv}", "--training.dataset_text_field=body"]), DEBUG)
     txt = tmp_path / "d.txt"
@@ -323,7 +322,7 @@ def test_the_check_imports_no_torch(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", docs(8))
     code = (
         "import sys\n"
-        "from torchtitan.config import ConfigError, load_config\n"
+        "from torchtitan.config import ConfigError\nfrom torchtitan.checks import load_config\n"
         f"load_config(['--training.dataset={path}', '--validation.enable=true'], 1)\n"
         f"try:\n    load_config(['--training.dataset={path}', '--training.dataset_text_field=x'], 1)\n"
         "except ConfigError:\n    pass\n"

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from torchtitan.config import check_data
-from torchtitan.config.check_data import check_data_inputs
+from torchtitan.checks import data as check_data
+from torchtitan.checks.data import check_data_inputs
 
 from check_data_helpers import DEBUG, ROOT, check_error, docs, write_jsonl
 from config_helpers import cfg_of
@@ -103,7 +103,7 @@ def test_hub_that_does_not_answer_in_time(monkeypatch):
 def test_hub_first_record(monkeypatch):
     monkeypatch.setattr(check_data, "_read_records", lambda *a: [{"content": "x", "url": "u"}])
     assert check_error(["--training.dataset=me/data"]) == (
-        "--training.dataset_text_field='text': 'me/data' has no such column; its columns are: content, url; set"
+        "--training.dataset_text_field='text': document 0 of 'me/data' has no such column; its columns are: content, url; set"
         " --training.dataset_text_field to the one holding the document text"
     )
     check_data_inputs(cfg_of(["--training.dataset=me/data", "--training.dataset_text_field=content"]), DEBUG)
@@ -116,7 +116,7 @@ def test_hub_first_record(monkeypatch):
 
 def test_real_hub_lookup_offline_fails_at_once():
     code = (
-        "from torchtitan.config import ConfigError, load_config\n"
+        "from torchtitan.config import ConfigError\nfrom torchtitan.checks import load_config\n"
         "try:\n    load_config(['--training.dataset=allenai/c4', '--training.dataset_config_name=en'], 1)\n"
         "except ConfigError as e:\n    print(e)\n"
     )
@@ -131,8 +131,8 @@ def test_real_hub_lookup_offline_fails_at_once():
 
 
 def _first_batches(path, n, lbs=2, **kw):
-    from torchtitan.components.dataloader import build_dataloader
-    from torchtitan.components.tokenizer import Tokenizer
+    from torchtitan.data.dataloader import build_dataloader
+    from torchtitan.data.tokenizer import Tokenizer
 
     cfg = cfg_of([f"--training.dataset={path}", f"--training.local_batch_size={lbs}", "--training.seq_len=8"])
     loader = iter(build_dataloader(cfg.training, Tokenizer(), dp_rank=0, dp_degree=1, accum_steps=1))
@@ -144,34 +144,33 @@ def _first_batches(path, n, lbs=2, **kw):
     ({"text": 7, "id": 6}, "holds int 7, not a string"),
 ])
 def test_a_later_bad_document_is_a_data_error(tmp_path, bad, what):
-    from torchtitan.components.datasets import DataError
+    from torchtitan.data.datasets import DataError
 
     path = write_jsonl(tmp_path / "d.jsonl", [*docs(6), bad, *docs(3)])
     check_data_inputs(cfg_of([f"--training.dataset={path}"]), DEBUG, global_batch=2)  # reads documents 0-1
     with pytest.raises(DataError) as info:
         _first_batches(path, 100)
     assert str(info.value) == (
-        f"--training.dataset_text_field='text': document 6 of dataset '{path}' (split 'train') {what}; fix or"
-        " remove that record, or set the key to the text column"
+        f"--training.dataset_text_field='text': document 6 of dataset '{path}' (split 'train') {what}; set"
+        " --training.dataset_text_field to the column holding the text, or fix that record"
     )
 
 
 def test_a_missing_column_at_run_time_is_a_data_error(tmp_path):
-    from torchtitan.components.datasets import DataError
+    from torchtitan.data.datasets import DataError
 
     path = write_jsonl(tmp_path / "d.jsonl", docs(4, field="body"))
     with pytest.raises(DataError) as info:
         _first_batches(path, 1)
     assert str(info.value) == (
-        f"--training.dataset_text_field='text': document 0 of dataset '{path}' (split 'train') has no such field"
-        " (its fields: body, id); every document needs its text under that key: fix the data or set the key to"
-        " the text column"
+        f"--training.dataset_text_field='text': document 0 of dataset '{path}' (split 'train') has no such column;"
+        " its columns are: body, id; set --training.dataset_text_field to the one holding the document text"
     )
     assert isinstance(info.value, RuntimeError)
 
 
 def test_an_unreadable_record_at_run_time_is_a_data_error(tmp_path, capfd):
-    from torchtitan.components.datasets import DataError
+    from torchtitan.data.datasets import DataError
 
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in docs(4)) + '{"text": \n')

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from torchtitan.components.checkpoint_files import (
+from torchtitan.checkpoint.files import (
     CheckpointError,
     check_compatible,
     check_initial_load_path,
@@ -28,8 +28,8 @@ def make_step(folder, step, complete=True, model_only=False, metadata=True, tmp=
 
 
 def test_empty_or_missing_folder_is_a_fresh_start(tmp_path):
-    assert resolve_resume(str(tmp_path / "none"), -1) is None
-    assert resolve_resume(str(tmp_path), -1) is None
+    assert resolve_resume(str(tmp_path / "none"), "auto") is None
+    assert resolve_resume(str(tmp_path), "auto") is None
 
 
 def test_newest_complete_full_checkpoint_wins(tmp_path):
@@ -38,7 +38,7 @@ def test_newest_complete_full_checkpoint_wins(tmp_path):
     make_step(tmp_path, 15, tmp=True, complete=False)  # a save a crash interrupted
     make_step(tmp_path, 20, complete=False)  # renamed but never marked: incomplete
     make_step(tmp_path, 25, model_only=True)  # an export: not resumable
-    info = resolve_resume(str(tmp_path), -1)
+    info = resolve_resume(str(tmp_path), "auto")
     assert info.step == 10 and not info.model_only
     assert [c.step for c in scan(str(tmp_path)) if c.complete] == [5, 10, 25]
     assert [(c.step, c.complete) for c in scan(str(tmp_path))] == [(5, True), (10, True), (15, False), (20, False), (25, True)]
@@ -46,9 +46,9 @@ def test_newest_complete_full_checkpoint_wins(tmp_path):
 
 def test_seed_is_used_only_without_full_checkpoints(tmp_path):
     make_step(tmp_path, 0, model_only=True)
-    assert resolve_resume(str(tmp_path), -1).step == 0
+    assert resolve_resume(str(tmp_path), "auto").step == 0
     make_step(tmp_path, 3)
-    assert resolve_resume(str(tmp_path), -1).step == 3
+    assert resolve_resume(str(tmp_path), "auto").step == 3
     assert resolve_resume(str(tmp_path), 0).model_only
 
 
@@ -85,7 +85,7 @@ def test_marked_checkpoint_without_metadata_is_corrupt(tmp_path):
     make_step(tmp_path, 5)
     make_step(tmp_path, 10, metadata=False)
     with pytest.raises(CheckpointError) as e:
-        resolve_resume(str(tmp_path), -1)
+        resolve_resume(str(tmp_path), "auto")
     assert f"'{tmp_path}/step-10' is corrupt" in str(e.value) and "(complete: 5)" in str(e.value)
 
 
@@ -93,7 +93,7 @@ def test_unreadable_marker_is_reported(tmp_path):
     p = make_step(tmp_path, 5)
     (p / ".complete").write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable .complete marker"):
-        resolve_resume(str(tmp_path), -1)
+        resolve_resume(str(tmp_path), "auto")
 
 
 def test_initial_load_path_must_be_a_dcp_folder(tmp_path):
@@ -111,17 +111,17 @@ def test_after_going_back_the_new_line_of_checkpoints_wins(tmp_path):
     make_step(tmp_path, 20, saved_at=2)
     make_step(tmp_path, 30, saved_at=3)
     make_step(tmp_path, 15, saved_at=4)
-    assert resolve_resume(str(tmp_path), -1).step == 15
+    assert resolve_resume(str(tmp_path), "auto").step == 15
 
 
 def test_old_copy_stands_in_when_a_resave_crashed_between_renames(tmp_path):
     make_step(tmp_path, 5)
     make_step(tmp_path, 10, suffix=".old")  # step-10 renamed away, new one not yet in place
     make_step(tmp_path, 10, tmp=True)  # the new save, marked but not renamed: not trusted
-    info = resolve_resume(str(tmp_path), -1)
+    info = resolve_resume(str(tmp_path), "auto")
     assert info.step == 10 and info.path.endswith("step-10.old")
     make_step(tmp_path, 10)  # once step-10 exists, the .old copy is ignored
-    assert resolve_resume(str(tmp_path), -1).path.endswith("step-10")
+    assert resolve_resume(str(tmp_path), "auto").path.endswith("step-10")
 
 
 def test_checkpoint_of_another_model_or_batch_is_refused():

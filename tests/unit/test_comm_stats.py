@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchtitan.distributed import comm_stats
-from torchtitan.distributed.comm_stats import CommStats, _group_name, _tensor_bytes, mesh_group_dims
-from torchtitan.distributed.plan_report import MIB, compress_table, plan_table, write_plan_json
+from torchtitan.observe import comm_stats
+from torchtitan.distributed.parallel_dims import mesh_group_dims
+from torchtitan.observe.comm_stats import CommStats, _group_name, _tensor_bytes
+from torchtitan.units import MIB
+from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
 
 # --------------------------------------------------------------------------- plan_table
 

@@ -4,13 +4,9 @@ import os
 
 import pytest
 
-from torchtitan.config import (
-    ConfigError,
-    JobConfig,
-    build_config,
-    load_config,
-    load_config_or_exit,
-)
+from torchtitan.config import ConfigError, JobConfig, build_config
+
+from torchtitan.checks import load_config, load_config_or_exit
 from torchtitan.config import job_config as jc
 from torchtitan.config import manager
 from torchtitan.config.manager import field_types, parse_cli, sections
@@ -38,11 +34,11 @@ def test_no_arguments_gives_the_dataclass_defaults():
     assert cfg.model.tokenizer_path == ""
     assert cfg.training.steps == 10
     assert cfg.training.local_batch_size == 8
-    assert cfg.training.global_batch_size == -1
+    assert cfg.training.global_batch_size == "auto"
     assert cfg.training.seq_len == 256
     assert cfg.training.device == "auto"
     assert cfg.training.dataset == "pydoc"
-    assert cfg.parallelism.data_parallel_shard_degree == -1
+    assert cfg.parallelism.data_parallel_shard_degree == "auto"
     assert cfg.parallelism.tensor_parallel_degree == 1
     assert cfg.optimizer.lr == 8e-4
     assert cfg.lr_scheduler.warmup_steps == 2
@@ -55,7 +51,7 @@ def test_defaults_validate_on_one_and_on_eight_ranks():
     cfg, _ = load_config([], 1)
     assert cfg == JobConfig()
     cfg, _ = load_config([], 8)
-    assert cfg.parallelism.data_parallel_shard_degree == -1  # resolved later, not rewritten
+    assert cfg.parallelism.data_parallel_shard_degree == "auto"  # resolved later, not rewritten
 
 
 def test_sections_are_the_jobconfig_fields_in_order():
@@ -144,7 +140,7 @@ def test_cli_space_and_equals_forms_are_equivalent():
 def test_cli_value_may_contain_equals_and_start_with_a_single_dash():
     cfg = cfg_of(["--job.description=a=b", "--training.global_batch_size", "-1", "--training.seed", "-3"])
     assert cfg.job.description == "a=b"
-    assert cfg.training.global_batch_size == -1
+    assert cfg.training.global_batch_size == "auto"
     assert cfg.training.seed == -3
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from config_helpers import config_error
-from torchtitan.config import load_config
+from torchtitan.checks import load_config
 
 DS = ["--model.name=deepseek_v3", "--model.flavor=tiny"]
 
@@ -42,7 +42,7 @@ def test_moe_keys():
         "--moe.top_k=5 exceeds the 4 experts a token can reach (deepseek_v3 tiny: 1 of 2 groups of 4); pick at most 4"
     )
     assert config_error(DS + ["--moe.load_balance_coeff=-0.5"]) == (
-        "--moe.load_balance_coeff=-0.5: must be >= 0 (0 disables it) or -1 for the flavor's value"
+        "--moe.load_balance_coeff=-0.5: must be >= 0 (0 disables it) or auto for the flavor's value"
     )
     assert config_error(["--moe.top_k=2"]) == "--moe.top_k: model llama3 has no experts; drop the [moe] settings"
     assert config_error(DS + ["--moe.aux_loss_coeff=0.001", "--parallelism.pipeline_parallel_degree=2",
@@ -59,7 +59,7 @@ def test_moe_keys():
 
 
 def test_moe_overrides_reach_the_model_args():
-    from torchtitan.protocols.train_spec import model_args
+    from torchtitan.models.flavors import model_args
 
     cfg, _ = load_config(DS + ["--moe.top_k=3", "--moe.score_func=softmax", "--moe.load_balance_coeff=0"], 1)
     args = model_args("deepseek_v3", "tiny", 2000, 64, cfg.moe)

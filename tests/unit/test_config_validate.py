@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from torchtitan.config import ConfigError, load_config, validate
-from torchtitan.config.validate import resolve_dp_shard
-from torchtitan.components.tokenizer import BUNDLED_TOKENIZER
+from torchtitan.config import ConfigError
+from torchtitan.checks import load_config, check_job as validate
+from torchtitan.checks.job import resolve_dp_shard
+from torchtitan.data.tokenizer import BUNDLED_TOKENIZER
 
 from config_helpers import cfg_of, config_error
 
@@ -43,7 +44,7 @@ def test_degrees_not_multiplying_to_world_size():
     argv = ["--parallelism.data_parallel_shard_degree=3", "--parallelism.data_parallel_replicate_degree=2"]
     assert config_error(argv, world_size=4) == (
         "parallel degrees multiply to 6 (replicate 2 x shard 3 x tp 1 x pp 1) but the world size is 4;"
-        " make them multiply to 4 or set --parallelism.data_parallel_shard_degree=-1"
+        " make them multiply to 4 or set --parallelism.data_parallel_shard_degree=auto"
     )
 
 
@@ -56,9 +57,9 @@ def test_degrees_not_multiplying_to_world_size():
         ("--parallelism.pipeline_parallel_degree=0", "--parallelism.pipeline_parallel_degree=0: must be >= 1"),
         ("--parallelism.expert_parallel_degree=0", "--parallelism.expert_parallel_degree=0: must be >= 1"),
         ("--parallelism.data_parallel_shard_degree=0",
-         "--parallelism.data_parallel_shard_degree=0: must be >= 1 or -1 (the rest)"),
+         "--parallelism.data_parallel_shard_degree=0: must be >= 1 or auto (the rest)"),
         ("--parallelism.data_parallel_shard_degree=-2",
-         "--parallelism.data_parallel_shard_degree=-2: must be >= 1 or -1 (the rest)"),
+         "--parallelism.data_parallel_shard_degree=-2: must be >= 1 or auto (the rest)"),
     ],
 )
 def test_degrees_below_one(arg, expected):
@@ -90,14 +91,14 @@ def test_expert_parallel_needs_experts():
 
 def test_global_batch_size_must_be_a_multiple():
     base = ["--training.local_batch_size=4"]
-    msg = "must be a positive multiple of local_batch_size x data-parallel degree = 4 x 2 = 8 (or -1)"
+    msg = "must be a positive multiple of local_batch_size x data-parallel degree = 4 x 2 = 8 (or auto)"
     for gbs in (12, 4, 0, -8):
         assert config_error(base + [f"--training.global_batch_size={gbs}"], world_size=2) == (
             f"--training.global_batch_size={gbs} {msg}"
         )
-    for gbs in (-1, 8, 16, 32):
+    for gbs in ("auto", -1, 8, 16, 32):  # -1: torchtitan's own spelling of auto, accepted as it
         cfg, _ = load_config(base + [f"--training.global_batch_size={gbs}"], 2)
-        assert cfg.training.global_batch_size == gbs
+        assert cfg.training.global_batch_size == ("auto" if gbs == -1 else gbs)
 
 
 def test_global_batch_size_counts_replicas_too():
@@ -105,7 +106,7 @@ def test_global_batch_size_counts_replicas_too():
             "--training.global_batch_size=6"]
     assert config_error(argv, world_size=4) == (
         "--training.global_batch_size=6 must be a positive multiple of local_batch_size x data-parallel"
-        " degree = 2 x 4 = 8 (or -1)"
+        " degree = 2 x 4 = 8 (or auto)"
     )
 
 
@@ -217,7 +218,7 @@ def test_local_dataset_path_that_does_not_exist(tmp_path, monkeypatch, name):
 
 
 def test_existing_local_dataset_and_hub_names_are_accepted(tmp_path, monkeypatch):
-    from torchtitan.config import check_data
+    from torchtitan.checks import data as check_data
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "x"}\n' * 8)  # a global batch of rows: local_batch_size 8 on one rank

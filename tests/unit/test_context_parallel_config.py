@@ -9,7 +9,7 @@ import sys
 import pytest
 from config_helpers import cfg_of, config_error
 
-from torchtitan.config import load_config
+from torchtitan.checks import load_config
 from torchtitan.distributed.job_shape import degrees
 
 CP = "--parallelism.context_parallel_degree"
@@ -76,7 +76,7 @@ def test_cp_times_the_other_degrees_must_make_the_world_size():
     )
     assert config_error([f"{CP}=2", f"{TP}=2", "--parallelism.data_parallel_shard_degree=4"], world_size=8) == (
         "parallel degrees multiply to 16 (replicate 1 x shard 4 x cp 2 x tp 2 x pp 1) but the world size is 8;"
-        " make them multiply to 8 or set --parallelism.data_parallel_shard_degree=-1"
+        " make them multiply to 8 or set --parallelism.data_parallel_shard_degree=auto"
     )
     assert config_error([f"{CP}=0"], world_size=8) == f"{CP}=0: must be >= 1"
 

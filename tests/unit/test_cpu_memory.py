@@ -1,4 +1,4 @@
-"""The CPU peak-allocated meter (components/cpu_memory.py) on workloads of known sizes, its
+"""The CPU peak-allocated meter (observe/cpu_memory.py) on workloads of known sizes, its
 census, its per-rank file and the config's refusal to run it beside the profiler. The real
 2-rank run: tests/integration/test_cpu_memory_run.py."""
 
@@ -9,8 +9,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from torchtitan.components.cpu_memory import CpuPeakMeter, _allocator_flag, live_tensor_bytes
-from torchtitan.components.metrics import StepMemory
+from torchtitan.observe.cpu_memory import CpuPeakMeter, _allocator_flag, live_tensor_bytes
+from torchtitan.observe.metrics import StepMemoryLog
 
 from config_helpers import config_error
 
@@ -95,7 +95,7 @@ def test_the_meter_leaves_the_allocator_flag_as_it_found_it():
 
 def test_every_rank_writes_its_own_peaks_and_a_resume_drops_later_steps(tmp_path):
     cpu = torch.device("cpu")
-    with StepMemory(cpu, True, str(tmp_path), rank=3) as memory:
+    with StepMemoryLog(cpu, True, str(tmp_path), rank=3) as memory:
         for step in (1, 2, 3):
             memory.begin()
             x = _bytes(16 * KB)
@@ -108,7 +108,7 @@ def test_every_rank_writes_its_own_peaks_and_a_resume_drops_later_steps(tmp_path
     assert all(isinstance(r["peak_allocated_bytes"], int) and r["peak_allocated_bytes"] >= 16 * KB for r in records)
     assert values["memory_peak_allocated_gib"] == records[-1]["peak_allocated_bytes"] / 2**30
 
-    with StepMemory(cpu, True, str(tmp_path), rank=3) as memory:  # resumed after step 2
+    with StepMemoryLog(cpu, True, str(tmp_path), rank=3) as memory:  # resumed after step 2
         memory.begin()
         memory.end(3)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
@@ -118,7 +118,7 @@ def test_every_rank_writes_its_own_peaks_and_a_resume_drops_later_steps(tmp_path
 def test_a_fresh_run_replaces_an_earlier_runs_file(tmp_path):
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "rank0.jsonl").write_text('{"step": 1, "peak_allocated_bytes": 5}\n' * 3)
-    with StepMemory(torch.device("cpu"), True, str(tmp_path), rank=0) as memory:
+    with StepMemoryLog(torch.device("cpu"), True, str(tmp_path), rank=0) as memory:
         memory.begin()
         _bytes(6 * KB)  # allocated and freed at once
         memory.end(1)
@@ -127,7 +127,7 @@ def test_a_fresh_run_replaces_an_earlier_runs_file(tmp_path):
 
 
 def test_without_the_key_cpu_writes_no_peak(tmp_path):
-    with StepMemory(torch.device("cpu"), False, str(tmp_path), rank=0) as memory:
+    with StepMemoryLog(torch.device("cpu"), False, str(tmp_path), rank=0) as memory:
         memory.begin()
         assert list(memory.end(1)) == ["memory_rss_gib"]
     assert not (tmp_path / "memory").exists()
@@ -156,7 +156,7 @@ def test_on_cuda_every_rank_writes_max_memory_allocated(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 4 * 2**30)
     for cpu_peak in (False, True):
-        with StepMemory(torch.device("cuda", 0), cpu_peak, str(tmp_path), rank=1) as memory:
+        with StepMemoryLog(torch.device("cuda", 0), cpu_peak, str(tmp_path), rank=1) as memory:
             assert memory.meter is None
             memory.begin()
             assert memory.end(1) == {"memory_peak_allocated_gib": 3.0, "memory_peak_reserved_gib": 4.0}
@@ -166,8 +166,7 @@ def test_on_cuda_every_rank_writes_max_memory_allocated(tmp_path, monkeypatch):
 
 
 def test_not_refused_on_cuda_where_the_key_changes_nothing():
-    from torchtitan.config import load_config
-
+    from torchtitan.checks import load_config
     cfg, _ = load_config(["--training.device=cuda", "--metrics.cpu_memory_peak=true",
                           "--profiling.enable_profiling=true"], 1)
     assert cfg.metrics.cpu_memory_peak and cfg.profiling.enable_profiling

@@ -6,12 +6,14 @@ import os
 import pytest
 import torch
 
-from torchtitan.components import corpus
-from torchtitan.components.corpus import pydoc_documents
-from torchtitan.components.dataloader import build_dataloader
-from torchtitan.components.datasets import DataError, PackedSlotDataset, hf_source
-from torchtitan.components.tokenizer import BUNDLED_TOKENIZER, Tokenizer
-from torchtitan.config import ConfigError, build_config, load_config
+from torchtitan.data import corpus
+from torchtitan.data.corpus import pydoc_documents
+from torchtitan.data.dataloader import build_dataloader
+from torchtitan.data.datasets import DataError, PackedSlotDataset
+from torchtitan.data.sources import open_source
+from torchtitan.data.tokenizer import BUNDLED_TOKENIZER, Tokenizer
+from torchtitan.config import ConfigError, build_config
+from torchtitan.checks import load_config
 
 LBS, SEQ = 2, 32
 
@@ -230,7 +232,7 @@ def test_resume_from_a_fresh_state_starts_at_the_beginning(tok):
 
 
 def test_slot_state_can_be_resplit_across_layouts(tok):
-    make_source = lambda: hf_source("pydoc", "train")  # noqa: E731
+    make_source = lambda: open_source("pydoc", "train")  # noqa: E731
     single = PackedSlotDataset(make_source, tok, SEQ, first_slot=0, n_slots=4, num_slots=4)
     it = iter(single)
     take(it, 4 * 3)  # three full rounds over the 4 slots

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from torchtitan.components import exit_status
-from torchtitan.components.exit_status import preempted_exit_code, read, record
+from torchtitan.resilience import exit_status
+from torchtitan.resilience.exit_status import preempted_exit_code, read, record
 
 
 def test_record_without_the_variable_writes_nothing(tmp_path, monkeypatch):

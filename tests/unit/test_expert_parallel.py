@@ -22,7 +22,8 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
-from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, AllToAllDispatcher, LocalDispatcher, apply_expert_parallel
+from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, AllToAllDispatcher, apply_expert_parallel
+from torchtitan.models.common.moe import LocalDispatcher
 
 WORLD = 2
 DIM, HIDDEN = 8, 16

@@ -5,8 +5,8 @@ import signal
 
 import pytest
 
-from torchtitan.components import faults
-from torchtitan.components.faults import Fault, parse
+from torchtitan.resilience import faults
+from torchtitan.resilience.faults import Fault, parse
 
 USAGE = "use stop@<point> or sleep=<seconds>@<point>, point one of data, step, checkpoint_write"
 CONDS = "conditions are rank=<r> and step=<n>"

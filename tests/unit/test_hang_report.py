@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from torchtitan.components.hang_report import RankState, culprits, ranks_text, summary, table
+from torchtitan.resilience.hang_report import RankState, culprits, ranks_text, summary, table
 
 WAIT = "torch/distributed/distributed_c10d.py:2501 all_reduce (from torchtitan/train.py:310 train_step)"
 TAIL = f"; stacks in /run/hang{os.sep}"
@@ -45,10 +45,10 @@ def test_summary_silent_rank_0():
 
 
 def test_summary_alive_rank_behind_in_data():
-    states = [alive(0), alive(1, seq=9, activity="step 4: data", where="torchtitan/components/dataloader.py:88 next"),
+    states = [alive(0), alive(1, seq=9, activity="step 4: data", where="torchtitan/data/dataloader.py:88 next"),
               alive(2)]
     assert summary(states, 30, "/run/hang") == (
-        "hang: rank 1 stopped making progress in step 4: data at torchtitan/components/dataloader.py:88 next;"
+        "hang: rank 1 stopped making progress in step 4: data at torchtitan/data/dataloader.py:88 next;"
         f" ranks 0,2 wait in step 4: forward/backward at {WAIT}" + TAIL)
 
 

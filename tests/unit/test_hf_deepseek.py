@@ -9,14 +9,16 @@ import os
 import pytest
 import torch
 
-from torchtitan.components import hf_weights
-from torchtitan.components.hf_folder import HFFolderError, check_folder, weight_map
-from torchtitan.components.tokenizer import Tokenizer
+from torchtitan import hf_convert as checkpoint_hf
+from torchtitan.models.hf import weights as hf_weights
+from torchtitan.models.hf.folder import HFFolderError, check_folder, weight_map
+from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.models.deepseek_v3 import hf_convert
 from torchtitan.models.deepseek_v3.model import Transformer, softmax_scale
-from torchtitan.models.flavors import MODEL_FLAVORS, model_args
+from torchtitan.models.flavors import flavors_of, model_args
+from torchtitan.training.model_args import initial_rules
 
-FLAVOR = MODEL_FLAVORS["deepseek_v3"]["tiny"]  # original_seq_len 64, YaRN factor 4, 2 groups of 4 experts
+FLAVOR = flavors_of("deepseek_v3")["tiny"]  # original_seq_len 64, YaRN factor 4, 2 groups of 4 experts
 
 
 def _model(args, seed=0):
@@ -37,7 +39,7 @@ def _export(model, args, folder, shard_bytes=1 << 30, dtype="float32"):
     os.makedirs(folder)
     tok = Tokenizer("")
     export = hf_convert.export_args(args, FLAVOR.max_seq_len)
-    writer = hf_weights._ShardWriter(str(folder), "model", shard_bytes)
+    writer = hf_weights.ShardWriter(str(folder), "model", shard_bytes)
     hf_weights.convert_full(hf_weights.checkpointed_tensors(model, hf_convert), "deepseek_v3", export, dtype, writer)
     assert not writer.error, writer.error
     hf_weights.write_metadata(str(folder), hf_convert.hf_config(export, dtype, tok.bos_id, tok.eos_id),
@@ -118,7 +120,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 def test_folder_written_by_transformers_computes_the_same_below_and_above_original_seq_len(tmp_path, rope):
     folder = _transformers_folder(tmp_path, rope)
     for seq in (32, 128):  # below and above the folder's original_max_position_embeddings (64)
-        args = model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, seq, initial_load_path=folder)
+        args = model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, seq, rules=initial_rules("deepseek_v3", folder))
         check_folder(folder, "deepseek_v3", "tiny", args)
         model = Transformer(args)
         model.init_weights(5, torch.device("cpu"))
@@ -141,7 +143,7 @@ def test_folder_written_by_transformers_computes_the_same_below_and_above_origin
 
 def test_mscale_unlike_mscale_all_dim_is_refused_in_one_line(tmp_path):
     folder = _transformers_folder(tmp_path, {**YARN, "mscale": 0.707, "mscale_all_dim": 1.0})
-    args = model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, 128, initial_load_path=folder)
+    args = model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, 128, rules=initial_rules("deepseek_v3", folder))
     with pytest.raises(HFFolderError) as e:
         check_folder(folder, "deepseek_v3", "tiny", args)
     message = str(e.value)
@@ -320,10 +322,10 @@ def test_the_folder_rule_survives_conversion_to_a_checkpoint(tmp_path):
     """A yarn folder -> convert_hf.py's model-only checkpoint -> a run at seq 32 (below
     original_seq_len) started from that checkpoint still applies YaRN, as the folder's model."""
     folder = _transformers_folder(tmp_path, YARN)
-    out, _ = hf_weights.import_folder(folder, str(tmp_path / "step-0"), "deepseek_v3", "tiny")
+    out, _ = checkpoint_hf.import_folder(folder, str(tmp_path / "step-0"), "deepseek_v3", "tiny")
     vocab = Tokenizer("").vocab_size
-    from_folder = model_args("deepseek_v3", "tiny", vocab, 32, initial_load_path=folder)
-    from_checkpoint = model_args("deepseek_v3", "tiny", vocab, 32, initial_load_path=out)
+    from_folder = model_args("deepseek_v3", "tiny", vocab, 32, rules=initial_rules("deepseek_v3", folder))
+    from_checkpoint = model_args("deepseek_v3", "tiny", vocab, 32, rules=initial_rules("deepseek_v3", out))
     assert from_folder.yarn == from_checkpoint.yarn == "always"
     assert model_args("deepseek_v3", "tiny", vocab, 32).yarn == "beyond_original"
 

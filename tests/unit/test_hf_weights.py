@@ -8,13 +8,14 @@ import os
 import pytest
 import torch
 
-from torchtitan.components import hf_weights
-from torchtitan.components.hf_folder import HFFolderError, check_folder, is_hf_folder
-from torchtitan.components.tokenizer import Tokenizer
-from torchtitan.models.flavors import MODEL_FLAVORS
+from torchtitan import hf_convert as checkpoint_hf
+from torchtitan.models.hf import weights as hf_weights
+from torchtitan.models.hf.folder import HFFolderError, check_folder, is_hf_folder
+from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.models.flavors import flavors_of
 from torchtitan.models.llama3 import hf_convert
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.protocols.train_spec import model_args
+from torchtitan.models.flavors import model_args
 
 SEQ = 32
 
@@ -25,13 +26,13 @@ def tiny():
     args = model_args("llama3", "tiny", tok.vocab_size, SEQ)
     model = Transformer(args)
     model.init_weights(0, torch.device("cpu"))
-    export_args = dataclasses.replace(args, max_seq_len=MODEL_FLAVORS["llama3"]["tiny"].max_seq_len)
+    export_args = dataclasses.replace(args, max_seq_len=flavors_of("llama3")["tiny"].max_seq_len)
     return tok, args, export_args, model
 
 
 def _export(model, folder, export_args, tok, shard_bytes=1 << 30, drop=()):
     os.makedirs(folder)
-    writer = hf_weights._ShardWriter(str(folder), "model", shard_bytes)
+    writer = hf_weights.ShardWriter(str(folder), "model", shard_bytes)
     params = ((k, v.detach()) for k, v in model.named_parameters() if k not in drop)
     hf_weights.convert_full(params, "llama3", export_args, "float32", writer)
     config = hf_convert.hf_config(export_args, "float32", tok.bos_id, tok.eos_id)
@@ -44,7 +45,7 @@ def _tokens(vocab):
 
 
 def test_rope_rows_round_trip_and_pair_up_as_rotate_half():
-    args = MODEL_FLAVORS["llama3"]["tiny"]
+    args = flavors_of("llama3")["tiny"]
     w = torch.arange(args.n_heads * args.head_dim * 3, dtype=torch.float32).view(-1, 3)
     hf = hf_convert.to_hf("layers.0.attention.wq.weight", w, args)
     assert torch.equal(hf_convert.from_hf("layers.0.attention.wq.weight", hf, args), w)
@@ -96,9 +97,9 @@ def test_folder_checks_name_the_key_and_the_fix(tiny, tmp_path):
     folder = _export(model, tmp_path / "hf", export_args, tok)
     check_folder(folder, "llama3", "tiny", args)
     with pytest.raises(HFFolderError, match=r"holds another model than llama3 debugmodel: hidden_size=64 \(ours: 256\)"):
-        check_folder(folder, "llama3", "debugmodel", dataclasses.replace(MODEL_FLAVORS["llama3"]["debugmodel"],
+        check_folder(folder, "llama3", "debugmodel", dataclasses.replace(flavors_of("llama3")["debugmodel"],
                                                                           vocab_size=args.vocab_size))
-    ds_args = dataclasses.replace(MODEL_FLAVORS["deepseek_v3"]["debugmodel"], vocab_size=args.vocab_size)
+    ds_args = dataclasses.replace(flavors_of("deepseek_v3")["debugmodel"], vocab_size=args.vocab_size)
     with pytest.raises(HFFolderError, match=r"holds another model than deepseek_v3 debugmodel: model_type='llama'"
                                             r" \(ours: 'deepseek_v3'\)"):
         check_folder(folder, "deepseek_v3", "debugmodel", ds_args)
@@ -140,7 +141,7 @@ def test_folder_checks_name_the_key_and_the_fix(tiny, tmp_path):
 def test_a_saved_checkpoint_exports_like_the_model(tiny, tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from torchtitan.components.checkpoint_files import write_marker
+    from torchtitan.checkpoint.files import write_marker
 
     tok, args, export_args, model = tiny
     ckpt = tmp_path / "step-0"
@@ -150,7 +151,7 @@ def test_a_saved_checkpoint_exports_like_the_model(tiny, tmp_path):
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"model": state}, checkpoint_id=str(ckpt), no_dist=True)
     write_marker(str(ckpt), {"step": 0, "model_only": True, "dtype": "float32", "model": "llama3/tiny"})
-    out = hf_weights.export_checkpoint(str(ckpt), str(tmp_path / "out"), dtype="bfloat16")
+    out = checkpoint_hf.export_checkpoint(str(ckpt), str(tmp_path / "out"), dtype="bfloat16")
     assert json.load(open(os.path.join(out, "config.json")))["torch_dtype"] == "bfloat16"
     fresh = Transformer(args)
     hf_weights.load_hf_weights([fresh], out, "llama3", args)
@@ -185,18 +186,18 @@ def test_a_folder_imports_as_a_model_only_checkpoint_and_exports_back_bitwise(ti
     refused before anything is written."""
     from safetensors.torch import load_file
 
-    from torchtitan.components.checkpoint_files import read_marker
+    from torchtitan.checkpoint.files import read_marker
 
     tok, args, export_args, model = tiny
     folder = _export(model, tmp_path / "hf", export_args, tok)
     with pytest.raises(HFFolderError, match="holds another model than llama3 debugmodel"):
-        hf_weights.import_folder(folder, str(tmp_path / "bad"), "llama3", "debugmodel")
+        checkpoint_hf.import_folder(folder, str(tmp_path / "bad"), "llama3", "debugmodel")
     assert not os.path.exists(tmp_path / "bad") and not os.path.exists(tmp_path / "bad.tmp")
-    ckpt, done = hf_weights.import_folder(folder, str(tmp_path / "step-0"), "llama3", "tiny")
+    ckpt, done = checkpoint_hf.import_folder(folder, str(tmp_path / "step-0"), "llama3", "tiny")
     assert done.tensors == len(list(model.parameters())) and not os.path.exists(ckpt + ".tmp")
     marker = read_marker(ckpt)
     assert (marker["model"], marker["model_only"], marker["dtype"]) == ("llama3/tiny", True, "float32"), marker
-    back = hf_weights.export_checkpoint(ckpt, str(tmp_path / "back"))
+    back = checkpoint_hf.export_checkpoint(ckpt, str(tmp_path / "back"))
     ours, theirs = load_file(os.path.join(folder, "model-0000.safetensors")), {}
     for file in os.listdir(back):
         if file.endswith(".safetensors"):

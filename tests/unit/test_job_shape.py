@@ -71,7 +71,7 @@ def test_batch_errors_are_the_config_checks():
     bad_global = ["--training.local_batch_size=2", "--training.global_batch_size=6"]
     assert _shape_error(batch_shape, cfg_of(bad_global), 2) == config_error(bad_global, 2) == (
         "--training.global_batch_size=6 must be a positive multiple of local_batch_size x data-parallel"
-        " degree = 2 x 2 = 4 (or -1)")
+        " degree = 2 x 2 = 4 (or auto)")
     bad_mb = ["--training.local_batch_size=3", "--parallelism.pipeline_parallel_degree=2",
               "--parallelism.pipeline_parallel_microbatch_size=2"]
     assert _shape_error(pipeline_microbatches, cfg_of(bad_mb)) == config_error(bad_mb, 2) == (

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from torchtitan.components.optimizer import build_lr_scheduler, build_optimizer, lr_factor
+from torchtitan.training.optimizer import build_lr_scheduler, build_optimizer, lr_factor
 from torchtitan.config.job_config import LRScheduler, Optimizer
 
 
@@ -84,7 +84,7 @@ def test_scheduler_gives_the_trainer_peak_times_factor():
     p = torch.nn.Parameter(torch.zeros(3))
     opt_cfg = Optimizer(lr=0.5)
     cfg = sched(warmup_steps=3, decay_type="cosine", min_lr_factor=0.2)
-    optimizer = build_optimizer([p], opt_cfg, "cpu")
+    optimizer = build_optimizer([p], opt_cfg)
     scheduler = build_lr_scheduler(optimizer, 12, cfg)
     seen = []
     for _ in range(12):
@@ -99,7 +99,7 @@ def test_scheduler_gives_the_trainer_peak_times_factor():
 def test_build_optimizer_uses_the_config():
     p = torch.nn.Parameter(torch.zeros(2))
     cfg = Optimizer(lr=3e-4, eps=1e-6, beta1=0.8, beta2=0.9, weight_decay=0.05)
-    opt = build_optimizer([p], cfg, "cpu")
+    opt = build_optimizer([p], cfg)
     assert isinstance(opt, torch.optim.AdamW)
     group = opt.param_groups[0]
     assert group["lr"] == 3e-4 and group["eps"] == 1e-6

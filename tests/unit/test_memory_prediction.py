@@ -14,8 +14,10 @@ import sys
 
 import pytest
 
-from torchtitan.config import ConfigError, load_config
-from torchtitan.memory.fake_paths import planned_splits
+from torchtitan.config import ConfigError
+
+from torchtitan.checks import load_config
+from torchtitan.memory.simulation_patches import planned_splits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.mixed_precision_param=float32"]

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from torchtitan.components.memory_probe import HeldForBackward
+from torchtitan.observe.held_for_backward import HeldForBackward
 
 
 def test_views_of_the_parameters_are_not_held():

@@ -1,4 +1,4 @@
-"""The prediction's shortcuts for large jobs (torchtitan/memory/shortcuts.py) against simulating
+"""The prediction's shortcuts for large jobs (torchtitan/memory/derived_roles.py) against simulating
 every role whole: interpolated middle ranks byte-equal, extrapolated blocks byte-equal but on
 the first pipeline rank (within 2%), and which ranks are simulated."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchtitan.config import load_config
+from torchtitan.checks import load_config
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.memory import shortcuts
+from torchtitan.memory import derived_roles as shortcuts
 from torchtitan.memory.predict import RolePrediction
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,9 +59,9 @@ def _plan(argv, world):
 
 
 def cfg_layers(cfg) -> int:
-    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.flavors import flavors_of
 
-    return MODEL_FLAVORS[cfg.model.name][cfg.model.flavor].n_layers
+    return flavors_of(cfg.model.name)[cfg.model.flavor].n_layers
 
 
 @pytest.mark.parametrize("argv,world,simulated,in_flight", [
@@ -113,7 +113,7 @@ def test_interpolation_is_linear_in_microbatches_in_flight():
 ])
 def test_bad_memory_environment_is_one_line(env, message):
     from torchtitan.config import ConfigError
-    from torchtitan.config.validate import check_memory_env
+    from torchtitan.checks.job import check_memory_env
 
     with pytest.raises(ConfigError) as e:
         check_memory_env(env)

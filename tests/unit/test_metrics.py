@@ -4,8 +4,8 @@ the memory keys."""
 import pytest
 import torch
 
-from torchtitan.components.metrics import memory_stats
-from torchtitan.components.peak_flops import peak_bf16_tflops
+from torchtitan.observe.metrics import memory_stats
+from torchtitan.observe.peak_flops import peak_bf16_tflops
 
 
 @pytest.mark.parametrize("name, tflops", [
@@ -32,9 +32,9 @@ def test_peak_tflops_by_exact_device_name(name, tflops):
 
 def test_llama3_8b_flops_follow_torchtitans_convention():
     from torchtitan.models.llama3.model import Transformer
-    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.flavors import flavors_of
 
-    args = MODEL_FLAVORS["llama3"]["8B"]
+    args = flavors_of("llama3")["8B"]
     with torch.device("meta"):
         model = Transformer(args)
     n = sum(p.numel() for p in model.parameters())
@@ -51,11 +51,11 @@ def test_cpu_memory_is_the_resident_set_under_its_own_key():
 
 
 def test_llama_3_2_flavors_have_the_published_shapes():
-    from torchtitan.models.flavors import MODEL_FLAVORS
+    from torchtitan.models.flavors import flavors_of
     from torchtitan.models.llama3.model import Transformer
 
     for flavor, published in (("1B", 1_235_814_400), ("3B", 3_212_749_824)):  # Hugging Face counts, tied output
-        args = MODEL_FLAVORS["llama3"][flavor]
+        args = flavors_of("llama3")[flavor]
         assert args.ffn_hidden_dim == 8192 and args.rope_factor == 32.0
         with torch.device("meta"):
             model = Transformer(args)
@@ -112,7 +112,7 @@ STEP_VALUES = {"loss": 2.5, "grad_norm": 0.5, "lr": 1e-3, "tokens_per_sec": 100.
 
 
 def test_wandb_gets_what_tensorboard_gets(tmp_path, fake_wandb):
-    from torchtitan.components.metrics import MetricsLogger, TensorBoardSink, WandbSink
+    from torchtitan.observe.metrics import MetricsLogger, TensorBoardSink, WandbSink
 
     config = {"job": {"description": ""}, "training": {"steps": 2}}
     with MetricsLogger(str(tmp_path / "run"), enabled=True, tensorboard=True, total_steps=2,
@@ -134,7 +134,7 @@ def test_wandb_gets_what_tensorboard_gets(tmp_path, fake_wandb):
 
 
 def test_wandb_run_failed_when_training_raises(tmp_path, fake_wandb, monkeypatch):
-    from torchtitan.components.metrics import MetricsLogger
+    from torchtitan.observe.metrics import MetricsLogger
 
     monkeypatch.setenv("WANDB_PROJECT", "proj")
     monkeypatch.setenv("WANDB_ENTITY", "team")
@@ -149,7 +149,7 @@ def test_wandb_run_failed_when_training_raises(tmp_path, fake_wandb, monkeypatch
 
 
 def test_no_wandb_run_off_or_off_rank_0(tmp_path, fake_wandb):
-    from torchtitan.components.metrics import MetricsLogger
+    from torchtitan.observe.metrics import MetricsLogger
 
     MetricsLogger(str(tmp_path / "a"), enabled=True, tensorboard=False, total_steps=1).close()
     MetricsLogger(str(tmp_path / "b"), enabled=False, tensorboard=True, total_steps=1, wandb_config={}).close()
@@ -157,7 +157,7 @@ def test_no_wandb_run_off_or_off_rank_0(tmp_path, fake_wandb):
 
 
 def test_a_preempted_run_ends_its_wandb_run_preempted(tmp_path, fake_wandb):
-    from torchtitan.components.metrics import MetricsLogger
+    from torchtitan.observe.metrics import MetricsLogger
 
     with MetricsLogger(str(tmp_path / "run"), enabled=True, tensorboard=False, total_steps=4,
                        wandb_config={}) as logger:

@@ -8,11 +8,12 @@ import torch
 
 from torchtitan.models.common.init import clean_fqn
 from torchtitan.models.common.rope import apply_rope, rope_cache, rope_frequencies
-from torchtitan.models.flavors import MODEL_FLAVORS
+from torchtitan.models.flavors import flavors_of
 from torchtitan.models.llama3.args import FLAVORS, Llama3Args
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.protocols import train_spec
-from torchtitan.protocols.train_spec import get_train_spec, model_args
+from torchtitan.models import train_spec
+from torchtitan.models.flavors import model_args
+from torchtitan.models.train_spec import get_train_spec
 
 VOCAB, SEQ = 2048, 128
 
@@ -48,7 +49,7 @@ def expected_params(a: Llama3Args) -> int:
 
 def test_flavor_registry():
     assert list(FLAVORS) == ["debugmodel", "tiny", "1B", "3B", "8B", "70B", "405B"]
-    assert MODEL_FLAVORS["llama3"] is FLAVORS
+    assert flavors_of("llama3") is FLAVORS
     spec = get_train_spec("llama3")
     assert spec.name == "llama3" and spec.model_cls is Transformer and spec.flavors is FLAVORS
     assert callable(spec.parallelize_fn)
@@ -128,10 +129,6 @@ def test_model_args_rejects_a_larger_tokenizer():
         "--model.tokenizer_path: tokenizer has 128257 tokens but llama3 8B has only 128256 embeddings;"
         " use a matching tokenizer"
     )
-
-
-def test_train_spec_module_exposes_model_args():
-    assert train_spec.model_args is model_args
 
 
 # --------------------------------------------------------------------------- CPU forward and init

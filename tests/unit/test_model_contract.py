@@ -1,4 +1,4 @@
-"""Every registered model keeps the written contract (protocols/model.py) the shared build path
+"""Every registered model keeps the written contract (models/protocol.py) the shared build path
 reads, and is registered once (registry.py) for flavors, train spec and converter alike."""
 
 import dataclasses
@@ -8,18 +8,18 @@ import torch
 from torch import nn
 
 from torchtitan.distributed.plan import BLOCKS, FsdpUnit, UnitKind
-from torchtitan.models.flavors import MODEL_FLAVORS
-from torchtitan.models.hf_converters import hf_converter
+from torchtitan.models.flavors import flavors_of
+from torchtitan.models.hf.converters import hf_converter
 from torchtitan.models.registry import MODELS
-from torchtitan.protocols.model import TrainableModel
-from torchtitan.protocols.train_spec import get_train_spec
+from torchtitan.models.protocol import TrainableModel
+from torchtitan.models.train_spec import get_train_spec
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_registered_once_for_flavors_spec_and_converter(name):
     entry = MODELS[name]
     spec = get_train_spec(name)
-    assert spec.name == name and spec.flavors is entry.flavors is MODEL_FLAVORS[name]
+    assert spec.name == name and spec.flavors is entry.flavors is flavors_of(name)
     if entry.hf_converter:
         assert hf_converter(name).__name__ == entry.hf_converter
     else:

@@ -5,11 +5,13 @@ from types import SimpleNamespace
 
 import torch
 
-from torchtitan.config import load_config
-from torchtitan.distributed.model_parts import plan_records, resolve_parts
+from torchtitan.checks import load_config
+from torchtitan.training.build import plan_records, resolve_parts
 from torchtitan.distributed.plan import FsdpUnit, UnitKind
-from torchtitan.distributed.reshard_policy import GIB, resolve
-from torchtitan.protocols.train_spec import get_train_spec, model_args
+from torchtitan.distributed.reshard_policy import resolve
+from torchtitan.units import GIB
+from torchtitan.models.flavors import model_args
+from torchtitan.models.train_spec import get_train_spec
 
 
 def _parts(model_name: str, argv: list[str], dims: dict, world: int, pp_rank: int = 0):
@@ -18,7 +20,7 @@ def _parts(model_name: str, argv: list[str], dims: dict, world: int, pp_rank: in
     with torch.device("meta"):
         model = spec.model_cls(model_args(model_name, "tiny", 2048, 64, cfg.moe))
     d = SimpleNamespace(**{"pp": 1, "tp": 1, "ep": 1, "dp_shard": world, **dims})
-    return resolve_parts(spec, model, d, cfg, "float32", pp_rank)
+    return resolve_parts(spec, model, d, cfg, "cpu", pp_rank)
 
 
 def test_deepseek_experts_are_units_of_their_block_on_the_experts_mesh():

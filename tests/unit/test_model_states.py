@@ -1,4 +1,4 @@
-"""Model states per rank (config/model_states.py), the memory budget (config/memory_budget.py)
+"""Model states per rank (memory/model_states.py), the memory budget (memory/budget.py)
 and the refusal before launch (validate.check_model_states): parameter counts exact against
 the models built on meta, per-rank shards exact against the parallelized build on a fake
 process group, the budget's sources, and the one-line refusal."""
@@ -13,21 +13,25 @@ import time
 import pytest
 import torch
 
-from torchtitan.config import ConfigError, build_config, load_config, memory_budget, model_states
-from torchtitan.config.memory_budget import GIB, Budget
-from torchtitan.config.model_states import Param, local_numel, model_shapes
+from torchtitan.config import ConfigError, build_config
+from torchtitan.checks import load_config
+from torchtitan.memory import budget as memory_budget
+from torchtitan.memory import model_states
+from torchtitan.memory.budget import Budget
+from torchtitan.units import GIB
+from torchtitan.memory.model_states import Param, local_numel, model_shapes
 from torchtitan.distributed.job_shape import Degrees
 from torchtitan.distributed.pipeline_layout import plan_pipeline
 from torchtitan.distributed.pipeline_parallel import split_model
-from torchtitan.models.flavors import MODEL_FLAVORS, model_args
+from torchtitan.models.flavors import flavors_of, model_args
 from torchtitan.models.registry import MODELS
-from torchtitan.protocols.train_spec import get_train_spec
+from torchtitan.models.train_spec import get_train_spec
 
 from config_helpers import config_error  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = 2048  # the bundled tokenizer's, for the flavors that take the tokenizer's vocabulary
-ALL_FLAVORS = [(name, flavor) for name, flavors in MODEL_FLAVORS.items() for flavor in flavors]
+ALL_FLAVORS = [(name, flavor) for name, flavors in ((n, e.flavors) for n, e in MODELS.items()) for flavor in flavors]
 
 
 def run_args(name: str, flavor: str, **features):
@@ -47,7 +51,8 @@ def shapes_of(params) -> dict[str, tuple[int, ...]]:
 
 
 def test_every_registered_model_has_its_shapes():
-    assert set(model_states.MODEL_SHAPES) == set(MODELS)
+    for name, entry in MODELS.items():  # each package declares its own, beside its model.py
+        assert callable(entry.module("shapes").shapes), name
 
 
 # DeepSeek-V3 with its multi-token-prediction module (the published checkpoints have one)
@@ -85,7 +90,7 @@ def test_published_totals():
 
 def test_an_open_vocabulary_must_be_resolved_first():
     with pytest.raises(ValueError, match="vocab_size 0"):
-        model_shapes("llama3", MODEL_FLAVORS["llama3"]["tiny"])
+        model_shapes("llama3", flavors_of("llama3")["tiny"])
 
 
 @pytest.mark.parametrize("name,flavor,pp,schedule,split_points,microbatches", [
@@ -97,7 +102,7 @@ def test_an_open_vocabulary_must_be_resolved_first():
 def test_stages_equal_the_real_pipeline_split(name, flavor, pp, schedule, split_points, microbatches):
     model = meta_model(name, flavor)
     shapes = model_shapes(name, run_args(name, flavor))
-    layout = plan_pipeline(len(model.layers), pp, schedule, -1, split_points, microbatches)
+    layout = plan_pipeline(len(model.layers), pp, schedule, "auto", split_points, microbatches)
     for pp_rank in range(pp):
         for stage_id, stage in split_model(model, layout, pp_rank):
             params = shapes.stage(layout.stages[stage_id], stage_id == 0, stage_id == layout.num_stages - 1)
@@ -210,8 +215,7 @@ def fake_meminfo(tmp_path, available_kb: int) -> str:
 def test_explicit_budget_and_no_budget(no_gpu):
     assert memory_budget.memory_budget(cfg_with("--parallelism.memory_budget_gib=12.5"), 8) == Budget(
         int(12.5 * GIB), "--parallelism.memory_budget_gib")
-    assert memory_budget.budget_bytes(cfg_with("--parallelism.memory_budget_gib=12.5"), 8) == int(12.5 * GIB)
-    assert memory_budget.budget_bytes(cfg_with("--parallelism.memory_budget_gib=-1"), 8) is None
+    assert memory_budget.memory_budget(cfg_with("--parallelism.memory_budget_gib=none"), 8) is None
 
 
 def test_cpu_default_from_meminfo(tmp_path, no_gpu, monkeypatch):
@@ -226,10 +230,10 @@ def test_cpu_default_from_meminfo(tmp_path, no_gpu, monkeypatch):
     monkeypatch.setattr(memory_budget, "resident_bytes", lambda: 384 * 2**20)
     started = memory_budget.memory_budget(cfg_with(), 2, meminfo=meminfo, started_rank=True)
     assert started.bytes == 10 * GIB - 128 * 2**20
-    # budget_bytes reads /proc/meminfo
+    # by default it reads /proc/meminfo
     monkeypatch.setattr(memory_budget, "mem_available_bytes", lambda path="": 8 * GIB)
-    assert memory_budget.budget_bytes(cfg_with(), 4) == 2 * GIB - memory_budget.CPU_RANK_OVERHEAD_BYTES
-    assert memory_budget.budget_bytes(cfg_with(), 64) == 0  # never negative
+    assert memory_budget.memory_budget(cfg_with(), 4).bytes == 2 * GIB - memory_budget.CPU_RANK_OVERHEAD_BYTES
+    assert memory_budget.memory_budget(cfg_with(), 64).bytes == 0  # never negative
 
 
 def test_cuda_default_and_unknown(no_gpu, monkeypatch):
@@ -270,7 +274,7 @@ REFUSAL_671B = (
     "--model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9, gradients 1,249.9,"
     " AdamW 2,499.8; pipeline stage 0 of 1, 2 ranks) but the memory budget is 10.0 GiB (CPU: 21.0 GiB available"
     " / 2 ranks - 0.5 GiB per process); use more ranks or sharding (NGPU, data_parallel_shard_degree,"
-    " tensor_parallel_degree, pipeline_parallel_degree), or set --parallelism.memory_budget_gib (-1: no budget)"
+    " tensor_parallel_degree, pipeline_parallel_degree), or set --parallelism.memory_budget_gib (none: no budget)"
 )
 
 
@@ -286,13 +290,13 @@ def test_refusal_line_for_671b_on_two_ranks(repo_root, cpu_21_gib):
 
 def test_no_refusal_for_dry_runs_allowed_jobs_no_budget_or_enough(repo_root, cpu_21_gib):
     argv = ["--job.config_file", os.path.join(repo_root, V3_DEBUG), "--model.flavor=671B"]
-    for extra in ("--job.dry_run=true", "--job.allow_over_budget=true", "--parallelism.memory_budget_gib=-1",
+    for extra in ("--job.dry_run=true", "--job.allow_over_budget=true", "--parallelism.memory_budget_gib=none",
                   "--parallelism.memory_budget_gib=5000"):
         load_config(argv + [extra], 2)
     assert config_error(argv + ["--parallelism.memory_budget_gib=4999"], 2).endswith(
         "but the memory budget is 4,999.0 GiB (--parallelism.memory_budget_gib); use more ranks or sharding (NGPU,"
         " data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree), or set"
-        " --parallelism.memory_budget_gib (-1: no budget)")
+        " --parallelism.memory_budget_gib (none: no budget)")
 
 
 def test_unknown_cuda_budget_skips_the_check(repo_root, no_gpu):
@@ -311,8 +315,8 @@ def test_small_jobs_pass_and_open_vocabularies_use_the_tokenizer(repo_root, cpu_
 @pytest.mark.parametrize("value", ["-2", "-0.5"])
 def test_budget_value_out_of_range(value):
     assert config_error([f"--parallelism.memory_budget_gib={value}", "--job.dry_run=true"]) == (
-        f"--parallelism.memory_budget_gib={float(value):g}: must be > 0 (GiB per rank), 0 (the default budget of"
-        " the device) or -1 (no budget)")
+        f"--parallelism.memory_budget_gib={float(value):g}: must be > 0 (GiB per rank), auto (the default budget of"
+        " the device) or none (no budget)")
 
 
 def test_run_train_refuses_671b_on_two_ranks_in_seconds_without_torch(repo_root, subprocess_env):
@@ -333,8 +337,8 @@ def test_run_train_refuses_671b_on_two_ranks_in_seconds_without_torch(repo_root,
 def test_the_check_and_its_modules_import_no_torch(repo_root, subprocess_env):
     code = (
         "import sys\n"
-        "import torchtitan.config.model_states, torchtitan.config.memory_budget\n"
-        "from torchtitan.config import ConfigError, load_config\n"
+        "import torchtitan.memory.model_states, torchtitan.memory.budget\n"
+        "from torchtitan.config import ConfigError\nfrom torchtitan.checks import load_config\n"
         "try:\n"
         f"    load_config(['--job.config_file', {V3_DEBUG!r}, '--model.flavor=671B',"
         " '--parallelism.memory_budget_gib=1'], 2)\n"

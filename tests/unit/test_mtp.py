@@ -8,10 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan.config import load_config
-from torchtitan.components.train_step import (
-    IGNORE_INDEX, StepRunner, cross_entropy_loss, mtp_losses, mtp_shifted_labels,
-)
+from torchtitan.checks import load_config
+from torchtitan.training.loss import IGNORE_INDEX, Loss, cross_entropy_loss, mtp_losses, mtp_shifted_labels
+from torchtitan.training.step import StepRunner
 from torchtitan.models.common.attention import ContextParallel, attention_inputs
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import MTPModule, Transformer
@@ -150,7 +149,7 @@ def test_shifted_labels_pad_with_the_ignore_index():
 
 
 def test_prepare_builds_mtp_tokens_and_labels():
-    runner = StepRunner([], torch.device("cpu"), 1, mtp_depth=2)
+    runner = StepRunner([], torch.device("cpu"), 1, Loss(1, mtp_depth=2))
     inputs = torch.tensor([[0, 1, 2, 3, 4, 5]])
     labels = torch.tensor([[1, 2, 3, 4, 5, 6]])
     x, y, kwargs = runner.prepare(inputs, labels)
@@ -173,7 +172,7 @@ def test_prepare_shards_each_part_for_context_parallel():
     labels = inputs + 1
     for rank in range(2):
         cp = ContextParallel(group=None, rank=rank, degree=2)
-        runner = StepRunner([], torch.device("cpu"), 1, cp=cp, mtp_depth=1)
+        runner = StepRunner([], torch.device("cpu"), 1, Loss(1, mtp_depth=1), cp=cp)
         x, y, kwargs = runner.prepare(inputs, labels)
         shifted = mtp_shifted_labels(labels, 1)
         assert torch.equal(y, torch.cat([cp.shard(shifted[0]), cp.shard(shifted[1])], dim=1))
@@ -236,7 +235,7 @@ def test_pipeline_stages_carry_the_mtp_embeddings_to_the_last_stage():
     model.eval()
     tokens = torch.randint(0, 256, (2, 32))
     mtp_tokens = torch.randint(0, 256, (2, 1, 32))
-    layout = plan_pipeline(args.n_layers, 2, "ZBVZeroBubble", -1, [], 4)  # 4 stages, 1 block each
+    layout = plan_pipeline(args.n_layers, 2, "ZBVZeroBubble", "auto", [], 4)  # 4 stages, 1 block each
     stages = dict(part for r in range(2) for part in split_model(model, layout, r))
     carried = (tokens,)
     with torch.no_grad():

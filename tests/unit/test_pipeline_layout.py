@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from torchtitan.config import ConfigError, build_config, load_config, validate
+from torchtitan.config import ConfigError, build_config
+
+from torchtitan.checks import load_config, check_job as validate
 from torchtitan.distributed.pipeline_layout import (
     SINGLE_STAGE,
     V_SCHEDULES,
@@ -70,20 +72,20 @@ def test_schedule_families():
     (16, 4, "Interleaved1F1B", 2),
 ])
 def test_default_split(n_layers, pp, schedule, per_rank):
-    layout = plan_pipeline(n_layers, pp, schedule, -1, [], 48)
+    layout = plan_pipeline(n_layers, pp, schedule, "auto", [], 48)
     assert layout == PipelineLayout(stages=even(n_layers, pp * per_rank), pp=pp, schedule=schedule)
     assert layout.num_stages == pp * per_rank
     assert layout.stages_per_rank == per_rank
 
 
 def test_default_split_covers_every_block_once_in_order():
-    layout = plan_pipeline(6, 2, "Interleaved1F1B", -1, [], 8)
+    layout = plan_pipeline(6, 2, "Interleaved1F1B", "auto", [], 8)
     assert layout.stages == ((0,), (1,), (2,), (3,), (4,), (5,))
     assert [b for stage in layout.stages for b in stage] == list(range(6))
 
 
 def test_pp_one_is_a_single_stage():
-    layout = plan_pipeline(5, 1, "1F1B", -1, [], 1)
+    layout = plan_pipeline(5, 1, "1F1B", "auto", [], 1)
     assert layout.stages == ((0, 1, 2, 3, 4),)
     assert layout.stage_ids(0) == [0]
 
@@ -99,14 +101,14 @@ def test_pp_one_is_a_single_stage():
     (5, 3, "InterleavedZeroBubble", 6, 2),
 ])
 def test_default_split_that_does_not_divide(n_layers, pp, schedule, stages, per_rank):
-    assert layout_error(n_layers, pp, schedule, -1, [], 64) == (
+    assert layout_error(n_layers, pp, schedule, "auto", [], 64) == (
         f"{n_layers} layers do not split evenly into {stages} stages ({pp} ranks x {per_rank} per rank"
         f" for {schedule}); change {KEY}_degree, set {KEY}_layers_per_stage or {KEY}_split_points"
     )
 
 
 def test_the_six_layer_message_verbatim():
-    assert layout_error(6, 4, "1F1B", -1, [], 8) == (
+    assert layout_error(6, 4, "1F1B", "auto", [], 8) == (
         "6 layers do not split evenly into 4 stages (4 ranks x 1 per rank for 1F1B); change"
         " --parallelism.pipeline_parallel_degree, set --parallelism.pipeline_parallel_layers_per_stage"
         " or --parallelism.pipeline_parallel_split_points"
@@ -166,16 +168,16 @@ def test_v_schedule_needs_exactly_two_stages_per_rank(schedule, lps, per_rank):
 
 @pytest.mark.parametrize("schedule,n_layers,pp,n_stages", [("1F1B", 8, 4, 4), ("DualPipeV", 8, 2, 4), ("DualPipeV", 12, 3, 6)])
 def test_too_few_microbatches(schedule, n_layers, pp, n_stages):
-    assert layout_error(n_layers, pp, schedule, -1, [], n_stages - 1) == (
+    assert layout_error(n_layers, pp, schedule, "auto", [], n_stages - 1) == (
         f"{KEY}_schedule={schedule} needs at least {n_stages} microbatches (one per stage) but gets"
         f" {n_stages - 1}; raise local_batch_size or lower {KEY}_microbatch_size"
     )
-    assert plan_pipeline(n_layers, pp, schedule, -1, [], n_stages).num_stages == n_stages
+    assert plan_pipeline(n_layers, pp, schedule, "auto", [], n_stages).num_stages == n_stages
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "ZBVZeroBubble", "LoopedBFS"])
 def test_other_schedules_accept_one_microbatch(schedule):
-    assert plan_pipeline(8, 2, schedule, -1, [], 1).pp == 2
+    assert plan_pipeline(8, 2, schedule, "auto", [], 1).pp == 2
 
 
 @pytest.mark.parametrize("schedule", ["Interleaved1F1B", "InterleavedZeroBubble"])
@@ -198,7 +200,7 @@ def test_interleaved_microbatch_counts_that_work(schedule, pp, n_mb):
 
 
 def test_explicit_split_points():
-    layout = plan_pipeline(6, 3, "1F1B", -1, ["layers.2", "layers.4"], 8)
+    layout = plan_pipeline(6, 3, "1F1B", "auto", ["layers.2", "layers.4"], 8)
     assert layout == PipelineLayout(stages=((0, 1), (2, 3), (4, 5)), pp=3, schedule="1F1B")
 
 
@@ -211,11 +213,11 @@ def test_uneven_split_points_override_layers_per_stage():
 
 
 def test_split_points_still_checked_against_the_schedule():
-    assert layout_error(6, 2, "1F1B", -1, ["layers.2"], 1) == (
+    assert layout_error(6, 2, "1F1B", "auto", ["layers.2"], 1) == (
         f"{KEY}_schedule=1F1B needs at least 2 microbatches (one per stage) but gets 1;"
         f" raise local_batch_size or lower {KEY}_microbatch_size"
     )
-    assert layout_error(6, 2, "1F1B", -1, ["layers.2", "layers.4"], 8) == (
+    assert layout_error(6, 2, "1F1B", "auto", ["layers.2", "layers.4"], 8) == (
         f"3 pipeline stages cannot be spread over {KEY}_degree=2 ranks; make the number of stages a multiple of 2"
     )
 
@@ -229,14 +231,14 @@ def test_split_points_still_checked_against_the_schedule():
     ["layers.-1"],
 ])
 def test_bad_split_points(points):
-    assert layout_error(6, 3, "1F1B", -1, points, 8) == (
+    assert layout_error(6, 3, "1F1B", "auto", points, 8) == (
         f"{KEY}_split_points={','.join(points)}: boundaries must increase strictly within layers.1 .. layers.5"
     )
 
 
 @pytest.mark.parametrize("points", [["layers.x"], ["layers.2", "layers"], ["layers.2", "layers.4b"], [""]])
 def test_unparseable_split_points(points):
-    assert layout_error(6, 3, "1F1B", -1, points, 8) == (
+    assert layout_error(6, 3, "1F1B", "auto", points, 8) == (
         f"{KEY}_split_points={','.join(points)}: use block names like layers.2,layers.4"
     )
 
@@ -254,28 +256,28 @@ def test_stage_ids_loop_order(schedule):
 
 @pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
 def test_stage_ids_v_order(schedule):
-    layout = plan_pipeline(8, 4, schedule, -1, [], 8)
+    layout = plan_pipeline(8, 4, schedule, "auto", [], 8)
     assert [layout.stage_ids(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
-    layout = plan_pipeline(4, 2, schedule, -1, [], 4)
+    layout = plan_pipeline(4, 2, schedule, "auto", [], 4)
     assert [layout.stage_ids(r) for r in range(2)] == [[0, 3], [1, 2]]
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 def test_stage_ids_single_stage(schedule):
-    layout = plan_pipeline(8, 4, schedule, -1, [], 8)
+    layout = plan_pipeline(8, 4, schedule, "auto", [], 8)
     assert [layout.stage_ids(r) for r in range(4)] == [[0], [1], [2], [3]]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_stage_has_exactly_one_rank(schedule):
-    layout = plan_pipeline(24, 3, schedule, -1, [], 24)
+    layout = plan_pipeline(24, 3, schedule, "auto", [], 24)
     held = sorted(s for r in range(3) for s in layout.stage_ids(r))
     assert held == list(range(layout.num_stages))
     assert all(len(layout.stage_ids(r)) == layout.stages_per_rank for r in range(3))
 
 
 def test_layout_is_frozen():
-    layout = plan_pipeline(4, 2, "1F1B", -1, [], 4)
+    layout = plan_pipeline(4, 2, "1F1B", "auto", [], 4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         layout.pp = 4
 
@@ -348,15 +350,15 @@ def test_config_rejects_always_with_a_zero_bubble_schedule_under_pp(schedule):
 
 @pytest.mark.parametrize("argv,world,policy,budget", [
     (["--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--parallelism.reshard_after_forward=always"],
-     2, "always", 0.0),
+     2, "always", "auto"),
     (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-      "--parallelism.reshard_after_forward=never"], 3, "never", 0.0),
+      "--parallelism.reshard_after_forward=never"], 3, "never", "auto"),
     # auto + a zero-bubble schedule + a memory budget: whether the budget makes auto reshard
     # (which zero bubble cannot do) is decided at start-up by the memory prediction, not here.
     (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
       "--parallelism.memory_budget_gib=1.5"], 3, "auto", 1.5),
     (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-      "--parallelism.reshard_after_forward=always"], 3, "always", 0.0),
+      "--parallelism.reshard_after_forward=always"], 3, "always", "auto"),
 ])
 def test_config_accepts_other_reshard_and_schedule_combinations(argv, world, policy, budget):
     cfg, warnings = load_config(argv, world)
@@ -409,16 +411,21 @@ BUDGET_DEPRECATION = (
 )
 
 
-@pytest.mark.parametrize("value,budget", [("1.5", 1.5), ("4", 4.0), ("0", 0.0), ("-1", -1.0)])
-def test_deprecated_reshard_budget_on_the_command_line_sets_the_memory_budget(value, budget):
+LEGACY_AUTO = "'parallelism.memory_budget_gib = 0' is deprecated: write 'auto' (the device's memory)"
+LEGACY_NONE = "'parallelism.memory_budget_gib = -1' is deprecated: write 'none' (no budget)"
+
+
+@pytest.mark.parametrize("value,budget,legacy", [("1.5", 1.5, []), ("4", 4.0, []), ("0", "auto", [LEGACY_AUTO]),
+                                                 ("-1", "none", [LEGACY_NONE])])
+def test_deprecated_reshard_budget_on_the_command_line_sets_the_memory_budget(value, budget, legacy):
     cfg, warnings = build_config([f"--parallelism.reshard_budget_gib={value}"])
     assert cfg.parallelism.memory_budget_gib == budget
-    assert warnings == [BUDGET_DEPRECATION]
+    assert warnings == [BUDGET_DEPRECATION, *legacy]
     assert not hasattr(cfg.parallelism, "reshard_budget_gib")
     # and through the whole config check (the value is a valid memory budget)
     cfg, warnings = load_config([f"--parallelism.reshard_budget_gib={value}"], 1)
     assert cfg.parallelism.memory_budget_gib == budget
-    assert warnings == [BUDGET_DEPRECATION]
+    assert warnings == [BUDGET_DEPRECATION, *legacy]
 
 
 def test_deprecated_reshard_budget_in_toml(tmp_path):
@@ -432,8 +439,8 @@ def test_deprecated_reshard_budget_in_toml(tmp_path):
     assert cfg.parallelism.memory_budget_gib == 3.0 and isinstance(cfg.parallelism.memory_budget_gib, float)
     assert warnings == [BUDGET_DEPRECATION]
     # the command line still wins over the TOML value, under either name
-    cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.memory_budget_gib=-1"])
-    assert cfg.parallelism.memory_budget_gib == -1.0
+    cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.memory_budget_gib=none"])
+    assert cfg.parallelism.memory_budget_gib == "none"
     assert warnings == [BUDGET_DEPRECATION]
     cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.reshard_budget_gib=7"])
     assert cfg.parallelism.memory_budget_gib == 7.0
@@ -441,18 +448,18 @@ def test_deprecated_reshard_budget_in_toml(tmp_path):
 
 
 @pytest.mark.parametrize("value,error", [
-    ("lots", "--parallelism.memory_budget_gib: expected a number, got 'lots'"),
-    ("nan", "--parallelism.memory_budget_gib: expected a finite number, got 'nan'"),
-    ("-0.5", "--parallelism.memory_budget_gib=-0.5: must be > 0 (GiB per rank), 0 (the default budget of the"
-             " device) or -1 (no budget)"),
+    ("lots", "--parallelism.memory_budget_gib: expected 'auto' or 'none' or a number, got 'lots'"),
+    ("nan", "--parallelism.memory_budget_gib: expected 'auto' or 'none' or a finite number, got 'nan'"),
+    ("-0.5", "--parallelism.memory_budget_gib=-0.5: must be > 0 (GiB per rank), auto (the default budget of the"
+             " device) or none (no budget)"),
 ])
 def test_deprecated_reshard_budget_with_a_bad_value_names_the_new_key(value, error):
     assert config_error([f"--parallelism.reshard_budget_gib={value}"], 1) == error
 
 
 def budget_error(shown: str) -> str:
-    return (f"--parallelism.memory_budget_gib={shown}: must be > 0 (GiB per rank), 0 (the default budget of the"
-            " device) or -1 (no budget)")
+    return (f"--parallelism.memory_budget_gib={shown}: must be > 0 (GiB per rank), auto (the default budget of the"
+            " device) or none (no budget)")
 
 
 @pytest.mark.parametrize("value,shown", [("-0.5", "-0.5"), ("-2", "-2"), ("-1.5", "-1.5"), ("-1e-9", "-1e-09")])
@@ -463,7 +470,7 @@ def test_memory_budget_out_of_range_on_the_command_line(value, shown):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_memory_budget_on_the_command_line(value):
     assert config_error([f"--parallelism.memory_budget_gib={value}"], 1) == (
-        f"--parallelism.memory_budget_gib: expected a finite number, got '{value}'"
+        f"--parallelism.memory_budget_gib: expected 'auto' or 'none' or a finite number, got '{value}'"
     )
 
 
@@ -478,8 +485,9 @@ def test_bad_memory_budget_set_directly(value, shown):
     assert str(info.value) == budget_error(shown)
 
 
-@pytest.mark.parametrize("value,budget", [("0", 0.0), ("-1", -1.0), ("2.5", 2.5)])
-def test_memory_budget_accepted(value, budget):
+@pytest.mark.parametrize("value,budget,warned", [("auto", "auto", []), ("none", "none", []), ("2.5", 2.5, []),
+                                                 ("0", "auto", [LEGACY_AUTO]), ("-1", "none", [LEGACY_NONE])])
+def test_memory_budget_accepted(value, budget, warned):
     cfg, warnings = load_config([f"--parallelism.memory_budget_gib={value}"], 1)
     assert cfg.parallelism.memory_budget_gib == budget
-    assert warnings == []
+    assert warnings == warned

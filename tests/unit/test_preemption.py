@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from torchtitan.components.preemption import Preemption, Stop, stop_line
+from torchtitan.resilience.preemption import Preemption, Stop, stop_line
 
 TAIL = (" (Slurm sends SIGKILL 30s after SIGTERM unless KillWait says otherwise);"
         " exit 75: rerun the same command to resume")
@@ -89,7 +89,7 @@ def test_drain_completes_the_all_reduce_in_flight(gloo_world):
 
 
 def test_kill_wait_note_only_when_a_preemption_would_not_fit():
-    from torchtitan.components.preemption import kill_wait_note
+    from torchtitan.resilience.preemption import kill_wait_note
 
     assert kill_wait_note(save_s=20.0, step_s=8.0) is None  # 29 s with the exit: fits in 30 s
     assert kill_wait_note(save_s=25.0, step_s=10.0) == (

@@ -6,7 +6,8 @@ import pytest
 
 from reshard_cases import FREED, NOTE, ROOT, ZERO_BUBBLE, budget_freed, flags, pp_kept, reasons, whole_model
 from torchtitan.distributed.plan import FsdpUnit, UnitKind
-from torchtitan.distributed.reshard_policy import GIB, Decision, ReshardPolicyError, kept_bytes, resolve
+from torchtitan.units import GIB
+from torchtitan.distributed.reshard_policy import Decision, ReshardPolicyError, kept_bytes, resolve
 
 MIB = 2**20
 
@@ -216,7 +217,7 @@ def test_free_bytes_under_zero_bubble_is_rejected(schedule):
     assert str(info.value) == (
         f"--parallelism.pipeline_parallel_schedule={schedule} with the memory budget"
         " (predicted peak 5.00 GiB > budget 4.00 GiB): zero-bubble schedules give wrong gradients when FSDP2"
-        " reshards after forward (torch 2.13); use a larger --parallelism.memory_budget_gib (or -1),"
+        " reshards after forward (torch 2.13); use a larger --parallelism.memory_budget_gib (or none),"
         " --parallelism.reshard_after_forward=never, or another schedule"
     )
 

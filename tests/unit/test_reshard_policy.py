@@ -7,8 +7,8 @@ import torch
 
 from torchtitan.distributed.pipeline_layout import plan_pipeline
 from torchtitan.distributed.pipeline_parallel import split_model
+from torchtitan.units import GIB
 from torchtitan.distributed.reshard_policy import (
-    GIB,
     POLICIES,
     Decision,
     ReshardPolicyError,
@@ -18,7 +18,7 @@ from torchtitan.distributed.reshard_policy import (
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.distributed.data_parallel import size_units
 from torchtitan.distributed.plan import FsdpUnit, UnitKind
-from torchtitan.protocols.train_spec import model_args
+from torchtitan.models.flavors import model_args
 from reshard_cases import (
     ALL_SCHEDULES, ALWAYS, FREED, LAST, NEVER, NOTE, OTHER_SCHEDULES, ROOT, ZERO_BUBBLE,
     budget_freed, flags, pp_kept, reasons, whole_model,
@@ -265,7 +265,7 @@ def test_fsdp_units_dtype_bytes_scale_every_unit():
 
 def test_fsdp_units_of_pipeline_stages_and_their_plan():
     model = meta_model("debugmodel")
-    layout = plan_pipeline(6, 2, "1F1B", -1, [], 8)
+    layout = plan_pipeline(6, 2, "1F1B", "auto", [], 8)
     units = {}
     for pp_rank in range(2):
         ((stage_id, part),) = split_model(model, layout, pp_rank)

@@ -2,11 +2,12 @@
 
 import pytest
 
-from torchtitan.config import load_config
+from torchtitan.checks import load_config
+from torchtitan.resilience.timeouts import hang_timeout
 
 from config_helpers import config_error
 
-HANG = ("must be -1 (auto), 0 (off) or seconds ({allowed} with --comm.timeout_seconds={t}: a hang report takes up"
+HANG = ("must be auto, 0 (off) or seconds ({allowed} with --comm.timeout_seconds={t}: a hang report takes up"
         " to 6 heartbeat intervals more, and must come before the collective timeout ends the job)")
 
 
@@ -16,18 +17,18 @@ def no_fault(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, hang, resolved", [
-    ([], -1, 180.0),
-    (["--comm.timeout_seconds=100"], -1, 60.0),
+    ([], "auto", 180.0),
+    (["--comm.timeout_seconds=100"], "auto", 60.0),
     (["--comm.hang_timeout_seconds=0"], 0, 0.0),
     (["--comm.hang_timeout_seconds=45"], 45, 45.0),
     (["--comm.hang_timeout_seconds=238"], 238, 238.0),  # the longest that leaves time for the report
-    (["--comm.timeout_seconds=20"], -1, 11.0),  # 60% (12 s) would report too late: the longest that fits
-    (["--comm.timeout_seconds=5"], -1, 0.0),  # no time for a report: off
+    (["--comm.timeout_seconds=20"], "auto", 11.0),  # 60% (12 s) would report too late: the longest that fits
+    (["--comm.timeout_seconds=5"], "auto", 0.0),  # no time for a report: off
 ])
 def test_hang_timeout_resolved(argv, hang, resolved):
     cfg, _ = load_config(argv, 2)
     assert cfg.comm.hang_timeout_seconds == hang
-    assert cfg.comm.resolved_hang_timeout() == resolved
+    assert hang_timeout(cfg.comm) == resolved
 
 
 @pytest.mark.parametrize("argv, value, timeout, allowed", [

@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-from torchtitan.components.corpus import pydoc_documents
-from torchtitan.components.validation import Validator
+from torchtitan.data.corpus import pydoc_documents
+from torchtitan.data.validation import Validator
 
 
 def _validator(freq, at_start):

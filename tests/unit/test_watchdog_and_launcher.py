@@ -6,8 +6,8 @@ import traceback
 
 import pytest
 
-from torchtitan.components.hang_watchdog import _short, where_waiting
-from torchtitan.config.job_config import heartbeat_interval, longest_hang_timeout
+from torchtitan.resilience.hang_watchdog import _short, where_waiting
+from torchtitan.resilience.timeouts import heartbeat_interval, longest_hang_timeout
 from torchtitan.launcher import workers
 
 
@@ -86,7 +86,7 @@ def test_where_waiting_empty():
 def test_the_hang_limit_follows_long_steps_their_pauses_left_out(tmp_path, monkeypatch):
     import torch
 
-    from torchtitan.components import hang_watchdog
+    from torchtitan.resilience import hang_watchdog
 
     now = [100.0]
     monkeypatch.setattr(hang_watchdog.time, "monotonic", lambda: now[0])
@@ -118,7 +118,7 @@ def test_the_watchdog_beats_into_the_store_and_closes_at_once(tmp_path, monkeypa
     import torch
     from torch.distributed import PrefixStore, TCPStore
 
-    from torchtitan.components.hang_watchdog import HangWatchdog
+    from torchtitan.resilience.hang_watchdog import HangWatchdog
 
     master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

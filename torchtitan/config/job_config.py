@@ -1,12 +1,20 @@
 """Every configuration key of a training job, with its default and its meaning.
 
-The string literal under each field is its documentation: `--help` prints it, and the
-config manager uses the annotations to check types and enum choices. This module must
-not import torch so that config errors are reported in a fraction of a second.
+The string literal under each field is its documentation: `--help` prints it, docs/config.md
+is rendered from it (scripts/render_config_docs.py), and the config manager uses the
+annotations to check types and enum choices. A docstring says what the key does and names the
+function that applies its rule. This module must not import torch so that config errors are
+reported in a fraction of a second, and imports nothing else of ours.
+
+One spelling per idea: "auto" is "derive it from the rest of the job" in every key that can,
+0 is "off" where a key can be switched off, "none" is "no limit" (config/manager.py accepts
+the older spellings, see LEGACY_VALUES there).
 """
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+AUTO = "auto"  # derive the value from the rest of the job
 
 
 @dataclass
@@ -41,7 +49,14 @@ class Job:
 @dataclass
 class Model:
     name: str = "llama3"
-    """Model family, a key of the train spec registry (e.g. llama3)."""
+    """Model family, a name registered in models/registry.py (llama3, deepseek_v3, or one a
+    model.module registers)."""
+
+    module: str = ""
+    """Python module(s) to import before the model is looked up, comma-separated: a package of
+    your own that registers its model with torchtitan.models.registry.register (see
+    docs/adding_a_model.md). The checks and every worker import it; it must be importable
+    (PYTHONPATH) and should not import torch at import time."""
 
     flavor: str = "debugmodel"
     """Size preset of the model family (e.g. debugmodel, 8B, 70B, 405B for llama3)."""
@@ -69,9 +84,10 @@ class Training:
     local_batch_size: int = 8
     """Sequences per data-parallel rank per forward/backward (micro-step)."""
 
-    global_batch_size: int = -1
-    """Sequences per optimizer step over all data-parallel ranks. -1 = local_batch_size x
-    data-parallel degree; a multiple of that enables gradient accumulation."""
+    global_batch_size: int | Literal["auto"] = AUTO
+    """Sequences per optimizer step over all data-parallel ranks. auto = local_batch_size x
+    data-parallel degree; a multiple of that enables gradient accumulation
+    (distributed/job_shape.batch_shape)."""
 
     seq_len: int = 256
     """Tokens per sequence."""
@@ -120,8 +136,9 @@ class Parallelism:
     data_parallel_replicate_degree: int = 1
     """Replicas of the model (DDP, or HSDP's outer dimension when data_parallel_shard_degree > 1)."""
 
-    data_parallel_shard_degree: int = -1
-    """Ranks the parameters are sharded over (FSDP). -1 = whatever the other degrees leave."""
+    data_parallel_shard_degree: int | Literal["auto"] = AUTO
+    """Ranks the parameters are sharded over (FSDP). auto = whatever the other degrees leave
+    (distributed/job_shape.degrees)."""
 
     tensor_parallel_degree: int = 1
     """Ranks each layer's matrices are split over (Megatron-style TP)."""
@@ -156,12 +173,12 @@ class Parallelism:
     a memory budget, keep units gathered only while every rank role's predicted peak stays
     under memory_budget_gib. The plan is printed at start-up and written to plan.json."""
 
-    memory_budget_gib: float = 0.0
+    memory_budget_gib: float | Literal["auto", "none"] = AUTO
     """Most GiB of tensor memory one rank may use at its peak (the dry run's prediction:
     parameters, gradients, optimizer states, gathered parameters, activations, buffers).
-    0 = the default: on CUDA the device's memory minus a 10% margin; on CPU the machine's
-    available memory divided by the ranks on this node, minus the measured per-process
-    overhead. -1 = no budget. Jobs over it are refused (see job.allow_over_budget)."""
+    auto: the device's memory (CUDA: minus a margin; CPU: the available memory shared by the
+    ranks of this node, less what a process needs beyond its tensors; memory/budget.py).
+    none: no budget. Jobs over it are refused (see job.allow_over_budget)."""
 
     loss_parallel: bool = True
     """With TP: keep the output logits sharded over the vocabulary and compute the loss on
@@ -177,10 +194,10 @@ class Parallelism:
     pipeline_parallel_microbatch_size: int = 1
     """Sequences per pipeline microbatch; local_batch_size must be a multiple of it."""
 
-    pipeline_parallel_layers_per_stage: int = -1
-    """Transformer blocks per pipeline stage. -1 = split the blocks evenly over one stage
+    pipeline_parallel_layers_per_stage: int | Literal["auto"] = AUTO
+    """Transformer blocks per pipeline stage. auto = split the blocks evenly over one stage
     per rank (GPipe, 1F1B), two (ZBVZeroBubble, DualPipeV), or the fewest >= 2 per rank that
-    divide the blocks evenly (the other multi-stage schedules)."""
+    divide the blocks evenly (the other multi-stage schedules; distributed/pipeline_layout.py)."""
 
     pipeline_parallel_split_points: list[str] = field(default_factory=list)
     """Explicit stage boundaries as the first block of each later stage, e.g.
@@ -189,22 +206,24 @@ class Parallelism:
 
 @dataclass
 class MoE:
-    top_k: int = 0
-    """Routed experts each token goes to (n_activated_experts); 0 = the flavor's value."""
+    top_k: int | Literal["auto"] = AUTO
+    """Routed experts each token goes to (n_activated_experts); auto = the flavor's value."""
 
-    score_func: Literal["flavor", "sigmoid", "softmax"] = "flavor"
-    """Router affinity: sigmoid (DeepSeek-V3) or softmax (V2); flavor = the flavor's choice."""
+    score_func: Literal["auto", "sigmoid", "softmax"] = AUTO
+    """Router affinity: sigmoid (DeepSeek-V3) or softmax (V2); auto = the flavor's choice."""
 
-    load_balance_coeff: float = -1.0
+    load_balance_coeff: float | Literal["auto"] = AUTO
     """Auxiliary-loss-free balancing: after every optimizer step each MoE layer's routing
     bias moves by this much toward balance (up for experts that got fewer tokens than the
     mean over the global batch, down for busier ones); the bias only selects experts, it
-    never weighs them. 0 disables it; -1 = the flavor's value."""
+    never weighs them (models/common/moe.update_expert_bias). 0 disables it; auto = the
+    flavor's value."""
 
-    aux_loss_coeff: float = -1.0
+    aux_loss_coeff: float | Literal["auto"] = AUTO
     """Weight of DeepSeek-V3's sequence-wise balance loss added to the training loss (logged
-    as aux_loss; the report used 1e-4); 0 disables it; -1 = the flavor's value (0 in every
-    shipped flavor). Not yet with pipeline or tensor parallel."""
+    as aux_loss; the report used 1e-4; models/common/moe.sequence_balance_loss); 0 disables it;
+    auto = the flavor's value (0 in every shipped flavor). Not yet with pipeline or tensor
+    parallel."""
 
     memory_skew: float = 1.0
     """Routing skew the memory prediction plans for: the busiest expert-parallel rank receives
@@ -289,9 +308,9 @@ class Checkpoint:
     """Keep only the newest k full checkpoints, deleting older ones after each save; 0 keeps
     all. Seed and model-only checkpoints are never deleted."""
 
-    load_step: int = -1
-    """Step to resume from: -1 = the most recently saved complete checkpoint in the folder;
-    N = exactly step-N (an error if it is missing or incomplete). Use it to go back past a
+    load_step: int | Literal["auto"] = AUTO
+    """Step to resume from: auto = the most recently saved complete checkpoint in the folder
+    (checkpoint/files.resolve_resume); N = exactly step-N (an error if it is missing or incomplete). Use it to go back past a
     bad one; the checkpoints saved after that are then newer than the abandoned later steps."""
 
     initial_load_path: str = ""
@@ -340,7 +359,7 @@ class Comm:
     from timeout_seconds so that writing a large checkpoint to a slow file system does not
     fail a healthy run."""
 
-    hang_timeout_seconds: int = -1
+    hang_timeout_seconds: int | Literal["auto"] = AUTO
     """A rank that passes no progress point of the training loop (data read, forward/backward,
     metrics ...) for this long reports a hang, before the collective timeout ends the job
     without saying who was where: the stuck ranks write their Python stacks (and NCCL's flight
@@ -348,31 +367,8 @@ class Comm:
     rank(s) that stopped - also a frozen rank, silent in the per-rank heartbeats of the
     rendezvous store - and where the others wait, then the job exits 1. Paused during
     checkpoint saves, validation, compilation and the first step; raised to 1.5 x the longest
-    step when the steps are longer. -1 = 60% of timeout_seconds (180 s by default); 0 = off;
-    at most what leaves time for the report before timeout_seconds (238 s of 300: the check
-    says it)."""
-
-    def resolved_hang_timeout(self) -> float:
-        """hang_timeout_seconds with -1 resolved (0: no watchdog): 60% of timeout_seconds, or
-        the longest that leaves time for a report (0 when none does)."""
-        if self.hang_timeout_seconds != -1:
-            return float(self.hang_timeout_seconds)
-        return float(min(0.6 * self.timeout_seconds, longest_hang_timeout(self.timeout_seconds)))
-
-
-def heartbeat_interval(hang_timeout_s: float) -> float:
-    """Seconds between a rank's heartbeats: a tenth of the hang timeout, within [0.5, 10]."""
-    return min(10.0, max(0.5, hang_timeout_s / 10))
-
-
-def longest_hang_timeout(timeout_s: int) -> int:
-    """The longest whole hang timeout whose report still comes before the collective timeout:
-    a report takes up to 6 heartbeat intervals (+1 s) after the timeout (detection, two
-    intervals of watching the heartbeats, waiting for the other ranks' records). 0: none."""
-    h = timeout_s - 1
-    while h > 0 and h + 6 * heartbeat_interval(h) + 1 >= timeout_s:
-        h -= 1
-    return h
+    step when the steps are longer. auto = 60% of timeout_seconds; 0 = off; at most what
+    leaves time for the report before timeout_seconds (resilience/timeouts.py)."""
 
 
 @dataclass
@@ -404,11 +400,12 @@ class Metrics:
     """On CPU, measure each step's peak of allocated tensor bytes (the analogue of CUDA's
     max_memory_allocated) with the torch profiler's allocator events and log it as
     memory_peak_allocated_gib; every rank also writes its peaks to <dump_folder>/memory/rank<r>.jsonl
-    (as every CUDA run does). Off by default: it slows the step (~10%), and only one profiler
+    (as every CUDA run does). Off by default: it slows the step, and only one profiler
     runs at a time, so it cannot be combined with profiling.enable_profiling."""
 
-    peak_tflops: float = 0.0
-    """Peak dense TFLOPS of one device for the MFU estimate; 0 = known GPU table, none on CPU."""
+    peak_tflops: float | Literal["auto"] = AUTO
+    """Peak dense TFLOPS of one device for the MFU estimate; auto = the GPU's datasheet figure
+    (observe/peak_flops.py), none on CPU."""
 
 
 @dataclass

@@ -12,8 +12,9 @@ import difflib
 import inspect
 import math
 import sys
+import types
 import typing
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from torchtitan.config.job_config import JobConfig
 
@@ -27,7 +28,8 @@ class ConfigError(ValueError):
     """A bad configuration value; its message is one line meant for the user."""
 
 
-def _suggest(word: str, choices) -> str:
+def suggest(word: str, choices) -> str:
+    """" (did you mean 'x'?)" for the closest of `choices`, or "" when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
@@ -59,7 +61,13 @@ def field_docs(section_cls: type) -> dict[str, str]:
     return docs
 
 
+def _is_union(tp) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
 def _type_name(tp) -> str:
+    if _is_union(tp):
+        return "|".join(_type_name(a) for a in get_args(tp))
     if get_origin(tp) is Literal:
         return "|".join(str(a) for a in get_args(tp))
     if get_origin(tp) is list:
@@ -70,13 +78,23 @@ def _type_name(tp) -> str:
 def convert(key: str, tp, value: Any) -> Any:
     """Convert a TOML or CLI value to the field's type; raise ConfigError naming the key."""
     origin = get_origin(tp)
+    if _is_union(tp):  # a number or a word ("auto", "none"): the word first
+        words = [w for a in get_args(tp) if get_origin(a) is Literal for w in get_args(a)]
+        if isinstance(value, str) and value.strip() in words:
+            return value.strip()
+        number = next(a for a in get_args(tp) if a in (int, float))
+        try:
+            return convert(key, number, value)
+        except ConfigError as e:  # "expected a number, got 'x'" -> "expected 'auto' or a number, got 'x'"
+            shown = " or ".join(repr(w) for w in words)
+            raise ConfigError(str(e).replace(": expected ", f": expected {shown} or ", 1)) from None
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
             shown = ", ".join(repr(c) for c in choices)
             raise ConfigError(
                 f"--{key}: invalid value {value!r}; choose one of {shown}"
-                f"{_suggest(str(value), [str(c) for c in choices])}"
+                f"{suggest(str(value), [str(c) for c in choices])}"
             )
         return value
     if origin is list:
@@ -125,7 +143,7 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
     secs = sections()
     if section not in secs:
         raise ConfigError(
-            f"unknown config section '{section}' in '{section}.{key}'{_suggest(section, secs)};"
+            f"unknown config section '{section}' in '{section}.{key}'{suggest(section, secs)};"
             f" sections: {', '.join(secs)}"
         )
     types = field_types(secs[section])
@@ -133,7 +151,7 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
         # A key that exists under another section was most likely put in the wrong one.
         elsewhere = [f"{s}.{key}" for s, c in secs.items() if key in field_types(c)]
         all_keys = [f"{s}.{k}" for s, c in secs.items() for k in field_types(c)]
-        hint = f" (did you mean '{elsewhere[0]}'?)" if elsewhere else _suggest(f"{section}.{key}", all_keys)
+        hint = f" (did you mean '{elsewhere[0]}'?)" if elsewhere else suggest(f"{section}.{key}", all_keys)
         raise ConfigError(f"unknown config key '{section}.{key}'{hint}; see --help for all keys")
     return secs[section], types[key]
 
@@ -155,6 +173,46 @@ DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
 }
 
 
+# Values of earlier releases that mean what "auto" / "none" mean now: (section, key) -> {old
+# value: (new value, deprecation note or None)}. None: accepted silently (the anchors' own
+# spelling, e.g. torchtitan's data_parallel_shard_degree = -1); a note: accepted with one
+# deprecation line.
+LEGACY_VALUES: dict[tuple[str, str], dict[Any, tuple[str, str | None]]] = {
+    ("training", "global_batch_size"): {-1: ("auto", None)},
+    ("parallelism", "data_parallel_shard_degree"): {-1: ("auto", None)},
+    ("checkpoint", "load_step"): {-1: ("auto", None)},
+    ("parallelism", "pipeline_parallel_layers_per_stage"): {-1: ("auto", "an even split")},
+    ("parallelism", "memory_budget_gib"): {0: ("auto", "the device's memory"), -1: ("none", "no budget")},
+    ("moe", "top_k"): {0: ("auto", "the flavor's value")},
+    ("moe", "score_func"): {"flavor": ("auto", "the flavor's choice")},
+    ("moe", "load_balance_coeff"): {-1: ("auto", "the flavor's value")},
+    ("moe", "aux_loss_coeff"): {-1: ("auto", "the flavor's value")},
+    ("comm", "hang_timeout_seconds"): {-1: ("auto", "60% of timeout_seconds")},
+    ("metrics", "peak_tflops"): {0: ("auto", "the GPU's datasheet figure")},
+}
+
+
+def _same(value: Any, old: Any) -> bool:
+    """A TOML or CLI value equals a legacy one (the CLI gives strings: "-1" is -1)."""
+    if isinstance(old, str):
+        return isinstance(value, str) and value.strip() == old
+    if isinstance(value, bool):
+        return False
+    try:
+        return float(value) == old
+    except (TypeError, ValueError):
+        return False
+
+
+def _legacy(section: str, key: str, value: Any, warnings: list[str]) -> Any:
+    for old, (new, note) in LEGACY_VALUES.get((section, key), {}).items():
+        if _same(value, old):
+            if note is not None:
+                warnings.append(f"'{section}.{key} = {old!r}' is deprecated: write {new!r} ({note})")
+            return new
+    return value
+
+
 def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[str]) -> None:
     if dotted.count(".") != 1:
         raise ConfigError(f"config key '{dotted}' ({origin}) must look like section.key")
@@ -166,6 +224,7 @@ def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[st
         warnings.append(f"'{section}.{key}' is deprecated: {note}")
         key = new_key
     _, tp = _lookup(section, key)
+    value = _legacy(section, key, value, warnings)
     setattr(getattr(cfg, section), key, convert(f"{section}.{key}", tp, value))
 
 

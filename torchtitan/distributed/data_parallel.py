@@ -10,8 +10,7 @@ output, ...); ParallelDims says which mesh each kind shards over.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -20,8 +19,15 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import FsdpUnit, PartPlan, UnitKind
 from torchtitan.distributed.simple_fsdp import simple_fsdp
 
-if TYPE_CHECKING:
-    from torchtitan.config.job_config import JobConfig
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes data parallelism works in: the parameters' in forward and backward (what
+    FSDP gathers in; "auto" already resolved by the build path) and the gradients' reduction."""
+
+    param: str  # "float32" | "bfloat16"
+    reduce: str  # training.mixed_precision_reduce
 
 
 def size_units(model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: tuple[str, ...] = ()) -> list[FsdpUnit]:
@@ -48,15 +54,15 @@ def size_units(model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: t
     return units
 
 
-def apply_data_parallel(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan, param_dtype: str) -> None:
-    """FSDP2 / HSDP / DDP / SimpleFSDP on one model part, each unit as `plan` says, on the
-    data-parallel mesh of its kind (ParallelDims.dp_mesh)."""
-    p = cfg.parallelism
-    reduce_dtype = cfg.training.mixed_precision_reduce
-    if p.fsdp_implementation == "simple_fsdp":
-        simple_fsdp(model, plan, dims.dp_mesh, param_dtype, reduce_dtype)
+def apply_data_parallel(model: nn.Module, dims: ParallelDims, plan: PartPlan, implementation: str,
+                        precision: Precision) -> None:
+    """FSDP2 / HSDP / DDP / SimpleFSDP (`implementation`: parallelism.fsdp_implementation) on
+    one model part, each unit as `plan` says, on the data-parallel mesh of its kind
+    (ParallelDims.dp_mesh)."""
+    if implementation == "simple_fsdp":
+        simple_fsdp(model, plan, dims.dp_mesh, precision.param, precision.reduce)
         return
-    mp = mixed_precision(param_dtype, reduce_dtype)
+    mp = mixed_precision(precision.param, precision.reduce)
     dense = dims.dp_mesh(UnitKind.DENSE)
     if dense.shard is None:
         apply_ddp(model, plan, dense, mp)
@@ -64,10 +70,10 @@ def apply_data_parallel(model: nn.Module, dims: ParallelDims, cfg: JobConfig, pl
         apply_fsdp2(model, plan, dims.dp_mesh, mp)
 
 
-def fsdp_ac_groups(dims: ParallelDims, cfg: JobConfig) -> frozenset[str]:
+def fsdp_ac_groups(dims: ParallelDims, implementation: str) -> frozenset[str]:
     """Process groups whose all-gathers are FSDP's inside AC regions (SimpleFSDP only):
     what fsdp_ac_policy saves or recomputes, never TP's or EP's collectives."""
-    if cfg.parallelism.fsdp_implementation != "simple_fsdp":
+    if implementation != "simple_fsdp":
         return frozenset()
     return dims.fsdp_group_names()
 

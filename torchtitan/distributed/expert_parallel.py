@@ -6,7 +6,7 @@ A MoE layer owns a dispatcher and hands it its rows sorted by expert:
 order. `experts(x, counts_local)` is the grouped-experts module: parameters stacked per
 expert on dim 0 ([E, ...]), forward on rows grouped by its (local) experts.
 
-- `LocalDispatcher` (every MoE layer starts with it): all experts are here, call them.
+- the MoE layer's own local dispatcher (models/common/moe.py): all experts are here.
 - `AllToAllDispatcher` (expert parallel, chosen when the model is parallelized by
   `apply_expert_parallel(moe, ep_mesh)`, which also shards the experts' stacks over the EP
   mesh): route each token copy to the rank that owns its expert, then back. A DeepEP-style
@@ -54,8 +54,6 @@ The op alone does not tell EP's all-to-alls from others; the group name (last po
 argument of `all_to_all_single`) does, if a policy needs to be that precise.
 """
 
-from typing import Protocol
-
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
@@ -76,13 +74,13 @@ SAC_SAVE_OPS = tuple(
 )
 
 
-def _wait(t: torch.Tensor) -> torch.Tensor:
+def wait_collective(t: torch.Tensor) -> torch.Tensor:
     # funcol returns an AsyncCollectiveTensor outside tracing; wait through the op (which has
     # an identity autograd formula): `AsyncCollectiveTensor.wait()` would drop the graph
     return funcol.wait_tensor(t) if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
 
-def _regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
+def regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
     """Index `idx` with `received[idx]` = the received rows regrouped (local expert, source
     rank); `recv` [W, E_local] holds the row counts in received order (source rank, expert)."""
     w, e_local = recv.shape
@@ -95,19 +93,11 @@ def _regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
     return src_start_t[chunk] + torch.arange(n_rows, device=recv.device) - start_t[chunk]
 
 
-class TokenDispatcher(Protocol):
-    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor: ...
-
-
-class LocalDispatcher:
-    """Every expert is on this rank: the sorted rows go straight to the experts."""
-
-    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return experts(x, counts)
-
-
 class AllToAllDispatcher:
-    """Expert parallel: rows travel to their expert's owner and back (module docstring)."""
+    """Expert parallel: rows travel to their expert's owner and back (module docstring).
+
+    `route` decides the split sizes (step 1); a subclass may decide them otherwise (the
+    memory simulation plans them, having no routed values)."""
 
     def __init__(self, ep_mesh: DeviceMesh, num_experts: int):
         self.mesh = ep_mesh
@@ -115,27 +105,33 @@ class AllToAllDispatcher:
         self.size = ep_mesh.size()
         self.num_experts = num_experts
 
+    def route(self, counts: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, list[int], list[int]]:
+        """This rank's rows per global expert -> (`recv` [W, E_local]: the rows each source
+        rank sends to each local expert, the rows sent to each rank, the rows received from
+        each): one small all-to-all and one host sync."""
+        w, e_local = self.size, self.num_experts // self.size
+        recv = wait_collective(funcol.all_to_all_single(counts, None, None, self.group)).view(w, e_local)
+        splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
+        return recv, splits[:w], splits[w:]
+
     def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        group, w = self.group, self.size
+        group = self.group
         if counts.shape != (self.num_experts,):
             raise ValueError(f"counts must hold one entry per global expert "
                              f"({self.num_experts}), got shape {tuple(counts.shape)}")
-        e_local = self.num_experts // w
-        # 1. who sends how many rows to which local expert (one small all-to-all, one host sync)
-        recv = _wait(funcol.all_to_all_single(counts, None, None, group)).view(w, e_local)
-        splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
-        in_splits, out_splits = splits[:w], splits[w:]
+        # 1. who sends how many rows to which local expert
+        recv, in_splits, out_splits = self.route(counts, x.shape[0])
         n_rows = sum(out_splits)
         # 2. dispatch the rows; 3. regroup them by local expert
         x_recv = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group)
-        idx = _regroup_index(recv, n_rows)  # built while the rows are in flight
-        x_recv = _wait(x_recv)
+        idx = regroup_index(recv, n_rows)  # built while the rows are in flight
+        x_recv = wait_collective(x_recv)
         # 4. the local experts on their rows
         y_local = experts(x_recv[idx], recv.sum(0))
         # 5. undo the regrouping, send the rows home
         # (out of place: a checkpoint region may keep this op's output for backward)
         inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
-        return _wait(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
+        return wait_collective(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
 
 
 def expert_parallel_from_plan(model: nn.Module, plan: PartPlan, ep_mesh: DeviceMesh) -> None:

@@ -53,7 +53,7 @@ class Degrees:
 
 
 def degrees(cfg: JobConfig, world_size: int) -> Degrees:
-    """The [parallelism] degrees, dp_shard = -1 resolved to what the others leave."""
+    """The [parallelism] degrees, dp_shard "auto" resolved to what the others leave."""
     p = cfg.parallelism
     named = {
         "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
@@ -68,7 +68,7 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
     cp = p.context_parallel_degree
     others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree * cp
     shard = p.data_parallel_shard_degree
-    if shard == -1:
+    if shard == "auto":
         if world_size % others:
             raise ShapeError(
                 f"world size {world_size} is not divisible by data_parallel_replicate_degree x "
@@ -77,14 +77,14 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
             )
         shard = world_size // others
     elif shard < 1:
-        raise ShapeError(f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or -1 (the rest)")
+        raise ShapeError(f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or auto (the rest)")
     elif shard * others != world_size:
         raise ShapeError(
             f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
             f" x shard {shard}{f' x cp {cp}' if cp > 1 else ''} x tp {p.tensor_parallel_degree}"
             f" x pp {p.pipeline_parallel_degree})"
             f" but the world size is {world_size}; make them multiply to {world_size}"
-            f" or set --parallelism.data_parallel_shard_degree=-1"
+            f" or set --parallelism.data_parallel_shard_degree=auto"
         )
     return Degrees(p.data_parallel_replicate_degree, shard, p.tensor_parallel_degree,
                    p.pipeline_parallel_degree, p.expert_parallel_degree, world_size, cp)
@@ -114,22 +114,22 @@ def pipeline_microbatches(cfg: JobConfig) -> int:
 
 
 def global_batch(cfg: JobConfig, dp: int) -> int:
-    """Rows per optimizer step: training.global_batch_size, or (-1) one local batch per
+    """Rows per optimizer step: training.global_batch_size, or ("auto") one local batch per
     data-parallel rank. Unchecked: batch_shape checks it against the degrees."""
     t = cfg.training
-    return t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dp
+    return t.global_batch_size if t.global_batch_size != "auto" else t.local_batch_size * dp
 
 
 def batch_shape(cfg: JobConfig, dp: int) -> BatchShape:
-    """global_batch_size (-1: one local batch per data-parallel rank), accumulation and PP
+    """global_batch_size ("auto": one local batch per data-parallel rank), accumulation and PP
     microbatches, for `dp` data-parallel ranks."""
     t = cfg.training
     per_step = t.local_batch_size * dp
-    if t.global_batch_size != -1 and (t.global_batch_size < per_step or t.global_batch_size % per_step):
+    if t.global_batch_size != "auto" and (t.global_batch_size < per_step or t.global_batch_size % per_step):
         raise ShapeError(
             f"--training.global_batch_size={t.global_batch_size} must be a positive multiple of"
             f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} = {per_step}"
-            " (or -1)"
+            " (or auto)"
         )
     rows = global_batch(cfg, dp)
     return BatchShape(rows, rows // per_step if per_step > 0 else 0, pipeline_microbatches(cfg))

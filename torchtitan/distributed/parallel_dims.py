@@ -126,30 +126,34 @@ class ParallelDims(Degrees):
         # dp_shard is always there, so data parallelism (and mixed precision) applies alike on 1 rank
         return {k.value: v for k, v in dims.items() if v > 1 or k.value.startswith(MeshDim.DP_SHARD.value)}
 
+    def flattened(self) -> dict[MeshDim, tuple[MeshDim, ...]]:
+        """Every flattened dim this job's mesh has -> the real dims it joins, in the order
+        build_mesh creates them (each rank creates the same groups in the same order)."""
+        shard = (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP) if self.ep > 1 else (MeshDim.DP_SHARD,)
+        cp = (MeshDim.CP,) if self.cp > 1 else ()
+        tp = (MeshDim.TP,) if self.tp > 1 else ()
+        replicate = (MeshDim.DP_REPLICATE,) if self.dp_replicate > 1 else ()
+        out: dict[MeshDim, tuple[MeshDim, ...]] = {}
+        if self.ep > 1:
+            out[MeshDim.DP_SHARD] = shard
+            out[MeshDim.EP] = (MeshDim.DP_SHARD_IN_EP, *cp, *tp)
+        if self.dp_replicate > 1:
+            out[MeshDim.DP] = (*replicate, *shard)
+        if self.cp > 1:
+            out[MeshDim.DP_SHARD_CP] = (*shard, MeshDim.CP)
+            out[MeshDim.DP_CP] = (*replicate, *shard, MeshDim.CP)
+        if (self.dp_shard > 1 or self.cp > 1) and self.tp > 1:
+            out[MeshDim.DP_SHARD_TP] = (*shard, *cp, MeshDim.TP)
+        return out
+
     def build_mesh(self, device_type: str, timeout_seconds: int | None = None) -> DeviceMesh:
         shape = self.mesh_shape
         opts = group_options(device_type, timeout_seconds) if timeout_seconds is not None else None
         self._group_opts = opts
         override = {name: opts for name in shape} if opts else None
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape), backend_override=override)
-
-        def flatten(dims: tuple[MeshDim, ...], name: MeshDim) -> None:
+        for name, dims in self.flattened().items():
             mesh[tuple(d.value for d in dims)]._flatten(name.value, backend_override=opts)
-
-        shard = (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP) if self.ep > 1 else (MeshDim.DP_SHARD,)
-        cp = (MeshDim.CP,) if self.cp > 1 else ()
-        tp = (MeshDim.TP,) if self.tp > 1 else ()
-        if self.ep > 1:
-            flatten(shard, MeshDim.DP_SHARD)
-            flatten((MeshDim.DP_SHARD_IN_EP, *cp, *tp), MeshDim.EP)
-        if self.dp_replicate > 1:
-            flatten((MeshDim.DP_REPLICATE, *shard), MeshDim.DP)
-        if self.cp > 1:
-            flatten((*shard, MeshDim.CP), MeshDim.DP_SHARD_CP)
-            flatten((MeshDim.DP_REPLICATE, *shard, MeshDim.CP) if self.dp_replicate > 1 else (*shard, MeshDim.CP),
-                    MeshDim.DP_CP)
-        if (self.dp_shard > 1 or self.cp > 1) and self.tp > 1:
-            flatten((*shard, *cp, MeshDim.TP), MeshDim.DP_SHARD_TP)
         self._mesh = mesh
         self._cp_group = self._new_cp_group(mesh, opts) if self.cp > 1 else None
         return mesh
@@ -250,19 +254,34 @@ class ParallelDims(Degrees):
         # flattening again returns the same group; it gets the job's collective timeout too
         return self.mesh[dims]._flatten(MeshDim.DP_TP.value, backend_override=self._group_opts).get_group()
 
+    # The order in which named_groups names the groups: a group that two dims share (e.g.
+    # dp_shard and ep when EP takes all of dp_shard) is named by the later one.
+    _NAMING_ORDER = (MeshDim.DP, MeshDim.DP_SHARD_TP, MeshDim.EP, MeshDim.DP_SHARD, MeshDim.DP_SHARD_CP, MeshDim.DP_CP)
+
     def flattened_names(self) -> tuple[str, ...]:
-        """Flattened dims of this mesh, in the order comm stats name collectives by them."""
-        built = {MeshDim.DP: self.dp_replicate > 1,
-                 MeshDim.DP_SHARD_TP: (self.dp_shard > 1 or self.cp > 1) and self.tp > 1,
-                 MeshDim.EP: self.ep > 1, MeshDim.DP_SHARD: self.ep > 1,
-                 MeshDim.DP_SHARD_CP: self.cp > 1, MeshDim.DP_CP: self.cp > 1}
-        return tuple(d.value for d, exists in built.items() if exists)
+        """Flattened dims of this mesh, in the order named_groups names collectives by them."""
+        built = self.flattened()
+        return tuple(d.value for d in self._NAMING_ORDER if d in built)
 
     def named_groups(self) -> dict[str, str]:
         """Process-group name -> mesh dimension name, flattened dims included (comm stats)."""
-        from torchtitan.distributed.comm_stats import mesh_group_dims
-
         names = mesh_group_dims(self.mesh, self.flattened_names())
         if self._cp_group is not None:  # attention's K/V gathers: "cp"
             names[self._cp_group.group_name] = MeshDim.CP.value
         return names
+
+
+def mesh_group_dims(mesh: DeviceMesh, extra_names: tuple[str, ...] = ()) -> dict[str, str]:
+    """Process-group name -> mesh dimension name, flattened dims included (the world group,
+    when there is one, as "world")."""
+    import torch.distributed as dist
+
+    out = {}
+    for name in list(mesh.mesh_dim_names) + list(extra_names):
+        try:
+            out[mesh[name].get_group().group_name] = name
+        except (KeyError, RuntimeError, ValueError):
+            continue
+    if dist.is_initialized():
+        out.setdefault(dist.group.WORLD.group_name, "world")
+    return out

@@ -2,9 +2,15 @@
 the config check can reject an impossible split before any process starts.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torchtitan.distributed.plan import BLOCKS
+
+if TYPE_CHECKING:
+    from torchtitan.config.job_config import Parallelism
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
@@ -36,8 +42,18 @@ class PipelineLayout:
         return list(range(pp_rank, self.num_stages, self.pp))
 
 
+def pipeline_layout(p: Parallelism, n_layers: int, n_microbatches: int) -> PipelineLayout | None:
+    """The [parallelism] split of `n_layers` blocks (None without pipeline parallel); raises
+    PipelineLayoutError as plan_pipeline does. The checks, the build path and the model-states
+    floor all call this."""
+    if p.pipeline_parallel_degree == 1:
+        return None
+    return plan_pipeline(n_layers, p.pipeline_parallel_degree, p.pipeline_parallel_schedule,
+                         p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points, n_microbatches)
+
+
 def plan_pipeline(
-    n_layers: int, pp: int, schedule: str, layers_per_stage: int, split_points: list[str],
+    n_layers: int, pp: int, schedule: str, layers_per_stage: int | str, split_points: list[str],
     n_microbatches: int,
 ) -> PipelineLayout:
     """Raise PipelineLayoutError (one line, naming the key) when the split is impossible."""
@@ -56,7 +72,7 @@ def plan_pipeline(
             )
         edges = [0, *bounds, n_layers]
     else:
-        if layers_per_stage == -1:
+        if layers_per_stage == "auto":
             # Stages per rank: 1 (GPipe, 1F1B), 2 (V schedules), else the fewest >= 2 that
             # split the blocks evenly (6 blocks on 2 ranks -> 3 stages per rank).
             if schedule in SINGLE_STAGE:

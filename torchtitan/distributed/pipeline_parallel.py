@@ -22,7 +22,7 @@ from torchtitan.distributed.plan import BLOCKS
 
 def split_model(model: nn.Module, layout: PipelineLayout, pp_rank: int) -> list[tuple[int, nn.Module]]:
     """(stage id, stage module) for each stage this pipeline rank holds. `model` follows
-    protocols.model.TrainableModel: blocks in `.layers`, and the modules only the first /
+    models.protocol.TrainableModel: blocks in `.layers`, and the modules only the first /
     last stage keeps in `.first_stage_modules` / `.last_stage_modules`."""
     parts = []
     for stage_id in layout.stage_ids(pp_rank):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
-# The model contract (protocols.model): blocks live in `model.layers`, keyed by global index,
+# The model contract (models.protocol): blocks live in `model.layers`, keyed by global index,
 # so every block is named f"{BLOCKS}.<i>" in every layout.
 BLOCKS = "layers"
 

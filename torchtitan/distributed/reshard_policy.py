@@ -22,7 +22,6 @@ from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE
 from torchtitan.distributed.plan import Decision, FsdpUnit
 
 POLICIES = ("auto", "always", "never")
-GIB = 2**30
 
 
 class ReshardPolicyError(ValueError):
@@ -112,7 +111,7 @@ def _zero_bubble_message(schedule: str, what: str) -> str:
     return (
         f"--parallelism.pipeline_parallel_schedule={schedule} with {what}: zero-bubble schedules"
         " give wrong gradients when FSDP2 reshards after forward (torch 2.13); use"
-        " a larger --parallelism.memory_budget_gib (or -1), --parallelism.reshard_after_forward=never, or another"
+        " a larger --parallelism.memory_budget_gib (or none), --parallelism.reshard_after_forward=never, or another"
         " schedule"
     )
 

@@ -2,21 +2,23 @@
 budget (`--job.fit`, dry run), and the changes that would make an over-budget job fit
 (printed by the trainer before it refuses to start).
 
-Every candidate is a whole job config, checked by the config check (a value the layout
-cannot take is skipped, not guessed) and predicted by the same simulation as the job.
+Every candidate is a whole job config, checked by `accepts` (the caller's: the pre-launch
+checks, so a value the layout cannot take is skipped, not guessed) and predicted by the same
+simulation as the job.
 Gradient accumulation steps are held fixed, so the global batch grows with the local batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 
-from torchtitan.config.manager import ConfigError
-from torchtitan.config.validate import validate
+from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.job_shape import batch_shape
-from torchtitan.memory.predict import GIB, predict_roles
+from torchtitan.memory.predict import predict_roles
+from torchtitan.units import GIB
 
 # AC modes a fit is searched for: (label, activation_checkpoint overrides)
 AC_MODES = (("none", {"mode": "none"}), ("op SAC", {"mode": "selective", "selective_ac_option": "op"}),
@@ -31,15 +33,16 @@ def _with(cfg, section: str, **values):
 def _with_local_batch(cfg, dims, local: int):
     """local_batch_size = local with the accumulation steps of `cfg` kept."""
     accum = batch_shape(cfg, dims.dp).accum_steps
-    global_batch = -1 if cfg.training.global_batch_size == -1 else local * dims.dp * accum
+    global_batch = "auto" if cfg.training.global_batch_size == "auto" else local * dims.dp * accum
     return _with(cfg, "training", local_batch_size=local, global_batch_size=global_batch)
 
 
-def peak_of(spec, model, dims, cfg, target, args) -> int | None:
-    """The largest role peak of a candidate job; None when the config check refuses it."""
-    try:
-        validate(cfg, dims.world_size)
-    except ConfigError:
+Accepts = Callable[[JobConfig], bool]  # whether the checks let a candidate job run
+
+
+def peak_of(spec, model, dims, cfg, target, args, accepts: Accepts) -> int | None:
+    """The largest role peak of a candidate job; None when `accepts` refuses it."""
+    if not accepts(cfg):
         return None
     if getattr(args, "max_seq_len", cfg.training.seq_len) != cfg.training.seq_len:  # RoPE tables follow seq_len
         args = dataclasses.replace(args, max_seq_len=cfg.training.seq_len)
@@ -49,7 +52,8 @@ def peak_of(spec, model, dims, cfg, target, args) -> int | None:
     return max(r.predicted_peak_bytes for r in roles)
 
 
-def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str) -> tuple[int, int | None]:
+def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str, accepts: Accepts
+                    ) -> tuple[int, int | None]:
     """(largest value of training.<key> whose peak fits `budget`, its peak); (0, None) if none."""
     def candidate(v: int):
         return _with_local_batch(cfg, dims, v) if key == "local_batch_size" else _with(cfg, "training", seq_len=v)
@@ -57,7 +61,7 @@ def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str)
     step = 1 if key == "local_batch_size" else 8
     best, best_peak, v, over = 0, None, step, None
     while over is None and v <= (1 << 20):
-        peak = peak_of(spec, model, dims, candidate(v), target, args)
+        peak = peak_of(spec, model, dims, candidate(v), target, args, accepts)
         if peak is not None and peak <= budget:
             best, best_peak, v = v, peak, v * 2
         elif peak is None and best == 0:
@@ -67,7 +71,7 @@ def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str)
     lo, hi = best, over or best
     while hi - lo > step:  # invariant: lo fits (or 0), hi does not
         mid = (lo + hi) // 2 // step * step
-        peak = peak_of(spec, model, dims, candidate(mid), target, args)
+        peak = peak_of(spec, model, dims, candidate(mid), target, args, accepts)
         if peak is not None and peak <= budget:
             lo, best, best_peak = mid, mid, peak
         else:
@@ -75,7 +79,7 @@ def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str)
     return best, best_peak
 
 
-def fit_report(spec, model, dims, cfg, target, args, budget, key: str) -> tuple[str, dict]:
+def fit_report(spec, model, dims, cfg, target, args, budget, key: str, accepts: Accepts) -> tuple[str, dict]:
     """The dry run's `--job.fit` answer: per AC mode, the largest value that fits."""
     if budget is None:
         return ("fit: no memory budget is known for this job; set --parallelism.memory_budget_gib", {})
@@ -85,33 +89,33 @@ def fit_report(spec, model, dims, cfg, target, args, budget, key: str) -> tuple[
     found = {}
     for label, ac in AC_MODES:
         candidate = _with(cfg, "activation_checkpoint", **ac)
-        value, peak = largest_fitting(spec, model, dims, candidate, target, args, budget.bytes, key)
+        value, peak = largest_fitting(spec, model, dims, candidate, target, args, budget.bytes, key, accepts)
         found[label] = {"value": value, "predicted_peak_bytes": peak}
         lines.append(f"  AC {label:<22} {key} {value:>6}" + (f"  (predicted peak {peak / GIB:.3f} GiB)" if peak else
                                                              "  (nothing fits)"))
     return "\n".join(lines), {"fit": {"key": key, "budget_bytes": budget.bytes, "by_ac_mode": found}}
 
 
-def suggestions(spec, model, dims, cfg, target, args, budget: int) -> list[str]:
+def suggestions(spec, model, dims, cfg, target, args, budget: int, accepts: Accepts) -> list[str]:
     """Changes that would fit an over-budget job, each with its predicted peak (GiB)."""
     out = []
     ac = cfg.activation_checkpoint
     for label, values in AC_MODES:
         if values["mode"] == ac.mode and values.get("selective_ac_option", ac.selective_ac_option) == ac.selective_ac_option:
             continue
-        peak = peak_of(spec, model, dims, _with(cfg, "activation_checkpoint", **values), target, args)
+        peak = peak_of(spec, model, dims, _with(cfg, "activation_checkpoint", **values), target, args, accepts)
         if peak is not None and peak <= budget:
             flags = " ".join(f"--activation_checkpoint.{k}={v}" for k, v in values.items())
             out.append(f"{flags} ({peak / GIB:.2f} GiB)")
     if cfg.parallelism.reshard_after_forward != "always" and dims.dp_shard > 1:
-        peak = peak_of(spec, model, dims, _with(cfg, "parallelism", reshard_after_forward="always"), target, args)
+        peak = peak_of(spec, model, dims, _with(cfg, "parallelism", reshard_after_forward="always"), target, args, accepts)
         if peak is not None and peak <= budget:
             out.append(f"--parallelism.reshard_after_forward=always ({peak / GIB:.2f} GiB)")
     if dims.pp > 1 and cfg.parallelism.pipeline_parallel_microbatch_size > 1:
-        peak = peak_of(spec, model, dims, _with(cfg, "parallelism", pipeline_parallel_microbatch_size=1), target, args)
+        peak = peak_of(spec, model, dims, _with(cfg, "parallelism", pipeline_parallel_microbatch_size=1), target, args, accepts)
         if peak is not None and peak <= budget:
             out.append(f"--parallelism.pipeline_parallel_microbatch_size=1 ({peak / GIB:.2f} GiB)")
-    local, peak = largest_fitting(spec, model, dims, cfg, target, args, budget, "local_batch_size")
+    local, peak = largest_fitting(spec, model, dims, cfg, target, args, budget, "local_batch_size", accepts)
     if local and local < cfg.training.local_batch_size:
         out.append(f"--training.local_batch_size={local} ({peak / GIB:.2f} GiB)")
     return out

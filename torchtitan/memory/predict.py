@@ -20,11 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan.distributed.parallel_dims import MeshDim, ParallelDims
-from torchtitan.memory import runner, shortcuts
+from torchtitan.memory import derived_roles, simulation_pool
 from torchtitan.memory.simulate import CATEGORIES
-
-GIB = 2**30
-
+from torchtitan.training.build import resolve_parts
+from torchtitan.units import GIB
 
 @dataclass
 class RolePrediction:
@@ -96,48 +95,44 @@ def _stages(roles: list[RolePrediction], pp_rank: int) -> list[int]:
 def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free: dict[int, int] | None = None,
                   note: str = "") -> tuple[list[RolePrediction], list[dict]]:
     """Every role's peak, and the plan.json entries of every stage. What is simulated and
-    what is derived from simulations (large jobs, middle pipeline ranks): shortcuts.py."""
-    from torchtitan.distributed.model_parts import resolve_parts
-    from torchtitan.dtypes import param_dtype
-
+    what is derived from simulations (large jobs, middle pipeline ranks): derived_roles.py."""
     free = free or {}
-    variants = shortcuts.variants(spec, model, dims, cfg, args, bool(free))
+    variants = derived_roles.variants(spec, model, dims, cfg, args, bool(free))
     moe = dims.ep > 1 and cfg.moe.memory_skew < dims.ep
-    job = runner.Job(spec, dims, target, variants, free, note)
-    plans = [shortcuts.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
+    job = simulation_pool.Job(spec, dims, target, variants, free, note)
+    plans = [derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
 
-    def tasks(v: int, ranks) -> list[runner.Task]:
-        return [runner.Task(v, r, worst) for r in ranks for worst in ((False, True) if moe else (False,))]
+    def tasks(v: int, ranks) -> list[simulation_pool.Task]:
+        return [simulation_pool.Task(v, r, worst) for r in ranks for worst in ((False, True) if moe else (False,))]
 
-    steps = runner.run(job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)])
+    steps = simulation_pool.run(job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)])
     per_variant = []
     for v, plan in enumerate(plans):
         def role(r: int) -> RolePrediction:
-            planned = steps[runner.Task(v, r, False)]
-            worst = steps.get(runner.Task(v, r, True), planned)
+            planned = steps[simulation_pool.Task(v, r, False)]
+            worst = steps.get(simulation_pool.Task(v, r, True), planned)
             return RolePrediction(f"pp{r}" if dims.pp > 1 else "all", ranks_of_pp_rank(dims, r), r, planned.stage_ids,
                                   planned.peak_bytes, max(worst.peak_bytes, planned.peak_bytes), planned.peak_at,
                                   planned.breakdown)
 
         roles = {r: role(r) for r in plan.simulated}
-        if plan.derived and not shortcuts.interpolable(roles, plan):
-            steps.update(runner.run(job, tasks(v, plan.derived)))
+        if plan.derived and not derived_roles.interpolable(roles, plan):
+            steps.update(simulation_pool.run(job, tasks(v, plan.derived)))
             roles.update({r: role(r) for r in plan.derived})
         for r in plan.derived:
-            roles.setdefault(r, shortcuts.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
+            roles.setdefault(r, derived_roles.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
         per_variant.append([roles[r] for r in range(dims.pp)])
-    dtype = param_dtype(cfg.training.mixed_precision_param, target)
     if len(variants) == 1:
         records = []
         for r in range(dims.pp):
-            step = steps.get(runner.Task(0, r, False))
+            step = steps.get(simulation_pool.Task(0, r, False))
             records += step.plan_records if step is not None else [
-                p.record() for p in resolve_parts(spec, model, dims, cfg, dtype, r, free.get(r, 0), note).plans]
+                p.record() for p in resolve_parts(spec, model, dims, cfg, target, r, free.get(r, 0), note).plans]
         return per_variant[0], records
-    counts = shortcuts.blocks_per_stage(cfg, dims, args)
-    roles = [shortcuts.extrapolated(r1, r2, c) for r1, r2, c in zip(*per_variant, counts)]
+    counts = derived_roles.blocks_per_stage(cfg, dims, args)
+    roles = [derived_roles.extrapolated(r1, r2, c) for r1, r2, c in zip(*per_variant, counts)]
     records = [plan.record() for r in range(dims.pp)
-               for plan in resolve_parts(spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, dtype, r).plans]
+               for plan in resolve_parts(spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, target, r).plans]
     return roles, records
 
 

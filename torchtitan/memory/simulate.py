@@ -6,7 +6,7 @@ given AdamW states as after step 1, and run through the trainer's own step code
 (`StepRunner.forward_backward`, gradient clipping, the optimizer). `LiveBytes` counts every
 storage the step creates until it dies; the peak of a step >= 2 is what is alive at its
 start (parameters, optimizer states, buffers, the step's input batches) plus the most the
-step adds. fake_paths lists the three paths that run changed (grouped GEMM in float32,
+step adds. simulation_patches.py lists the three paths that run changed (grouped GEMM in float32,
 expert-parallel split sizes, pipeline start-up).
 
 Eager mode: the simulation runs the job with torch.compile off (compiled kernels fuse and
@@ -26,18 +26,17 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.tensor import DTensor
 
-from torchtitan.components.cpu_memory import CpuPeakMeter
-from torchtitan.components.optimizer import PartOptimizers
-from torchtitan.components.train_step import PipelineLoss, StepRunner, cross_entropy_loss
 from torchtitan.distributed.job_shape import batch_shape
-from torchtitan.distributed.model_parts import build_parts, plan_records
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.pipeline_parallel import build_pipeline
-from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.simple_fsdp import GATHER_OP
+from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_
-from torchtitan.memory import fake_paths
+from torchtitan.memory import simulation_patches
 from torchtitan.memory.tracker import LiveBytes
+from torchtitan.observe.cpu_memory import CpuPeakMeter
+from torchtitan.training.build import build_parts, plan_records, step_runner
+from torchtitan.training.optimizer import PartOptimizers
+from torchtitan.training.step import StepRunner
 
 _c10d = torch.ops.c10d
 _fc = torch.ops._c10d_functional
@@ -60,7 +59,7 @@ _WORKSPACES = {GATHER_OP: _nbytes}
 
 
 @dataclass
-class StepMemory:
+class SimulatedStep:
     """The simulated step of one pipeline rank."""
 
     pp_rank: int
@@ -158,16 +157,16 @@ def _storages(tensors):
 
 
 def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
-                     startup: fake_paths.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
-                     free_bytes: int = 0, budget_note: str = "") -> StepMemory:
+                     startup: simulation_patches.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
+                     free_bytes: int = 0, budget_note: str = "") -> SimulatedStep:
     """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
     first data/tensor/expert-parallel coordinate (the others hold the same shapes).
 
     profile=True is the deterministic reference the tests compare with: the same step on
     REAL tensors (on the fake process group: collectives move nothing), measured by the CPU
-    allocator's own count (components/cpu_memory.py, the trainer's meter) as well as by the
+    allocator's own count (observe/cpu_memory.py, the trainer's meter) as well as by the
     tracker."""
-    fake_paths.register_fake_kernels()
+    simulation_patches.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
         model = copy.deepcopy(model)
@@ -181,17 +180,11 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         for m in parts.modules:
             m.to_empty(device=device)
             m.train()
-        fake_paths.plan_dispatch(parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew)
-        pipeline = None
-        if parts.layout is not None:
-            scale = parts.microbatches * shape.accum_steps
-            with fake_paths.as_pipeline_rank(dims.pp_group(), pp_rank):
-                pipeline = build_pipeline(
-                    list(zip(parts.stage_ids, parts.modules)), parts.layout, device, dims.pp_group(),
-                    parts.microbatches, loss_fn=PipelineLoss(scale, cfg.model.mtp_depth, t.mtp_loss_weight,
-                                                             t.seq_len, cfg.parallelism.context_parallel_degree),
-                )
-        optimizers = PartOptimizers(parts.modules, cfg.optimizer, target, t.steps, cfg.lr_scheduler)
+        simulation_patches.plan_dispatch(parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew)
+        with simulation_patches.as_pipeline_rank(dims.pp_group(), pp_rank):
+            runner = step_runner(parts, dims, cfg, device, bos_id=0, on_phase=lambda name: setattr(tracker, "phase", name))
+        pipeline = runner.pipeline
+        optimizers = PartOptimizers(parts.modules, cfg.optimizer, t.steps, cfg.lr_scheduler)
         params = [p for m in parts.modules for p in m.parameters()]
         for p in params:  # AdamW states as after step 1
             p.grad = torch.zeros_like(p)
@@ -199,12 +192,6 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             o.step()
         for p in params:
             p.grad = None
-        loss_parallel = dims.tp > 1 and cfg.parallelism.loss_parallel
-        runner = StepRunner(parts.modules, device, shape.accum_steps, loss_parallel, pipeline, parts.layout,
-                            parts.stage_ids, on_phase=lambda name: setattr(tracker, "phase", name),
-                            bos_id=0 if cfg.model.attn_mask == "block_causal" else None,
-                            cp=parts.modules[0].context_parallel, mtp_depth=cfg.model.mtp_depth,
-                            mtp_loss_weight=t.mtp_loss_weight)
         batches = [(torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:
@@ -229,7 +216,7 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         meter = CpuPeakMeter() if profile else None
         if meter is not None:
             meter.begin_step()
-        with tracker, startup.patched(), fake_paths.cuda_causal_bias(tracker, target):
+        with tracker, startup.patched(), simulation_patches.cuda_causal_bias(tracker, target):
             tracker.phase = "forward"
             runner.forward_backward(batches)
             tracker.relabel(_storages(p.grad for p in params), "gradients")
@@ -239,13 +226,12 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             optimizers.step()
     breakdown = tracker.breakdown_at_peak()
     breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(cfg, target, breakdown, params)
-    return StepMemory(pp_rank, parts.stage_ids, tracker.peak + staged, tracker.peak_phase,
-                      {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts),
-                      _end(meter))
+    return SimulatedStep(pp_rank, parts.stage_ids, tracker.peak + staged, tracker.peak_phase,
+                         {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts), _end(meter))
 
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:
-    """What an asynchronous checkpoint (checkpoint_async.py) adds to every step from its first
+    """What an asynchronous checkpoint (checkpoint/async_saves.py) adds to every step from its first
     save on, on CPU, when a save falls before the last step (which saves synchronously): the staged copy of the parameters and optimizer states (each storage
     once, as DCP's stager copies them), and while it is written the largest parameter storage
     once more (DCP's writer copies a tensor whose storage is larger than itself - FSDP's

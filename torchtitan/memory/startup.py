@@ -1,21 +1,24 @@
-"""The trainer's memory check before its first step (issue: refuse what will not fit).
+"""The trainer's memory check before its first step (refuse what will not fit).
 
 Rank 0 predicts every rank role's peak on a fake process group of the job's world size (the
 dry run's simulation) in a child process started before it joins the job (a process cannot
-hold the fake group and then the real one: device meshes and groups keep global state),
-then shares the result through the rendezvous store;
-every rank learns its own role's prediction (logged against the measured peak after step 2)
-and whether the job may start. A role over the budget stops the job on every rank before
-the first step, unless job.allow_over_budget, with one line per offending role: the
-predicted GiB, the budget, and changes that would fit, each with its predicted peak.
+hold the fake group and then the real one: device meshes and groups keep global state):
+`start_prediction` hands the child the checked job config (pickled, nothing parsed again),
+the child (`python -m torchtitan.dry_run` in its start-up mode, which owns the checks the
+suggestions need) runs `predict_at_startup` and hands back a StartupMemory (pickled), and
+`share` gives it to every rank through the rendezvous store. Every rank learns its own role's
+prediction (logged against the measured peak after step 2) and whether the job may start. A
+role over the budget stops the job on every rank before the first step, unless
+job.allow_over_budget, with one line per offending role: the predicted GiB, the budget, and
+changes that would fit, each with its predicted peak.
 
-`--parallelism.memory_budget_gib=-1` (no budget) skips the prediction.
+`--parallelism.memory_budget_gib=none` (no budget) skips the prediction.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import pickle
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -23,8 +26,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from torchtitan.config.memory_budget import memory_budget, ranks_on_this_node
-from torchtitan.memory.predict import GIB, RolePrediction
+from torchtitan.memory.budget import memory_budget, ranks_on_this_node
+from torchtitan.memory.fit import Accepts, suggestions
+from torchtitan.memory.predict import RolePrediction, predict
+from torchtitan.units import GIB
+
+STARTUP_ENV = "TITAN_STARTUP_PREDICTION"  # set in the child: dry_run.py runs its start-up mode
 
 
 class MemoryBudgetError(RuntimeError):
@@ -44,57 +51,38 @@ class StartupMemory:
         return next((r for r in self.roles if rank in r.ranks), None)
 
 
-def start_prediction(argv: list[str], cfg, world: int, device_type: str) -> subprocess.Popen | None:
+def start_prediction(cfg, world: int, device_type: str) -> subprocess.Popen | None:
     """Rank 0 starts the prediction (a child process on a fake process group) before it joins
     the job, so it runs while the ranks rendezvous and build; `share` collects it."""
-    if cfg.parallelism.memory_budget_gib == -1:
+    if cfg.parallelism.memory_budget_gib == "none":
         return None
-    env = {**os.environ, "WORLD_SIZE": str(world), "TITAN_PREDICT_DEVICE": device_type}
-    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
+    env = {**os.environ, STARTUP_ENV: "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
         env.pop(key, None)
-    return subprocess.Popen([sys.executable, "-m", "torchtitan.memory.startup", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-m", "torchtitan.dry_run"], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdin.write(pickle.dumps((cfg, world, device_type)))  # a few kB: within the pipe's buffer
+    child.stdin.close()
+    child.stdin = None  # communicate() must not flush it again
+    return child
 
 
-def _collect(child: subprocess.Popen) -> str:
-    out, err = child.communicate()
-    if child.returncode != 0:
-        tail = "\n".join((out + err).strip().splitlines()[-12:])
-        return json.dumps({"failed": f"the start-up memory prediction failed (exit {child.returncode}):\n{tail}"})
-    return out.strip().splitlines()[-1]
-
-
-def _parse(text: str) -> StartupMemory:
-    data = json.loads(text)
-    if "failed" in data:
-        raise RuntimeError(data["failed"])
-    roles = [RolePrediction(r["role"], r["ranks"], r["pp_rank"], r["stages"], r["predicted_peak_bytes"],
-                            r["worst_case_peak_bytes"], r["peak_at"], r["breakdown"]) for r in data["roles"]]
-    return StartupMemory(roles, data["budget_bytes"], data["budget_origin"], data["refusal"],
-                         {int(k): v for k, v in data["free_bytes"].items()}, data["budget_note"])
-
-
-def _predict(cfg, world: int, device_type: str) -> StartupMemory:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from torchtitan.distributed.parallel_dims import ParallelDims
-    from torchtitan.dry_run import build_model
-    from torchtitan.memory.fit import suggestions
-    from torchtitan.memory.predict import predict
+def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> StartupMemory:
+    """Every role's peak, the budget, and (over it) the refusal lines with what would fit.
+    Joins a fake process group of `world` ranks for the time it takes."""
+    from torchtitan.training.build import fake_world, model_on_meta
 
     budget = memory_budget(cfg, ranks_on_this_node(world), started_rank=True)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
-        dims = ParallelDims.from_config(cfg, world)
-        dims.build_mesh("cpu")
-        spec, model, args = build_model(cfg)
+    with fake_world(cfg, world) as dims:
+        meta = model_on_meta(cfg)
+        spec, model, args = meta.spec, meta.model, meta.args
         prediction = predict(spec, model, dims, cfg, device_type, args, None if budget is None else budget.bytes)
         roles = prediction.roles
         out = StartupMemory(roles, None if budget is None else budget.bytes, "" if budget is None else budget.origin,
                             free_bytes=prediction.free_bytes, budget_note=prediction.budget_note)
         over = [r for r in roles if budget is not None and r.predicted_peak_bytes > budget.bytes]
         if over and not cfg.job.allow_over_budget:
-            fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes)
+            fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes, accepts)
             hint = "; would fit: " + ", ".join(fixes) if fixes else "; nothing tried fits: use more ranks or sharding"
             for r in over:
                 out.refusal.append(
@@ -102,8 +90,6 @@ def _predict(cfg, world: int, device_type: str) -> StartupMemory:
                     f" > memory budget {budget.bytes / GIB:.2f} GiB ({budget.origin}){hint};"
                     " or --job.allow_over_budget=true to start anyway")
         return out
-    finally:
-        dist.destroy_process_group()
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -111,17 +97,25 @@ def _ranks(ranks: list[int]) -> str:
         ",".join(map(str, ranks))
 
 
-def main() -> None:
-    """The child: `python -m torchtitan.memory.startup <trainer argv>` -> StartupMemory as
-    JSON, the last stdout line."""
-    from torchtitan.config import load_config_or_exit
+def child_main(accepts_for) -> None:
+    """The child's side: the pickled (cfg, world, device type) on stdin -> the pickled
+    StartupMemory (or the failure's text) on stdout; everything the prediction prints goes to
+    stderr. `accepts_for(world)`: the checks a candidate job must pass."""
+    result = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints (warnings, libraries) must not mix with the result
+    sys.stdout = sys.stderr
+    cfg, world, device_type = pickle.loads(sys.stdin.buffer.read())
+    out = predict_at_startup(cfg, world, device_type, accepts_for(world))
+    result.write(pickle.dumps(out))
+    result.close()
 
-    world = int(os.environ["WORLD_SIZE"])
-    cfg = load_config_or_exit(sys.argv[1:], world, quiet=True)
-    out = _predict(cfg, world, os.environ["TITAN_PREDICT_DEVICE"])
-    print(json.dumps({"roles": [{**r.record(), "pp_rank": r.pp_rank} for r in out.roles],
-                      "budget_bytes": out.budget_bytes, "budget_origin": out.budget_origin, "refusal": out.refusal,
-                      "free_bytes": out.free_bytes, "budget_note": out.budget_note}))
+
+def _collect(child: subprocess.Popen) -> bytes:
+    out, err = child.communicate()
+    if child.returncode != 0:
+        tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-12:])
+        return pickle.dumps(f"the start-up memory prediction failed (exit {child.returncode}):\n{tail}")
+    return out
 
 
 _STORE_KEY = "torchtitan/memory_prediction"
@@ -136,8 +130,7 @@ def share(child: subprocess.Popen | None) -> StartupMemory:
         store.set(_STORE_KEY, _collect(child))
     else:
         store.wait([_STORE_KEY], PREDICTION_TIMEOUT)
-    return _parse(store.get(_STORE_KEY).decode())
-
-
-if __name__ == "__main__":
-    main()
+    result = pickle.loads(store.get(_STORE_KEY))
+    if isinstance(result, str):
+        raise RuntimeError(result)
+    return result

@@ -19,13 +19,30 @@ Load balancing (DeepSeek-V3 report, section 2.1.2):
   skip_fwd_side_effects_in_bwd_under_checkpoint = True (torch 2.13).
 """
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from torchtitan.distributed.expert_parallel import LocalDispatcher, TokenDispatcher
 from torchtitan.models.common.feed_forward import FeedForward
+
+
+class TokenDispatcher(Protocol):
+    """How a MoE layer's rows, sorted by expert, reach the experts: `dispatcher(experts, x,
+    counts) -> y` with x [T, dim] grouped by expert in order, counts int64 [E] rows per
+    global expert, y [T, dim] in the same row order. Expert parallelism
+    (distributed/expert_parallel.py) swaps in its all-to-all one."""
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor: ...
+
+
+class LocalDispatcher:
+    """Every expert is on this rank: the sorted rows go straight to the experts."""
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return experts(x, counts)
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:

@@ -343,17 +343,14 @@ def rope_kind(config: dict) -> str:
     return str(entry.get("rope_type", entry.get("type", "default")) or "default")
 
 
-def args_from_config(config: dict, args: DeepSeekV3Args) -> DeepSeekV3Args:
-    """`args` with the folder's YaRN rule: "always" for a yarn folder (transformers applies
+def rules_from_config(config: dict) -> dict:
+    """The folder's YaRN rule as args fields: "always" for a yarn folder (transformers applies
     it at every length), "never" otherwise; the temperature on the RoPE rows when the folder
     has no mscale_all_dim. Shapes stay the flavor's (config_mismatches checks them)."""
-    import dataclasses
-
     entry, _ = _rope(config)
     if rope_kind(config) != "yarn":
-        return dataclasses.replace(args, yarn="never")
-    temperature = "softmax" if entry.get("mscale_all_dim") else "rope"
-    return dataclasses.replace(args, yarn="always", yarn_temperature=temperature)
+        return {"yarn": "never"}
+    return {"yarn": "always", "yarn_temperature": "softmax" if entry.get("mscale_all_dim") else "rope"}
 
 
 def config_mismatches(config: dict, args: DeepSeekV3Args) -> list[str]:

@@ -194,7 +194,7 @@ def _is_expert_stack(fqn: str) -> bool:
 
 class Transformer(nn.Module):
     """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection.
-    Implements protocols.model.TrainableModel."""
+    Implements models.protocol.TrainableModel."""
 
     first_stage_modules = ("tok_embeddings",)  # kept by the first pipeline stage only
     # kept by the last pipeline stage only (MTP under PP is refused by the config check: the
@@ -213,7 +213,7 @@ class Transformer(nn.Module):
                     if args.mtp_depth else None)
         self.register_buffer("rope", yarn_rope_cache(args), persistent=False)
         self.context_parallel = None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
-        self.sequence_parallel = 1  # TP degree when the residual stream is split over the sequence
+        self.sequence_shards = 1  # the residual stream is split over the sequence into this many (TP)
 
     def forward(self, tokens: torch.Tensor, mtp_emb: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None,
                 mtp_tokens: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -240,7 +240,7 @@ class Transformer(nn.Module):
         else:
             h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
-        attn = attention_inputs(h.shape[1] * self.sequence_parallel, self.rope, doc_ids, self.context_parallel)
+        attn = attention_inputs(h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
             h = layer(h, attn)
         if self.output is None:  # an earlier pipeline stage

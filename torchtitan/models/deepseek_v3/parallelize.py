@@ -16,10 +16,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan.config.job_config import JobConfig
+from torchtitan.config.job_config import Compile, Parallelism
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.data_parallel import apply_data_parallel, fsdp_ac_groups
+from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
@@ -28,7 +28,7 @@ from torchtitan.distributed.tensor_parallel import ReplicateParallel
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import Transformer
-from torchtitan.protocols.train_spec import TrainSpec
+from torchtitan.models.train_spec import TrainSpec
 
 # Modules TP keeps whole: MLA's LoRA down-projections (their outputs are small and feed the
 # norms before the head-split up-projections), the router and MTP's input projection.
@@ -87,7 +87,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     """Sequence parallel between blocks as in Llama3; every block (the MTP modules' too) as
     `block_sharding` says."""
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
-    model.sequence_parallel = tp_mesh.size()  # blocks see 1/tp of the tokens between them
+    model.sequence_shards = tp_mesh.size()  # blocks see 1/tp of the tokens between them
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_sharding(block))
     for module in (model.mtp or {}).values():
@@ -95,23 +95,24 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
         parallelize_module(module, tp_mesh, dict(_MTP_SHARDING))
 
 
-def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan,
-                           param_dtype: str) -> nn.Module:
+def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
+                           compile_cfg: Compile, precision: Precision) -> nn.Module:
     """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
     cp_groups = apply_context_parallel(model, dims)
     tp_mesh = dims.tp_mesh()
     if tp_mesh is not None:
-        apply_tp(model, tp_mesh, cfg.parallelism.loss_parallel)
+        apply_tp(model, tp_mesh, parallelism.loss_parallel)
     ep_mesh = dims.ep_mesh()
     if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
         expert_parallel_from_plan(model, plan, ep_mesh)
     # Op SAC also keeps the dispatched tokens: recompute then neither re-routes nor re-sends.
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), extra_save_ops=SAC_SAVE_OPS, save_groups=cp_groups)
-    if cfg.compile.enable:
-        apply_compile(model.layers, cfg.compile, fullgraph=False)  # MoE dispatch + experts stay eager
+    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation),
+             extra_save_ops=SAC_SAVE_OPS, save_groups=cp_groups)
+    if compile_cfg.enable:
+        apply_compile(model.layers, compile_cfg, fullgraph=False)  # MoE dispatch + experts stay eager
         if model.mtp is not None:
-            apply_compile(model.mtp, cfg.compile, fullgraph=False)
-    apply_data_parallel(model, dims, cfg, plan, param_dtype)
+            apply_compile(model.mtp, compile_cfg, fullgraph=False)
+    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
     return model
 
 

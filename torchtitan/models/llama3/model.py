@@ -61,7 +61,7 @@ class TransformerBlock(nn.Module):
 
 class Transformer(nn.Module):
     """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection.
-    Implements protocols.model.TrainableModel."""
+    Implements models.protocol.TrainableModel."""
 
     first_stage_modules = ("tok_embeddings",)  # kept by the first pipeline stage only
     last_stage_modules = ("norm", "output")  # kept by the last pipeline stage only
@@ -75,7 +75,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope", self._rope(), persistent=False)
         self.context_parallel = None  # attention.ContextParallel, set by parallelize_llama under CP
-        self.sequence_parallel = 1  # TP degree when the residual stream is split over the sequence
+        self.sequence_shards = 1  # the residual stream is split over the sequence into this many (TP)
 
     def _rope(self, device=None) -> torch.Tensor:
         a = self.args
@@ -86,7 +86,7 @@ class Transformer(nn.Module):
         [batch, global seq] under the block-causal mask (attention.document_ids)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
-        attn = attention_inputs(h.shape[1] * self.sequence_parallel, self.rope, doc_ids, self.context_parallel)
+        attn = attention_inputs(h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
             h = layer(h, attn)
         h = self.norm(h) if self.norm is not None else h

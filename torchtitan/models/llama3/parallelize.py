@@ -12,17 +12,17 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan.config.job_config import JobConfig
+from torchtitan.config.job_config import Compile, Parallelism
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.data_parallel import apply_data_parallel, fsdp_ac_groups
+from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.models.common.attention import apply_context_parallel
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
 from torchtitan.models.llama3.args import FLAVORS
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.protocols.train_spec import TrainSpec
+from torchtitan.models.train_spec import TrainSpec
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -30,7 +30,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     sequence between blocks; attention and FFN gather it, split heads / hidden units
     column-wise and reduce-scatter back after the row-wise output projection."""
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
-    model.sequence_parallel = tp_mesh.size()  # blocks see 1/tp of the tokens between them
+    model.sequence_shards = tp_mesh.size()  # blocks see 1/tp of the tokens between them
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
@@ -44,17 +44,17 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
         })
 
 
-def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, plan: PartPlan,
-                      param_dtype: str) -> nn.Module:
+def parallelize_llama(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
+                      compile_cfg: Compile, precision: Precision) -> nn.Module:
     """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
     cp_groups = apply_context_parallel(model, dims)
     tp_mesh = dims.tp_mesh()
     if tp_mesh is not None:
-        apply_tp(model, tp_mesh, cfg.parallelism.loss_parallel)
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, cfg), save_groups=cp_groups)
-    if cfg.compile.enable:
-        apply_compile(model.layers, cfg.compile)
-    apply_data_parallel(model, dims, cfg, plan, param_dtype)
+        apply_tp(model, tp_mesh, parallelism.loss_parallel)
+    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation), save_groups=cp_groups)
+    if compile_cfg.enable:
+        apply_compile(model.layers, compile_cfg)
+    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
     return model
 
 

@@ -1,0 +1,116 @@
+"""The state a checkpoint holds, each keyed by what it is, not by who held it: parameters and
+optimizer moments by parameter name (DCP reshards DTensors into any layout), the LR schedule
+once, the data position by global batch row ("slot"), the step and this rank's RNG states."""
+
+import pickle
+import random
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+# Optimizer state flattened to one entry per parameter ("state.<fqn>.exp_avg",
+# "param_groups.<fqn>.lr"), so it does not depend on how parameters are grouped per rank.
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
+
+
+class ModelState(Stateful):
+    def __init__(self, model_parts, dtype: torch.dtype | None = None):
+        self.model_parts, self.dtype = model_parts, dtype
+
+    def state_dict(self):
+        out = {k: v for m in self.model_parts for k, v in get_model_state_dict(m).items()}
+        if self.dtype is not None:
+            out = {k: v.to(self.dtype) for k, v in out.items()}
+        return out
+
+    def load_state_dict(self, state):
+        for m in self.model_parts:
+            set_model_state_dict(m, state, options=StateDictOptions(strict=False))
+
+
+class OptimizerState(Stateful):
+    def __init__(self, model_parts, optimizers):
+        self.model_parts, self.optimizers = model_parts, optimizers
+
+    def state_dict(self):
+        out = {}
+        for m, o in zip(self.model_parts, self.optimizers.optimizers):
+            out.update(get_optimizer_state_dict(m, o, options=_FLAT))
+        return out
+
+    def load_state_dict(self, state):
+        for m, o in zip(self.model_parts, self.optimizers.optimizers):
+            set_optimizer_state_dict(m, o, state, options=_FLAT)
+
+
+class LRSchedulerState(Stateful):
+    """Every part's schedule is the same function of the step: save one, load into all."""
+
+    def __init__(self, optimizers):
+        self.schedulers = optimizers.schedulers
+
+    def state_dict(self):
+        return self.schedulers[0].state_dict()
+
+    def load_state_dict(self, state):
+        for s in self.schedulers:
+            s.load_state_dict(state)
+
+
+class DataloaderState(Stateful):
+    """The data position as one pickled record per global batch row ("slot_<i>").
+
+    Checkpoints are taken between steps, when every rank has consumed whole rows, so the
+    position is exactly the per-slot stream states; a rank of another layout reads the slots
+    it owns there. (Pickled: a stream's nested state changes shape as it advances, which
+    DCP's per-key loading would not accept.)"""
+
+    def __init__(self, dataloader):
+        self.dataloader = dataloader
+
+    def state_dict(self):
+        ds = self.dataloader.state_dict()["dataset_state"]
+        assert ds["next_index"] == 0, "checkpoints are taken between steps"
+        return {f"slot_{s}": pickle.dumps(st) for s, st in ds["slots"].items()}
+
+    def load_state_dict(self, state):
+        loader_state = self.dataloader.state_dict()
+        loader_state["dataset_state"] = {
+            "next_index": 0, "slots": {k.removeprefix("slot_"): pickle.loads(v) for k, v in state.items()},
+        }
+        self.dataloader.load_state_dict(loader_state)
+
+
+class TrainState(Stateful):
+    """Step, tokens seen, and this rank's RNG states (torch CPU, CUDA, Python)."""
+
+    def __init__(self, rank: int = 0):
+        self.step = 0
+        self.tokens_seen = 0
+        self.rng_key = f"rng_rank_{rank}"
+        self.restore_rng = True
+
+    def state_dict(self):
+        out = {"step": torch.tensor(self.step), "tokens_seen": torch.tensor(self.tokens_seen)}
+        if self.restore_rng:
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                rng["cuda"] = torch.cuda.get_rng_state()
+            out[self.rng_key] = pickle.dumps(rng)
+        return out
+
+    def load_state_dict(self, state):
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        if self.restore_rng and self.rng_key in state:
+            rng = pickle.loads(state[self.rng_key])
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])

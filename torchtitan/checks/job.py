@@ -1,0 +1,172 @@
+"""The pre-launch checks of a whole job, in order (check_job): no process group, nothing
+written; the first problem is one `ConfigError` line naming the key and the fix. Runs before
+torchrun starts workers (run_train.sh) and again at the top of every worker.
+
+The concerns live beside this: the model and its layout (layout.py), the data and tokenizer
+(data.py), what a run writes and how it ends (outputs.py); here are the training numbers and
+the memory keys, with the model-states floor against the memory budget.
+"""
+
+import math
+import os
+from typing import Callable
+
+from torchtitan.checks.data import check_data_inputs, check_dataset_path
+from torchtitan.checks.layout import (
+    check_activation_checkpoint,
+    check_fsdp_policies,
+    check_layout,
+    check_model,
+    resolve_dp_shard,  # noqa: F401 (the layout's dp_shard rule, for callers of this module)
+)
+from torchtitan.checks.outputs import check_outputs, check_wandb
+from torchtitan.config.job_config import AUTO, JobConfig
+from torchtitan.config.manager import ConfigError
+from torchtitan.distributed.job_shape import ShapeError, batch_shape
+from torchtitan.memory import budget as memory_budget
+from torchtitan.memory import model_states
+from torchtitan.training.model_args import run_model_args
+from torchtitan.units import gib_text
+
+
+def check_job(cfg: JobConfig, world_size: int) -> None:
+    """Raise ConfigError for the first problem found, one concern after another."""
+    args = check_model(cfg)
+    dp_shard = check_layout(cfg, args, world_size)
+    global_batch = check_training(cfg, args, dp_shard)
+    check_activation_checkpoint(cfg)
+    check_validation_and_profiling(cfg)
+    check_inputs(cfg, args, global_batch)
+    check_fsdp_policies(cfg)
+    check_outputs(cfg, world_size, global_batch)
+    check_wandb(cfg)
+    check_memory_keys(cfg)
+    check_model_states(cfg, args, world_size)
+
+
+def accepts(world_size: int) -> Callable[[JobConfig], bool]:
+    """Whether check_job lets a job of `world_size` ranks run (the memory fit's candidates)."""
+    def ok(cfg: JobConfig) -> bool:
+        try:
+            check_job(cfg, world_size)
+        except ConfigError:
+            return False
+        return True
+
+    return ok
+
+
+def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
+    """Training, optimizer, schedule and logging numbers; returns the global batch size."""
+    t, p = cfg.training, cfg.parallelism
+    for key in ("steps", "local_batch_size", "seq_len"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"--training.{key}={getattr(t, key)}: must be >= 1")
+    if t.seq_len > args.max_seq_len:
+        raise ConfigError(
+            f"--training.seq_len={t.seq_len} exceeds the model's max_seq_len {args.max_seq_len}"
+        )
+    try:
+        global_batch = batch_shape(cfg, p.data_parallel_replicate_degree * dp_shard).global_batch
+    except ShapeError as e:
+        raise ConfigError(str(e)) from None
+    if t.max_norm < 0:
+        raise ConfigError(f"--training.max_norm={t.max_norm}: must be >= 0 (0 disables clipping)")
+    if cfg.optimizer.lr <= 0:
+        raise ConfigError(f"--optimizer.lr={cfg.optimizer.lr}: must be > 0")
+    if cfg.lr_scheduler.warmup_steps < 0:
+        raise ConfigError(f"--lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps}: must be >= 0")
+    if not 0.0 <= cfg.lr_scheduler.decay_ratio <= 1.0:
+        raise ConfigError(f"--lr_scheduler.decay_ratio={cfg.lr_scheduler.decay_ratio}: must be in [0, 1]")
+    if cfg.metrics.peak_tflops != AUTO and cfg.metrics.peak_tflops <= 0:
+        raise ConfigError(f"--metrics.peak_tflops={cfg.metrics.peak_tflops:g}: must be > 0 (dense TFLOPS of one"
+                          " device), or auto for the GPU's datasheet figure")
+    if cfg.metrics.log_freq < 1:
+        raise ConfigError(f"--metrics.log_freq={cfg.metrics.log_freq}: must be >= 1")
+    if cfg.checkpoint.interval < 1:
+        raise ConfigError(f"--checkpoint.interval={cfg.checkpoint.interval}: must be >= 1")
+    return global_batch
+
+
+def check_validation_and_profiling(cfg: JobConfig) -> None:
+    """[validation] and [profiling] counts; the profiler has one user."""
+    for key, value in (("validation.freq", cfg.validation.freq), ("validation.steps", cfg.validation.steps),
+                       ("profiling.profile_freq", cfg.profiling.profile_freq)):
+        if value < 1:
+            raise ConfigError(f"--{key}={value}: must be >= 1")
+    p = cfg.profiling
+    for key, enabled in (("save_traces_folder", p.enable_profiling), ("save_memory_snapshot_folder", p.enable_memory_snapshot)):
+        path = os.path.join(cfg.job.dump_folder, getattr(p, key))
+        if enabled and os.path.isfile(path):
+            raise ConfigError(f"--profiling.{key}: '{path}' is a file; give a folder name (relative to --job.dump_folder)")
+    if cfg.metrics.cpu_memory_peak and p.enable_profiling and cfg.training.device != "cuda":
+        raise ConfigError(
+            "--metrics.cpu_memory_peak=true and --profiling.enable_profiling=true cannot run together (only one"
+            " torch profiler runs in a process): set one of them to false"
+        )
+
+
+def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
+    """Tokenizer and datasets (training and validation), read and checked the way the run
+    will read them (not by a dry run, which reads neither data nor tokenizer)."""
+    t = cfg.training
+    if not cfg.job.dry_run:
+        check_dataset_path(t.dataset)
+        if cfg.validation.enable:
+            check_dataset_path(cfg.validation.dataset, "validation")
+    check_data_inputs(cfg, args, global_batch)
+
+
+def check_memory_keys(cfg: JobConfig) -> None:
+    """job.fit and moe.memory_skew (the memory prediction's own keys)."""
+    if cfg.job.fit and not cfg.job.dry_run:
+        raise ConfigError(f"--job.fit={cfg.job.fit} searches with the prediction of a dry run; add --job.dry_run=true")
+    skew = cfg.moe.memory_skew
+    if not (1 <= skew < math.inf):
+        raise ConfigError(f"--moe.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
+                          " = every token copy on one rank)")
+    check_memory_env(os.environ)
+
+
+# The memory prediction's environment settings: name -> (smallest value, what it sets)
+MEMORY_ENV = {
+    "TITAN_MEMORY_WORKERS": (1, "processes the memory prediction runs its simulations in; 1 = this one"),
+    "TITAN_MEMORY_EXACT_LIMIT": (0, "block-microbatches per rank above which large jobs are extrapolated"),
+}
+
+
+def check_memory_env(env) -> None:
+    for name, (low, what) in MEMORY_ENV.items():
+        value = env.get(name, "")
+        if value and not (value.isdigit() and int(value) >= low):
+            raise ConfigError(f"{name}={value}: must be an integer >= {low} ({what}); unset it for the default")
+
+
+def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
+    """memory_budget_gib's value; then, unless this is a dry run (it reports, never refuses) or
+    job.allow_over_budget is set, refuse a job whose busiest rank's parameters, gradients and
+    AdamW states alone exceed the memory budget (memory/model_states.py, memory/budget.py)."""
+    p, m = cfg.parallelism, cfg.model
+    value = p.memory_budget_gib
+    if value not in (AUTO, "none") and not 0 < value < math.inf:
+        raise ConfigError(f"--parallelism.memory_budget_gib={value:g}: must be > 0 (GiB per rank), auto (the default"
+                          " budget of the device) or none (no budget)")
+    if cfg.job.dry_run or cfg.job.allow_over_budget:
+        return
+    ranks = memory_budget.ranks_on_this_node(world_size)
+    budget = memory_budget.memory_budget(cfg, ranks, started_rank="LOCAL_RANK" in os.environ)
+    if budget is None:
+        return
+    run_args = run_model_args(cfg)  # the tokenizer's vocabulary (check_inputs loaded it already)
+    rank = model_states.busiest(model_states.job_rank_states(cfg, world_size, run_args))
+    if rank.total_bytes <= budget.bytes:
+        return
+    gib = gib_text
+    raise ConfigError(
+        f"--model.flavor={m.flavor}: model states alone need {gib(rank.total_bytes)} GiB per rank (parameters"
+        f" {gib(rank.params_bytes)}, gradients {gib(rank.grads_bytes)}, AdamW {gib(rank.optimizer_bytes)};"
+        f" {rank.where()}, {world_size} rank{'s' if world_size > 1 else ''}) but the memory budget is"
+        f" {gib(budget.bytes)} GiB ({budget.origin}); use more ranks or sharding (NGPU,"
+        " data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree), or set"
+        " --parallelism.memory_budget_gib (none: no budget)"
+    )

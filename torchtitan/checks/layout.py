@@ -1,0 +1,221 @@
+"""The model and its parallel layout: name and flavor, degrees against the world size and the
+model's shapes (heads, experts, layers per stage), MoE and MTP keys, context and expert
+parallel, and the two FSDP policies. The rules are their owners' (distributed/job_shape.py,
+distributed/pipeline_layout.py, distributed/reshard_policy.py); these turn them into lines
+that name the keys.
+"""
+
+import math
+
+from torchtitan.config.job_config import AUTO, JobConfig
+from torchtitan.config.manager import ConfigError, suggest
+from torchtitan.distributed.job_shape import ShapeError, degrees, pipeline_microbatches
+from torchtitan.distributed.pipeline_layout import PipelineLayoutError, pipeline_layout
+from torchtitan.distributed.reshard_policy import ReshardPolicyError, check_policy
+from torchtitan.messages import one_line
+from torchtitan.models.flavors import flavors_of
+from torchtitan.models.registry import MODELS, load_model_modules
+
+
+def resolve_dp_shard(cfg: JobConfig, world_size: int) -> int:
+    """The data-parallel shard degree ("auto" resolved), by job_shape's rule."""
+    try:
+        return degrees(cfg, world_size).dp_shard
+    except ShapeError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_model(cfg: JobConfig):
+    """Model name (after importing `model.module`, which may register it) and flavor; returns
+    the flavor's args."""
+    m = cfg.model
+    try:
+        load_model_modules(m.module)
+    except ImportError as e:
+        raise ConfigError(f"--model.module={m.module!r}: cannot import it ({one_line(e)}); give a module that"
+                          " registers a model, importable from PYTHONPATH") from None
+    if m.name not in MODELS:
+        raise ConfigError(
+            f"--model.name: unknown model '{m.name}'{suggest(m.name, MODELS)};"
+            f" choose one of {', '.join(MODELS)}"
+        )
+    flavors = flavors_of(m.name)
+    if m.flavor not in flavors:
+        raise ConfigError(
+            f"--model.flavor: unknown flavor '{m.flavor}' of {m.name}{suggest(m.flavor, flavors)};"
+            f" choose one of {', '.join(flavors)}"
+        )
+    if m.attn_mask not in ("causal", "block_causal"):
+        raise ConfigError(f"--model.attn_mask={m.attn_mask}: choose causal or block_causal")
+    return flavors[m.flavor]
+
+
+def check_layout(cfg: JobConfig, args, world_size: int) -> int:
+    """Degrees vs world size and the model's shapes (heads, experts, layers per stage);
+    returns the data-parallel shard degree."""
+    m, t, p = cfg.model, cfg.training, cfg.parallelism
+    dp_shard = resolve_dp_shard(cfg, world_size)
+    tp = p.tensor_parallel_degree
+    for key in ("n_heads", "n_kv_heads"):
+        heads = getattr(args, key, None)
+        if heads and heads % tp:
+            raise ConfigError(
+                f"--parallelism.tensor_parallel_degree={tp} does not divide {m.name} {m.flavor}"
+                f" {key}={heads}; pick a divisor of {heads}"
+            )
+    check_moe(cfg, args)
+    check_mtp(cfg)
+    check_context_parallel(cfg)
+    check_expert_parallel(cfg, args, dp_shard)
+    try:
+        pipeline_layout(p, args.n_layers, pipeline_microbatches(cfg))
+    except (ShapeError, PipelineLayoutError) as e:
+        raise ConfigError(str(e)) from None
+    return dp_shard
+
+
+def check_moe(cfg: JobConfig, args) -> None:
+    """The [moe] keys: only for models with experts, each within its range."""
+    moe, m = cfg.moe, cfg.model
+    experts = getattr(args, "n_routed_experts", 0)
+    changed = [k for k in ("top_k", "score_func", "load_balance_coeff", "aux_loss_coeff") if getattr(moe, k) != AUTO]
+    if changed and not experts:
+        raise ConfigError(f"--moe.{changed[0]}: model {m.name} has no experts; drop the [moe] settings")
+    if not experts:
+        return
+    if moe.top_k != AUTO and moe.top_k < 1:
+        raise ConfigError(f"--moe.top_k={moe.top_k}: must be >= 1 (or auto for the flavor's {args.n_activated_experts})")
+    routable = experts // args.n_expert_groups * args.n_limited_groups
+    if moe.top_k != AUTO and moe.top_k > routable:
+        raise ConfigError(
+            f"--moe.top_k={moe.top_k} exceeds the {routable} experts a token can reach ({m.name} {m.flavor}:"
+            f" {args.n_limited_groups} of {args.n_expert_groups} groups of {experts // args.n_expert_groups});"
+            f" pick at most {routable}"
+        )
+    for key in ("load_balance_coeff", "aux_loss_coeff"):
+        value = getattr(moe, key)
+        if value != AUTO and value < 0:
+            raise ConfigError(f"--moe.{key}={value}: must be >= 0 (0 disables it) or auto for the flavor's value")
+    aux = args.aux_loss_coeff if moe.aux_loss_coeff == AUTO else moe.aux_loss_coeff
+    p = cfg.parallelism
+    for key, degree in (("pipeline_parallel_degree", p.pipeline_parallel_degree),
+                        ("tensor_parallel_degree", p.tensor_parallel_degree)):
+        if aux > 0 and degree > 1:  # PP: not every stage reaches the loss; TP: each rank sees a sequence chunk
+            raise ConfigError(
+                f"--moe.aux_loss_coeff={aux:g} (the sequence-wise balance loss) is not supported with"
+                f" --parallelism.{key}={degree} yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
+            )
+
+
+def check_mtp(cfg: JobConfig) -> None:
+    """Multi-token prediction: a DeepSeek-V3 feature."""
+    m, t = cfg.model, cfg.training
+    if m.mtp_depth < 0:
+        raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: must be >= 0 (0 = no multi-token prediction)")
+    if not (t.mtp_loss_weight >= 0 and math.isfinite(t.mtp_loss_weight)):
+        raise ConfigError(f"--training.mtp_loss_weight={t.mtp_loss_weight}: must be >= 0 (0.3 in the DeepSeek-V3"
+                          " report)")
+    if m.mtp_depth == 0:
+        return
+    with_mtp = [name for name, entry in MODELS.items() if any(hasattr(a, "mtp_depth") for a in entry.flavors.values())]
+    if m.name not in with_mtp:
+        raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: multi-token prediction is implemented for"
+                          f" {', '.join(with_mtp)} only, not {m.name}; set --model.mtp_depth=0")
+
+
+def check_context_parallel(cfg: JobConfig) -> None:
+    """Each CP rank holds two equal chunks of every sequence; sequence parallel then splits
+    a rank's tokens over TP."""
+    p, t = cfg.parallelism, cfg.training
+    cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
+    if cp == 1:
+        return
+    if t.seq_len % (2 * cp):
+        raise ConfigError(
+            f"--parallelism.context_parallel_degree={cp} cuts each sequence into 2 x {cp} chunks but"
+            f" --training.seq_len={t.seq_len} is not a multiple of {2 * cp}; pick a seq_len that is"
+        )
+    if tp > 1 and (t.seq_len // cp) % tp:
+        raise ConfigError(
+            f"--training.seq_len={t.seq_len}: a CP rank's {t.seq_len // cp} tokens do not split over"
+            f" --parallelism.tensor_parallel_degree={tp} (sequence parallel); pick a seq_len that is a"
+            f" multiple of {math.lcm(2 * cp, cp * tp)}"
+        )
+
+
+def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
+    """EP borrows all of tp's and cp's ranks, then dp_shard's; experts split evenly over it."""
+    p, m = cfg.parallelism, cfg.model
+    ep, tp, cp = p.expert_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
+    experts = getattr(args, "n_routed_experts", 0)
+    if experts and ep > 1 and cp > 1 and ep % (tp * cp):
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} with --parallelism.context_parallel_degree={cp}"
+            f" must be a multiple of tensor_parallel_degree x context_parallel_degree = {tp * cp}:"
+            " every CP rank routes its own tokens, so EP takes all of CP"
+        )
+    if experts and tp > 1 and ep % tp:
+        raise ConfigError(
+            f"--parallelism.tensor_parallel_degree={tp} with {m.name} needs --parallelism.expert_parallel_degree"
+            f" a multiple of {tp} (it is {ep}): under sequence parallel each TP rank routes its own tokens"
+            " and EP, which takes every TP rank, brings them to their experts"
+        )
+    if ep == 1:
+        return
+    if not experts:
+        raise ConfigError(f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1")
+    if dp_shard % (ep // (tp * cp)):
+        by = "tp x cp" if cp > 1 else "tp"
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} takes {ep // (tp * cp)} ranks from data_parallel_shard_degree"
+            f"={dp_shard} (ep / {'(tp x cp)' if cp > 1 else 'tp'}), which does not divide it; pick an"
+            f" expert_parallel_degree of {by} x a divisor of {dp_shard}"
+        )
+    if experts % ep:
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} does not divide {m.name} {m.flavor}"
+            f" n_routed_experts={experts}; pick a divisor of {experts}"
+        )
+    if dp_shard == 1 and p.data_parallel_replicate_degree > 1:
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep} with DDP (data_parallel_shard_degree=1) is not"
+            " supported; shard the data-parallel ranks (data_parallel_shard_degree > 1)"
+        )
+
+
+def check_fsdp_policies(cfg: JobConfig) -> None:
+    """fsdp_ac_policy, reshard_after_forward and its budget against the rest of the job."""
+    p = cfg.parallelism
+    ac = cfg.activation_checkpoint
+    if ac.fsdp_ac_policy != "auto" and p.fsdp_implementation == "fsdp2":
+        raise ConfigError(
+            f"--activation_checkpoint.fsdp_ac_policy={ac.fsdp_ac_policy} needs"
+            " --parallelism.fsdp_implementation=simple_fsdp: fsdp2's hooks already gather once for"
+            " recompute and backward; use fsdp_ac_policy=auto"
+        )
+    if ac.fsdp_ac_policy == "save" and p.reshard_after_forward == "always":
+        raise ConfigError(
+            "--activation_checkpoint.fsdp_ac_policy=save contradicts --parallelism.reshard_after_forward=always"
+            " (saving the gathered parameters for backward is not resharding); use fsdp_ac_policy=auto"
+            " or reshard_after_forward=auto|never"
+        )
+    if cfg.metrics.held_for_backward and p.pipeline_parallel_degree > 1:
+        raise ConfigError(
+            "--metrics.held_for_backward is measured around one forward/backward, which a pipeline"
+            " schedule interleaves; measure it with --parallelism.pipeline_parallel_degree=1"
+        )
+    try:
+        check_policy(p.reshard_after_forward, p.pipeline_parallel_degree > 1, p.pipeline_parallel_schedule)
+    except ReshardPolicyError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_activation_checkpoint(cfg: JobConfig) -> None:
+    """selective_ac_option: "op" or a positive integer."""
+    option = cfg.activation_checkpoint.selective_ac_option
+    if cfg.activation_checkpoint.mode == "selective" and option != "op":
+        if not option.isdigit() or int(option) < 1:
+            raise ConfigError(
+                f"--activation_checkpoint.selective_ac_option={option!r}: use 'op' or a positive"
+                " integer n (checkpoint every n-th block)"
+            )

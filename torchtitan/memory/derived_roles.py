@@ -1,0 +1,187 @@
+"""What a prediction simulates, and what it derives from simulations (and why that is exact).
+
+Simulated (simulate.py): every role of a job of at most EXACT_LIMIT block-microbatches per
+pipeline rank, step by step on fake tensors. Two shortcuts keep large jobs fast, checked
+against full simulation in tests/unit/test_memory_shortcuts.py:
+
+1. Blocks per stage (`variants`, `extrapolated`). Above EXACT_LIMIT the job is simulated
+   with 1 and with 2 blocks per stage (same stages, schedule, batch, microbatches) and each
+   role is extrapolated linearly to its real block count: everything a step holds per
+   block (parameters, states, saved activations, gathered units, gradients) grows by the
+   same bytes with each block of a stage. Byte-equal for ranks holding only blocks. Short
+   on the first pipeline rank when its peak moves with more blocks from the start of its
+   backward to the embeddings' backward (unsharded block gradients under PP pile up faster
+   than one microbatch's activations): -1.1% at 3 blocks, -2.8% at 4 in the tiny test model,
+   whose embeddings are large next to its blocks. Not used when a stage mixes block kinds
+   (DeepSeek-V3's dense prefix must fill whole stages) or under a memory budget's freeing.
+2. Middle pipeline ranks (`rank_plan`, `interpolated`). Under a single-stage schedule (1F1B,
+   GPipe) on 5 or more pipeline ranks whose middle stages (1 .. pp-2) are alike, ranks 0,
+   1, pp-2 and pp-1 are simulated; a middle rank differs from its neighbours only in the
+   microbatches in flight when it peaks (1F1B: min(microbatches, pp - rank) warm-up
+   forwards; GPipe: all), each holding the same bytes, so the ranks between are
+   interpolated in that count. When ranks 1 and pp-2 peak at different points of their
+   schedules (the count is not what decides their peak), every middle rank is simulated.
+   Byte-equal (1F1B and GPipe, Llama3 and DeepSeek-V3 with EP).
+
+Modelled by formula rather than run: nothing else here (fake_paths.py lists the three paths
+the simulation runs changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan.distributed.job_shape import pipeline_microbatches
+from torchtitan.distributed.pipeline_layout import pipeline_layout
+
+# Above this many block-microbatches per rank a step is simulated with 1 and 2 blocks per
+# stage and extrapolated linearly to the real count; below it, exactly.
+EXACT_LIMIT: int | None = None  # None: TITAN_MEMORY_EXACT_LIMIT (checked by the config check), else 48
+FROM_BLOCKS = (1, 2)  # the blocks per stage of the two simulated reductions
+
+
+def _layout(cfg, dims, args):
+    return pipeline_layout(cfg.parallelism, args.n_layers, pipeline_microbatches(cfg))
+
+
+def blocks_per_stage(cfg, dims, args) -> list[list[int]]:
+    """Per pipeline rank, the block counts of its stages."""
+    layout = _layout(cfg, dims, args)
+    if layout is None:
+        return [[args.n_layers]]
+    return [[len(layout.stages[s]) for s in layout.stage_ids(r)] for r in range(dims.pp)]
+
+
+def _reduced(cfg, args, layout, k: int):
+    """The job with k blocks per stage, or None when a stage mixes block kinds."""
+    dense = getattr(args, "n_dense_layers", 0)
+    stages = layout.stages if layout is not None else (tuple(range(args.n_layers)),)
+    kinds = [{i < dense for i in st} for st in stages]
+    if any(len(kind) > 1 for kind in kinds):
+        return None
+    new_dense = k * sum(1 for kind in kinds if kind == {True})
+    small = dataclasses.replace(args, n_layers=k * len(stages), **({"n_dense_layers": new_dense} if dense else {}))
+    if layout is None:
+        return cfg, small
+    p = dataclasses.replace(cfg.parallelism, pipeline_parallel_layers_per_stage=k, pipeline_parallel_split_points=[])
+    return dataclasses.replace(cfg, parallelism=p), small
+
+
+def variants(spec, model, dims, cfg, args, budget_freeing: bool) -> list[tuple]:
+    """(cfg, args, model on meta) to simulate: the job itself, or its 1- and 2-block-per-
+    stage reductions (shortcut 1)."""
+    layout = _layout(cfg, dims, args)
+    microbatches = (layout is not None and cfg.training.local_batch_size
+                    // cfg.parallelism.pipeline_parallel_microbatch_size) or 1
+    work = max(sum(c) for c in blocks_per_stage(cfg, dims, args)) * microbatches
+    limit = EXACT_LIMIT if EXACT_LIMIT is not None else int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT") or 48)
+    if work <= limit or budget_freeing:
+        return [(cfg, args, model)]
+    small = [_reduced(cfg, args, layout, k) for k in FROM_BLOCKS]
+    if any(s is None for s in small):
+        return [(cfg, args, model)]
+    out = []
+    for s_cfg, s_args in small:
+        with torch.device("meta"):
+            out.append((s_cfg, s_args, spec.model_cls(s_args)))
+    return out
+
+
+def extrapolated(r1, r2, blocks: list[int]):
+    """A role from its 1- and 2-block-per-stage predictions, at its real blocks per stage."""
+    lo, hi = FROM_BLOCKS
+    x = (sum(blocks) / len(blocks) - lo) / (hi - lo)
+
+    def line(a: int, b: int) -> int:
+        return max(0, round(a + x * (b - a)))
+
+    return dataclasses.replace(
+        r2, predicted_peak_bytes=line(r1.predicted_peak_bytes, r2.predicted_peak_bytes),
+        worst_case_peak_bytes=line(r1.worst_case_peak_bytes, r2.worst_case_peak_bytes),
+        peak_at=(f"{r2.peak_at[:-1]}; " if r2.peak_at.endswith(")") else f"{r2.peak_at} (")
+        + "extrapolated from 1 and 2 blocks per stage)",
+        breakdown={k: line(r1.breakdown.get(k, 0), r2.breakdown.get(k, 0)) for k in r2.breakdown})
+
+
+@dataclass
+class RankPlan:
+    simulated: list[int]  # pipeline ranks simulated up front
+    derived: list[int]  # ranks interpolated from simulated ones (shortcut 2), if they allow it
+    in_flight: dict[int, int]  # middle rank -> microbatches in flight at its peak
+
+
+def _in_flight(cfg, dims, layout) -> dict[int, int] | None:
+    if layout is None or dims.pp < 5 or layout.stages_per_rank != 1:
+        return None
+    n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+    schedule = cfg.parallelism.pipeline_parallel_schedule
+    if schedule == "1F1B":  # torch's Schedule1F1B: min(microbatches, stages - stage) warm-up forwards
+        return {r: min(n, dims.pp - r) for r in range(1, dims.pp - 1)}
+    if schedule == "GPipe":
+        return {r: n for r in range(1, dims.pp - 1)}
+    return None
+
+
+def rank_plan(cfg, dims, args, budget_freeing: bool) -> RankPlan:
+    """Which pipeline ranks to simulate (shortcut 2 where it applies)."""
+    layout = _layout(cfg, dims, args)
+    in_flight = _in_flight(cfg, dims, layout)
+    dense = getattr(args, "n_dense_layers", 0)
+    if in_flight is not None:
+        kinds = {tuple(i < dense for i in layout.stages[r]) for r in range(1, dims.pp - 1)}
+        if len(kinds) > 1 or budget_freeing:  # unlike middle stages; per-rank freeing
+            in_flight = None
+    if in_flight is None:
+        return RankPlan(list(range(dims.pp)), [], {})
+    return RankPlan([0, 1, dims.pp - 2, dims.pp - 1], list(range(2, dims.pp - 2)), in_flight)
+
+
+def _phase(role) -> str:
+    return role.peak_at.split(", stage ")[0]
+
+
+def _same_point(a, b, fa: int, fb: int) -> bool:
+    """Ranks a and b (fa, fb microbatches in flight) peak at the same point of their
+    schedules: the same phase of the same microbatch (e.g. 1F1B's second backward), or of
+    the microbatch as far from their in-flight counts (e.g. the last warm-up forward)."""
+    pa, pb = _phase(a), _phase(b)
+    if pa == pb:
+        return True
+    ma, mb = re.fullmatch(r"(.*) microbatch (\d+)", pa), re.fullmatch(r"(.*) microbatch (\d+)", pb)
+    return bool(ma and mb and ma[1] == mb[1] and int(ma[2]) - fa == int(mb[2]) - fb)
+
+
+def interpolable(roles: dict, plan: RankPlan) -> bool:
+    """Ranks 1 and pp-2 peak at the same point of their schedules (and, holding as many
+    microbatches, at the same bytes)."""
+    a, b = roles[1], roles[max(plan.in_flight)]
+    fa, fb = plan.in_flight[a.pp_rank], plan.in_flight[b.pp_rank]
+    return _same_point(a, b, fa, fb) and not (fa == fb and a.predicted_peak_bytes != b.predicted_peak_bytes)
+
+
+def _shifted(phase: str, by: int) -> str:
+    m = re.fullmatch(r"(.*) microbatch (\d+)", phase)
+    return phase if m is None else f"{m[1]} microbatch {int(m[2]) + by}"
+
+
+def interpolated(roles: dict, plan: RankPlan, pp_rank: int, ranks: list[int]):
+    """Middle rank `pp_rank`, linear in its microbatches in flight between ranks 1 and pp-2."""
+    a, b = roles[1], roles[max(plan.in_flight)]
+    fa, fb, f = plan.in_flight[a.pp_rank], plan.in_flight[b.pp_rank], plan.in_flight[pp_rank]
+    t = 0.0 if fa == fb else (f - fa) / (fb - fa)
+
+    def line(x: int, y: int) -> int:
+        return max(0, round(x + t * (y - x)))
+
+    return dataclasses.replace(
+        a, role=f"pp{pp_rank}", ranks=ranks, pp_rank=pp_rank, stage_ids=[pp_rank],
+        predicted_peak_bytes=line(a.predicted_peak_bytes, b.predicted_peak_bytes),
+        worst_case_peak_bytes=line(a.worst_case_peak_bytes, b.worst_case_peak_bytes),
+        peak_at=f"{_phase(a) if _phase(a) == _phase(b) else _shifted(_phase(a), f - fa)}, stage {pp_rank}"
+                f" (interpolated: {f} microbatches in flight)",
+        breakdown={k: line(a.breakdown.get(k, 0), b.breakdown.get(k, 0)) for k in a.breakdown})

@@ -1,0 +1,170 @@
+"""What the memory simulation changes so that one training step runs on fake tensors.
+
+Simulated by the code that runs (unchanged): every module, TP, AC / SAC policies, FSDP2 and
+SimpleFSDP gathers and frees, the pipeline schedules' order and buffers, the optimizer.
+Changed here, only inside a simulation:
+
+- `torch._grouped_mm`: its meta kernel (torch 2.13) accepts bfloat16 only; a fake-tensor
+  implementation gives float32 the same output shape (the real CPU kernel computes both).
+- expert-parallel dispatch: the split sizes come from a host sync on routed counts
+  (`.tolist()`), which fake tensors do not have; `PlannedDispatcher` uses the planned load
+  instead: balanced (every EP rank receives its share), or skewed (this rank receives
+  `skew` times its share; the rest is spread over the others).
+- pipeline start-up: the schedule's first step votes on shape inference with `.item()` and
+  exchanges stage metadata with its neighbours by P2P. The simulation votes as every real
+  run does (dynamic inference) and hands a stage the metadata its neighbour would send: a
+  block's output (forward) and that tensor's gradient (backward), taken from the first
+  stage the simulation ran (every stage boundary carries the same hidden state).
+- context parallel on a CUDA target: each chunk attends with torch's lower-right causal bias,
+  never materialized; the CPU tensors of the simulation build the mask instead, uncounted
+  (`cuda_causal_bias`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch._subclasses import fake_impls
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed.pipelining import stage as pp_stage
+from torch.distributed.pipelining import schedules as pp_schedules
+from torch.distributed.pipelining._utils import _derive_grad_metas, _StageBackwardMeta, _StageForwardMeta
+
+from torchtitan.distributed.expert_parallel import AllToAllDispatcher, wait_collective
+
+aten = torch.ops.aten
+
+
+def _grouped_mm_fake(fake_mode: FakeTensorMode, func, a, b, offs=None, bias=None, out_dtype=None):
+    with fake_impls.in_kernel_invocation_manager(fake_mode):
+        if a.dtype == torch.bfloat16:  # the meta kernel's own path
+            out = func(a, b, offs=offs, bias=bias, out_dtype=out_dtype)
+        else:
+            if a.dim() == 2 and b.dim() == 3:
+                shape = [a.size(0), b.size(-1)]
+            elif a.dim() == 3 and b.dim() == 2:
+                shape = [a.size(1), b.size(1)]
+            elif a.dim() == 2:
+                shape = [offs.size(0), a.size(0), b.size(1)]
+            else:
+                shape = [a.size(0), a.size(1), b.size(-1)]
+            out = torch.empty(shape, dtype=out_dtype or a.dtype, device="meta")
+    return FakeTensor(fake_mode, out, a.fake_device)
+
+
+def register_fake_kernels() -> None:
+    """Once per process; affects fake tensors only."""
+    if aten._grouped_mm.default not in fake_impls.op_implementations_dict:
+        fake_impls.register_op_impl(aten._grouped_mm.default)(_grouped_mm_fake)
+
+
+def planned_splits(rows: int, world: int, rank: int, skew: float) -> tuple[list[int], list[int]]:
+    """(rows this rank sends to each EP rank, rows it receives from each) under the planned
+    load: every rank routes `rows` token copies; this rank receives `skew` times its share."""
+    send = [rows // world + (1 if r < rows % world else 0) for r in range(world)]
+    receive_total = min(rows * world, round(rows * skew))
+    recv = [receive_total // world + (1 if r < receive_total % world else 0) for r in range(world)]
+    return send, recv
+
+
+class PlannedDispatcher(AllToAllDispatcher):
+    """AllToAllDispatcher with the planned split sizes instead of the routed ones (the
+    collectives, buffers, regrouping and experts run as in training)."""
+
+    def __init__(self, base: AllToAllDispatcher, rank: int, skew: float):
+        self.mesh, self.group, self.size, self.num_experts = base.mesh, base.group, base.size, base.num_experts
+        self.rank, self.skew = rank, skew
+
+    def route(self, counts: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, list[int], list[int]]:
+        w, e_local = self.size, self.num_experts // self.size
+        wait_collective(funcol.all_to_all_single(counts, None, None, self.group))  # the counts exchange, as in training
+        in_splits, out_splits = planned_splits(n_rows, w, self.rank, self.skew)
+        # what each source sends to each local expert: its rows spread evenly over them
+        recv = torch.tensor([[n // e_local + (1 if e < n % e_local else 0) for e in range(e_local)] for n in out_splits],
+                            dtype=counts.dtype, device=counts.device)
+        return recv, in_splits, out_splits
+
+
+def plan_dispatch(modules, rank: int, skew: float) -> None:
+    for module in modules:
+        for sub in module.modules():
+            dispatcher = getattr(sub, "dispatcher", None)
+            if isinstance(dispatcher, AllToAllDispatcher):
+                sub.dispatcher = PlannedDispatcher(dispatcher, rank, skew)
+
+
+@contextlib.contextmanager
+def as_pipeline_rank(pp_group, pp_rank: int):
+    """Stages and schedules built here see this process as rank `pp_rank` of the pipeline
+    group (the simulation plays every pipeline rank from one process)."""
+    original = torch.distributed.get_rank
+
+    def get_rank(group=None):
+        return pp_rank if group is pp_group else original(group)
+
+    torch.distributed.get_rank = get_rank
+    try:
+        yield
+    finally:
+        torch.distributed.get_rank = original
+
+
+class PipelineStartup:
+    """Stage metadata without P2P (module docstring). One per simulated job: the boundary
+    metadata learnt from the first stage is reused by every later one."""
+
+    def __init__(self):
+        self.forward: _StageForwardMeta | None = None
+
+    @contextlib.contextmanager
+    def patched(self):
+        startup = self
+        orig_send, orig_recv = pp_stage.PipelineStage._send_meta, pp_stage.PipelineStage._recv_meta
+        orig_warmup = pp_schedules._PipelineSchedule._warmup_p2p
+
+        def send_meta(stage, meta, dst_stage):
+            if isinstance(meta, _StageForwardMeta) and startup.forward is None:
+                startup.forward = meta
+
+        def recv_meta(stage, src_stage):
+            if startup.forward is None:
+                raise RuntimeError("memory simulation: simulate the first pipeline stage first")
+            if src_stage < stage.stage_index:
+                return startup.forward
+            return _StageBackwardMeta(backward_metas=_derive_grad_metas(startup.forward.forward_metas))
+
+        def warmup(schedule, stages, has_backward, p2p_done):
+            for s in stages:  # every real run votes DYNAMIC (no static shapes are given)
+                s._inference_mode = pp_stage.InferenceMode.DYNAMIC
+
+        pp_stage.PipelineStage._send_meta, pp_stage.PipelineStage._recv_meta = send_meta, recv_meta
+        pp_schedules._PipelineSchedule._warmup_p2p = warmup
+        try:
+            yield
+        finally:
+            pp_stage.PipelineStage._send_meta, pp_stage.PipelineStage._recv_meta = orig_send, orig_recv
+            pp_schedules._PipelineSchedule._warmup_p2p = orig_warmup
+
+
+@contextlib.contextmanager
+def cuda_causal_bias(tracker, target: str):
+    """A CUDA job's context-parallel chunks attend with a lower-right causal bias, never a
+    materialized mask; simulated on CPU tensors they build the mask: left uncounted."""
+    from torchtitan.models.common import attention
+
+    original = attention.causal_chunk_mask
+    if target != "cuda":
+        yield
+        return
+
+    def uncounted(*args, **kwargs):
+        with tracker.paused():
+            return original(*args, **kwargs)
+
+    attention.causal_chunk_mask = uncounted
+    try:
+        yield
+    finally:
+        attention.causal_chunk_mask = original

@@ -1,0 +1,134 @@
+"""Collective counts and bytes per step, by phase, collective and mesh dimension.
+
+A TorchDispatchMode sees every collective op this process issues: FSDP2's c10d calls,
+DTensor's functional collectives (TP), the pipeline's send/recv, and the functional
+collectives that compiled graphs call at run time (`ignore_compile_internals` keeps the
+mode out of compilation but active while compiled code runs). Ops on tensor subclasses
+(DTensor) are handed back to the subclass first, so the mode sees the collectives they
+lower to instead of the DTensor op.
+
+Keys are "<phase>/<collective>/<mesh dim>": phase is backward while autograd runs backward
+(or inside `phase("backward")`, e.g. the pipeline's deferred gradient reduction), else the
+phase the trainer set (forward around forward/backward work, other around the rest).
+Bytes are the unsharded volume: all_gather output, reduce_scatter input, the tensor of
+all_reduce / broadcast / send / recv / all_to_all.
+"""
+
+import contextlib
+from collections import Counter
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_KINDS = {
+    # torch.ops.c10d (eager process-group calls: FSDP2, pipelining, dist.*)
+    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all",
+    "broadcast_": "broadcast", "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    # torch.ops._c10d_functional (DTensor, SimpleFSDP, compiled graphs)
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce", "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast", "broadcast_": "broadcast",
+    # SimpleFSDP's unit gather (cast + all-gather + copy-out in one op; its inner collective
+    # runs below this mode)
+    "simple_fsdp_gather": "all_gather",
+}
+_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "torchtitan")
+
+
+def _tensor_bytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_tensor_bytes(t) for t in x)
+    return 0
+
+
+def _group_name(args, known: dict) -> str | None:
+    strings = []
+    for a in args:
+        if isinstance(a, str):
+            strings.append(a)  # functional ops: (..., "sum", group_size, group_name)
+        elif isinstance(a, torch.ScriptObject) and "ProcessGroup" in a._type().qualified_name():
+            return dist.ProcessGroup.unbox(a).group_name
+    return next((x for x in strings if x in known), strings[-1] if strings else None)
+
+
+class CommStats(TorchDispatchMode):
+    def __init__(self, group_dims: dict[str, str]):
+        """group_dims: process-group name -> mesh dimension name (pp, dp_shard, tp, ...)."""
+        super().__init__()
+        self.group_dims = group_dims
+        self.phase_name = "other"
+        self.forced: list[str] = []
+        self.counts: Counter = Counter()
+        self.bytes: Counter = Counter()
+
+    # Higher-order ops (e.g. the RNG wrappers of checkpointing under compile) come through
+    # __torch_dispatch__, which runs them unchanged.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Attribute collectives inside to `name` (backward detection still applies)."""
+        self.forced.append(name)
+        try:
+            yield
+        finally:
+            self.forced.pop()
+
+    def reset(self) -> tuple[dict, dict]:
+        """Return (counts, bytes) since the last reset and start counting anew."""
+        out = dict(sorted(self.counts.items())), dict(sorted(self.bytes.items()))
+        self.counts, self.bytes = Counter(), Counter()
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # let DTensor lower the op; its collectives come back here
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        namespace, name = packet._qualified_op_name.split("::")
+        kind = _KINDS.get(name) if namespace in _NAMESPACES else None
+        if kind is not None and not (namespace == "torchtitan" and not args[2]):  # group "": nothing gathered
+            self._record(kind, func, args)
+        return out
+
+    def _record(self, kind: str, func, args) -> None:
+        name = _group_name(args, self.group_dims)
+        dim = self.group_dims.get(name, "world" if name is None else f"group:{name}")
+        if torch._C._current_graph_task_id() != -1:
+            phase = "backward"
+        else:
+            phase = self.forced[-1] if self.forced else self.phase_name
+        namespace = func._overloadpacket._qualified_op_name.split("::")[0]
+        if namespace == "c10d":
+            # c10d ops take (outputs, inputs, ...) or (tensors, ...): the larger side.
+            nbytes = max(_tensor_bytes(args[0]), _tensor_bytes(args[1]) if len(args) > 1 else 0)
+        elif namespace == "torchtitan":  # (shards, group_size, group_name, dtype, ...): gathered in dtype
+            nbytes = sum(t.numel() for t in args[0]) * int(args[1]) * args[3].itemsize
+        elif kind == "all_gather":
+            nbytes = _tensor_bytes(args[0]) * int(args[1])  # (input, group_size, group_name)
+        else:
+            nbytes = _tensor_bytes(args[0])
+        key = f"{phase}/{kind}/{dim}"
+        self.counts[key] += 1
+        self.bytes[key] += nbytes
+

@@ -1,0 +1,188 @@
+"""The one build path. The trainer, the dry run, the memory simulation, the start-up check and
+the scripts all build here:
+
+- `model_on_meta`: the job's model on meta, with the args the run takes (training/model_args.py);
+- `build_parts`: what one pipeline rank trains: pipeline split -> FSDP units -> the plan
+  (reshard decisions resolved once over all of the rank's stages, AC regions) -> the model's
+  parallelize function per part (TP -> AC -> compile -> data parallel), still on meta;
+- `step_runner`: the loss, the pipeline schedule over the parts (PP) and the StepRunner;
+- `fake_world`: the fake process group and mesh of a job's world size, in this one process
+  (the dry run and the memory prediction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchtitan.distributed import reshard_policy
+from torchtitan.distributed.activation_checkpoint import region_specs
+from torchtitan.distributed.data_parallel import Precision, size_units
+from torchtitan.distributed.job_shape import batch_shape, pipeline_microbatches
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.pipeline_layout import PipelineLayout, pipeline_layout
+from torchtitan.distributed.pipeline_parallel import build_pipeline, split_model
+from torchtitan.distributed.plan import BLOCKS, FsdpUnit, PartPlan, RegionSpec
+from torchtitan.dtypes import dtype_bytes, param_dtype
+from torchtitan.models.registry import load_model_modules
+from torchtitan.models.train_spec import TrainSpec, get_train_spec
+from torchtitan.training.loss import Loss
+from torchtitan.training.model_args import run_model_args
+from torchtitan.training.step import StepRunner
+
+if TYPE_CHECKING:
+    from torchtitan.config.job_config import JobConfig
+
+
+@dataclass
+class MetaModel:
+    """The job's model on meta, its registered spec and the args it was built from."""
+
+    spec: TrainSpec
+    model: nn.Module
+    args: object
+
+
+def model_on_meta(cfg: JobConfig, args=None) -> MetaModel:
+    """The job's model on meta (`args`: the run's model args, run_model_args by default)."""
+    load_model_modules(cfg.model.module)
+    spec = get_train_spec(cfg.model.name)
+    args = run_model_args(cfg) if args is None else args
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    return MetaModel(spec, model, args)
+
+
+@dataclass
+class ModelPart:
+    """One model part (the whole model, or one pipeline stage) and its plan."""
+
+    module: nn.Module
+    plan: PartPlan
+
+    @property
+    def stage_id(self) -> int:
+        return self.plan.stage_id
+
+
+@dataclass
+class ModelParts:
+    """What one rank holds: its parts in pipeline order, the layout they come from."""
+
+    parts: list[ModelPart]
+    layout: PipelineLayout | None
+    microbatches: int
+    precision: Precision  # the parameters' compute dtype and the gradients' reduce dtype
+
+    @property
+    def param_dtype(self) -> str:
+        return self.precision.param
+
+    @property
+    def stage_ids(self) -> list[int]:
+        return [p.stage_id for p in self.parts]
+
+    @property
+    def modules(self) -> list[nn.Module]:
+        return [p.module for p in self.parts]
+
+    @property
+    def plans(self) -> list[PartPlan]:
+        return [p.plan for p in self.parts]
+
+
+def _regions(cfg: JobConfig, units: list[FsdpUnit], flags: dict[str, bool], simple: bool) -> dict[str, RegionSpec]:
+    """AC regions of one part: one per block; under SimpleFSDP also one around each resharded
+    unit outside any block (e.g. embeddings), whose gathers must be redone in backward."""
+    blocks = list(dict.fromkeys(u.block for u in units if u.block is not None))
+    specs = region_specs(cfg.activation_checkpoint, blocks, flags, simple, cfg.compile.enable)
+    outside = {u.name: RegionSpec("none", "recompute", by_hooks=True) for u in units  # never compiled
+               if simple and u.block is None and not u.is_root and flags[u.name]}
+    return {**outside, **specs}
+
+
+def precision(cfg: JobConfig, device_type: str) -> Precision:
+    """The parameters' compute dtype on the device the job targets ("auto": dtypes.param_dtype)
+    and the gradients' reduce dtype."""
+    t = cfg.training
+    return Precision(param_dtype(t.mixed_precision_param, device_type), t.mixed_precision_reduce)
+
+
+def resolve_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str,
+                  pp_rank: int, free_bytes: int = 0, budget_note: str = "") -> ModelParts:
+    """Split (on meta) and plan, without parallelizing: what pipeline rank `pp_rank` holds.
+    `free_bytes`: kept unsharded bytes the memory budget makes auto free (torchtitan/memory)."""
+    mixed = precision(cfg, device_type)
+    layout = pipeline_layout(cfg.parallelism, len(getattr(model, BLOCKS)), pipeline_microbatches(cfg))
+    split = split_model(model, layout, pp_rank) if layout is not None else [(0, model)]
+    units = [size_units(m, dims.tp, dims.ep, dtype_bytes(mixed.param), spec.tp_replicated) for _, m in split]
+    p = cfg.parallelism
+    microbatches = pipeline_microbatches(cfg)
+    decisions = reshard_policy.resolve(
+        p.reshard_after_forward, dims.pp > 1, p.pipeline_parallel_schedule, microbatches,
+        units, free_bytes, budget_note,
+    )
+    simple = p.fsdp_implementation == "simple_fsdp" and dims.dp_shard > 1
+    parts = []
+    for (stage_id, module), part_units, decided in zip(split, units, decisions):
+        flags = {name: d.reshard for name, d in decided.items()}
+        plan = PartPlan.assemble(stage_id, part_units, decided, _regions(cfg, part_units, flags, simple), microbatches)
+        parts.append(ModelPart(module, plan))
+    return ModelParts(parts, layout, microbatches, mixed)
+
+
+def build_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str,
+                pp_rank: int, free_bytes: int = 0, budget_note: str = "") -> ModelParts:
+    """What pipeline rank `pp_rank` trains, planned and parallelized, still on meta. The
+    parameter dtype follows the device the job targets (`device_type`)."""
+    parts = resolve_parts(spec, model, dims, cfg, device_type, pp_rank, free_bytes, budget_note)
+    for part in parts.parts:
+        part.module = spec.parallelize_fn(part.module, dims, part.plan, cfg.parallelism, cfg.compile, parts.precision)
+    return parts
+
+
+def plan_records(parts: ModelParts) -> list[dict]:
+    """The plan.json `model_parts` entries of these parts."""
+    return [plan.record() for plan in parts.plans]
+
+
+def step_runner(parts: ModelParts, dims: ParallelDims, cfg: JobConfig, device: torch.device, *,
+                bos_id: int | None, held_for_backward: bool = False,
+                on_phase: Callable[[str], None] | None = None,
+                backward_phase: Callable[[], ContextManager] | None = None) -> StepRunner:
+    """The loss, the pipeline schedule over the parts (under PP) and the runner of a rank's
+    steps. `bos_id`: the tokenizer's BOS id, used under the block-causal mask; `on_phase`,
+    `backward_phase`: the memory simulation's and comm stats' phase marks."""
+    t, p = cfg.training, cfg.parallelism
+    accum = batch_shape(cfg, dims.dp).accum_steps
+    loss = Loss(parts.microbatches * accum, cfg.model.mtp_depth, t.mtp_loss_weight, t.seq_len,
+                p.context_parallel_degree)
+    pipeline = None
+    if parts.layout is not None:
+        pipeline = build_pipeline(list(zip(parts.stage_ids, parts.modules)), parts.layout, device, dims.pp_group(),
+                                  parts.microbatches, loss_fn=loss, backward_phase=backward_phase)
+    return StepRunner(parts.modules, device, accum, loss, dims.tp > 1 and p.loss_parallel, pipeline, parts.layout,
+                      parts.stage_ids, held_for_backward, on_phase,
+                      bos_id=bos_id if cfg.model.attn_mask == "block_causal" else None,
+                      cp=parts.modules[0].context_parallel)
+
+
+@contextlib.contextmanager
+def fake_world(cfg: JobConfig, world_size: int) -> Iterator[ParallelDims]:
+    """This process as rank 0 of a fake process group of `world_size` ranks (collectives move
+    nothing), with the job's mesh built on it; destroyed on exit. A process can hold it only
+    while no real group exists (device meshes and groups keep global state)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        dims = ParallelDims.from_config(cfg, world_size)
+        dims.build_mesh("cpu")
+        yield dims
+    finally:
+        dist.destroy_process_group()
