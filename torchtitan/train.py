@@ -290,7 +290,7 @@ class Trainer:
             figures["mtp_loss"] = self._mean(sums.mtp)
         return loss, grad_norm, figures
 
-    def _validate(self, step: int) -> None:
+    def _run_validation(self, step: int) -> None:
         start = time.perf_counter()
         for m in self.model_parts:
             m.eval()  # e.g. MoE layers do not count tokens for load balancing
@@ -329,7 +329,7 @@ class Trainer:
         data = iter(self.dataloader)
         start_step = self.train_state.step
         if self.validator is not None and self.validator.due(0, t.steps, start_step):
-            self._validate(0)
+            self._run_validation(0)
         while self.train_state.step < t.steps:
             step = self.train_state.step + 1
             start = time.perf_counter()
@@ -383,7 +383,7 @@ class Trainer:
         the run stops here (preempted: the step is checkpointed)."""
         t = self.cfg.training
         if self.validator is not None and self.validator.due(step, t.steps, start_step):
-            self._validate(step)
+            self._run_validation(step)
         with self.watchdog.paused(f"the checkpoint save after step {step}"):
             self.checkpoint.maybe_save(step, last=step == t.steps)
         if step == t.steps:

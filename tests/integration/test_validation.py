@@ -51,3 +51,18 @@ def test_v_schedule_simple_fsdp_validates_like_step_1(tmp_path):
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in val] == [0, 1]
     assert val[0]["validation_loss"] == train[0]["loss"], (val[0], train[0])
+
+
+def test_pipeline_with_multi_token_prediction_validates_the_main_head_like_step_1(tmp_path):
+    # DeepSeek-V3 with an MTP module on the last of 2 pipeline stages (1F1B, forward-only eval):
+    # the stages get the MTP tokens they were built for, and validation scores the main head
+    # over every position of the sequences, as training logs its loss.
+    dump = str(tmp_path / "mtp_pp")
+    rc, _, out = run_tests.run(2, [*PP, "--model.mtp_depth=1", "--training.local_batch_size=4", "--training.steps=1",
+                                   *ON_TRAIN_DATA], dump, model=run_tests.DS)
+    assert rc == 0, out[-3000:]
+    records = _records(dump)
+    val = [r for r in records if "validation_loss" in r]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in val] == [0, 1]
+    assert val[0]["validation_loss"] == train[0]["loss"], (val[0], train[0])

@@ -1,4 +1,4 @@
-"""`python -m torchtitan.checks [overrides]`: validate a config without torch.
+"""`python -m torchtitan.checks [overrides]`: check a job before launch, without torch.
 
 run_train.sh calls this before torchrun so a bad key fails in a fraction of a second with
 one line, instead of once per worker. The world size comes from $NGPU, the ranks on this

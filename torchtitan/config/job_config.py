@@ -19,6 +19,8 @@ AUTO = "auto"  # derive the value from the rest of the job
 
 @dataclass
 class Job:
+    """The run itself: its config file, where it writes, and the dry run."""
+
     config_file: str = ""
     """TOML file to load; CLI overrides are applied on top of it."""
 
@@ -48,6 +50,8 @@ class Job:
 
 @dataclass
 class Model:
+    """Which model, which size, which tokenizer."""
+
     name: str = "llama3"
     """Model family, a name registered in models/registry.py (llama3, deepseek_v3, or one a
     model.module registers)."""
@@ -78,6 +82,8 @@ class Model:
 
 @dataclass
 class Training:
+    """Steps, batch, sequence length, numerics, device and the training data."""
+
     steps: int = 10
     """Number of optimizer steps to train."""
 
@@ -133,6 +139,8 @@ class Training:
 
 @dataclass
 class Parallelism:
+    """The parallel layout (degrees, schedule) and the FSDP reshard policy with the memory budget."""
+
     data_parallel_replicate_degree: int = 1
     """Replicas of the model (DDP, or HSDP's outer dimension when data_parallel_shard_degree > 1)."""
 
@@ -171,7 +179,8 @@ class Parallelism:
     backward (ZeRO-2). auto: under PP keep all (one gather per step instead of one per
     microbatch); without PP reshard every block but the last, keep norm + output; with
     a memory budget, keep units gathered only while every rank role's predicted peak stays
-    under memory_budget_gib. The plan is printed at start-up and written to plan.json."""
+    under memory_budget_gib (distributed/reshard_policy.resolve, the one place that decides).
+    The plan is printed at start-up and written to plan.json."""
 
     memory_budget_gib: float | Literal["auto", "none"] = AUTO
     """Most GiB of tensor memory one rank may use at its peak (the dry run's prediction:
@@ -192,7 +201,8 @@ class Parallelism:
     order); ZBVZeroBubble and DualPipeV exactly two per rank (V order)."""
 
     pipeline_parallel_microbatch_size: int = 1
-    """Sequences per pipeline microbatch; local_batch_size must be a multiple of it."""
+    """Sequences per pipeline microbatch; local_batch_size must be a multiple of it
+    (distributed/job_shape.pipeline_microbatches)."""
 
     pipeline_parallel_layers_per_stage: int | Literal["auto"] = AUTO
     """Transformer blocks per pipeline stage. auto = split the blocks evenly over one stage
@@ -206,6 +216,8 @@ class Parallelism:
 
 @dataclass
 class MoE:
+    """Routing and load balancing of mixture-of-experts models."""
+
     top_k: int | Literal["auto"] = AUTO
     """Routed experts each token goes to (n_activated_experts); auto = the flavor's value."""
 
@@ -233,6 +245,8 @@ class MoE:
 
 @dataclass
 class Optimizer:
+    """AdamW."""
+
     name: Literal["AdamW"] = "AdamW"
     """Optimizer class."""
 
@@ -254,6 +268,8 @@ class Optimizer:
 
 @dataclass
 class LRScheduler:
+    """Warmup, then a flat phase and a decay."""
+
     warmup_steps: int = 2
     """Steps of linear warmup from near zero up to the peak lr."""
 
@@ -269,6 +285,8 @@ class LRScheduler:
 
 @dataclass
 class ActivationCheckpoint:
+    """What backward recomputes instead of keeping, and FSDP's gathers inside those regions."""
+
     mode: Literal["none", "full", "selective"] = "none"
     """Recompute activations in backward: none, full (every block), selective."""
 
@@ -281,11 +299,14 @@ class ActivationCheckpoint:
     unit stays ZeRO-2 under recompute), recomputed (re-gathered in backward), or, with auto,
     saved exactly where the reshard plan keeps the unit unsharded. Recognised by process
     group, so TP/EP collectives and other ops follow the AC mode. With fsdp2 only auto is
-    valid: its hooks already gather once for recompute and backward."""
+    valid: its hooks already gather once for recompute and backward
+    (distributed/activation_checkpoint.region_specs)."""
 
 
 @dataclass
 class Compile:
+    """torch.compile of each transformer block."""
+
     enable: bool = False
     """Compile each transformer block with torch.compile."""
 
@@ -295,6 +316,8 @@ class Compile:
 
 @dataclass
 class Checkpoint:
+    """Saving, resuming, starting from other weights, exporting to Hugging Face."""
+
     enable: bool = False
     """Save checkpoints (torch.distributed.checkpoint) and resume from the latest one."""
 
@@ -349,6 +372,8 @@ class Checkpoint:
 
 @dataclass
 class Comm:
+    """How long collectives, checkpoint I/O and a silent rank may take."""
+
     timeout_seconds: int = 300
     """Longest a collective may wait for the other ranks before the run fails. A rank that
     died or hangs makes every other rank exit non-zero within this time instead of hanging.
@@ -373,6 +398,8 @@ class Comm:
 
 @dataclass
 class Metrics:
+    """What each step logs and where."""
+
     log_freq: int = 1
     """Log every this many steps (console, TensorBoard, metrics.jsonl)."""
 
@@ -410,6 +437,8 @@ class Metrics:
 
 @dataclass
 class Validation:
+    """Held-out loss during training."""
+
     enable: bool = False
     """Measure held-out loss and perplexity (no update) every `freq` steps and after the
     last step; logged as validation_loss / validation_perplexity (console, metrics.jsonl,
@@ -443,6 +472,8 @@ class Validation:
 
 @dataclass
 class Profiling:
+    """Traces and memory snapshots of chosen steps."""
+
     enable_profiling: bool = False
     """Record torch.profiler traces (CPU and, on GPU, CUDA activity, with shapes and stacks)
     of one step every profile_freq steps; each rank writes a Chrome trace (open it in
@@ -466,6 +497,8 @@ class Profiling:
 
 @dataclass
 class JobConfig:
+    """Every section of a job, in the order --help and docs/config.md show them."""
+
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)

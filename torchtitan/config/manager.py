@@ -65,13 +65,14 @@ def _is_union(tp) -> bool:
     return get_origin(tp) in (Union, types.UnionType)
 
 
-def _type_name(tp) -> str:
+def type_name(tp) -> str:
+    """A field's type as --help and docs/config.md show it: int, float|auto, auto|sigmoid|softmax."""
     if _is_union(tp):
-        return "|".join(_type_name(a) for a in get_args(tp))
+        return "|".join(type_name(a) for a in get_args(tp))
     if get_origin(tp) is Literal:
-        return "|".join(str(a) for a in get_args(tp))
+        return "|".join(str(a) if a != "" else '""' for a in get_args(tp))
     if get_origin(tp) is list:
-        return f"list[{_type_name(get_args(tp)[0])}]"
+        return f"list[{type_name(get_args(tp)[0])}]"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -102,7 +103,7 @@ def convert(key: str, tp, value: Any) -> Any:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
-            raise ConfigError(f"--{key}: expected a list ({_type_name(tp)}), got {value!r}")
+            raise ConfigError(f"--{key}: expected a list ({type_name(tp)}), got {value!r}")
         return [convert(key, item_tp, v) for v in value]
     if tp is bool:
         if isinstance(value, bool):
@@ -253,6 +254,11 @@ def parse_cli(argv: list[str]) -> tuple[list[tuple[str, str]], bool]:
     return pairs, want_help
 
 
+def section_docs(cls: type) -> str:
+    """The docstring of a section's dataclass ("" when it has none)."""
+    return " ".join((cls.__doc__ or "").split()) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
+
+
 def help_text() -> str:
     lines = ["usage: run_train.sh [--section.key=value ...]   (CLI > TOML > defaults)", ""]
     for name, cls in sections().items():
@@ -260,7 +266,7 @@ def help_text() -> str:
         docs, types = field_docs(cls), field_types(cls)
         defaults = cls()
         for key, tp in types.items():
-            lines.append(f"  --{name}.{key} ({_type_name(tp)}, default {getattr(defaults, key)!r})")
+            lines.append(f"  --{name}.{key} ({type_name(tp)}, default {getattr(defaults, key)!r})")
             lines.append(f"      {docs.get(key, '')}")
         lines.append("")
     return "\n".join(lines)

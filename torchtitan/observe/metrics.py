@@ -158,7 +158,7 @@ class WandbSink:
     """Scalars to a W&B run (rank 0's), the job config as the run config. Project and entity:
     WANDB_PROJECT (default "torchtitan") and WANDB_ENTITY; mode (online / offline / disabled):
     WANDB_MODE, as wandb reads it. The run's files go under <dump_folder>/wandb; a resumed job
-    starts a new run. validate.check_wandb has checked the package and the login."""
+    starts a new run. checks/outputs.check_wandb has checked the package and the login."""
 
     def __init__(self, dump_folder: str, config: dict, name: str):
         import wandb

@@ -1,7 +1,7 @@
 """DeepSeek-V3 shapes: the published 16B (V2-Lite / Moonlight layout) and 671B (V3 report)
 flavors and small ones for tests.
 
-Torch-free so that the config check can validate `model.flavor` without importing torch.
+Torch-free so that the pre-launch checks read `model.flavor` without importing torch.
 """
 
 from dataclasses import dataclass

@@ -1,6 +1,6 @@
 """Llama3 shapes: the published Llama 3.2 1B / 3B and 3.1 8B / 70B / 405B flavors and small ones for tests.
 
-Torch-free so that the config check can validate `model.flavor` without importing torch.
+Torch-free so that the pre-launch checks read `model.flavor` without importing torch.
 """
 
 from dataclasses import dataclass
