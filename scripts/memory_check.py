@@ -38,7 +38,7 @@ What is compared with what
 What is not counted on either side: allocator fragmentation and caching (CPU has no caching
 allocator; on CUDA reserved - allocated), NCCL's own buffers, and memory outside tensors (the
 interpreter, libraries, gloo's transport buffers). What the meter sees and the prediction
-leaves out (README, "Not counted"): gloo's own temporaries of a collective, which are CPU
+leaves out (docs/memory.md, "Not counted"): gloo's own temporaries of a collective, which are CPU
 allocator blocks. Observed over the whole matrix (3 runs each, 2026-12-01): every role
 within +/-5%, nearly all below the prediction; a constant ~1 KiB above it in almost every
 job (the meter's own probe allocations, presumably); FSDP2 with resharding about 0.75 MiB

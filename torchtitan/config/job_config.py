@@ -77,7 +77,8 @@ class Model:
     mtp_depth: int = 0
     """Multi-token prediction (DeepSeek-V3 report, section 2.2): sequential MTP modules after
     the last block, module k predicting the token k+2 ahead; they share the embeddings and the
-    output head. 0 = off; DeepSeek-V3 used 1. deepseek_v3 only, not with pipeline parallel."""
+    output head. 0 = off; DeepSeek-V3 used 1. Models whose args have mtp_depth only (deepseek_v3);
+    under pipeline parallel the MTP modules sit on the last stage."""
 
 
 @dataclass
@@ -442,8 +443,9 @@ class Validation:
     enable: bool = False
     """Measure held-out loss and perplexity (no update) every `freq` steps and after the
     last step; logged as validation_loss / validation_perplexity (console, metrics.jsonl,
-    TensorBoard). The validation data is read by its own loader, rebuilt for every
-    measurement (the same batches each time), and never touches the training stream."""
+    TensorBoard). The validation batches come from a loader of their own, read at the first
+    measurement and kept (the same batches each time, data/validation.py); the training
+    stream is never touched."""
 
     dataset: str = "pydoc"
     """Same forms as training.dataset. 'pydoc' with split 'validation' is the embedded

@@ -10,7 +10,7 @@ step adds. simulation_patches.py lists the three paths that run changed (grouped
 expert-parallel split sizes, pipeline start-up).
 
 Eager mode: the simulation runs the job with torch.compile off (compiled kernels fuse and
-free their intermediates differently; see README, "Memory prediction").
+free their intermediates differently; see docs/memory.md).
 """
 
 from __future__ import annotations
