@@ -200,7 +200,7 @@ class Shape:
     ep: int
     cp: int
     local_batch: int
-    global_batch: int  # -1: local x dp
+    global_batch: int | str  # "auto": local x dp
     microbatch_size: int
 
     @property
@@ -209,19 +209,20 @@ class Shape:
 
 
 def shape(job: Job) -> Shape:
-    """The job's degrees (dp_shard -1 resolved as the trainer does) and batch sizes."""
-    def num(key: str, default: int) -> int:
-        return int(job.value(key, str(default)))
+    """The job's degrees (dp_shard "auto" resolved as the trainer does) and batch sizes."""
+    def num(key: str, default: int | str) -> int | str:
+        value = job.value(key, str(default))
+        return "auto" if value in ("auto", "-1") else int(value)  # -1: the older spelling of auto
 
     rep, tp, pp, cp = num(KEYS["rep"], 1), num(KEYS["tp"], 1), num(KEYS["pp"], 1), num(KEYS["cp"], 1)
-    shard = num(KEYS["shard"], -1)
-    if shard == -1:
+    shard = num(KEYS["shard"], "auto")
+    if shard == "auto":
         shard = job.ngpu // (rep * tp * pp * cp)
     if rep * shard * tp * pp * cp != job.ngpu:
         raise ValueError(f"{job.name}: degrees rep {rep} x shard {shard} x cp {cp} x tp {tp} x pp {pp}"
                          f" != {job.ngpu} ranks")
     lbs = num(KEYS["lbs"], int(DEFAULTS["training.local_batch_size"]))
-    return Shape(rep, shard, tp, pp, num(KEYS["ep"], 1), cp, lbs, num(KEYS["gbs"], -1), num(KEYS["mbs"], 1))
+    return Shape(rep, shard, tp, pp, num(KEYS["ep"], 1), cp, lbs, num(KEYS["gbs"], "auto"), num(KEYS["mbs"], 1))
 
 
 def tags(job: Job) -> set[str]:
@@ -253,7 +254,7 @@ def tags(job: Job) -> set[str]:
         out.add("cp")
     if job.value(KEYS["mask"], "causal") != "causal":
         out.add(f"mask:{job.value(KEYS['mask'])}")
-    if s.global_batch > s.local_batch * s.dp:
+    if s.global_batch != "auto" and s.global_batch > s.local_batch * s.dp:
         out.add("grad_accum")
     if job.value("checkpoint.async_mode", "disabled") == "async":
         out.add("checkpoint:async")

@@ -9,10 +9,6 @@ the model on meta, and for every pipeline rank splits, plans and parallelizes it
 of it on fake tensors (torchtitan/memory) to predict the peak of allocated bytes of each rank
 role, with its breakdown. It prints the reshard plan and the per-role table and writes
 plan.json.
-
-The trainer's start-up memory check runs this module too, as a child process of rank 0
-(memory/startup.py): with TITAN_STARTUP_PREDICTION=1 it reads the job from stdin and hands its
-prediction back on stdout.
 """
 
 import os
@@ -21,7 +17,6 @@ import time
 
 from torchtitan.checks import load_config_or_exit
 from torchtitan.checks.job import accepts
-from torchtitan.memory import startup
 from torchtitan.memory.budget import memory_budget, ranks_on_this_node
 from torchtitan.memory.fit import fit_report
 from torchtitan.memory.predict import predict, role_table
@@ -31,9 +26,6 @@ from torchtitan.units import GIB
 
 
 def main(argv: list[str] | None = None) -> int:
-    if os.environ.get(startup.STARTUP_ENV) == "1":
-        startup.child_main(accepts)
-        return 0
     start = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("NGPU", "1")))

@@ -46,12 +46,16 @@ from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_li
 from torchtitan.resilience.timeouts import hang_timeout
 from torchtitan.training.build import ModelParts, build_parts, model_on_meta, plan_records, step_runner
 from torchtitan.training.expert_balance import ExpertBalancer
-from torchtitan.training.loss import global_mean
+from torchtitan.training.loss import global_sum
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.plan_report import report_plan
 from torchtitan.units import GIB
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
+
+
+# The start-up memory prediction's child process (memory/startup.py)
+PREDICTION_CHILD = [sys.executable, "-m", "torchtitan.predict_memory"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -64,7 +68,7 @@ def join_job(cfg: JobConfig, device: torch.device):
     (None without a budget); a role over the budget stops every rank here."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     first = int(os.environ.get("RANK", "0")) == 0
-    child = start_prediction(cfg, world, device.type) if first else None
+    child = start_prediction(cfg, world, device.type, PREDICTION_CHILD) if first else None
     init_distributed(device, cfg.comm.timeout_seconds)
     predicted = share(child) if cfg.parallelism.memory_budget_gib != "none" else None
     if predicted is not None and predicted.refusal:
@@ -94,7 +98,8 @@ def materialised_parts(meta, dims: ParallelDims, cfg: JobConfig, device: torch.d
     free = predicted.free_bytes.get(pp_rank, 0) if predicted is not None else 0
     parts = build_parts(meta.spec, meta.model, dims, cfg, device.type, pp_rank, free,
                         predicted.budget_note if predicted is not None else "")
-    report_plan(plan_records(parts), dims, cfg, predicted, log)
+    report_plan(plan_records(parts), dims, cfg, predicted.budget_bytes if predicted is not None else None,
+                [r.record() for r in predicted.roles] if predicted is not None else None, log)
     for part in parts.modules:
         part.to_empty(device=device)
         part.init_weights(cfg.training.seed, device)
@@ -257,9 +262,10 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _mean(self, value: torch.Tensor, pipeline: bool = True) -> float:
-        """A rank's sum of scaled loss parts -> the global batch's mean, read on the host."""
+        """A rank's sum of scaled loss parts -> the global batch's mean, read on the host (a
+        host division: exact on every device, as the figures always were)."""
         pp = self.dims.pp_group() if pipeline and self.runner.pipeline is not None else None
-        return global_mean(value, self.dims.loss_group(), self.dims.dp_cp, pp).item()
+        return global_sum(value, self.dims.loss_group(), pp).item() / self.dims.dp_cp
 
     def train_step(self, batches) -> tuple[float, float, dict]:
         """One optimizer step over the accumulation steps' micro-batches; returns (global loss,

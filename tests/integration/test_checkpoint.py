@@ -9,8 +9,8 @@ import signal
 import pytest
 
 import checkpoint_checks as cc
+import references
 import run_tests
-import test_parity_suite
 
 
 def _marker(dump, step):
@@ -27,7 +27,7 @@ def test_resume_is_bitwise(layout, fsdp_run, tmp_path, tmp_path_factory):
         cc.straight_run(layout, dump)
     # The straight run is also this layout's parity check against one rank (run_tests.py
     # keeps its own fsdp+tp and pp+fsdp_Interleaved1F1B cases for --slow).
-    reference = test_parity_suite._losses("reference", tmp_path_factory)
+    reference = references.losses("reference", tmp_path_factory)
     straight_list = [cc.straight_losses(dump)[s] for s in range(1, 11)]
     assert run_tests.max_rel_diff(straight_list, reference) <= 1e-4, (straight_list, reference)
     assert _marker(dump, 5)["model_only"] is False and _marker(dump, 10)["step"] == 10
@@ -56,7 +56,7 @@ def test_expert_parallel_resume_is_bitwise_and_loads_with_more_expert_ranks(tmp_
     # model state, so the resumed steps are bitwise those of the straight run.
     dump = str(tmp_path / "ep2")
     straight = cc.straight_run("deepseek_ep2", dump)
-    reference = test_parity_suite._losses("reference_deepseek_v3", tmp_path_factory)
+    reference = references.losses("reference_deepseek_v3", tmp_path_factory)
     assert run_tests.max_rel_diff([straight[s] for s in range(1, 11)], reference) <= 1e-4
     resumed, log = cc.resumed_run("deepseek_ep2", dump)
     assert f"checkpoint: resumed from step 5 ({dump}/checkpoint/step-5)" in log

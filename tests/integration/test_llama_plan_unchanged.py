@@ -20,7 +20,7 @@ Compared exactly: everything but
 - memory_per_rank_role: its records' keys, roles, ranks and stages exactly; the predicted and
   worst-case peaks within 1%, each breakdown category within 1% of the peak; peak_at not
   (the simulation is deterministic, but a small change of it should not fail this test:
-  tests/unit/test_memory_prediction.py checks its numbers);
+  tests/integration/test_memory_fake_world.py checks its numbers);
 - memory_budget_bytes where a case leaves memory_budget_gib at 0: that is the default budget
   of the machine the dry run runs on (on CPU, MemAvailable / 8 ranks - 0.5 GiB), so only its
   type is checked.

@@ -1,6 +1,6 @@
 """The memory budget at work: a job over it stops before its first step with the changes
 that would fit; a job under it logs its predicted peak after step 2; the dry run's fit
-search. (The prediction's accuracy: tests/unit/test_memory_prediction.py and
+search. (The prediction's accuracy: tests/integration/test_memory_fake_world.py and
 scripts/memory_check.py.)"""
 
 import json

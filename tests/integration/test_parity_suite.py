@@ -1,41 +1,11 @@
 """The run_tests.py cases under pytest: each case's losses vs the 1-rank reference, and
-numerics-neutral features (activation checkpointing) bitwise identical to running without."""
-
-import json
+numerics-neutral features (activation checkpointing) bitwise identical to running without.
+(The runs, once per session: references.py.)"""
 
 import pytest
+
+import references as refs
 import run_tests
-
-_CASES = {c.name: c for c in run_tests.CASES}
-_LOSSES: dict[str, list[float]] = {}
-_GRAD_NORMS: dict[str, list[float]] = {}
-_COMM: dict[str, dict] = {}
-_LOADS: dict[str, list] = {}  # MoE: (min, max) tokens per expert over the mean, per step
-
-
-_REFERENCES = {run_tests.reference_name(c.model, c.dtype, c.attn_mask): (c.model, c.dtype, c.attn_mask)
-               for c in run_tests.CASES}
-
-
-def _losses(name: str, tmp_path_factory) -> list[float]:
-    """Run a case once per session (reference* are the 1-rank runs) and keep its losses."""
-    if name not in _LOSSES:
-        if name in _REFERENCES:
-            (model, dtype, mask), ngpu, launcher = _REFERENCES[name], 1, None
-            overrides = [f"--model.attn_mask={mask}"] if mask != "causal" else []
-        else:
-            c = _CASES[name]
-            ngpu, overrides, model, dtype, launcher = c.ngpu, c.overrides, c.model, c.dtype, c.launcher
-        dump = str(tmp_path_factory.mktemp(name.replace("+", "_")))
-        rc, _, log = run_tests.run(ngpu, overrides, dump, model=model, dtype=dtype, launcher=launcher)
-        assert rc == 0, log[-3000:]
-        _LOSSES[name] = run_tests.read_losses(dump)
-        _GRAD_NORMS[name] = run_tests.read_grad_norms(dump)
-        with open(f"{dump}/metrics.jsonl") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-        _COMM[name] = records[-1].get("comm", {})
-        _LOADS[name] = [(r.get("expert_load_min"), r.get("expert_load_max")) for r in records]
-    return _LOSSES[name]
 
 
 FAST = [c for c in run_tests.CASES if not c.slow]
@@ -44,14 +14,14 @@ SLOW = [c for c in run_tests.CASES if c.slow]
 
 def _check(case, tmp_path_factory):
     ref_name = run_tests.reference_name(case.model, case.dtype, case.attn_mask)
-    reference = _losses(ref_name, tmp_path_factory)
-    losses = _losses(case.name, tmp_path_factory)
+    reference = refs.losses(ref_name, tmp_path_factory)
+    losses = refs.losses(case.name, tmp_path_factory)
     assert len(losses) == run_tests.STEPS
     assert run_tests.max_rel_diff(losses, reference) <= run_tests.tolerance(case), (losses, reference)
-    norms, ref_norms = _GRAD_NORMS[case.name], _GRAD_NORMS[ref_name]
+    norms, ref_norms = refs.GRAD_NORMS[case.name], refs.GRAD_NORMS[ref_name]
     assert run_tests.max_rel_diff(norms, ref_norms) <= run_tests.tolerance(case), (norms, ref_norms)
     if case.model != "llama3":  # the same routing and bias updates in every layout
-        assert _LOADS[case.name] == _LOADS[ref_name], (_LOADS[case.name], _LOADS[ref_name])
+        assert refs.LOADS[case.name] == refs.LOADS[ref_name], (refs.LOADS[case.name], refs.LOADS[ref_name])
 
 
 @pytest.mark.parametrize("case", FAST, ids=[c.name for c in FAST])
@@ -66,7 +36,7 @@ def test_slow_case_matches_one_rank(case, tmp_path_factory):
 
 
 def test_reference_loss_decreases(tmp_path_factory):
-    reference = _losses("reference", tmp_path_factory)
+    reference = refs.losses("reference", tmp_path_factory)
     assert reference[-1] < reference[0] - 0.1, reference
 
 
@@ -74,14 +44,14 @@ def test_reference_loss_decreases(tmp_path_factory):
 def test_activation_checkpointing_is_bitwise_neutral(ac_case, tmp_path_factory):
     # Same layout (2 ranks, FSDP), recompute instead of keeping activations: same math. (fsdp_2
     # runs through run_train.sh, the AC cases through the fast launcher: the launchers agree too.)
-    assert _losses(ac_case, tmp_path_factory) == _losses("fsdp_2", tmp_path_factory)
+    assert refs.losses(ac_case, tmp_path_factory) == refs.losses("fsdp_2", tmp_path_factory)
 
 
 def test_compile_matches_eager(tmp_path_factory):
     # Inductor may fuse and reorder reductions, so bitwise equality is not promised; on the
     # CPUs here it has been exact, and it must stay within fp32 noise.
-    compiled = _losses("fsdp_compile", tmp_path_factory)
-    eager = _losses("fsdp_2", tmp_path_factory)
+    compiled = refs.losses("fsdp_compile", tmp_path_factory)
+    eager = refs.losses("fsdp_2", tmp_path_factory)
     assert run_tests.max_rel_diff(compiled, eager) <= 1e-5, (compiled, eager)
 
 
@@ -89,13 +59,7 @@ def test_compile_matches_eager(tmp_path_factory):
 def test_activation_checkpointing_with_expert_parallel_is_bitwise_neutral(ac_case, tmp_path_factory):
     # Recompute must route exactly as forward did (same splits, same experts, counts not
     # doubled): the losses are bitwise those of the same EP layout without AC.
-    assert _losses(ac_case, tmp_path_factory) == _losses("deepseek_ep_all_of_dp_shard", tmp_path_factory)
-
-
-def _comm(name: str, tmp_path_factory) -> dict:
-    """The collective counts of a case's last step (its dump is kept by _losses)."""
-    _losses(name, tmp_path_factory)
-    return _COMM[name]
+    assert refs.losses(ac_case, tmp_path_factory) == refs.losses("deepseek_ep_all_of_dp_shard", tmp_path_factory)
 
 
 @pytest.mark.parametrize("ac_case, backward_a2a", [
@@ -104,7 +68,7 @@ def test_expert_parallel_all_to_alls_per_step(ac_case, backward_a2a, tmp_path_fa
     # 3 MoE layers x 2 accumulation steps. Forward: counts, dispatch, combine = 3 all-to-alls per
     # layer. Backward: the reverse of dispatch and combine = 2; op SAC keeps the dispatched
     # tokens so recompute sends nothing; full AC sends the forward's 3 again.
-    comm = _comm(ac_case, tmp_path_factory)
+    comm = refs.comm(ac_case, tmp_path_factory)
     assert comm["forward/all_to_all/ep"] == 3 * 3 * 2
     assert comm["backward/all_to_all/ep"] == backward_a2a
     assert not any("all_to_all" in key and not key.endswith("/ep") for key in comm), comm
@@ -113,7 +77,7 @@ def test_expert_parallel_all_to_alls_per_step(ac_case, backward_a2a, tmp_path_fa
 def test_simple_fsdp_with_expert_parallel_gathers_nothing_in_backward(tmp_path_factory):
     # reshard never + fsdp_ac_policy auto + op SAC: the gathers of the dense units (dp_shard)
     # and of the experts (dp_shard_mod_ep, what EP left) are saved, never redone.
-    comm = _comm("deepseek_simple_fsdp+ep_op_sac", tmp_path_factory)
+    comm = refs.comm("deepseek_simple_fsdp+ep_op_sac", tmp_path_factory)
     assert comm["forward/all_gather/dp_shard"] > 0 and comm["forward/all_gather/dp_shard_mod_ep"] > 0, comm
     assert not [key for key in comm if key.startswith("backward/all_gather")], comm
     assert comm["backward/reduce_scatter/dp_shard_mod_ep"] == comm["forward/all_gather/dp_shard_mod_ep"]

@@ -22,16 +22,6 @@ def repo_root() -> str:
     return REPO_ROOT
 
 
-@pytest.fixture(scope="session")
-def subprocess_env() -> dict:
-    """Environment for `python -m torchtitan...` children: the repo importable, nothing else set."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    for key in ("NGPU", "WORLD_SIZE", "RANK"):
-        env.pop(key, None)
-    return env
-
-
 def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
@@ -41,20 +31,24 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def gloo_world():
     """A 1-rank gloo default process group in this process for one test module (destroyed
-    after it, so that modules starting their own are not skipped)."""
+    after it, so that the next module can create its own). A group that cannot be created
+    fails the tests that need it, as does one left behind by an earlier test: a skip would
+    hide a broken loopback or a leaked group."""
     import torch.distributed as dist
 
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     if dist.is_initialized():
-        pytest.skip("a default process group already exists in this process")
+        pytest.fail("a default process group already exists in this process: an earlier test created it and did"
+                    " not destroy it", pytrace=False)
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
             timeout=datetime.timedelta(seconds=30),
         )
-    except Exception as e:  # e.g. no loopback networking in the sandbox
-        pytest.skip(f"cannot create a 1-rank gloo process group here: {type(e).__name__}: {e}")
+    except Exception as e:  # e.g. no loopback networking
+        pytest.fail(f"cannot create a 1-rank gloo process group on 127.0.0.1: {type(e).__name__}: {e}",
+                    pytrace=False)
     try:
         yield dist.group.WORLD
     finally:

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),  # the build path, the step, the loss, the optimizer, expert balance, plan report
     ("memory",),  # the prediction (one simulated step per rank role), the budget, the model-states floor
     ("checks",),  # the pre-launch checks: each owner's torch-free rules, called in order
-    ("train", "dry_run", "launcher", "hf_convert"),  # entry points
+    ("train", "dry_run", "launcher", "hf_convert", "predict_memory"),  # entry points
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

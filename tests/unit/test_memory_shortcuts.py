@@ -1,11 +1,8 @@
-"""The prediction's shortcuts for large jobs (torchtitan/memory/derived_roles.py) against simulating
-every role whole: interpolated middle ranks byte-equal, extrapolated blocks byte-equal but on
-the first pipeline rank (within 2%), and which ranks are simulated."""
+"""The prediction's shortcuts for large jobs (torchtitan/memory/derived_roles.py): which ranks
+are simulated, the interpolation, the environment's one-line errors. (The shortcuts against
+simulating every role whole, in child processes on the fake process group:
+tests/integration/test_memory_fake_world.py.)"""
 
-import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -14,42 +11,6 @@ from torchtitan.checks import load_config
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.memory import derived_roles as shortcuts
 from torchtitan.memory.predict import RolePrediction
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PP5 = ["--training.seq_len=32", "--training.mixed_precision_param=float32", "--parallelism.pipeline_parallel_degree=5",
-       "--parallelism.pipeline_parallel_split_points=layers.2,layers.3,layers.4,layers.5"]  # (the check's 6 layers)
-PP6 = ["--training.seq_len=64", "--training.mixed_precision_param=float32", "--parallelism.pipeline_parallel_degree=6"]
-DSV3 = "--job.config_file=train_configs/deepseek_v3_debug.toml"
-
-CASES = {  # world, flavor simulated, blocks, overrides
-    # Llama3 1F1B: 3 blocks per stage from 1 and 2; pipeline rank 2 interpolated
-    "llama_1f1b": (5, "tiny", 15, [*PP5, "--training.local_batch_size=5"]),
-    # DeepSeek-V3 with EP 2: the worst case too; a dense first stage; peaks at the last warm-up forward
-    "dsv3_ep2_1f1b": (12, "tiny", 6, [DSV3, *PP6, "--training.local_batch_size=6", "--parallelism.expert_parallel_degree=2"]),
-    "llama_gpipe": (6, "tiny", 12, [*PP6, "--training.local_batch_size=8", "--parallelism.pipeline_parallel_schedule=GPipe"]),
-}
-
-
-@pytest.mark.parametrize("name", [n if n == "llama_1f1b" else pytest.param(n, marks=pytest.mark.slow) for n in CASES])
-def test_shortcuts_equal_full_simulation(name):
-    world, flavor, blocks, argv = CASES[name]
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "shortcut_worker.py"), str(world), flavor, str(blocks),
-                           *argv], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(HERE)), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
-    interpolated = [r["role"] for r in out["fast"] if "interpolated" in r["peak_at"]]
-    assert interpolated == (["pp2"] if world == 5 else ["pp2", "pp3"])  # the shortcuts were taken
-    assert all("extrapolated" in r["peak_at"] for r in out["fast"])
-    for fast, full in zip(out["fast"], out["full"]):
-        assert (fast["ranks"], fast["stages"]) == (full["ranks"], full["stages"])
-        for key in ("predicted_peak_bytes", "worst_case_peak_bytes"):
-            error = (fast[key] - full[key]) / full[key]
-            # Blocks-only ranks: exact. The first rank's peak moves, as blocks are added, from
-            # the start of its backward to the embeddings' backward (unsharded block gradients
-            # pile up faster than one microbatch's activations): 1- and 2-block runs do not see
-            # that, and the extrapolation falls short (README; measured -1.1% here).
-            bound = 0.02 if fast["role"] == "pp0" else 0.0
-            assert abs(error) <= bound, (name, fast["role"], key, fast[key], full[key])
 
 
 def _plan(argv, world):

@@ -1,19 +1,16 @@
 """Model states per rank (memory/model_states.py), the memory budget (memory/budget.py)
 and the refusal before launch (validate.check_model_states): parameter counts exact against
-the models built on meta, per-rank shards exact against the parallelized build on a fake
-process group, the budget's sources, and the one-line refusal."""
+the models built on meta, per-rank shards, the budget's sources, and the one-line refusal.
+(Per-rank shards against the parallelized build on a fake process group:
+tests/integration/test_memory_fake_world.py; nvidia-smi read, run_train.sh's refusal and the
+torch-free check in processes of their own: tests/integration/test_checks_before_launch.py.)"""
 
-import json
 import os
-import stat
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
-from torchtitan.config import ConfigError, build_config
+from torchtitan.config import build_config
 from torchtitan.checks import load_config
 from torchtitan.memory import budget as memory_budget
 from torchtitan.memory import model_states
@@ -29,7 +26,6 @@ from torchtitan.models.train_spec import get_train_spec
 
 from config_helpers import config_error  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = 2048  # the bundled tokenizer's, for the flavors that take the tokenizer's vocabulary
 ALL_FLAVORS = [(name, flavor) for name, flavors in ((n, e.flavors) for n, e in MODELS.items()) for flavor in flavors]
 
@@ -138,45 +134,7 @@ def test_local_numel(param, d, expected):
     assert local_numel(param, d) == expected
 
 
-# (world size, overrides): every data-parallel form, TP, PP (one, several and V-ordered stages
-# per rank), EP (part of dp_shard, all of it, with TP), uneven splits (3 and 6 ranks)
-LLAMA = ["--model.name=llama3", "--model.flavor=tiny"]
-DSV3 = ["--model.name=deepseek_v3", "--model.flavor=tiny"]
 PP2 = "--parallelism.pipeline_parallel_degree=2"
-FAKE_PG_CASES = [
-    (1, LLAMA),
-    (3, LLAMA),
-    (4, LLAMA + ["--parallelism.data_parallel_replicate_degree=2"]),
-    (2, LLAMA + ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
-    (6, LLAMA + ["--parallelism.tensor_parallel_degree=2"]),
-    (4, LLAMA + [PP2]),
-    (4, LLAMA + [PP2, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-                 "--parallelism.tensor_parallel_degree=2"]),
-    (2, LLAMA + [PP2, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble"]),
-    (2, LLAMA + ["--parallelism.fsdp_implementation=simple_fsdp"]),
-    (3, DSV3),
-    (4, DSV3 + ["--parallelism.expert_parallel_degree=2"]),
-    (4, DSV3 + ["--parallelism.expert_parallel_degree=4"]),
-    (8, DSV3 + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=4"]),
-    (4, DSV3 + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=2"]),
-    (16, DSV3 + ["--parallelism.expert_parallel_degree=2"]),
-    (4, DSV3 + ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.expert_parallel_degree=2"]),
-    (4, DSV3 + [PP2, "--parallelism.expert_parallel_degree=2"]),
-]
-
-
-def test_per_rank_states_equal_the_parallelized_model(subprocess_env):
-    """The elements each pipeline rank's first data/tensor-parallel rank holds after the real
-    build (TP -> EP -> FSDP2 / SimpleFSDP / DDP, on a fake process group) are what
-    model_states computes, for every case at once (one child process)."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "model_states_worker.py"), json.dumps(FAKE_PG_CASES)],
-                         env=subprocess_env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    held = json.loads(out.stdout.strip().splitlines()[-1])
-    for (world, argv), real in zip(FAKE_PG_CASES, held):
-        cfg, _ = load_config(argv + ["--job.dry_run=true"], world)
-        args = model_args(cfg.model.name, cfg.model.flavor, VOCAB, cfg.training.seq_len, cfg.moe)
-        assert [r.numel for r in model_states.job_rank_states(cfg, world, args)] == real, (world, argv)
 
 
 def test_the_busiest_rank_and_where_it_is():
@@ -247,19 +205,6 @@ def test_cuda_default_and_unknown(no_gpu, monkeypatch):
     assert memory_budget.memory_budget(cfg_with(), 2).origin.startswith("CPU: ")  # auto, no GPU listed
 
 
-def test_nvidia_smi_is_read_torch_free(tmp_path, monkeypatch):
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\nprintf '81559\\n81559\\n'\n")
-    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert memory_budget.gpu_memory_bytes() == [81559 * 2**20] * 2
-    assert (tmp_path / "args").read_text().split() == [
-        "--query-gpu=memory.total", "--format=csv,noheader,nounits", "--id=0,1"]
-    smi.write_text("#!/bin/sh\nexit 9\n")
-    assert memory_budget.gpu_memory_bytes() is None
-
-
 def test_ranks_on_this_node(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert memory_budget.ranks_on_this_node(16) == 16
@@ -317,38 +262,3 @@ def test_budget_value_out_of_range(value):
     assert config_error([f"--parallelism.memory_budget_gib={value}", "--job.dry_run=true"]) == (
         f"--parallelism.memory_budget_gib={float(value):g}: must be > 0 (GiB per rank), auto (the default budget of"
         " the device) or none (no budget)")
-
-
-def test_run_train_refuses_671b_on_two_ranks_in_seconds_without_torch(repo_root, subprocess_env):
-    """The issue's command: before, 100 s of building ended by the OOM killer; now one line, exit 2."""
-    env = dict(subprocess_env, NGPU="2", CONFIG_FILE=V3_DEBUG)
-    start = time.perf_counter()
-    out = subprocess.run([os.path.join(repo_root, "run_train.sh"), "--model.flavor=671B"], cwd=repo_root, env=env,
-                         capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - start
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(
-        "error: --model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9,"), lines
-    assert "2 ranks) but the memory budget is" in lines[0]
-    assert elapsed < 30, elapsed  # about 0.4 s here; no worker starts
-
-
-def test_the_check_and_its_modules_import_no_torch(repo_root, subprocess_env):
-    code = (
-        "import sys\n"
-        "import torchtitan.memory.model_states, torchtitan.memory.budget\n"
-        "from torchtitan.config import ConfigError\nfrom torchtitan.checks import load_config\n"
-        "try:\n"
-        f"    load_config(['--job.config_file', {V3_DEBUG!r}, '--model.flavor=671B',"
-        " '--parallelism.memory_budget_gib=1'], 2)\n"
-        "except ConfigError as e:\n"
-        "    assert 'model states alone need' in str(e), e\n"
-        "else:\n"
-        "    raise SystemExit('not refused')\n"
-        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
-        "assert not bad, bad[:5]\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, env=subprocess_env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr

@@ -3,10 +3,13 @@ order), every PipelineLayoutError, and how they surface through the config as Co
 
 import dataclasses
 import math
+import typing
 
 import pytest
 
 from torchtitan.config import ConfigError, build_config
+from torchtitan.config import job_config as jc
+from torchtitan.config.manager import field_types
 
 from torchtitan.checks import load_config, check_job as validate
 from torchtitan.distributed.pipeline_layout import (
@@ -19,7 +22,8 @@ from torchtitan.distributed.pipeline_layout import (
 )
 
 KEY = "--parallelism.pipeline_parallel"
-SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+# every schedule --parallelism.pipeline_parallel_schedule accepts
+SCHEDULES = list(typing.get_args(field_types(jc.Parallelism)["pipeline_parallel_schedule"]))
 
 
 def layout_error(*args) -> str:

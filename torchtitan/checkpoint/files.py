@@ -238,6 +238,9 @@ def start_point(folder: str, enable: bool, load_step: int | str, initial_load_pa
     if not path:
         return StartPoint("fresh")
     if is_hf_folder(path):
+        if args is None:
+            raise CheckpointError(f"--checkpoint.initial_load_path: '{path}' is a Hugging Face folder, which this"
+                                  " run cannot read (no model args to check it against)")
         try:
             check_folder(path, model_name, flavor, args)
         except HFFolderError as e:

@@ -38,6 +38,7 @@ from torchtitan.models.hf.weights import HFSpec, export_hf, load_hf_weights
 from torchtitan.resilience import faults
 from torchtitan.units import MIB
 
+
 def _is_main() -> bool:
     return dist.get_rank() == 0
 
@@ -244,7 +245,7 @@ class CheckpointManager:
         """DCP files into step-N.tmp, then the marker, then the rename: the step becomes
         visible only complete, and an existing step-N is replaced only after that. With
         async_mode=async and `background`, the files are written while training goes on
-        (checkpoint_async.py) and the marker and rename follow once they are all written."""
+        (async_saves.py) and the marker and rename follow once they are all written."""
         self.wait()  # one save in flight
         final = step_path(self.folder, step)
         tmp = final + ".tmp"

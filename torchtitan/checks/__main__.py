@@ -10,6 +10,8 @@ import os
 import sys
 
 from torchtitan.checks import load_config_or_exit
+
+
 def main() -> None:
     world_size = int(os.environ.get("NGPU", os.environ.get("WORLD_SIZE", "1")))
     cfg = load_config_or_exit(sys.argv[1:], world_size)

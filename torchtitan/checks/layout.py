@@ -53,7 +53,7 @@ def check_model(cfg: JobConfig):
 def check_layout(cfg: JobConfig, args, world_size: int) -> int:
     """Degrees vs world size and the model's shapes (heads, experts, layers per stage);
     returns the data-parallel shard degree."""
-    m, t, p = cfg.model, cfg.training, cfg.parallelism
+    m, p = cfg.model, cfg.parallelism
     dp_shard = resolve_dp_shard(cfg, world_size)
     tp = p.tensor_parallel_degree
     for key in ("n_heads", "n_kv_heads"):

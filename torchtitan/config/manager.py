@@ -209,7 +209,8 @@ def _legacy(section: str, key: str, value: Any, warnings: list[str]) -> Any:
     for old, (new, note) in LEGACY_VALUES.get((section, key), {}).items():
         if _same(value, old):
             if note is not None:
-                warnings.append(f"'{section}.{key} = {old!r}' is deprecated: write {new!r} ({note})")
+                shown = f'"{old}"' if isinstance(old, str) else old
+                warnings.append(f"'{section}.{key} = {shown}' is deprecated: write {new!r} ({note})")
             return new
     return value
 

@@ -12,7 +12,6 @@ another layout.
 """
 
 import functools
-import os
 from typing import Callable, Iterator
 
 import torch

@@ -20,7 +20,6 @@ from torchtitan.distributed.plan import FsdpUnit, PartPlan, UnitKind
 from torchtitan.distributed.simple_fsdp import simple_fsdp
 
 
-
 @dataclass(frozen=True)
 class Precision:
     """The dtypes data parallelism works in: the parameters' in forward and backward (what

@@ -38,7 +38,7 @@ FSDP's job, not this module's.
 Selective activation checkpointing (SAC): if a region holding the experts is recomputed in
 backward, the recompute must not communicate again (extra traffic, and a router recomputed
 differently would route rows differently). Observed with torch 2.13 on gloo (see
-tests/unit/test_expert_parallel.py), an op-level policy sees per experts call, in order:
+tests/integration/test_expert_parallel_gloo_ranks.py), an op-level policy sees per experts call, in order:
   counts:   `_c10d_functional.all_to_all_single.default`, `_c10d_functional._wrap_tensor_autograd.default`,
             `_c10d_functional.wait_tensor.default`
   dispatch and combine: the same three ops each.

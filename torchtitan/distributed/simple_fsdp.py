@@ -33,7 +33,6 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import torch.distributed._functional_collectives as funcol
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.nn.utils.stateless import _reparametrize_module

@@ -2,7 +2,7 @@
 
 Simulated (simulate.py): every role of a job of at most EXACT_LIMIT block-microbatches per
 pipeline rank, step by step on fake tensors. Two shortcuts keep large jobs fast, checked
-against full simulation in tests/unit/test_memory_shortcuts.py:
+against full simulation in tests/integration/test_memory_fake_world.py:
 
 1. Blocks per stage (`variants`, `extrapolated`). Above EXACT_LIMIT the job is simulated
    with 1 and with 2 blocks per stage (same stages, schedule, batch, microbatches) and each
@@ -23,7 +23,7 @@ against full simulation in tests/unit/test_memory_shortcuts.py:
    schedules (the count is not what decides their peak), every middle rank is simulated.
    Byte-equal (1F1B and GPipe, Llama3 and DeepSeek-V3 with EP).
 
-Modelled by formula rather than run: nothing else here (fake_paths.py lists the three paths
+Modelled by formula rather than run: nothing else here (simulation_patches.py lists the three paths
 the simulation runs changed).
 """
 
@@ -34,10 +34,10 @@ import os
 import re
 from dataclasses import dataclass
 
-import torch
 
 from torchtitan.distributed.job_shape import pipeline_microbatches
 from torchtitan.distributed.pipeline_layout import pipeline_layout
+from torchtitan.training.build import model_on_meta
 
 # Above this many block-microbatches per rank a step is simulated with 1 and 2 blocks per
 # stage and extrapolated linearly to the real count; below it, exactly.
@@ -87,8 +87,7 @@ def variants(spec, model, dims, cfg, args, budget_freeing: bool) -> list[tuple]:
         return [(cfg, args, model)]
     out = []
     for s_cfg, s_args in small:
-        with torch.device("meta"):
-            out.append((s_cfg, s_args, spec.model_cls(s_args)))
+        out.append((s_cfg, s_args, model_on_meta(s_cfg, s_args).model))
     return out
 
 

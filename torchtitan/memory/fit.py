@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import torch
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.memory.predict import predict_roles
+from torchtitan.training.build import model_on_meta
 from torchtitan.units import GIB
 
 # AC modes a fit is searched for: (label, activation_checkpoint overrides)
@@ -46,8 +46,7 @@ def peak_of(spec, model, dims, cfg, target, args, accepts: Accepts) -> int | Non
         return None
     if getattr(args, "max_seq_len", cfg.training.seq_len) != cfg.training.seq_len:  # RoPE tables follow seq_len
         args = dataclasses.replace(args, max_seq_len=cfg.training.seq_len)
-        with torch.device("meta"):
-            model = spec.model_cls(args)
+        model = model_on_meta(cfg, args).model
     roles, _ = predict_roles(spec, model, dims, cfg, target, args)
     return max(r.predicted_peak_bytes for r in roles)
 

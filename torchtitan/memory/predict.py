@@ -25,6 +25,7 @@ from torchtitan.memory.simulate import CATEGORIES
 from torchtitan.training.build import resolve_parts
 from torchtitan.units import GIB
 
+
 @dataclass
 class RolePrediction:
     role: str

@@ -4,8 +4,9 @@ Rank 0 predicts every rank role's peak on a fake process group of the job's worl
 dry run's simulation) in a child process started before it joins the job (a process cannot
 hold the fake group and then the real one: device meshes and groups keep global state):
 `start_prediction` hands the child the checked job config (pickled, nothing parsed again),
-the child (`python -m torchtitan.dry_run` in its start-up mode, which owns the checks the
-suggestions need) runs `predict_at_startup` and hands back a StartupMemory (pickled), and
+the child (the caller's command: the trainer's is `python -m torchtitan.predict_memory`, an
+entry point that owns the checks the suggestions need) runs `child_main` ->
+`predict_at_startup` and hands back a StartupMemory (pickled), and
 `share` gives it to every rank through the rendezvous store. Every rank learns its own role's
 prediction (logged against the measured peak after step 2) and whether the job may start. A
 role over the budget stops the job on every rank before the first step, unless
@@ -31,8 +32,6 @@ from torchtitan.memory.fit import Accepts, suggestions
 from torchtitan.memory.predict import RolePrediction, predict
 from torchtitan.units import GIB
 
-STARTUP_ENV = "TITAN_STARTUP_PREDICTION"  # set in the child: dry_run.py runs its start-up mode
-
 
 class MemoryBudgetError(RuntimeError):
     """A role's predicted peak exceeds the budget (raised alike on every rank)."""
@@ -51,16 +50,16 @@ class StartupMemory:
         return next((r for r in self.roles if rank in r.ranks), None)
 
 
-def start_prediction(cfg, world: int, device_type: str) -> subprocess.Popen | None:
+def start_prediction(cfg, world: int, device_type: str, command: list[str]) -> subprocess.Popen | None:
     """Rank 0 starts the prediction (a child process on a fake process group) before it joins
-    the job, so it runs while the ranks rendezvous and build; `share` collects it."""
+    the job, so it runs while the ranks rendezvous and build; `share` collects it. `command`:
+    the child to run, one that calls child_main."""
     if cfg.parallelism.memory_budget_gib == "none":
         return None
-    env = {**os.environ, STARTUP_ENV: "1"}
+    env = dict(os.environ)
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
         env.pop(key, None)
-    child = subprocess.Popen([sys.executable, "-m", "torchtitan.dry_run"], env=env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     child.stdin.write(pickle.dumps((cfg, world, device_type)))  # a few kB: within the pipe's buffer
     child.stdin.close()
     child.stdin = None  # communicate() must not flush it again

@@ -15,6 +15,7 @@ import torch
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.resilience.exit_status import EXIT_PREEMPTED
 from torchtitan.observe.peak_flops import peak_bf16_tflops
+from torchtitan.units import GIB
 
 
 def peak_tflops(device: torch.device, configured: float | str) -> float | None:
@@ -42,8 +43,8 @@ def memory_stats(device: torch.device, peak_bytes: int | None = None) -> dict:
     --metrics.cpu_memory_peak, `peak_bytes` (the CPU meter's peak of allocated tensor bytes)
     under CUDA's key."""
     if device.type == "cuda":
-        return {"memory_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-                "memory_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+        return {"memory_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+                "memory_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}
     try:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -51,8 +52,8 @@ def memory_stats(device: torch.device, peak_bytes: int | None = None) -> dict:
         import resource
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    peak = {} if peak_bytes is None else {"memory_peak_allocated_gib": peak_bytes / 2**30}
-    return {**peak, "memory_rss_gib": rss / 2**30}
+    peak = {} if peak_bytes is None else {"memory_peak_allocated_gib": peak_bytes / GIB}
+    return {**peak, "memory_rss_gib": rss / GIB}
 
 
 def _memory_text(values: dict) -> str:

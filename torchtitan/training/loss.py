@@ -5,8 +5,8 @@ decision).
 The objective of a (micro)batch is main + aux + mtp_weight x mtp, each part a mean over its
 tokens divided by `scale` (the forward/backward passes one rank makes per optimizer step:
 accumulation steps x pipeline microbatches), so summing a rank's parts over its passes and
-averaging over the ranks holding different tokens (`global_mean`) gives the mean over the
-global batch:
+averaging over the ranks holding different tokens (`global_sum` / their count) gives the mean
+over the global batch:
 - main: the next token's cross entropy;
 - mtp: with multi-token prediction, the mean over the depths of each depth's mean cross
   entropy over its positions with a target (mtp_losses);
@@ -116,13 +116,13 @@ class Loss:
         return self.objective(main, mtp, None)
 
 
-def global_mean(value: torch.Tensor, loss_group: dist.ProcessGroup, ranks: int,
-                pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """A rank's sum of scaled parts -> their mean over the global batch, as a float64 device
-    tensor (what `value.item() / ranks` gives on the host, without reading it): summed over
-    the pipeline stages (only the last computed it; the others hold 0), then over the
-    `loss_group` of `ranks` ranks holding different tokens. Reduces `value` in place."""
+def global_sum(value: torch.Tensor, loss_group: dist.ProcessGroup, pp_group: dist.ProcessGroup | None = None
+               ) -> torch.Tensor:
+    """A rank's sum of scaled parts -> their sum over the global batch, on the device (in
+    place): over the pipeline stages (only the last computed it; the others hold 0), then over
+    the `loss_group` of the ranks holding different tokens. Divided by that group's size it is
+    the global batch's mean; the caller divides where it reads it (on the host, exactly)."""
     if pp_group is not None:
         dist.all_reduce(value, group=pp_group)
     dist.all_reduce(value, op=dist.ReduceOp.SUM, group=loss_group)
-    return value.double() / ranks
+    return value

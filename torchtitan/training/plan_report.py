@@ -43,9 +43,10 @@ def write_plan_json(dump_folder: str, world_size: int, mesh: dict, model_parts: 
     return path
 
 
-def report_plan(records: list[dict], dims, cfg, predicted, log) -> None:
-    """Every pipeline rank's plan records -> rank 0 writes plan.json (with the start-up memory
-    prediction `predicted`, or None) and logs the table. Collective over the pipeline ranks."""
+def report_plan(records: list[dict], dims, cfg, budget_bytes: int | None, roles: list[dict] | None, log) -> None:
+    """Every pipeline rank's plan records -> rank 0 writes plan.json (with the memory budget
+    and the start-up prediction's role records, or None) and logs the table. Collective over
+    the pipeline ranks."""
     import torch.distributed as dist
 
     if dims.pp > 1:
@@ -57,9 +58,8 @@ def report_plan(records: list[dict], dims, cfg, predicted, log) -> None:
     p = cfg.parallelism
     path = write_plan_json(
         cfg.job.dump_folder, dims.world_size, dims.mesh_shape, records,
-        {"reshard_after_forward": p.reshard_after_forward,
-         "memory_budget_bytes": predicted.budget_bytes if predicted is not None else None,
-         "memory_per_rank_role": [r.record() for r in predicted.roles] if predicted is not None else None},
+        {"reshard_after_forward": p.reshard_after_forward, "memory_budget_bytes": budget_bytes,
+         "memory_per_rank_role": roles},
     )
     log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
         + compress_table(plan_table(records)))

@@ -22,7 +22,7 @@ from torchtitan.training.loss import IGNORE_INDEX, Loss, local_value, mtp_shifte
 @dataclass
 class StepSums:
     """One rank's sums over a step's passes of the scaled loss parts (device tensors): main,
-    the MoE balance loss, the MTP loss. global_mean turns each into the global batch's mean."""
+    the MoE balance loss, the MTP loss (loss.global_sum over the ranks gives the global batch's)."""
 
     main: torch.Tensor
     aux: torch.Tensor

@@ -197,8 +197,8 @@ class Transformer(nn.Module):
     Implements models.protocol.TrainableModel."""
 
     first_stage_modules = ("tok_embeddings",)  # kept by the first pipeline stage only
-    # kept by the last pipeline stage only (MTP under PP is refused by the config check: the
-    # MTP modules would also need the first stage's embeddings)
+    # kept by the last pipeline stage only (the MTP modules' token embeddings travel there
+    # from the first stage with the hidden state: forward's mtp_emb)
     last_stage_modules = ("norm", "output", "mtp")
 
     def __init__(self, args: DeepSeekV3Args):

@@ -14,7 +14,6 @@ the folder into place, so a crash never leaves a folder that looks complete.
 import json
 import os
 import shutil
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +25,9 @@ from torchtitan.models.common.init import clean_fqn, local_indices
 from torchtitan.messages import one_line
 from torchtitan.models.hf.converters import hf_converter
 from torchtitan.dtypes import DTYPES
+from torchtitan.units import GIB
 
-SHARD_BYTES = 4 * 2**30
+SHARD_BYTES = 4 * GIB
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def checkpointed_tensors(part, converter):
 def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "--checkpoint.initial_load_path") -> HFLoad:
     """Overwrite every parameter of `model_parts` from the Hugging Face folder `path`; each
     rank reads only the parts it holds (the experts and rows of its shards). The folder was
-    checked by hf_folder.check_folder."""
+    checked by models/hf/folder.check_folder."""
     from torchtitan.models.hf.folder import read_config, skip_note
 
     converter = hf_converter(model_name)

@@ -9,7 +9,6 @@ Head counts are read from tensor shapes, so the same code runs on TP-sharded wei
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.models.common.attention import AttentionInputs, attend, attention_inputs

@@ -1,4 +1,4 @@
-"""Run by test_init_blocks.py in a fresh process: weight init in row blocks on a fake
+"""Run by test_init_blocks_fake_world.py in a fresh process: weight init in row blocks on a fake
 8-rank world (every rank's shard computed in turn), and its peak memory."""
 
 import json

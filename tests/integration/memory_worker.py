@@ -1,7 +1,7 @@
 """One process on the fake process group: the memory prediction of a job (fake tensors) and
 its deterministic reference (the same step on real tensors, measured by the CPU allocator).
 
-    python tests/unit/memory_worker.py WORLD [overrides...]   -> JSON lines, one per pipeline rank
+    python tests/integration/memory_worker.py WORLD [overrides...]   -> JSON lines, one per pipeline rank
 """
 
 import json

@@ -1,7 +1,7 @@
 """One process on the fake process group: a job's per-role prediction with the shortcuts of
 torchtitan/memory/derived_roles.py (forced on: EXACT_LIMIT 0) and with every role simulated whole.
 
-    python tests/unit/shortcut_worker.py WORLD N_LAYERS [overrides...]   -> one JSON line
+    python tests/integration/shortcut_worker.py WORLD N_LAYERS [overrides...]   -> one JSON line
 """
 
 import dataclasses

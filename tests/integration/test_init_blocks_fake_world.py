@@ -1,6 +1,7 @@
 """Weight init draws each tensor in row blocks: every rank's shard is bitwise what one draw
 of the whole tensor would give it (any placements, uneven splits), and a rank's peak memory
-no longer grows by the whole tensor."""
+no longer grows by the whole tensor. Each measured in a fresh process of its own on a fake
+8-rank world (init_blocks_worker.py): its peak memory is its own."""
 
 import json
 import os

@@ -1,5 +1,6 @@
 """ParallelDims: the one mesh, with expert parallel built in. Checked in a child process on a
-fake process group of 16 ranks (rank 0's view), so no real group is created here."""
+fake process group of 16 ranks (rank 0's view), so no real group is created here. (Context
+parallel's mesh: test_context_parallel_mesh.py.)"""
 
 import json
 import subprocess

@@ -1,10 +1,10 @@
-"""Child process of test_model_states.py: parallelize small models on a fake process group of each
-case's world size, from rank 0's view as the dry run does (so rank 0 holds the largest piece of
-every unevenly split parameter), and print per case and pipeline rank the parameter elements
-it holds (local shards of TP / EP / FSDP DTensors). A child, so that pytest's process keeps no
-default process group.
+"""Child process of test_memory_fake_world.py: parallelize small models on a fake process
+group of each case's world size, from rank 0's view as the dry run does (so rank 0 holds the
+largest piece of every unevenly split parameter), and print per case and pipeline rank the
+parameter elements it holds (local shards of TP / EP / FSDP DTensors). A child, so that
+pytest's process keeps no default process group.
 
-    python tests/unit/model_states_worker.py '[[world, [override, ...]], ...]'
+    python tests/integration/model_states_worker.py '[[world, [override, ...]], ...]'
 """
 
 import json

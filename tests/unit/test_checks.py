@@ -1,18 +1,24 @@
-"""Config validation that needs no process group: degrees, shapes, batch sizes, paths."""
+"""The pre-launch checks (torchtitan/checks/), which need no process group: degrees, shapes,
+batch sizes, paths."""
 
 import os
 
 import pytest
 
 from torchtitan.config import ConfigError
-from torchtitan.checks import load_config, check_job as validate
+from torchtitan.checks import check_job, load_config
 from torchtitan.checks.job import resolve_dp_shard
 from torchtitan.data.tokenizer import BUNDLED_TOKENIZER
+from torchtitan.models.flavors import flavors_of
+from torchtitan.models.registry import MODELS
 
 from config_helpers import cfg_of, config_error
 
+LLAMA3_FLAVORS = ", ".join(flavors_of("llama3"))  # every flavor, in the registry's order
+MODEL_NAMES = ", ".join(MODELS)  # every registered model
 
-# --------------------------------------------------------------------------- validate: parallelism
+
+# --------------------------------------------------------------------------- checks: parallelism
 
 
 @pytest.mark.parametrize(
@@ -86,7 +92,7 @@ def test_expert_parallel_needs_experts():
     )
 
 
-# --------------------------------------------------------------------------- validate: training
+# --------------------------------------------------------------------------- checks: training
 
 
 def test_global_batch_size_must_be_a_multiple():
@@ -113,16 +119,16 @@ def test_global_batch_size_counts_replicas_too():
 def test_unknown_model_flavor_with_suggestion():
     assert config_error(["--model.flavor=debugmodle"]) == (
         "--model.flavor: unknown flavor 'debugmodle' of llama3 (did you mean 'debugmodel'?);"
-        " choose one of debugmodel, tiny, 1B, 3B, 8B, 70B, 405B"
+        f" choose one of {LLAMA3_FLAVORS}"
     )
     assert config_error(["--model.flavor=9B"]) == (
-        "--model.flavor: unknown flavor '9B' of llama3; choose one of debugmodel, tiny, 1B, 3B, 8B, 70B, 405B"
+        f"--model.flavor: unknown flavor '9B' of llama3; choose one of {LLAMA3_FLAVORS}"
     )
 
 
 def test_unknown_model_name():
     assert config_error(["--model.name=llama4"]) == (
-        "--model.name: unknown model 'llama4' (did you mean 'llama3'?); choose one of llama3, deepseek_v3"
+        f"--model.name: unknown model 'llama4' (did you mean 'llama3'?); choose one of {MODEL_NAMES}"
     )
 
 
@@ -184,7 +190,7 @@ def test_selective_ac_option_valid_and_ignored_outside_selective_mode():
     assert cfg.activation_checkpoint.mode == "full"
 
 
-# --------------------------------------------------------------------------- validate: paths
+# --------------------------------------------------------------------------- checks: paths
 
 
 def test_missing_tokenizer_file(tmp_path):
@@ -247,15 +253,15 @@ def test_checkpoint_folder_that_is_a_file(tmp_path):
     )
 
 
-def test_validate_reports_the_first_problem_only():
+def test_check_job_reports_the_first_problem_only():
     cfg = cfg_of(["--model.flavor=nope", "--training.steps=0"])
     with pytest.raises(ConfigError, match=r"^--model.flavor: unknown flavor 'nope'"):
-        validate(cfg, 1)
+        check_job(cfg, 1)
 
 
 
 
-# --------------------------------------------------------------------------- validate: W&B
+# --------------------------------------------------------------------------- checks: W&B
 
 WANDB_ON = ["--metrics.enable_wandb=true"]
 NOT_INSTALLED = "--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'"
