@@ -7,7 +7,7 @@ import pytest
 
 from torchtitan.config import ConfigError
 from torchtitan.checks import check_job, load_config
-from torchtitan.checks.job import resolve_dp_shard
+from torchtitan.checks.layout import resolve_dp_shard
 from torchtitan.data.tokenizer import BUNDLED_TOKENIZER
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.registry import MODELS

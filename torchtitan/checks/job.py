@@ -12,13 +12,7 @@ import os
 from typing import Callable
 
 from torchtitan.checks.data import check_data_inputs, check_dataset_path
-from torchtitan.checks.layout import (
-    check_activation_checkpoint,
-    check_fsdp_policies,
-    check_layout,
-    check_model,
-    resolve_dp_shard,  # noqa: F401 (the layout's dp_shard rule, for callers of this module)
-)
+from torchtitan.checks.layout import check_activation_checkpoint, check_fsdp_policies, check_layout, check_model
 from torchtitan.checks.outputs import check_outputs, check_wandb
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError
