@@ -12,8 +12,8 @@ import subprocess
 import run_tests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ARGS = ["--model.module=tinylm", "--model.name=tinylm", "--model.flavor=small", "--training.steps=2",
-        "--training.seq_len=64", "--training.local_batch_size=2", "--metrics.enable_tensorboard=false",
+ARGS = ["--model.module=tinylm", "--model.name=tinylm", "--model.flavor=small", "--job.description=tinylm",
+        "--training.steps=2", "--training.seq_len=64", "--training.local_batch_size=2", "--metrics.enable_tensorboard=false",
         "--training.mixed_precision_param=float32"]
 
 
