@@ -1,6 +1,6 @@
 """Live tensor bytes over one simulated training step, their peak, and what it holds.
 
-`LiveBytes` is a TorchDispatchMode that sees every op below autograd and DTensor (plain
+`LiveBytes` is a dispatch mode (observe/plain_tensor_ops.py) that sees every op below autograd and DTensor (plain
 tensors, fake or real): each storage an op creates is counted once, with its size, until
 the storage dies (a weak reference's callback: CPython frees at the last reference, and
 torch keeps one Python object per storage). Storage resizes (FSDP2 frees and re-allocates
@@ -27,13 +27,12 @@ from typing import Callable
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from torchtitan.observe.plain_tensor_ops import PlainTensorOps
 
-class LiveBytes(TorchDispatchMode):
-    supports_higher_order_operators = True
 
+class LiveBytes(PlainTensorOps):
     def __init__(self, categorize: Callable[..., str], fake_mode=None, workspaces: dict | None = None):
         super().__init__()
         # op -> f(outputs) = bytes the op's kernel holds besides its outputs at its peak
@@ -162,17 +161,9 @@ class LiveBytes(TorchDispatchMode):
         ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
         return super().__exit__(*exc)
 
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not isinstance(func, torch._ops.HigherOrderOperator) and any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # count the plain-tensor ops DTensor lowers to
-        out = func(*args, **kwargs)
+    def seen(self, func, args, out) -> None:
         if self._paused:
-            return out
+            return
         category = None
         for t in tree_leaves(out):
             # DTensor's sharding propagation makes fake tensors of its own: not memory
@@ -185,4 +176,3 @@ class LiveBytes(TorchDispatchMode):
                     self._add(storage, category, f"{func} @ {self.phase}")
         if func in self.workspaces:
             self.bump(self.workspaces[func](out), category or self.categorize(func, self.phase, args))
-        return out

@@ -20,16 +20,16 @@ from typing import Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from torchtitan.observe.plain_tensor_ops import PlainTensorOps
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-class HeldForBackward(TorchDispatchMode):
-    supports_higher_order_operators = True
+class HeldForBackward(PlainTensorOps):
 
     def __init__(self, persistent: Iterable[torch.Tensor] = ()):
         super().__init__()
@@ -42,20 +42,11 @@ class HeldForBackward(TorchDispatchMode):
                         if t.device.type != "meta" and t.untyped_storage().nbytes() > 0]
         return super().__enter__()
 
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not isinstance(func, torch._ops.HigherOrderOperator) and any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # see the plain-tensor ops DTensor lowers to
-        out = func(*args, **kwargs)
+    def seen(self, func, args, out) -> None:
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) and t.device.type != "meta":
                 storage = t.untyped_storage()
                 self._storages[id(storage)] = weakref.ref(storage)
-        return out
 
     def held_bytes(self) -> int:
         # persistent storages unchanged since entry (same data address): alive anyway
