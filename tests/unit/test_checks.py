@@ -348,3 +348,16 @@ def test_wandb_logged_in_or_not_online(monkeypatch, tmp_path, wandb_env, setup):
         monkeypatch.setenv("WANDB_MODE", setup)
     cfg, _ = load_config(WANDB_ON, 1)
     assert cfg.metrics.enable_wandb
+
+
+def test_a_model_module_that_fails_while_importing_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_models.py").write_text("def register(:\n")
+    (tmp_path / "clashing_models.py").write_text(
+        "from torchtitan.models.registry import ModelEntry, register\nregister('llama3', ModelEntry({}, 'elsewhere'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert config_error(["--model.module=broken_models"]) == (
+        "--model.module='broken_models': cannot import it (SyntaxError: invalid syntax (broken_models.py, line 1));"
+        " give a module that registers a model, importable from PYTHONPATH")
+    assert config_error(["--model.module=clashing_models"]) == (
+        "--model.module='clashing_models': cannot import it (ValueError: model 'llama3' is already registered"
+        " (package torchtitan.models.llama3)); give a module that registers a model, importable from PYTHONPATH")

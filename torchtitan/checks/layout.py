@@ -31,8 +31,9 @@ def check_model(cfg: JobConfig):
     m = cfg.model
     try:
         load_model_modules(m.module)
-    except ImportError as e:
-        raise ConfigError(f"--model.module={m.module!r}: cannot import it ({one_line(e)}); give a module that"
+    except Exception as e:  # not importable, or it fails while importing (a syntax error, a bad register call)
+        what = one_line(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {one_line(e)}"
+        raise ConfigError(f"--model.module={m.module!r}: cannot import it ({what}); give a module that"
                           " registers a model, importable from PYTHONPATH") from None
     if m.name not in MODELS:
         raise ConfigError(
