@@ -162,11 +162,12 @@ class Trainer:
         self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
         self.parts = materialised_parts(self.meta, self.dims, cfg, self.device, self.predicted, self.log)
         self.model_parts = self.parts.modules
-        self.runner = step_runner(self.parts, self.dims, cfg, self.device, bos_id=self.tokenizer.bos_id,
+        self.runner = step_runner(self.parts, self.dims, cfg, self.device, doc_delimiter=self.tokenizer.doc_delimiter,
                                   held_for_backward=cfg.metrics.held_for_backward,
                                   backward_phase=(lambda: self.comm.phase("backward")) if self.comm else None)
         self.balancer = self._expert_balancer()
-        self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
+        self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps,
+                                           workers=loader_workers(t.dataloader_workers, self.device), log=self.log)
         self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
                           if cfg.validation.enable else None)
         self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler)
@@ -228,6 +229,8 @@ class Trainer:
             f" ({t.local_batch_size} per rank x {shape.accum_steps} accumulation steps x dp {self.dims.dp}),"
             f" {t.steps} steps, dump folder {cfg.job.dump_folder}"
         )
+        for line in self.dataloader.describe():
+            self.log(f"[torchtitan] data: {line}")
         if load_note:
             self.log(f"[torchtitan] checkpoint: {load_note}")
         ac, comp = cfg.activation_checkpoint, cfg.compile
@@ -380,9 +383,14 @@ class Trainer:
         self.metrics.log(step, {
             "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
             "tokens_per_sec_per_device": per_device, "mfu": mfu, **memory, "step_time": step_time,
-            "tokens_seen": self.train_state.tokens_seen, **figures, **comm,
+            "tokens_seen": self.train_state.tokens_seen, **self._tokens_by_source(step), **figures, **comm,
             **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
         })
+
+    def _tokens_by_source(self, step: int) -> dict:
+        """tokens_seen/<source> of a mixture: the job's, from the mixture's pattern (no communication)."""
+        windows = self.dataloader.windows_by_source(step)
+        return {f"tokens_seen/{name}": n * self.cfg.training.seq_len for name, n in windows.items()}
 
     def _between_steps(self, step: int, start_step: int) -> bool:
         """Validation, checkpoint, and the ranks' agreement on a preemption signal; True when
@@ -409,6 +417,13 @@ class Trainer:
                                    stop.since_signal_s + save_s)
         self.log(f"[torchtitan] {self.preempted}")
         return True
+
+
+def loader_workers(setting, device: torch.device) -> int:
+    """[training] dataloader_workers: auto = 2 on CUDA (the GPU's thread never tokenises), 0 on CPU."""
+    if setting == "auto":
+        return 2 if device.type == "cuda" else 0
+    return int(setting)
 
 
 def _error_line(text: str) -> None:

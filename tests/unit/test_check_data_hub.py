@@ -124,7 +124,7 @@ def _first_batches(path, n, lbs=2, **kw):
 
 
 @pytest.mark.parametrize("bad, what", [
-    ({"id": 6}, "has no text (null or missing)"),
+    ({"text": None, "id": 6}, "has no text (null or missing)"),
     ({"text": 7, "id": 6}, "holds int 7, not a string"),
 ])
 def test_a_later_bad_document_is_a_data_error(tmp_path, bad, what):
@@ -161,6 +161,6 @@ def test_an_unreadable_record_at_run_time_is_a_data_error(tmp_path, capfd):
     with pytest.raises(DataError) as info:
         _first_batches(path, 100)
     assert str(info.value).startswith(
-        f"--training.dataset: cannot read dataset '{path}' (split 'train') (JSON parse error: "
+        f"--training.dataset: document 4 of dataset '{path}' (split 'train') is not JSON ("
     )
     assert "Failed to load JSON" not in capfd.readouterr().err

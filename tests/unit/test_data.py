@@ -9,8 +9,7 @@ import torch
 from torchtitan.data import corpus
 from torchtitan.data.corpus import pydoc_documents
 from torchtitan.data.dataloader import build_dataloader
-from torchtitan.data.datasets import DataError, PackedSlotDataset
-from torchtitan.data.sources import open_source
+from torchtitan.data.datasets import DataError
 from torchtitan.data.tokenizer import BUNDLED_TOKENIZER, Tokenizer
 from torchtitan.config import ConfigError, build_config
 from torchtitan.checks import load_config
@@ -212,7 +211,7 @@ def test_resume_gives_the_same_next_batches(tok):
     cfg = training_cfg()
     loader = build_dataloader(cfg, tok, dp_rank=1, dp_degree=2, accum_steps=2)
     it = iter(loader)
-    take(it, 3)  # stop mid-step, with partly consumed documents in the buffers
+    take(it, 4)  # two steps, with partly consumed documents in the streams
     state = loader.state_dict()
     expected = take(it, 5)
 
@@ -232,18 +231,18 @@ def test_resume_from_a_fresh_state_starts_at_the_beginning(tok):
 
 
 def test_slot_state_can_be_resplit_across_layouts(tok):
-    make_source = lambda: open_source("pydoc", "train")  # noqa: E731
-    single = PackedSlotDataset(make_source, tok, SEQ, first_slot=0, n_slots=4, num_slots=4)
+    cfg = training_cfg(lbs=1)
+    single = build_dataloader(cfg, tok, dp_rank=0, dp_degree=1, accum_steps=4)
     it = iter(single)
-    take(it, 4 * 3)  # three full rounds over the 4 slots
+    take(it, 4 * 3)  # three steps of 4 micro-steps
     state = single.state_dict()
     expected = take(it, 8)
-    assert set(state["slots"]) == {"0", "1", "2", "3"}
+    assert set(state) == {0, 1, 2, 3}
     for rank in range(2):
-        part = PackedSlotDataset(make_source, tok, SEQ, first_slot=2 * rank, n_slots=2, num_slots=4)
+        part = build_dataloader(cfg, tok, dp_rank=rank, dp_degree=2, accum_steps=2)
         part.load_state_dict(state)
         got = take(iter(part), 4)
-        want = [expected[round_ * 4 + 2 * rank + i] for round_ in range(2) for i in range(2)]
+        want = [expected[step * 4 + 2 * rank + i] for step in range(2) for i in range(2)]
         assert_same_batches(got, want)
 
 

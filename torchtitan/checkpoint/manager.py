@@ -32,6 +32,7 @@ from torchtitan.checkpoint.files import (
     write_marker,
 )
 from torchtitan.checkpoint.states import DataloaderState, LRSchedulerState, ModelState, OptimizerState
+from torchtitan.data.dataloader import StateVersionError
 from torchtitan.distributed.utils import is_comm_failure
 from torchtitan.dtypes import DTYPES
 from torchtitan.models.hf.weights import HFSpec, export_hf, load_hf_weights
@@ -167,6 +168,8 @@ class CheckpointManager:
             if isinstance(e, CheckpointException):  # its message lists every rank's traceback
                 failures = list(e.failures.values())
                 e = failures[0][0] if failures else e
+            if isinstance(e, StateVersionError):  # readable, but not by this build's data loader
+                raise CheckpointError(f"checkpoint '{path}': {e}") from e
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             what = f"({type(e).__name__}: {first[:200]})"
             if not own:

@@ -76,16 +76,10 @@ class DataloaderState(Stateful):
         self.dataloader = dataloader
 
     def state_dict(self):
-        ds = self.dataloader.state_dict()["dataset_state"]
-        assert ds["next_index"] == 0, "checkpoints are taken between steps"
-        return {f"slot_{s}": pickle.dumps(st) for s, st in ds["slots"].items()}
+        return {f"slot_{s}": pickle.dumps(st) for s, st in self.dataloader.state_dict().items()}
 
     def load_state_dict(self, state):
-        loader_state = self.dataloader.state_dict()
-        loader_state["dataset_state"] = {
-            "next_index": 0, "slots": {k.removeprefix("slot_"): pickle.loads(v) for k, v in state.items()},
-        }
-        self.dataloader.load_state_dict(loader_state)
+        self.dataloader.load_state_dict({int(k.removeprefix("slot_")): pickle.loads(v) for k, v in state.items()})
 
 
 class TrainState(Stateful):

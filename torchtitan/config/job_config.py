@@ -125,8 +125,25 @@ class Training:
     """Dtype of gradient reduction across data-parallel ranks."""
 
     dataset: str = "pydoc"
-    """Dataset: 'pydoc' (embedded, Python's own documentation, no download), a local
-    .json/.jsonl/.parquet/.txt file or folder, or a Hugging Face hub name (streamed)."""
+    """Dataset: 'pydoc' (embedded, Python's own documentation, no download), a folder made by
+    scripts/tokenize_dataset.py (pre-tokenized: no tokenizer work at run time), a local
+    .jsonl/.json/.txt file (indexed: each rank reads only its documents), .arrow file or
+    save_to_disk folder, a .parquet/.csv file or data folder, or a Hugging Face hub name
+    (streamed shard by shard). How it is read, and when documents are read more than once
+    the fix, is on the start line (docs/data.md)."""
+
+    dataset_mix: list[str] = field(default_factory=list)
+    """A weighted mixture instead of `dataset`: entries 'dataset:weight', e.g.
+    ["web.jsonl:0.7", "code_tokens:0.3"], each dataset in any form `dataset` takes. Weights
+    are shares of tokens (normalised), interleaved deterministically (data/mixture.py); the
+    tokens each source gave are logged (tokens_seen/<name>). A source that runs dry starts
+    its next epoch, and the log says so. dataset_split/text_field/config_name apply to all."""
+
+    dataloader_workers: int | Literal["auto"] = AUTO
+    """Loader processes per rank that read and tokenise ahead of the trainer (torch
+    DataLoader workers; each owns whole rows of the batch). auto = 2 on CUDA, 0 on CPU (the
+    training thread reads). The count used divides local_batch_size x accumulation steps
+    suitably and is on the start line; the data position saved does not depend on it."""
 
     dataset_split: str = "train"
     """Split of an HF dataset to read."""

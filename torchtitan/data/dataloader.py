@@ -1,31 +1,157 @@
-"""The training dataloader: torchdata's StatefulDataLoader over this rank's slots."""
+"""The training dataloader: a rank's slots, read by torch DataLoader workers in micro-step order.
 
-from functools import partial
+A rank owns rows_per_rank = local_batch_size x accum_steps consecutive slots of the global
+batch, used as accum_steps micro-steps of local_batch_size rows. Each micro-step is cut into p
+contiguous groups of rows ("parts"); DataLoader hands out part b from worker b % W, so with
+W dividing p x accum_steps every worker always makes the same parts: the slots are split across
+workers, each slot read by exactly one process. Parts carry their slots' positions after them
+(data/datasets.py), so `state_dict()` is exact for what the trainer was given, however far the
+workers read ahead, and it is per global slot: it loads into any layout and any worker count.
+"""
 
-from torchdata.stateful_dataloader import StatefulDataLoader
+from __future__ import annotations
 
-from torchtitan.data.datasets import PackedSlotDataset
-from torchtitan.data.sources import open_source
-from torchtitan.data.tokenizer import Tokenizer
+import math
+from typing import Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from torchtitan.data.datasets import STATE_VERSION, DataError, SlotParts, fresh_state
+from torchtitan.data.documents import describe, open_documents
+from torchtitan.data.mixture import MixError, parse_mix, pattern, windows_by_source
+from torchtitan.data.slots import read_case
 
 
-def build_dataloader(
-    training, tokenizer: Tokenizer, dp_rank: int, dp_degree: int, accum_steps: int, section: str = "training"
-) -> StatefulDataLoader:
-    """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step.
+class StateVersionError(ValueError):
+    """A checkpoint's data position written by an older build; one line."""
 
-    Main-process loading (num_workers=0): worker processes would each replay the same
-    slots, and tokenising a few windows per step is cheap next to a training step.
-    """
-    rows_per_rank = training.local_batch_size * accum_steps
-    dataset = PackedSlotDataset(
-        make_source=partial(open_source, training.dataset, training.dataset_split, training.dataset_config_name),
-        tokenizer=tokenizer,
-        seq_len=training.seq_len,
-        first_slot=dp_rank * rows_per_rank,
-        n_slots=rows_per_rank,
-        num_slots=rows_per_rank * dp_degree,
-        text_field=training.dataset_text_field,
-        section=section,  # which config keys a data error names
-    )
-    return StatefulDataLoader(dataset, batch_size=training.local_batch_size, num_workers=0)
+
+def worker_layout(workers: int, local_batch: int, accum_steps: int) -> tuple[int, int]:
+    """(workers used, parts per micro-step): the most workers up to `workers` that can own
+    fixed parts, i.e. W divides p x accum_steps with p <= local_batch (p = W / gcd(W, accum))."""
+    for w in range(workers, 0, -1):
+        p = w // math.gcd(w, accum_steps)
+        if p <= local_batch:
+            return w, p
+    return 0, 1
+
+
+def part_slots(first_slot: int, local_batch: int, accum_steps: int, p: int) -> list[list[int]]:
+    """The slots of each part, in the order the trainer consumes them."""
+    out = []
+    for m in range(accum_steps):
+        base = first_slot + m * local_batch
+        for g in range(p):
+            out.append(list(range(base + g * local_batch // p, base + (g + 1) * local_batch // p)))
+    return out
+
+
+def mixture_sources(training) -> list[tuple[str, float, str]]:
+    """(dataset, weight, name) of each source: the mixture's, or the one dataset."""
+    mix = getattr(training, "dataset_mix", None) or []
+    if not mix:
+        return [(training.dataset, 1.0, "")]
+    return [(s.dataset, s.weight, s.name) for s in parse_mix(mix)]
+
+
+class SlotLoader:
+    """Yields (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step."""
+
+    def __init__(self, training, tokenizer, dp_rank: int, dp_degree: int, accum_steps: int, section: str = "training",
+                 workers: int = 0, log: Callable[[str], None] | None = None):
+        self.section, self.log = section, log or (lambda line: None)
+        self.local_batch, self.accum_steps, self.seq_len = training.local_batch_size, accum_steps, training.seq_len
+        self.rows_per_rank = self.local_batch * accum_steps
+        self.first_slot = dp_rank * self.rows_per_rank
+        self.num_slots = self.rows_per_rank * dp_degree
+        try:
+            mix = mixture_sources(training)
+        except MixError as e:
+            raise DataError(f"--{section}.dataset_mix: {e}") from None
+        self.names = [name for _, _, name in mix]
+        self.sources = [
+            open_documents(ds, training.dataset_split, training.dataset_config_name, training.dataset_text_field,
+                           tokenizer, section)
+            for ds, _, _ in mix
+        ]
+        self.labels = [describe(ds, training.dataset_split) for ds, _, _ in mix]
+        self.pattern = pattern([w for _, w, _ in mix], self.num_slots) if len(mix) > 1 else None
+        self.workers, self.parts_per_step = worker_layout(workers, self.local_batch, accum_steps)
+        self.part_slots = part_slots(self.first_slot, self.local_batch, accum_steps, self.parts_per_step)
+        self.slots = list(range(self.first_slot, self.first_slot + self.rows_per_rank))
+        self.states = {s: fresh_state(len(self.sources)) for s in self.slots}
+        self.bytes_read = 0
+        self.epochs_logged: set[str] = set()
+        self.consumed = 0  # micro-steps handed to the trainer
+
+    def describe(self) -> list[str]:
+        """The start line's facts: per source, how it is read and, when more than once, the fix."""
+        lines = []
+        for (label, src) in zip(self.labels, self.sources):
+            what, fix = read_case(src.kind, src.num_shards, self.num_slots, self.rows_per_rank)
+            lines.append(f"{label}: {what}" + (f"; {fix}" if fix else ""))
+        workers = f"{self.workers} loader worker(s)" if self.workers else "read on the training thread (no workers)"
+        return lines + [f"{self.rows_per_rank} rows per rank of {self.num_slots}, {workers}"]
+
+    def windows_by_source(self, steps: int) -> dict[str, int]:
+        """Windows each source gave the whole job in its first `steps` steps (mixtures only)."""
+        if self.pattern is None:
+            return {}
+        return dict(zip(self.names, windows_by_source(self.pattern, steps * self.num_slots)))
+
+    def _loader(self) -> DataLoader:
+        dataset = SlotParts(self.sources, self.labels, self.pattern, self.part_slots, self.num_slots, self.seq_len,
+                            dict(self.states), self.section)
+        return DataLoader(dataset, batch_size=None, num_workers=self.workers, persistent_workers=self.workers > 0,
+                          prefetch_factor=4 if self.workers else None, pin_memory=torch.cuda.is_available())
+
+    def __iter__(self):
+        it = iter(self._loader())
+        while True:
+            parts = [next(it) for _ in range(self.parts_per_step)]
+            for part in parts:
+                if "error" in part:
+                    raise DataError(part["error"])
+            self.states.update({s: st for part in parts for s, st in part["states"].items()})
+            self.bytes_read += sum(part["bytes"] for part in parts)
+            for event in (e for part in parts for e in part["events"]):
+                if event not in self.epochs_logged:
+                    self.epochs_logged.add(event)
+                    self.log(f"[torchtitan] data: {event}")
+            self.consumed += 1
+            if len(parts) == 1:
+                yield parts[0]["inputs"], parts[0]["labels"]
+            else:
+                yield torch.cat([p["inputs"] for p in parts]), torch.cat([p["labels"] for p in parts])
+
+    def state_dict(self) -> dict:
+        if self.consumed % self.accum_steps:
+            raise RuntimeError("the data position is saved between steps")
+        return {int(s): dict(st) for s, st in self.states.items()}
+
+    def load_state_dict(self, states: dict) -> None:
+        for s in self.slots:
+            st = states.get(s, states.get(str(s)))
+            if st is None:
+                raise StateVersionError(f"the checkpoint holds no data position for global batch row {s}")
+            if not isinstance(st, dict) or st.get("v") != STATE_VERSION:
+                raise StateVersionError(
+                    "the checkpoint's data position was written before documents were read once per job (format"
+                    f" {st.get('v', 1) if isinstance(st, dict) else 1}, this build reads {STATE_VERSION}); it cannot"
+                    " resume the data exactly: start a new run from its weights with --checkpoint.initial_load_path=<that"
+                    " step folder>"
+                )
+            if len(st["positions"]) != len(self.sources):
+                raise StateVersionError(
+                    f"the checkpoint's data position has {len(st['positions'])} source(s), this run reads"
+                    f" {len(self.sources)}: resume with the same --{self.section}.dataset/dataset_mix"
+                )
+            self.states[s] = st
+        self.consumed = 0
+
+
+def build_dataloader(training, tokenizer, dp_rank: int, dp_degree: int, accum_steps: int, section: str = "training",
+                     workers: int = 0, log: Callable[[str], None] | None = None) -> SlotLoader:
+    """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step."""
+    return SlotLoader(training, tokenizer, dp_rank, dp_degree, accum_steps, section, workers, log)

@@ -1,194 +1,167 @@
-"""Text datasets -> packed (input, label) windows, laid out so that every parallel layout
-sees the same global batches.
+"""Documents -> packed (input, label) windows, laid out so that every parallel layout sees the
+same global batches.
 
-The global batch has `G = global_batch_size` rows. Row i of every step is drawn from its
-own *slot stream*: documents i, i+G, i+2G, ... of the source (HF `split_dataset_by_node`
-with G "nodes"), tokenised with BOS/EOS and packed into windows of seq_len + 1 tokens. A
-data-parallel rank owns a contiguous range of slots (its rows of all its gradient
-accumulation micro-steps), so ranks read disjoint documents, and 1 rank with gradient
-accumulation trains on exactly the same rows as N ranks without it: losses are comparable
-across layouts, and the per-slot state can be re-split when a checkpoint is loaded into
-another layout.
+Row i of every step is cut from slot stream i (data/slots.py says which documents it reads),
+each document tokenised for training (data/tokenizer.py) and packed back to back into windows
+of seq_len + 1 tokens. With a mixture, window n of the job comes from the source
+data/mixture.py names, each source with its own slot streams. A slot's position is four
+integers per source (epoch, shard position, document index, tokens of it already used) plus
+the windows it has made, so it is exact, tiny, and keyed by global slot id: another layout or
+another count of loader workers picks out the slots it owns.
+
+`SlotParts` is what a loader worker runs: it makes "parts" (a micro-step's rows, or a contiguous
+group of them) for the slots it was given, and each part carries its slots' positions after it,
+the bytes read and the epochs begun, so the main process knows the exact position of what it
+handed to the trainer while workers read ahead.
 """
 
-import functools
-from typing import Callable, Iterator
+from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
-from torchtitan.data.sources import LOCAL_FILE_BUILDERS, DocumentError, document_text
-from torchtitan.data.tokenizer import Tokenizer
-from torchtitan.messages import one_line
+from torchtitan.data.documents import DataError, TruncatedShard
+from torchtitan.data.slots import slot_plan
 
-
-class DataError(RuntimeError):
-    """A document the run cannot use (no text field, not a string, unreadable data), met past
-    the first records the config check read. The message is one line naming the key."""
+STATE_VERSION = 2
 
 
-def _describe(make_source: Callable) -> str:
-    """'<dataset>' (split '<split>') when the source is a partial of open_source, as the loaders build it."""
-    if isinstance(make_source, functools.partial) and make_source.args:
-        split = make_source.args[1] if len(make_source.args) > 1 else make_source.keywords.get("split", "train")
-        return f"dataset '{make_source.args[0]}' (split '{split}')"
-    return "the dataset"
+@dataclass
+class Position:
+    """Where one slot stands in one source."""
+
+    epoch: int = 0
+    shard_pos: int = 0  # which of the slot's shards
+    index: int = -1  # document index in that shard (-1: not started)
+    used: int = 0  # tokens of that document already in windows
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.epoch, self.shard_pos, self.index, self.used)
 
 
-def _is_logged_read_error(record) -> bool:
-    return not str(record.msg).startswith("Failed to ")
+class SlotStream:
+    """One slot of one source: its documents packed into windows."""
 
-
-def _drop_logged_read_errors() -> None:
-    """The file builders log "Failed to load JSON from file ..." (or "Failed to read ...") and
-    then raise; the raise becomes a DataError line, so the log line would only repeat it."""
-    import logging
-
-    for builder in set(LOCAL_FILE_BUILDERS.values()):
-        builder_logger = logging.getLogger(f"datasets.packaged_modules.{builder}.{builder}")
-        if _is_logged_read_error not in builder_logger.filters:
-            builder_logger.addFilter(_is_logged_read_error)
-
-
-class _SlotStream:
-    """Documents slot, slot + num_slots, ... of the source, packed into fixed windows."""
-
-    def __init__(self, make_source: Callable, slot: int, num_slots: int, tokenizer, window: int, text_field: str,
-                 section: str = "training"):
-        self.make_source, self.slot, self.num_slots = make_source, slot, num_slots
-        self.tokenizer, self.window, self.text_field = tokenizer, window, text_field
+    def __init__(self, docs, label: str, slot: int, num_slots: int, window: int, section: str,
+                 position: tuple | None = None):
+        self.docs, self.label, self.slot, self.num_slots, self.window = docs, label, slot, num_slots, window
         self.section = section
-        self.buffer: list[int] = []
-        self.epoch = 0
-        self._source_state = None
-        self._open()
+        self.plan = slot_plan(slot, num_slots, docs.num_shards)
+        self.pos = Position(*position) if position else Position(index=self.plan.offset)
+        if hasattr(docs, "want"):
+            for shard in self.plan.shards:
+                docs.want(shard, self.plan.stride, self.plan.offset)
+        self._cached: tuple[tuple, np.ndarray] | None = None
+        self.events: list[str] = []
 
-    def _open(self, state=None):
-        from datasets.distributed import split_dataset_by_node
-
-        _drop_logged_read_errors()
+    def _document(self) -> np.ndarray | None:
+        key = (self.pos.epoch, self.pos.shard_pos, self.pos.index)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        shard = self.plan.shards[self.pos.shard_pos]
         try:
-            source = self.make_source()
-            # Split by examples (the "auto" strategy unless the shards divide evenly): this slot
-            # reads documents slot, slot + num_slots, ..., so a document's index is known.
-            by_example = self.num_slots == 1 or source.num_shards % self.num_slots != 0
-            self.source = split_dataset_by_node(source, rank=self.slot, world_size=self.num_slots)
-            if state is not None:
-                self.source.load_state_dict(state)
-            self.iterator = iter(self.source)
-        except Exception as e:
+            doc = self.docs.tokens(shard, self.pos.index, self.pos.epoch)
+        except TruncatedShard as e:
             raise DataError(
-                f"--{self.section}.dataset: cannot open {_describe(self.make_source)} ({one_line(e)});"
-                " check that it is still there and readable"
-            ) from e
-        self.read = 0 if state is None and by_example else None  # documents read since opening
+                f"--{self.section}.dataset: {e.path} is truncated (document {e.doc} is cut off); re-create the folder"
+                " with scripts/tokenize_dataset.py, then resume from the last checkpoint (it is intact)"
+            ) from None
+        self._cached = (key, doc) if doc is not None else None
+        return doc
 
-    def _where(self) -> str:
-        where = _describe(self.make_source)
-        if self.read is None:
-            return f"a document of {where} (batch row {self.slot} of {self.num_slots}, epoch {self.epoch})"
-        return f"document {self.slot + self.read * self.num_slots} of {where}"
+    def _next_shard(self) -> None:
+        p = self.pos
+        p.shard_pos, p.index, p.used = p.shard_pos + 1, self.plan.offset, 0
+        if p.shard_pos == len(self.plan.shards):
+            p.epoch, p.shard_pos = p.epoch + 1, 0
+            self.events.append(f"{self.label}: epoch {p.epoch + 1} begins (its documents are read again)")
 
-    def _next_document(self) -> str:
-        """The next document's text; StopIteration at the end of the source."""
-        try:
-            doc = next(self.iterator)
-        except StopIteration:
-            raise
-        except Exception as e:
-            raise DataError(
-                f"--{self.section}.dataset: cannot read {_describe(self.make_source)} ({one_line(e)}); fix"
-                " or remove that record, or use another dataset"
-            ) from e
-        try:
-            text = document_text(doc, self.text_field, self._where, self.section)
-        except DocumentError as e:
-            raise DataError(str(e)) from None
-        if self.read is not None:
-            self.read += 1
-        return text
-
-    def next_window(self) -> list[int]:
-        empty_epochs = 0
-        while len(self.buffer) < self.window:
-            try:
-                text = self._next_document()
-                empty_epochs = 0
-            except StopIteration:
-                empty_epochs += 1
-                if empty_epochs > 1:
+    def next_window(self) -> np.ndarray:
+        pieces, need, misses = [], self.window, 0
+        while need:
+            doc = self._document()
+            if doc is None:  # past the shard's end
+                misses += 1
+                if misses > len(self.plan.shards):  # a whole pass over its shards found nothing
                     raise DataError(
-                        f"--{self.section}.dataset: {_describe(self.make_source)}: dataset slot {self.slot} of"
-                        f" {self.num_slots} holds no documents: the dataset has fewer documents than the"
-                        f" {self.num_slots} rows of a global batch; add documents or lower the batch size"
-                    ) from None
-                self.epoch += 1
-                self._open()
+                        f"--{self.section}.dataset: {self.label}: dataset slot {self.slot} of {self.num_slots} holds"
+                        f" no documents: the dataset has fewer documents than the {self.num_slots} rows of a global"
+                        " batch; add documents or lower the batch size"
+                    )
+                self._next_shard()
                 continue
-            self.buffer.extend(self.tokenizer.encode(text))
-        out, self.buffer = self.buffer[: self.window], self.buffer[self.window :]
-        return out
-
-    def state_dict(self) -> dict:
-        return {"source": self.source.state_dict(), "buffer": list(self.buffer), "epoch": self.epoch}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.buffer, self.epoch = list(state["buffer"]), state["epoch"]
-        self._open(state["source"])
+            misses = 0
+            take = doc[self.pos.used : self.pos.used + need]
+            pieces.append(take)
+            need -= len(take)
+            self.pos.used += len(take)
+            if self.pos.used >= len(doc):
+                self.pos.index, self.pos.used = self.pos.index + self.plan.stride, 0
+        return np.concatenate(pieces).astype(np.int64, copy=False)
 
 
-class PackedSlotDataset(IterableDataset, Stateful):
-    """Yields (input_ids, labels) for slots [first_slot, first_slot + n_slots), cycling."""
+@dataclass
+class SlotState:
+    windows: int = 0  # windows this slot has made (= steps it has fed)
+    positions: list = field(default_factory=list)  # per source, Position tuples (None: not started)
 
-    def __init__(
-        self,
-        make_source: Callable,
-        tokenizer: Tokenizer,
-        seq_len: int,
-        first_slot: int,
-        n_slots: int,
-        num_slots: int,
-        text_field: str = "text",
-        section: str = "training",
-    ):
-        """`section`: the config section the dataset keys come from ("training" or
-        "validation"), named in DataError messages."""
-        self.make_source, self.tokenizer, self.seq_len = make_source, tokenizer, seq_len
-        self.section = section
-        self.slots = list(range(first_slot, first_slot + n_slots))
-        self.num_slots, self.text_field = num_slots, text_field
-        self._streams: dict[int, _SlotStream] | None = None
-        self._pending: dict | None = None
-        self.next_index = 0
+    def record(self) -> dict:
+        return {"v": STATE_VERSION, "windows": self.windows, "positions": [tuple(p) if p else None
+                                                                           for p in self.positions]}
 
-    def _ensure_streams(self) -> dict[int, _SlotStream]:
-        if self._streams is None:
-            self._streams = {
-                s: _SlotStream(self.make_source, s, self.num_slots, self.tokenizer, self.seq_len + 1, self.text_field,
-                               self.section)
-                for s in self.slots
-            }
-            if self._pending is not None:
-                for s, state in self._pending.items():
-                    self._streams[s].load_state_dict(state)
-                self._pending = None
-        return self._streams
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        streams = self._ensure_streams()
+def fresh_state(num_sources: int) -> dict:
+    return SlotState(0, [None] * num_sources).record()
+
+
+class SlotParts(IterableDataset):
+    """Parts for the parts of `part_slots` this worker owns (part b goes to worker b % workers,
+    as DataLoader's round robin hands them out), cycling for ever."""
+
+    def __init__(self, sources: list, labels: list[str], pattern: list[int] | None, part_slots: list[list[int]],
+                 num_slots: int, seq_len: int, states: dict[int, dict], section: str = "training"):
+        self.sources, self.labels, self.pattern = sources, labels, pattern
+        self.part_slots, self.num_slots, self.seq_len = part_slots, num_slots, seq_len
+        self.states, self.section = states, section
+
+    def _source_of(self, slot: int, windows: int) -> int:
+        if self.pattern is None:
+            return 0
+        return self.pattern[(windows * self.num_slots + slot) % len(self.pattern)]
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        mine = list(range(worker, len(self.part_slots), workers))
+        streams: dict[tuple[int, int], SlotStream] = {}
+        windows = {s: self.states[s]["windows"] for p in mine for s in self.part_slots[p]}
+        positions = {s: list(self.states[s]["positions"]) for s in windows}
+        for s in windows:  # open every stream of this worker's slots now: streams register what they keep
+            for k, pos in enumerate(positions[s]):
+                streams[(s, k)] = SlotStream(self.sources[k], self.labels[k], s, self.num_slots, self.seq_len + 1,
+                                             self.section, pos)
         while True:
-            slot = self.slots[self.next_index]
-            tokens = torch.tensor(streams[slot].next_window(), dtype=torch.long)
-            self.next_index = (self.next_index + 1) % len(self.slots)
-            yield tokens[:-1], tokens[1:]
-
-    # State is keyed by global slot id, so another layout can pick out its own slots.
-    def state_dict(self) -> dict:
-        streams = self._ensure_streams()
-        return {"next_index": self.next_index, "slots": {str(s): st.state_dict() for s, st in streams.items()}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.next_index = state["next_index"]
-        self._pending = {int(s): st for s, st in state["slots"].items() if int(s) in self.slots}
-        self._streams = None
+            for p in mine:
+                before = sum(getattr(src, "bytes_read", 0) for src in self.sources)
+                rows, events = [], []
+                try:
+                    for s in self.part_slots[p]:
+                        k = self._source_of(s, windows[s])
+                        stream = streams[(s, k)]
+                        rows.append(stream.next_window())
+                        windows[s] += 1
+                        positions[s][k] = stream.pos.as_tuple()
+                        events += stream.events
+                        stream.events = []
+                except DataError as e:  # handed over as data: a worker's exception loses its one line
+                    yield {"error": str(e)}
+                    return
+                batch = torch.from_numpy(np.stack(rows))
+                yield {
+                    "part": p, "inputs": batch[:, :-1], "labels": batch[:, 1:],
+                    "states": {s: SlotState(windows[s], list(positions[s])).record() for s in self.part_slots[p]},
+                    "bytes": sum(getattr(src, "bytes_read", 0) for src in self.sources) - before, "events": events,
+                }

@@ -73,10 +73,35 @@ class Tokenizer:
                 f"tokenizer '{path}' has none of the BOS/EOS token pairs {_SPECIAL_PAIRS}",
             )
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # A tokenizer whose only special token ends documents (GPT-2's and Qwen's <|endoftext|>)
+        # has no BOS: documents are then written as text + EOS and told apart after each EOS.
+        self.has_bos = self.bos_id != self.eos_id
+        self._fingerprint = ""
+
+    @property
+    def doc_delimiter(self) -> tuple[int, bool]:
+        """(token id, True: a document starts at it | False: ends at it): the block-causal mask's documents."""
+        return (self.bos_id, True) if self.has_bos else (self.eos_id, False)
+
+    @property
+    def delimiting(self) -> str:
+        """How packed documents are told apart, in words (the start line and manifests say it)."""
+        if self.has_bos:
+            return "BOS + text + EOS; a document starts at each BOS"
+        return "text + EOS (no BOS token); a document starts after each EOS"
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the tokenizer's canonical JSON: same text in, same ids out."""
+        if not self._fingerprint:
+            import hashlib
+
+            self._fingerprint = hashlib.sha256(self._tok.to_str().encode()).hexdigest()
+        return self._fingerprint
 
     def encode(self, text: str, bos: bool = True, eos: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+        return ([self.bos_id] if bos and self.has_bos else []) + ids + ([self.eos_id] if eos else [])
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -182,7 +182,7 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             m.train()
         simulation_patches.plan_dispatch(parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew)
         with simulation_patches.as_pipeline_rank(dims.pp_group(), pp_rank):
-            runner = step_runner(parts, dims, cfg, device, bos_id=0, on_phase=lambda name: setattr(tracker, "phase", name))
+            runner = step_runner(parts, dims, cfg, device, doc_delimiter=(0, True), on_phase=lambda name: setattr(tracker, "phase", name))
         pipeline = runner.pipeline
         optimizers = PartOptimizers(parts.modules, cfg.optimizer, t.steps, cfg.lr_scheduler)
         params = [p for m in parts.modules for p in m.parameters()]

@@ -181,6 +181,15 @@ class WandbSink:
         self.run.finish(exit_code=1 if failed else EXIT_PREEMPTED if preempted else 0)
 
 
+def _mixture_text(values: dict) -> str:
+    """'  mix web 70.0% code 30.0%': each source's share of the tokens so far (tokens_seen/<name>)."""
+    seen = {k.split("/", 1)[1]: v for k, v in values.items() if k.startswith("tokens_seen/")}
+    total = sum(seen.values())
+    if not total:
+        return ""
+    return "  mix " + " ".join(f"{name} {n / total:.1%}" for name, n in seen.items())
+
+
 def scalars_of(values: dict) -> dict:
     """The values the scalar sinks get: numbers only (not mfu=None, not the comm dicts)."""
     return {k: v for k, v in values.items() if isinstance(v, (int, float))}
@@ -243,7 +252,8 @@ class MetricsLogger:
             + (f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
                if "expert_load_max" in values else "")
             + f"  tok/s/dev {values['tokens_per_sec_per_device']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
-            f"  {_memory_text(values)}  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}",
+            f"  {_memory_text(values)}  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}"
+            + _mixture_text(values),
             flush=True,
         )
         self.jsonl.write(json.dumps(record) + "\n")

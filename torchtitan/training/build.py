@@ -152,11 +152,12 @@ def plan_records(parts: ModelParts) -> list[dict]:
 
 
 def step_runner(parts: ModelParts, dims: ParallelDims, cfg: JobConfig, device: torch.device, *,
-                bos_id: int | None, held_for_backward: bool = False,
+                doc_delimiter: tuple[int, bool] | None, held_for_backward: bool = False,
                 on_phase: Callable[[str], None] | None = None,
                 backward_phase: Callable[[], ContextManager] | None = None) -> StepRunner:
     """The loss, the pipeline schedule over the parts (under PP) and the runner of a rank's
-    steps. `bos_id`: the tokenizer's BOS id, used under the block-causal mask; `on_phase`,
+    steps. `doc_delimiter`: the tokenizer's
+    (BOS id, True) or, without BOS, (EOS id, False), used under the block-causal mask; `on_phase`,
     `backward_phase`: the memory simulation's and comm stats' phase marks."""
     t, p = cfg.training, cfg.parallelism
     accum = batch_shape(cfg, dims.dp).accum_steps
@@ -168,7 +169,7 @@ def step_runner(parts: ModelParts, dims: ParallelDims, cfg: JobConfig, device: t
                                   parts.microbatches, loss_fn=loss, backward_phase=backward_phase)
     return StepRunner(parts.modules, device, accum, loss, dims.tp > 1 and p.loss_parallel, pipeline, parts.layout,
                       parts.stage_ids, held_for_backward, on_phase,
-                      bos_id=bos_id if cfg.model.attn_mask == "block_causal" else None,
+                      doc_delimiter=doc_delimiter if cfg.model.attn_mask == "block_causal" else None,
                       cp=parts.modules[0].context_parallel)
 
 

@@ -45,7 +45,8 @@ class StepRunner:
     held_for_backward: bool = False  # measure the first micro-batch's held bytes (trainer metric)
     on_phase: Callable[[str], None] | None = None  # told "forward" / "backward" / ... (memory simulation)
     held_bytes: int = 0
-    bos_id: int | None = None  # set: the block-causal mask, documents told apart by this token
+    # set: the block-causal mask; documents told apart by (token id, True: it starts one | False: it ends one)
+    doc_delimiter: tuple[int, bool] | None = None
     cp: ContextParallel | None = None  # context parallel: this rank's place in its CP group
 
     def __post_init__(self) -> None:
@@ -69,7 +70,7 @@ class StepRunner:
         and under the causal mask no earlier position sees them). Under CP each part is
         sharded on its own, so that this rank's logits parts and label parts line up."""
         inputs, labels = inputs.to(self.device), labels.to(self.device)
-        kwargs = {} if self.bos_id is None else {"doc_ids": document_ids(inputs, self.bos_id)}
+        kwargs = {} if self.doc_delimiter is None else {"doc_ids": document_ids(inputs, *self.doc_delimiter)}
         shard = self.cp.shard if self.cp is not None else (lambda t: t)
         inputs = shard(inputs)
         if not (mtp and self.mtp_depth):

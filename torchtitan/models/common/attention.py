@@ -31,9 +31,13 @@ from torch.nn.attention.bias import causal_lower_right
 ATTN_MASKS = ("causal", "block_causal")
 
 
-def document_ids(inputs: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """[batch, seq] int32: the document of each token, counted from the window's BOS tokens."""
-    return torch.cumsum(inputs == bos_id, dim=1, dtype=torch.int32)
+def document_ids(inputs: torch.Tensor, token_id: int, starts: bool = True) -> torch.Tensor:
+    """[batch, seq] int32: the document of each token, counted from the window's delimiters:
+    BOS tokens (`starts`), or EOS tokens for a tokenizer without BOS (a document then begins
+    after each EOS, which stays with the document it ends)."""
+    marks = inputs == token_id
+    ids = torch.cumsum(marks, dim=1, dtype=torch.int32)
+    return ids if starts else ids - marks.to(torch.int32)
 
 
 @dataclass
