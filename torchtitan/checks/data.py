@@ -34,9 +34,59 @@ def check_data_inputs(cfg: JobConfig, args, global_batch: int = 0) -> None:
 
     rows = global_batch or rows_per_step(cfg, 1)
     check_tokenizer(cfg, args)
-    check_dataset(cfg, "training", rows)
+    for name in training_datasets(cfg.training):
+        in_mix(name, cfg.training, lambda: check_dataset(cfg, "training", rows, name))
+    check_mix_delimiters(cfg.training)
     if cfg.validation.enable:
         check_dataset(cfg, "validation", rows)
+
+
+def training_datasets(t) -> list[str]:
+    """The training datasets: the mixture's sources, or the one dataset; [training] loader keys checked."""
+    from torchtitan.data.mixture import MixError, parse_mix
+
+    if t.dataloader_workers != "auto" and (not isinstance(t.dataloader_workers, int) or t.dataloader_workers < 0):
+        raise ConfigError(f"--training.dataloader_workers={t.dataloader_workers}: must be >= 0 (0: read on the"
+                          " training thread) or auto")
+    if not t.dataset_mix:
+        return [t.dataset]
+    if t.dataset != "pydoc":
+        raise ConfigError(f"--training.dataset={t.dataset!r} and --training.dataset_mix are both set; give the"
+                          " dataset as a mixture entry ('{t.dataset}:1.0') or drop dataset_mix")
+    try:
+        return [s.dataset for s in parse_mix(t.dataset_mix)]
+    except MixError as e:
+        raise ConfigError(f"--training.dataset_mix: {e}") from None
+
+
+def in_mix(name: str, t, check) -> None:
+    """Run a dataset check; for a mixture's source, its error names the entry instead of the key."""
+    try:
+        check()
+    except ConfigError as e:
+        msg = str(e)
+        if not t.dataset_mix or not re.match(r"--training\.dataset[=: ]", msg):
+            raise
+        raise ConfigError(f"--training.dataset_mix entry {name!r}" + msg[len("--training.dataset"):].removeprefix(
+            "=" + repr(name))) from None
+
+
+def check_mix_delimiters(t) -> None:
+    """The pre-tokenized sources of a mixture must delimit documents alike (same BOS/EOS)."""
+    from torchtitan.data.token_folder import FolderError, is_token_folder, read_manifest
+
+    seen = {}
+    for name in training_datasets(t) if t.dataset_mix else []:
+        if is_token_folder(name):
+            try:
+                tk = read_manifest(name)["tokenizer"]
+            except FolderError:
+                continue  # check_dataset said it
+            seen[name] = (tk.get("bos_id"), tk.get("eos_id"), tk.get("has_bos"))
+    if len(set(seen.values())) > 1:
+        parts = ", ".join(f"'{n}' BOS {b} EOS {e}" for n, (b, e, _) in seen.items())
+        raise ConfigError(f"--training.dataset_mix: its pre-tokenized sources delimit documents differently ({parts});"
+                          " tokenize every source with the run's tokenizer")
 
 
 def check_dataset_path(dataset: str, section: str = "training") -> None:
@@ -106,12 +156,20 @@ def check_tokenizer(cfg: JobConfig, args) -> None:
 # --------------------------------------------------------------------------- datasets
 
 
-def check_dataset(cfg: JobConfig, section: str, rows: int) -> None:
-    """The [training] or [validation] dataset keys. A dry run reads no data: it checks only
-    what needs no reading (the 'pydoc' split, a config name that has no effect)."""
+def check_dataset(cfg: JobConfig, section: str, rows: int, name: str = "") -> None:
+    """The [training] or [validation] dataset keys (`name`: a mixture's source instead of the
+    dataset key). A dry run reads no data: it checks only what needs no reading (the 'pydoc'
+    split, a config name that has no effect)."""
+    from torchtitan.data.token_folder import is_token_folder
+
     src = getattr(cfg, section)
-    name, split, field, config = src.dataset, src.dataset_split, src.dataset_text_field, src.dataset_config_name
+    split, field, config = src.dataset_split, src.dataset_text_field, src.dataset_config_name
+    name = name or src.dataset
     path = os.path.expanduser(name)
+    if os.path.isdir(path) and is_token_folder(path):
+        if not cfg.job.dry_run:
+            _check_token_folder(cfg, section, name, rows)
+        return
     local = name == "pydoc" or os.path.exists(path)
     if config and local:
         what = "the embedded 'pydoc' dataset" if name == "pydoc" else f"the local dataset '{name}'"
@@ -127,6 +185,25 @@ def check_dataset(cfg: JobConfig, section: str, rows: int) -> None:
         _check_local(section, name, split, field, rows)
     elif os.environ.get("RANK", "0") == "0":  # one hub request per job: rank 0 (or run_train.sh's check)
         _check_hub(section, name, split, field, config)
+
+
+def _check_token_folder(cfg: JobConfig, section: str, name: str, rows: int) -> None:
+    """Every file the manifest names, at its size; the run's tokenizer; a document for every row."""
+    from torchtitan.data.slots import empty_slot
+    from torchtitan.data.token_folder import FolderError, check_folder
+    from torchtitan.data.tokenizer import load_tokenizer
+
+    try:
+        manifest = check_folder(name, load_tokenizer(cfg.model.tokenizer_path).fingerprint)
+    except FolderError as e:
+        raise ConfigError(f"--{section}.dataset: {e}") from None
+    slot = empty_slot(manifest["source_shards"], rows)
+    if slot is not None:
+        raise ConfigError(
+            f"--{section}.dataset={name!r}: global batch row {slot} of {rows} gets no document ({manifest['docs']}"
+            f" documents in {len(manifest['source_shards'])} source shard(s)); add documents, or lower"
+            " --training.local_batch_size (or --training.global_batch_size)"
+        )
 
 
 def _check_pydoc(section: str, split: str, field: str, rows: int, dry_run: bool) -> None:

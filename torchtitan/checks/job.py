@@ -11,7 +11,7 @@ import math
 import os
 from typing import Callable
 
-from torchtitan.checks.data import check_data_inputs, check_dataset_path
+from torchtitan.checks.data import check_data_inputs, check_dataset_path, in_mix, training_datasets
 from torchtitan.checks.layout import check_activation_checkpoint, check_fsdp_policies, check_layout, check_model
 from torchtitan.checks.outputs import check_outputs, check_wandb
 from torchtitan.config.job_config import AUTO, JobConfig
@@ -105,7 +105,8 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
     will read them (not by a dry run, which reads neither data nor tokenizer)."""
     t = cfg.training
     if not cfg.job.dry_run:
-        check_dataset_path(t.dataset)
+        for name in training_datasets(t):
+            in_mix(name, t, lambda: check_dataset_path(name))
         if cfg.validation.enable:
             check_dataset_path(cfg.validation.dataset, "validation")
     check_data_inputs(cfg, args, global_batch)

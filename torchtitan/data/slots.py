@@ -46,6 +46,16 @@ def slot_plan(slot: int, num_slots: int, num_shards: int) -> SlotPlan:
     return SlotPlan((shard,), last - first, slot - first)
 
 
+def empty_slot(shard_sizes: list[int], num_slots: int) -> int | None:
+    """The first slot that would read no document at all, or None."""
+    n = len(shard_sizes)
+    for slot in range(num_slots):
+        plan = slot_plan(slot, num_slots, n)
+        if all(shard_sizes[k] <= plan.offset for k in plan.shards):
+            return slot
+    return None
+
+
 def shards_read(slots, num_slots: int, num_shards: int) -> list[int]:
     """The shards a reader of `slots` opens (each once), in order."""
     return sorted({k for s in slots for k in slot_plan(s, num_slots, num_shards).shards})
