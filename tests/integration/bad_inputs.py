@@ -82,6 +82,39 @@ def _hf_folder(dump, hidden_size=256, missing_file=False):
                                       "lm_head.weight": "model-2.safetensors"}}, f)
 
 
+def _token_folder(dump, name, docs=8, fingerprint="", bos_id=None, damage=""):
+    """A pre-tokenized folder of `docs` short documents in data/token_folder's format, with the
+    bundled tokenizer's fingerprint unless given; damage: "missing" (no .bin) or "truncated"."""
+    import numpy as np
+
+    from torchtitan.data import token_folder as tf
+    from torchtitan.data.tokenizer import Tokenizer
+
+    tok = Tokenizer()
+    folder = os.path.join(dump, name)
+    os.makedirs(folder)
+    encoded = [tok.encode(f"document {i} " * 10) for i in range(docs)]
+    offsets = np.cumsum([0] + [len(e) for e in encoded]).astype("<i8")
+    np.concatenate(encoded).astype("<u2").tofile(os.path.join(folder, "part-00000.bin"))
+    offsets.tofile(os.path.join(folder, "part-00000.idx"))
+    manifest = {
+        "format": tf.FORMAT, "version": tf.VERSION, "dtype": "uint16",
+        "tokenizer": {"fingerprint": fingerprint or tok.fingerprint, "path": "tokenizer.json", "vocab_size": tok.vocab_size,
+                      "bos_id": tok.bos_id if bos_id is None else bos_id, "eos_id": tok.eos_id, "has_bos": True,
+                      "delimiting": tok.delimiting},
+        "source": {"dataset": "made by hand"}, "source_shards": [docs],
+        "files": [{"name": "part-00000", "docs": docs, "tokens": int(offsets[-1])}], "docs": docs,
+        "tokens": int(offsets[-1]),
+    }
+    with open(os.path.join(folder, tf.MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    if damage == "missing":
+        os.remove(os.path.join(folder, "part-00000.bin"))
+    elif damage == "truncated":
+        with open(os.path.join(folder, "part-00000.bin"), "r+b") as f:
+            f.truncate(10)
+
+
 @dataclass
 class BadInput:
     name: str
@@ -211,6 +244,33 @@ CASES = [
              setup=lambda d: _jsonl(d, "val.jsonl", _docs(8, field="body"))),
     BadInput("missing validation dataset path", ["--validation.enable=true", "--validation.dataset=./no/such/val.jsonl"],
              "--validation.dataset: local dataset path './no/such/val.jsonl' does not exist"),
+    # ---- pre-tokenized folders and mixtures
+    BadInput("tokenized folder missing a part file", ["--training.dataset={dump}/tokens"],
+             "--training.dataset: '{dump}/tokens/part-00000.bin' is missing (the manifest lists it); re-run"
+             " scripts/tokenize_dataset.py", setup=lambda d: _token_folder(d, "tokens", damage="missing")),
+    BadInput("tokenized folder with a truncated part", ["--training.dataset={dump}/tokens"],
+             "--training.dataset: '{dump}/tokens/part-00000.bin' is truncated: 10 bytes, expected",
+             setup=lambda d: _token_folder(d, "tokens", damage="truncated")),
+    BadInput("tokenized folder of another tokenizer", ["--training.dataset={dump}/tokens"],
+             "--training.dataset: '{dump}/tokens' was tokenized with another tokenizer (tokenizer.json, fingerprint"
+             " 0123456789ab) than this run's", setup=lambda d: _token_folder(d, "tokens", fingerprint="0123456789ab" * 5)),
+    BadInput("tokenized folder with fewer documents than rows", ["--training.dataset={dump}/tokens"],
+             "--training.dataset='{dump}/tokens': global batch row 3 of 8 gets no document (3 documents in 1 source"
+             " shard(s))", setup=lambda d: _token_folder(d, "tokens", docs=3)),
+    BadInput("mixture weight not positive", ["--training.dataset_mix=pydoc:0.5,{dump}/data.jsonl:0"],
+             "--training.dataset_mix: entry '{dump}/data.jsonl:0': weight 0 must be a positive number",
+             setup=lambda d: _jsonl(d, "data.jsonl", _docs(8))),
+    BadInput("mixture source missing", ["--training.dataset_mix=pydoc:0.5,{dump}/nope.jsonl:0.5"],
+             "--training.dataset_mix entry '{dump}/nope.jsonl': local dataset path '{dump}/nope.jsonl' does not exist"),
+    BadInput("mixture sources with different BOS/EOS",
+             ["--training.dataset_mix={dump}/a:0.5,{dump}/b:0.5"],
+             "--training.dataset_mix: its pre-tokenized sources delimit documents differently",
+             setup=lambda d: (_token_folder(d, "a"), _token_folder(d, "b", bos_id=7))),
+    BadInput("mixture and dataset both set", ["--training.dataset={dump}/data.jsonl", "--training.dataset_mix=pydoc:1"],
+             "--training.dataset='{dump}/data.jsonl' and --training.dataset_mix are both set",
+             setup=lambda d: _jsonl(d, "data.jsonl", _docs(8))),
+    BadInput("negative loader workers", ["--training.dataloader_workers=-1"],
+             "--training.dataloader_workers=-1: must be >= 0"),
     # ---- hub datasets (offline here, so they fail at once)
     BadInput("HF weights of another flavor", ["--checkpoint.initial_load_path={dump}/hf"],
              "--checkpoint.initial_load_path: '{dump}/hf' holds another model than llama3 debugmodel: hidden_size=128"

@@ -52,7 +52,7 @@ def training_datasets(t) -> list[str]:
         return [t.dataset]
     if t.dataset != "pydoc":
         raise ConfigError(f"--training.dataset={t.dataset!r} and --training.dataset_mix are both set; give the"
-                          " dataset as a mixture entry ('{t.dataset}:1.0') or drop dataset_mix")
+                          f" dataset as a mixture entry ('{t.dataset}:1.0') or drop dataset_mix")
     try:
         return [s.dataset for s in parse_mix(t.dataset_mix)]
     except MixError as e:
