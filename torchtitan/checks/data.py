@@ -39,6 +39,17 @@ def check_data_inputs(cfg: JobConfig, args, global_batch: int = 0) -> None:
     check_mix_delimiters(cfg.training)
     if cfg.validation.enable:
         check_dataset(cfg, "validation", rows)
+        for name in validation_sets(cfg.validation):
+            in_entry(name, "validation", "per_source", lambda: check_dataset(cfg, "validation", rows, name, True))
+
+
+def validation_sets(v) -> list[str]:
+    """The datasets of [validation] per_source (data/validation.per_source_sets' rule)."""
+    out = []
+    for entry in v.per_source:
+        name, sep, dataset = entry.partition("=")
+        out.append(entry if not sep or os.path.exists(os.path.expanduser(entry)) else dataset)
+    return out
 
 
 def training_datasets(t) -> list[str]:
@@ -61,14 +72,21 @@ def training_datasets(t) -> list[str]:
 
 def in_mix(name: str, t, check) -> None:
     """Run a dataset check; for a mixture's source, its error names the entry instead of the key."""
+    if not t.dataset_mix:
+        return check()
+    in_entry(name, "training", "dataset_mix", check)
+
+
+def in_entry(name: str, section: str, key: str, check) -> None:
+    """Run a check of one entry of the list `[section] key`; an error about [section] dataset
+    names the entry instead."""
     try:
         check()
     except ConfigError as e:
-        msg = str(e)
-        if not t.dataset_mix or not re.match(r"--training\.dataset[=: ]", msg):
+        msg, head = str(e), f"--{section}.dataset"
+        if not re.match(re.escape(head) + r"[=: ]", msg):
             raise
-        raise ConfigError(f"--training.dataset_mix entry {name!r}" + msg[len("--training.dataset"):].removeprefix(
-            "=" + repr(name))) from None
+        raise ConfigError(f"--{section}.{key} entry {name!r}" + msg[len(head):].removeprefix("=" + repr(name))) from None
 
 
 def check_mix_delimiters(t) -> None:
@@ -156,7 +174,7 @@ def check_tokenizer(cfg: JobConfig, args) -> None:
 # --------------------------------------------------------------------------- datasets
 
 
-def check_dataset(cfg: JobConfig, section: str, rows: int, name: str = "") -> None:
+def check_dataset(cfg: JobConfig, section: str, rows: int, name: str = "", per_source: bool = False) -> None:
     """The [training] or [validation] dataset keys (`name`: a mixture's source instead of the
     dataset key). A dry run reads no data: it checks only what needs no reading (the 'pydoc'
     split, a config name that has no effect)."""
@@ -165,6 +183,10 @@ def check_dataset(cfg: JobConfig, section: str, rows: int, name: str = "") -> No
     src = getattr(cfg, section)
     split, field, config = src.dataset_split, src.dataset_text_field, src.dataset_config_name
     name = name or src.dataset
+    if per_source:
+        from torchtitan.data.sources import per_source_split
+
+        split = per_source_split(name, split)
     path = os.path.expanduser(name)
     if os.path.isdir(path) and is_token_folder(path):
         if not cfg.job.dry_run:

@@ -11,7 +11,9 @@ import math
 import os
 from typing import Callable
 
-from torchtitan.checks.data import check_data_inputs, check_dataset_path, in_mix, training_datasets
+from torchtitan.checks.data import (
+    check_data_inputs, check_dataset_path, in_entry, in_mix, training_datasets, validation_sets,
+)
 from torchtitan.checks.layout import check_activation_checkpoint, check_fsdp_policies, check_layout, check_model
 from torchtitan.checks.outputs import check_outputs, check_wandb
 from torchtitan.config.job_config import AUTO, JobConfig
@@ -109,6 +111,8 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
             in_mix(name, t, lambda: check_dataset_path(name))
         if cfg.validation.enable:
             check_dataset_path(cfg.validation.dataset, "validation")
+            for name in validation_sets(cfg.validation):
+                in_entry(name, "validation", "per_source", lambda: check_dataset_path(name, "validation"))
     check_data_inputs(cfg, args, global_batch)
 
 

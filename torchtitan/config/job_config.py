@@ -478,6 +478,12 @@ class Validation:
     dataset_config_name: str = ""
     """Config (subset) name of an HF hub dataset, if it has several."""
 
+    per_source: list[str] = field(default_factory=list)
+    """Held-out datasets measured one by one besides `dataset`, e.g. one per source of
+    training.dataset_mix: entries 'name=dataset' (or just the dataset: named after its file),
+    each in any form training.dataset takes, logged as validation_loss/<name> and
+    validation_perplexity/<name>. dataset_split/text_field/config_name apply to all."""
+
     freq: int = 100
     """Validate after every this many steps (and after the last step)."""
 

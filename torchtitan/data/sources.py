@@ -34,6 +34,12 @@ def open_source(dataset: str, split: str, config_name: str = ""):
     return datasets.load_dataset(dataset, config_name or None, split=split, streaming=True)
 
 
+def per_source_split(dataset: str, split: str) -> str:
+    """The split a [validation] per_source set reads: a local file has only 'train', whatever
+    [validation] dataset_split says (it names the split of the main validation dataset)."""
+    return "train" if os.path.isfile(os.path.expanduser(dataset)) else split
+
+
 class DocumentError(ValueError):
     """A record without usable text; the message is one line naming the key and the fix."""
 

@@ -8,8 +8,23 @@ stream (and its checkpointed position) is never touched.
 
 import dataclasses
 import math
+import os
 
 from torchtitan.data.dataloader import build_dataloader
+from torchtitan.data.sources import per_source_split
+
+
+def per_source_sets(entries: list[str]) -> list[tuple[str, str]]:
+    """[validation] per_source entries -> (name, dataset): 'name=dataset', or the dataset named
+    after its file (as mixture sources are)."""
+    out = []
+    for entry in entries:
+        name, sep, dataset = entry.partition("=")
+        if not sep or os.path.exists(os.path.expanduser(entry)):
+            dataset = entry
+            name = os.path.basename(os.path.normpath(entry)).split(".")[0] or entry
+        out.append((name, dataset))
+    return out
 
 
 class Validator:
@@ -18,10 +33,14 @@ class Validator:
         self.cfg = v
         self.data_cfg = dataclasses.replace(
             cfg.training, dataset=v.dataset, dataset_split=v.dataset_split,
-            dataset_text_field=v.dataset_text_field, dataset_config_name=v.dataset_config_name,
+            dataset_text_field=v.dataset_text_field, dataset_config_name=v.dataset_config_name, dataset_mix=[],
         )
         self.tokenizer, self.dp_rank, self.dp_degree, self.accum_steps = tokenizer, dp_rank, dp_degree, accum_steps
-        self._batches = None
+        self.sets = {"": self.data_cfg}  # "" = [validation] dataset; then each per-source set by name
+        for name, dataset in per_source_sets(v.per_source):
+            self.sets[name] = dataclasses.replace(self.data_cfg, dataset=dataset,
+                                                  dataset_split=per_source_split(dataset, v.dataset_split))
+        self._batches: dict[str, list] = {}
 
     def due(self, step: int, last_step: int, start_step: int) -> bool:
         """Measure after this step? (step 0: before the first update, when not resuming.)"""
@@ -29,19 +48,25 @@ class Validator:
             return self.cfg.at_start and start_step == 0
         return step % self.cfg.freq == 0 or step == last_step
 
-    def batches(self) -> list:
-        """`steps` global batches, each a list of accum_steps (inputs, labels) micro-batches:
-        read once, then kept (a few MB), so a hub dataset is not streamed again at every
-        measurement."""
-        if self._batches is None:
-            loader = build_dataloader(self.data_cfg, self.tokenizer, self.dp_rank, self.dp_degree, self.accum_steps,
+    def batches(self, name: str = "") -> list:
+        """`steps` global batches of a set, each a list of accum_steps (inputs, labels)
+        micro-batches: read once, then kept (a few MB), so a hub dataset is not streamed again
+        at every measurement."""
+        if name not in self._batches:
+            loader = build_dataloader(self.sets[name], self.tokenizer, self.dp_rank, self.dp_degree, self.accum_steps,
                                       section="validation")
             data = iter(loader)
-            self._batches = [[next(data) for _ in range(self.accum_steps)] for _ in range(self.cfg.steps)]
-        return self._batches
+            self._batches[name] = [[next(data) for _ in range(self.accum_steps)] for _ in range(self.cfg.steps)]
+        return self._batches[name]
 
     def measure(self, eval_step) -> dict:
-        """eval_step(batches) -> the global loss of one batch, as training computes it."""
-        losses = [eval_step(b) for b in self.batches()]
-        loss = sum(losses) / len(losses)
-        return {"validation_loss": loss, "validation_perplexity": math.exp(min(loss, 700.0))}
+        """eval_step(batches) -> the global loss of one batch, as training computes it.
+        validation_loss / _perplexity, and /<name> for each per-source set."""
+        out = {}
+        for name in self.sets:
+            losses = [eval_step(b) for b in self.batches(name)]
+            loss = sum(losses) / len(losses)
+            suffix = f"/{name}" if name else ""
+            out[f"validation_loss{suffix}"] = loss
+            out[f"validation_perplexity{suffix}"] = math.exp(min(loss, 700.0))
+        return out

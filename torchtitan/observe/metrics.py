@@ -265,8 +265,11 @@ class MetricsLogger:
         own in metrics.jsonl (readers of training records skip it: it has no "loss")."""
         if not self.enabled:
             return
+        per_source = "".join(f"  {k.split('/', 1)[1]} {v:.4f}" for k, v in values.items()
+                             if k.startswith("validation_loss/"))
         print(f"validation after step {step}:  loss {values['validation_loss']:.4f}"
-              f"  perplexity {values['validation_perplexity']:,.2f}  ({batches} batches, {seconds:.2f}s)", flush=True)
+              f"  perplexity {values['validation_perplexity']:,.2f}{per_source}  ({batches} batches, {seconds:.2f}s)",
+              flush=True)
         record = {"step": step, **values, "validation_batches": batches, "validation_time": round(seconds, 3)}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
