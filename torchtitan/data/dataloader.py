@@ -11,7 +11,9 @@ workers read ahead, and it is per global slot: it loads into any layout and any 
 
 from __future__ import annotations
 
+import atexit
 import math
+import os
 from typing import Callable
 
 import torch
@@ -21,6 +23,38 @@ from torchtitan.data.datasets import STATE_VERSION, DataError, SlotParts, fresh_
 from torchtitan.data.documents import describe, open_documents
 from torchtitan.data.mixture import MixError, parse_mix, pattern, windows_by_source
 from torchtitan.data.slots import read_case
+
+
+def _worker_ignores_stop_signals(worker_id: int) -> None:
+    """Loader workers leave SIGTERM / SIGUSR1 / SIGINT / SIGHUP to their rank: Slurm signals every
+    process of a job, and a worker killed by it would fail the rank's preemption save. A worker
+    ends when its rank does (torch's loader watches the parent)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+_RUNNING: list = []  # DataLoader iterators with workers, ended at exit
+
+
+def _end_workers_at_exit() -> None:
+    """Workers ignore SIGTERM, which is how multiprocessing ends daemonic children at exit
+    (its exit hook would then wait for ever): shut them down first, as torch's loader does
+    when it is deleted (each worker sees the request between two parts), then kill any left.
+    Registered when the first workers start, so it runs before torch's and multiprocessing's
+    hooks (atexit runs last-in first)."""
+    import signal
+
+    while _RUNNING:
+        it = _RUNNING.pop()
+        try:
+            it._shutdown_workers()
+        except Exception:  # noqa: BLE001 - at exit: kill what is left below
+            pass
+        for w in getattr(it, "_workers", []):
+            if w.is_alive():
+                os.kill(w.pid, signal.SIGKILL)
 
 
 class StateVersionError(ValueError):
@@ -104,10 +138,15 @@ class SlotLoader:
         dataset = SlotParts(self.sources, self.labels, self.pattern, self.part_slots, self.num_slots, self.seq_len,
                             dict(self.states), self.section)
         return DataLoader(dataset, batch_size=None, num_workers=self.workers, persistent_workers=self.workers > 0,
-                          prefetch_factor=4 if self.workers else None, pin_memory=torch.cuda.is_available())
+                          prefetch_factor=4 if self.workers else None, pin_memory=torch.cuda.is_available(),
+                          worker_init_fn=_worker_ignores_stop_signals if self.workers else None)
 
     def __iter__(self):
         it = iter(self._loader())
+        if self.workers:
+            if not _RUNNING:
+                atexit.register(_end_workers_at_exit)
+            _RUNNING.append(it)
         while True:
             parts = [next(it) for _ in range(self.parts_per_step)]
             for part in parts:
