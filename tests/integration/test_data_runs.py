@@ -1,7 +1,7 @@
 """Training from pre-tokenized folders and mixtures, through the trainer: the same job from raw
 text and from its tokenized folder gives bitwise the same losses; a mixture resumed mid-run
 (with another count of loader workers) is bitwise the uninterrupted run; the same mixture on
-one rank with accumulation and on four ranks (slow) agree; a folder truncated after a run
+one rank with accumulation and on four ranks agree; a folder truncated after a run
 is refused in one line naming the file, and the last checkpoint stays. (A shard truncated
 while the run reads it: tests/unit/test_data_layout.py.)"""
 
@@ -69,18 +69,17 @@ def test_mixture_resumes_bitwise_with_other_worker_counts(tmp_path, corpora):
     args = ["--training.steps=6", "--training.global_batch_size=4", mix, *CKPT, "--metrics.log_freq=1"]
     dump = str(tmp_path / "mix")
     straight, out = _train(tmp_path, "mix", 2, [*args, "--training.dataloader_workers=2"], dump)
-    assert "2 loader worker(s)" in out and "mix long 7" in out
+    assert "2 loader worker(s)" in out and "mix long_tokens 7" in out
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         last = [json.loads(line) for line in f if line.strip()][-1]
     windows = 6 * 4
-    assert last["tokens_seen/long"] + last["tokens_seen/short"] == windows * 64
+    assert last["tokens_seen/long_tokens"] + last["tokens_seen/short"] == windows * 64
     shutil.rmtree(os.path.join(dump, "checkpoint", "step-6"))
     resumed, out = _train(tmp_path, "mix", 2, [*args, "--training.dataloader_workers=0"], dump)
     assert "resumed from step 3" in out
     assert [resumed[s] for s in (4, 5, 6)] == [straight[s] for s in (4, 5, 6)]
 
 
-@pytest.mark.slow
 def test_mixture_on_one_rank_with_accumulation_matches_four_ranks(tmp_path, corpora):
     mix = f"--training.dataset_mix={corpora['long']}:0.6,{corpora['short']}:0.4"
     one, _ = _train(tmp_path, "one", 1, [*SHORT, mix, "--training.local_batch_size=1"])
@@ -104,3 +103,20 @@ def test_a_truncated_folder_is_refused_in_one_line_and_the_checkpoint_stays(tmp_
     assert (f"--training.dataset: '{part}' is truncated: 64 bytes, expected {size}; re-run"
             " scripts/tokenize_dataset.py") in out
     assert sorted(os.listdir(os.path.join(dump, "checkpoint"))) == ["step-3"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--dataset", "./no/such.jsonl", "--out", "{tmp}/out"],
+     "error: --dataset: local dataset path './no/such.jsonl' does not exist"),
+    (["--dataset", "pydoc", "--out", "{tmp}/out", "--tokenizer", "{tmp}/bad.json"],
+     "error: --tokenizer: tokenizer '{tmp}/bad.json' is not an HF tokenizer.json: not JSON"),
+])
+def test_tokenize_script_refuses_bad_input_in_one_line(args, line, tmp_path, repo_root, subprocess_env):
+    (tmp_path / "bad.json").write_text("not json")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    done = subprocess.run([sys.executable, os.path.join(repo_root, "scripts", "tokenize_dataset.py"), *args],
+                          capture_output=True, text=True, env=subprocess_env, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line.replace("{tmp}", str(tmp_path))), done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.json"]

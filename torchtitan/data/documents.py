@@ -125,6 +125,7 @@ class IndexedText(_RawText):
         if index >= self.size:
             return None
         if self.texts is not None:
+            self.bytes_read += len(self.texts[index])
             return self._tokens({self.text_field: self.texts[index]}, lambda: self.where(shard, index))
         if self.table is not None:
             record = self.table[index]
