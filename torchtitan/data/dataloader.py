@@ -16,6 +16,7 @@ import math
 import os
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -55,6 +56,11 @@ def _end_workers_at_exit() -> None:
         for w in getattr(it, "_workers", []):
             if w.is_alive():
                 os.kill(w.pid, signal.SIGKILL)
+
+
+def _as_is(part: dict) -> dict:
+    """Parts stay numpy in the worker (torch's default would make tensors, sent through shared memory)."""
+    return part
 
 
 class StateVersionError(ValueError):
@@ -137,8 +143,8 @@ class SlotLoader:
     def _loader(self) -> DataLoader:
         dataset = SlotParts(self.sources, self.labels, self.pattern, self.part_slots, self.num_slots, self.seq_len,
                             dict(self.states), self.section)
-        return DataLoader(dataset, batch_size=None, num_workers=self.workers, persistent_workers=self.workers > 0,
-                          prefetch_factor=4 if self.workers else None, pin_memory=torch.cuda.is_available(),
+        return DataLoader(dataset, batch_size=None, collate_fn=_as_is, num_workers=self.workers, persistent_workers=self.workers > 0,
+                          prefetch_factor=4 if self.workers else None,
                           worker_init_fn=_worker_ignores_stop_signals if self.workers else None)
 
     def __iter__(self):
@@ -159,10 +165,9 @@ class SlotLoader:
                     self.epochs_logged.add(event)
                     self.log(f"[torchtitan] data: {event}")
             self.consumed += 1
-            if len(parts) == 1:
-                yield parts[0]["inputs"], parts[0]["labels"]
-            else:
-                yield torch.cat([p["inputs"] for p in parts]), torch.cat([p["labels"] for p in parts])
+            windows = parts[0]["windows"] if len(parts) == 1 else np.concatenate([p["windows"] for p in parts])
+            batch = torch.from_numpy(windows)
+            yield batch[:, :-1], batch[:, 1:]
 
     def state_dict(self) -> dict:
         if self.consumed % self.accum_steps:

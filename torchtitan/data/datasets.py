@@ -11,7 +11,7 @@ another count of loader workers picks out the slots it owns.
 
 `SlotParts` is what a loader worker runs: it makes "parts" (a micro-step's rows, or a contiguous
 group of them) for the slots it was given, and each part carries its slots' positions after it,
-the bytes read and the epochs begun, so the main process knows the exact position of what it
+the bytes read and the epochs begun (numpy and plain data: cheap to send), so the main process knows the exact position of what it
 handed to the trainer while workers read ahead.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchtitan.data.documents import DataError, TruncatedShard
@@ -159,9 +158,8 @@ class SlotParts(IterableDataset):
                 except DataError as e:  # handed over as data: a worker's exception loses its one line
                     yield {"error": str(e)}
                     return
-                batch = torch.from_numpy(np.stack(rows))
-                yield {
-                    "part": p, "inputs": batch[:, :-1], "labels": batch[:, 1:],
+                yield {  # numpy, not tensors: pickled through the worker's pipe, no shared-memory segment a part
+                    "part": p, "windows": np.stack(rows),
                     "states": {s: SlotState(windows[s], list(positions[s])).record() for s in self.part_slots[p]},
                     "bytes": sum(getattr(src, "bytes_read", 0) for src in self.sources) - before, "events": events,
                 }
