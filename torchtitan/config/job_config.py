@@ -479,10 +479,11 @@ class Validation:
     """Config (subset) name of an HF hub dataset, if it has several."""
 
     per_source: list[str] = field(default_factory=list)
-    """Held-out datasets measured one by one besides `dataset`, e.g. one per source of
+    """Held-out datasets scored each on its own besides `dataset`, e.g. one per source of
     training.dataset_mix: entries 'name=dataset' (or just the dataset: named after its file),
     each in any form training.dataset takes, logged as validation_loss/<name> and
-    validation_perplexity/<name>. dataset_split/text_field/config_name apply to all."""
+    validation_perplexity/<name>. text_field/config_name apply to all; dataset_split too,
+    except to a local file (it has only 'train')."""
 
     freq: int = 100
     """Validate after every this many steps (and after the last step)."""
