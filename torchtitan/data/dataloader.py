@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -36,7 +37,8 @@ def _worker_ignores_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-_RUNNING: list = []  # DataLoader iterators with workers, ended at exit
+_RUNNING: "weakref.WeakSet" = weakref.WeakSet()  # DataLoader iterators with workers, ended at exit
+_EXIT_HOOK: list = []  # registered once
 
 
 def _end_workers_at_exit() -> None:
@@ -47,8 +49,7 @@ def _end_workers_at_exit() -> None:
     hooks (atexit runs last-in first)."""
     import signal
 
-    while _RUNNING:
-        it = _RUNNING.pop()
+    for it in list(_RUNNING):
         try:
             it._shutdown_workers()
         except Exception:  # noqa: BLE001 - at exit: kill what is left below
@@ -150,9 +151,9 @@ class SlotLoader:
     def __iter__(self):
         it = iter(self._loader())
         if self.workers:
-            if not _RUNNING:
-                atexit.register(_end_workers_at_exit)
-            _RUNNING.append(it)
+            if not _EXIT_HOOK:
+                _EXIT_HOOK.append(atexit.register(_end_workers_at_exit))
+            _RUNNING.add(it)  # weakly: an iterator dropped earlier shuts its workers down itself
         while True:
             parts = [next(it) for _ in range(self.parts_per_step)]
             for part in parts:
