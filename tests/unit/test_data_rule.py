@@ -121,3 +121,28 @@ def test_a_position_from_before_this_format_is_refused_in_one_line():
         "the checkpoint's data position was written before documents were read once per job (format 1, this build"
         " reads 2); it cannot resume the data exactly: start a new run from its weights with"
         " --checkpoint.initial_load_path=<that step folder>")
+
+
+def test_observed_token_shares_over_a_million_tokens(tmp_path):
+    """Sources of very different document lengths (10-40 vs 300-1,500 words); each window is
+    attributed by its text (A holds only 'alpha', B only 'beta'), not by the formula."""
+    import random
+
+    rng = random.Random(0)
+    for name, word, (lo, hi) in (("A", "alpha", (10, 40)), ("B", "beta", (300, 1500))):
+        _jsonl(tmp_path / f"{name}.jsonl", [" ".join([word] * rng.randint(lo, hi)) for _ in range(3000)])
+    tok, seq, lbs, dp = Tokenizer(), 64, 4, 4
+    cfg = build_config([f"--training.dataset_mix={tmp_path}/A.jsonl:0.7,{tmp_path}/B.jsonl:0.3",
+                        f"--training.seq_len={seq}", f"--training.local_batch_size={lbs}"])[0].training
+    tokens = {"A": 0, "B": 0}
+    steps = 1_000_000 // (seq * lbs * dp) + 1
+    for rank in range(dp):
+        it = iter(build_dataloader(cfg, tok, rank, dp, 1))
+        for _ in range(steps):
+            for row in next(it)[0]:
+                text = tok.decode(row.tolist())
+                assert ("alpha" in text) != ("beta" in text)  # a window comes from one source
+                tokens["A" if "alpha" in text else "B"] += seq
+    total = sum(tokens.values())
+    assert total >= 1_000_000
+    assert abs(tokens["A"] / total - 0.7) < 0.01 and abs(tokens["B"] / total - 0.3) < 0.01, tokens
