@@ -112,3 +112,38 @@ def test_refusals_write_nothing(tmp_path, tok):
         tw.tokenize_dataset(raw, str(tmp_path / "z"), tok, **quiet)
     assert "holds an unfinished run of another source, tokenizer or split" in str(info.value)
     assert sorted(os.listdir(tmp_path)) == sorted(before + ["z.partial"])
+
+
+def test_a_shard_truncated_while_training_is_one_line_naming_file_and_document(tmp_path, tok):
+    from torchtitan.data.datasets import DataError
+
+    raw = _jsonl(tmp_path / "d.jsonl", 40)
+    tw.tokenize_dataset(raw, str(tmp_path / "out"), tok, **quiet)
+    cfg, _ = load_config([f"--training.dataset={tmp_path / 'out'}", "--training.local_batch_size=2",
+                          "--training.seq_len=16"], 1)
+    it = iter(build_dataloader(cfg.training, tok, 0, 1, 1))
+    next(it)  # the check passed and the run reads
+    part = tmp_path / "out" / "part-00000.bin"
+    with open(part, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(DataError) as info:
+        for _ in range(40):
+            next(it)
+    message = str(info.value)
+    assert message.startswith(f"--training.dataset: {part} is truncated (document ") and "\n" not in message
+    assert message.endswith("re-create the folder with scripts/tokenize_dataset.py, then resume from the last"
+                            " checkpoint (it is intact)")
+
+
+def test_a_source_that_runs_dry_starts_its_next_epoch_and_says_so(tmp_path, tok):
+    raw = _jsonl(tmp_path / "d.jsonl", 4)
+    cfg, _ = load_config([f"--training.dataset={raw}", "--training.local_batch_size=2", "--training.seq_len=16"], 1)
+    lines = []
+    it = iter(build_dataloader(cfg.training, tok, 0, 1, 1, log=lines.append))
+    first = [next(it)[0] for _ in range(12)]
+    # two slots reach each epoch at their own pace: one line per epoch, in order
+    epochs = len(lines) + 1
+    assert epochs > 2 and lines == [f"[torchtitan] data: dataset '{raw}' (split 'train'): epoch {e} begins (its"
+                                    " documents are read again)" for e in range(2, epochs + 1)]
+    slot0 = [t for _ in range(4) for d in (0, 2) for t in tok.encode(f"doc {d} " * (3 + d % 17))]
+    assert first[0][0].tolist() == slot0[:16]

@@ -129,8 +129,12 @@ class SlotLoader:
     def describe(self) -> list[str]:
         """The start line's facts: per source, how it is read and, when more than once, the fix."""
         lines = []
+        ranks = self.num_slots // self.rows_per_rank
         for (label, src) in zip(self.labels, self.sources):
             what, fix = read_case(src.kind, src.num_shards, self.num_slots, self.rows_per_rank)
+            if getattr(src, "scanned", 0) and ranks > 1:  # a raw file: every rank scans it for its line starts
+                fix = (f"each of the {ranks} ranks also scans the file once for its line starts ({ranks + 1} reads of"
+                       " it an epoch); pre-tokenize it (scripts/tokenize_dataset.py) to read it once")
             lines.append(f"{label}: {what}" + (f"; {fix}" if fix else ""))
         workers = f"{self.workers} loader worker(s)" if self.workers else "read on the training thread (no workers)"
         return lines + [f"{self.rows_per_rank} rows per rank of {self.num_slots}, {workers}"]
