@@ -326,15 +326,15 @@ def _check_local(section: str, name: str, split: str, field: str, rows: int) -> 
             f"--{section}.dataset_split={split!r}: the local file '{name}' has only the split 'train';"
             f" set --{section}.dataset_split=train"
         )
-    quiet = _QuietHF()
-    try:
-        records = _read_records(name, split, "", rows)
-    except StopIteration:  # json: an empty file
-        records = []
-    except Exception as e:
-        raise ConfigError(_local_error(section, name, split, is_file, e)) from None
-    finally:
-        quiet.restore()
+    from torchtitan.data.documents import first_records, is_indexed_file
+
+    if is_indexed_file(path):  # read by its line index in the run: parse its lines the same way
+        try:
+            records = first_records(path, rows)
+        except ValueError as e:
+            raise ConfigError(_local_error(section, name, split, is_file, e, ours=True)) from None
+    else:
+        records = _read_hf_records(section, name, split, is_file, rows)
     if not records:
         empty = " (the file is empty)" if is_file and os.path.getsize(path) == 0 else ""
         raise ConfigError(
@@ -346,7 +346,19 @@ def _check_local(section: str, name: str, split: str, field: str, rows: int) -> 
         raise ConfigError(_too_few(section, name, split, len(records), rows))
 
 
-def _local_error(section: str, name: str, split: str, is_file: bool, e: Exception) -> str:
+def _read_hf_records(section: str, name: str, split: str, is_file: bool, rows: int) -> list:
+    quiet = _QuietHF()
+    try:
+        return _read_records(name, split, "", rows)
+    except StopIteration:  # json: an empty file
+        return []
+    except Exception as e:
+        raise ConfigError(_local_error(section, name, split, is_file, e)) from None
+    finally:
+        quiet.restore()
+
+
+def _local_error(section: str, name: str, split: str, is_file: bool, e: Exception, ours: bool = False) -> str:
     from torchtitan.data.sources import LOCAL_FILE_BUILDERS
 
     msg = one_line(e)
@@ -364,7 +376,7 @@ def _local_error(section: str, name: str, split: str, is_file: bool, e: Exceptio
             " data files in it or give one file"
         )
     what = "file" if is_file else "folder"
-    reason = msg if type(e).__name__ in msg else f"{type(e).__name__}: {msg}"
+    reason = msg if ours or type(e).__name__ in msg else f"{type(e).__name__}: {msg}"
     return (
         f"--{section}.dataset={name!r}: cannot read the local {what} ({reason}); fix the data (its first"
         f" records are read as the run reads them) or give another {kinds} file or folder"

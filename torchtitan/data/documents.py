@@ -83,6 +83,36 @@ def line_starts(path: str) -> tuple[np.ndarray, np.ndarray, int]:
     return s.astype(np.int64), e.astype(np.int64), pos
 
 
+def is_indexed_file(path: str) -> bool:
+    """A local file the run reads by its line index: .txt, or JSON Lines (.jsonl/.json whose
+    first line holds a JSON object)."""
+    return os.path.isfile(path) and path.endswith(INDEXED_SUFFIXES) and (path.endswith(".txt") or _is_json_lines(path))
+
+
+def parse_line(raw: bytes, json_lines: bool) -> dict:
+    """One line of an indexed file as a record ({"text": line} for .txt); ValueError if not JSON."""
+    if not json_lines:
+        return {"text": raw.decode("utf-8", "replace").rstrip("\r\n")}
+    return json.loads(raw)
+
+
+def first_records(path: str, limit: int) -> list[dict]:
+    """The first `limit` records of an indexed file, parsed as the run parses them (the config
+    check's read); ValueError naming the line when one is not JSON."""
+    json_lines, out = not path.endswith(".txt"), []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if len(out) >= limit:
+                break
+            if not raw.strip():
+                continue
+            try:
+                out.append(parse_line(raw, json_lines))
+            except ValueError as e:
+                raise ValueError(f"line {n} is not JSON: {one_line(e, 120)}") from None
+    return out
+
+
 def _is_json_lines(path: str) -> bool:
     with open(path, "rb") as f:
         for line in f:
@@ -139,10 +169,8 @@ class IndexedText(_RawText):
         if len(raw) != end - start:
             raise DataError(f"--{self.section}.dataset: '{self.path}' was truncated while training (document"
                             f" {index} is gone); restore the file, then resume from the last checkpoint")
-        if not self.json:
-            return self._tokens({self.text_field: raw.decode("utf-8", "replace").rstrip("\r")}, None)
         try:
-            record = json.loads(raw)
+            record = parse_line(raw, self.json)
         except ValueError as e:
             raise DataError(f"--{self.section}.dataset: {self.where(shard, index)} is not JSON ({one_line(e, 80)});"
                             " fix or remove that line") from None
@@ -240,7 +268,7 @@ def open_documents(dataset: str, split: str, config_name: str, text_field: str, 
             return TokenFolder(path, check_folder(path, tokenizer.fingerprint))
         except ValueError as e:
             raise DataError(f"--{section}.dataset: {one_line(e, 400)}") from None
-    if os.path.isfile(path) and path.endswith(INDEXED_SUFFIXES) and (path.endswith(".txt") or _is_json_lines(path)):
+    if is_indexed_file(path):
         return IndexedText(name, tokenizer, text_field if not path.endswith(".txt") else "text", section, path=path)
     if os.path.isfile(path) and path.endswith(".arrow") or os.path.isfile(os.path.join(path, "state.json")):
         import datasets
