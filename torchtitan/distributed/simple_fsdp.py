@@ -252,8 +252,10 @@ class _Unit:
     """One FSDP unit: the parameters it owns (nested units' excluded), as (owning module,
     attribute, path from the unit's module), and how they are gathered."""
 
-    def __init__(self, entries, layout: UnitLayout, tp_specs, step: _StepState | None, regather: bool):
+    def __init__(self, entries, layout: UnitLayout, tp_specs, step: _StepState | None, regather: bool,
+                 aliases=()):
         self.entries, self.layout, self.tp_specs, self.step = entries, layout, tp_specs, step
+        self.aliases = tuple(aliases)  # (path, entry index): another module's name for an entry's parameter
         self.regather = _Regather(self) if regather else None
 
     def local_shards(self) -> tuple[torch.Tensor, ...]:
@@ -268,6 +270,8 @@ class _Unit:
                 mesh, placements, shape, stride = tp
                 value = DTensor.from_local(value, mesh, placements, run_check=False, shape=shape, stride=stride)
             out[path] = value
+        for path, index in self.aliases:
+            out[path] = out[self.entries[index][2]]
         return out
 
     @torch._dynamo.disable
@@ -398,11 +402,18 @@ def simple_fsdp(
         module = unwrap(holder)
         dp = mesh_of(spec.kind)
         entries, local_shapes, shapes, tp_specs = [], [], [], []
-        for path, param in list(module.named_parameters()):
+        aliases, seen = [], {}  # a parameter two modules share (tied embeddings): sharded once
+        for path, param in list(module.named_parameters(remove_duplicate=False)):
             if id(param) in claimed:
                 continue
             owner_path, _, attr = path.rpartition(".")
             owner = module.get_submodule(owner_path) if owner_path else module
+            if id(param) in seen:
+                index = seen[id(param)]
+                owner._parameters[attr] = entries[index][0]._parameters[entries[index][1]]
+                aliases.append((path, index))
+                continue
+            seen[id(param)] = len(entries)
             is_tp = isinstance(param, DTensor)
             tp_specs.append((param.device_mesh, tuple(param.placements), param.shape, param.stride()) if is_tp else None)
             sharded = _shard_param(param, dp, spec.kind)
@@ -423,7 +434,7 @@ def simple_fsdp(
             local_shapes=tuple(local_shapes), gathered_shapes=tuple(shapes),
         )
         step = _StepState(plan.microbatches) if gathers_once_per_step(spec, plan.microbatches) else None
-        unit = _Unit(entries, layout, tp_specs, step, regathers_by_hooks(spec))
+        unit = _Unit(entries, layout, tp_specs, step, regathers_by_hooks(spec), aliases)
         module._simple_fsdp_unit = unit
         module.__class__ = _unit_class(module.__class__)
         holder.register_forward_pre_hook(_pass_inputs(unit), with_kwargs=True)  # outermost wrapper

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from torchtitan.models.deepseek_v3.args import FLAVORS as DEEPSEEK_V3_FLAVORS
 from torchtitan.models.llama3.args import FLAVORS as LLAMA3_FLAVORS
+from torchtitan.models.qwen3.args import FLAVORS as QWEN3_FLAVORS
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,4 @@ def load_model_modules(modules: str) -> None:
 register("llama3", ModelEntry(LLAMA3_FLAVORS, "torchtitan.models.llama3", "torchtitan.models.llama3.hf_convert"))
 register("deepseek_v3", ModelEntry(DEEPSEEK_V3_FLAVORS, "torchtitan.models.deepseek_v3",
                                    "torchtitan.models.deepseek_v3.hf_convert"))
+register("qwen3", ModelEntry(QWEN3_FLAVORS, "torchtitan.models.qwen3", "torchtitan.models.qwen3.hf_convert"))

@@ -44,12 +44,16 @@ class ModelShapes:
     first: list[Param]  # only on the first pipeline stage (embeddings)
     blocks: list[list[Param]]  # block i's parameters (named f"{BLOCKS}.{i}.")
     last: list[Param]  # only on the last stage (final norm, output)
+    # Names in `last` of tied copies (an output head that IS the embedding): a part holding
+    # the first stage too has one parameter for both, a last stage alone holds the copy.
+    tied: tuple[str, ...] = ()
 
     def all(self) -> list[Param]:
-        return self.first + [p for block in self.blocks for p in block] + self.last
+        return self.stage(tuple(range(len(self.blocks))), True, True)
 
     def stage(self, blocks: tuple[int, ...], first: bool, last: bool) -> list[Param]:
-        return (self.first if first else []) + [p for i in blocks for p in self.blocks[i]] + (self.last if last else [])
+        tail = [p for p in self.last if not (first and p.name in self.tied)] if last else []
+        return (self.first if first else []) + [p for i in blocks for p in self.blocks[i]] + tail
 
 
 def linear(name: str, out_dim: int, in_dim: int, tp_dim: int | None) -> Param:

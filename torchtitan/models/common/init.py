@@ -66,12 +66,14 @@ def transformer_init_fn(fqn: str, dim: int) -> InitFn:
 @torch.no_grad()
 def init_parameters(
     model: nn.Module, init_fn_for: Callable[[str], InitFn], seed: int, device,
-    per_expert: Callable[[str], bool] | None = None,
+    per_expert: Callable[[str], bool] | None = None, aliases: dict[str, str] | None = None,
 ) -> None:
     """Fill every (possibly sharded) parameter of `model` in place; parameters whose clean
-    name `per_expert` accepts are [E, ...] expert stacks, drawn per expert (`init_expert_stack`)."""
+    name `per_expert` accepts are [E, ...] expert stacks, drawn per expert (`init_expert_stack`).
+    `aliases`: a parameter drawn as another one (a pipeline stage's copy of a tied weight)."""
     for name, param in model.named_parameters():
         fqn = clean_fqn(name)
+        fqn = (aliases or {}).get(fqn, fqn)
         if per_expert is not None and per_expert(fqn):
             init_expert_stack(param, fqn, init_fn_for(fqn), seed, device)
             continue

@@ -11,9 +11,12 @@ Load balancing (DeepSeek-V3 report, section 2.1.2):
 - aux-loss-free: a per-expert `expert_bias` is added to the scores for SELECTION only; the
   trainer calls `update_expert_bias` after the optimizer step with the token counts that
   `tokens_per_expert` accumulated (summed over data-parallel ranks first);
-- optional sequence-wise auxiliary loss (`aux_loss_coeff` > 0): each MoE keeps its last
-  training forward's loss in `.aux_loss`; the trainer adds `moe_aux_loss(model)` to the loss
-  before backward. Limits: with pipeline parallelism the stages' losses never reach the last
+- optional auxiliary balance loss (`aux_loss_coeff` > 0), of one of two kinds: DeepSeek-V3's
+  sequence-wise loss (`aux_loss_kind="sequence"`: each MoE keeps its last training forward's
+  loss in `.aux_loss`, the model's loss is their sum) or the Switch Transformer's (`"switch"`,
+  Qwen's: each MoE keeps its routing statistics in `.aux_loss`, and the loss is computed once
+  over the statistics of all layers, as transformers' load_balancing_loss_func does); the
+  trainer adds `moe_aux_loss(model)` to the loss before backward. Limits: with pipeline parallelism the stages' losses never reach the last
   stage's loss; torch.compile(fullgraph) around an AC-wrapped block rejects the attribute
   write inside the checkpoint unless torch._dynamo.config.
   skip_fwd_side_effects_in_bwd_under_checkpoint = True (torch 2.13).
@@ -163,6 +166,27 @@ def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, coeff: fl
     return coeff * (f * p).sum(dim=-1).mean()
 
 
+def switch_statistics(scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """One layer's share of the Switch-style loss: [2, E] float32, row 0 the routed copies per
+    expert (no gradient), row 1 the sum over tokens of the router probabilities."""
+    e = scores.shape[-1]
+    flat = indices.reshape(-1)
+    counts = torch.zeros(e, device=scores.device, dtype=torch.float32).scatter_add(
+        0, flat, torch.ones_like(flat, dtype=torch.float32))
+    return torch.stack([counts, scores.float().sum(dim=0)])
+
+
+def switch_balance_loss(stats: list[torch.Tensor], top_k: int, coeff: float) -> torch.Tensor:
+    """The Switch Transformer's balance loss over several layers' `switch_statistics`, as
+    Qwen (transformers' load_balancing_loss_func) defines it: with R = rows (tokens x layers),
+    f_e = routed copies of expert e / R and P_e = summed probability of e / R,
+    loss = coeff * E * sum_e f_e P_e. Only P carries a gradient."""
+    total = torch.stack(stats).sum(dim=0)
+    counts, probs = total[0].detach(), total[1]
+    rows = counts.sum() / top_k
+    return coeff * counts.numel() * (counts / rows * (probs / rows)).sum()
+
+
 def _in_autograd_engine() -> bool:
     """True while autograd's engine runs, i.e. when activation checkpointing (full or
     selective, non-reentrant) recomputes a forward inside backward: such a recompute must
@@ -189,12 +213,14 @@ class MoE(nn.Module):
         self, dim: int, hidden: int, n_experts: int, top_k: int, n_shared_experts: int = 0,
         n_groups: int = 1, n_limited_groups: int = 1, score_func: str = "sigmoid",
         route_norm: bool = True, route_scale: float = 1.0, load_balance_coeff: float = 0.0,
-        aux_loss_coeff: float = 0.0,
+        aux_loss_coeff: float = 0.0, aux_loss_kind: str = "sequence",
     ):
         super().__init__()
-        self.n_experts = n_experts
+        if aux_loss_kind not in ("sequence", "switch"):
+            raise ValueError(f"aux_loss_kind must be 'sequence' or 'switch', got {aux_loss_kind!r}")
+        self.n_experts, self.top_k = n_experts, top_k
         self.load_balance_coeff = load_balance_coeff
-        self.aux_loss_coeff = aux_loss_coeff
+        self.aux_loss_coeff, self.aux_loss_kind = aux_loss_coeff, aux_loss_kind
         self.router = TokenChoiceRouter(
             dim, n_experts, top_k, n_groups, n_limited_groups, score_func, route_norm, route_scale
         )
@@ -237,7 +263,11 @@ class MoE(nn.Module):
                 self._count(counts)
             if self.aux_loss_coeff > 0:
                 # computed in a recompute too: checkpointing requires the same saved tensors
-                aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff)
+                if self.aux_loss_kind == "switch":  # statistics; the loss spans all layers
+                    aux = switch_statistics(scores, indices)
+                else:
+                    aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k),
+                                                self.aux_loss_coeff)
                 if real_forward:
                     self.aux_loss = aux
 
@@ -270,10 +300,17 @@ def moe_modules(model: nn.Module) -> list[MoE]:
 
 
 def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
-    """Sum of the MoE layers' sequence-wise balance losses from the last training forward
-    (None when no layer computed one). The trainer adds it to the loss before backward."""
-    losses = [m.aux_loss for m in moe_modules(model) if m.aux_loss is not None]
-    return torch.stack(losses).sum() if losses else None
+    """The model's balance loss from the last training forward (None when no layer computed
+    one): the sum of the sequence-wise losses, or the Switch loss over every layer's
+    statistics. The trainer adds it to the loss before backward."""
+    layers = [m for m in moe_modules(model) if m.aux_loss is not None]
+    if not layers:
+        return None
+    switch = [m.aux_loss for m in layers if m.aux_loss_kind == "switch"]
+    losses = [m.aux_loss for m in layers if m.aux_loss_kind != "switch"]
+    if switch:
+        losses.append(switch_balance_loss(switch, layers[0].top_k, layers[0].aux_loss_coeff))
+    return torch.stack(losses).sum()
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
 """TP shardings (parallelize_module layouts) shared by the decoder models: the root
-(embeddings, final norm, output) and a SwiGLU feed-forward, Megatron-style with sequence
+(embeddings, final norm, output), grouped-query attention and a SwiGLU feed-forward, Megatron-style with sequence
 parallel between blocks."""
 
 from torch.distributed.tensor import Replicate, Shard
@@ -9,6 +9,8 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
+
+from torchtitan.distributed.tensor_parallel import ReplicateParallel
 
 
 def root_sharding(model, loss_parallel: bool) -> dict:
@@ -37,3 +39,35 @@ def feed_forward_sharding(name: str) -> dict:
         f"{name}.w2": RowwiseParallel(output_layouts=Shard(1)),
         f"{name}.w3": ColwiseParallel(),
     }
+
+
+def gqa_sharding(name: str, qk_norm: bool = False) -> dict:
+    """common.gqa.GroupedQueryAttention at `name`: the sequence gathered in, heads split
+    (q, k, v column-wise), the output reduce-scattered back over the sequence. QK-norm
+    weights are replicated: each rank normalises its own heads (input sharded on the heads
+    dim), so their gradient is a partial sum that DTensor adds up over TP."""
+    sharding = {
+        name: PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        f"{name}.wq": ColwiseParallel(),
+        f"{name}.wk": ColwiseParallel(),
+        f"{name}.wv": ColwiseParallel(),
+        f"{name}.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    if qk_norm:
+        sharding[f"{name}.q_norm"] = ReplicateParallel(input_layout=Shard(2))
+        sharding[f"{name}.k_norm"] = ReplicateParallel(input_layout=Shard(2))
+    return sharding
+
+
+def moe_sharding(name: str, shared_experts: bool = False) -> dict:
+    """A common.moe.MoE at `name`. Routed experts are not TP-split: under sequence parallel
+    each TP rank routes its own tokens (the router's gradient is summed over TP), and expert
+    parallel (which includes the TP ranks) moves them to their experts. Shared experts, if
+    any, are a SwiGLU feed-forward split as `feed_forward_sharding`."""
+    sharding = {
+        name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True),
+        f"{name}.router.gate": ReplicateParallel(input_layout=Shard(0)),
+    }
+    if shared_experts:
+        sharding.update(feed_forward_sharding(f"{name}.shared_experts"))
+    return sharding

@@ -19,6 +19,7 @@ import math
 import re
 
 from torchtitan.models.deepseek_v3.args import DeepSeekV3Args, yarn_on
+from torchtitan.models.hf.experts import per_expert_names, prefer_fused, read_stack
 
 # Our name inside a block (layers.{i}. or mtp.{k}.block.) -> the Hugging Face name inside a layer.
 _BLOCK = {
@@ -41,8 +42,8 @@ _BLOCK = {
     "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
     "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
-# Routed-expert stacks: our projection -> the published per-expert projection name.
-_EXPERT = {"moe.experts.w1": "gate_proj", "moe.experts.w2": "down_proj", "moe.experts.w3": "up_proj"}
+# Routed-expert stacks: our name inside a block -> the projection (models/hf/experts.py).
+_EXPERT = {"moe.experts.w1": "w1", "moe.experts.w2": "w2", "moe.experts.w3": "w3"}
 # The multi-token-prediction module's own tensors (besides its block).
 _MTP = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
         "norm.weight": "shared_head.norm.weight"}
@@ -94,19 +95,11 @@ def hf_names(fqn: str, args: DeepSeekV3Args) -> list[str]:
             raise KeyError(f"no Hugging Face name for deepseek_v3 parameter '{fqn}'")
         return [_TOP[fqn]]
     if rest in _EXPERT:
-        return [f"model.layers.{layer}.mlp.experts.{e}.{_EXPERT[rest]}.weight" for e in range(args.n_routed_experts)]
+        return per_expert_names(f"model.layers.{layer}.", _EXPERT[rest], args.n_routed_experts)
     try:
         return [_block_hf(rest, layer)]
     except KeyError:
         raise KeyError(f"no Hugging Face name for deepseek_v3 parameter '{fqn}'") from None
-
-
-def _fused(expert_name: str) -> tuple[str, str]:
-    """A per-expert name -> (transformers 5's fused tensor holding it, which half/whole)."""
-    prefix, proj = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.\d+\.(\w+)\.weight$", expert_name).groups()
-    if proj == "down_proj":
-        return f"{prefix}.down_proj", "all"
-    return f"{prefix}.gate_up_proj", "gate" if proj == "gate_proj" else "up"
 
 
 def export_tensors(fqn: str, full, args: DeepSeekV3Args) -> list[tuple[str, object]]:
@@ -152,27 +145,10 @@ RULE_FIELDS = ("yarn", "yarn_temperature")
 def read_local(fqn: str, args: DeepSeekV3Args, reader, index) -> object:
     """This rank's part of parameter `fqn`: `index` holds, per dim, the global indices it
     keeps (models.common.init.local_indices). Reads only those experts and rows."""
-    import torch
-
     names = hf_names(fqn, args)
     if not _is_stack(fqn):
         return reader.read(names[0], index)
-    index = list(index) if index is not None else [None, None, None]
-    experts = range(args.n_routed_experts) if index[0] is None else index[0].tolist()
-    pieces = []
-    for e in experts:
-        name = names[e]
-        if reader.has(name):
-            pieces.append(reader.read(name, index[1:]))
-            continue
-        fused, part = _fused(name)  # transformers 5's layout: [E, 2I, H] / [E, H, I]
-        rows = index[1]
-        if part != "all":  # gate_up_proj: gate rows first, then up rows
-            rows = torch.arange(args.moe_inter_dim) if rows is None else rows
-            rows = rows + (args.moe_inter_dim if part == "up" else 0)
-        e_idx = torch.tensor([e])
-        pieces.append(reader.read(fused, [e_idx, rows, *index[2:]])[0])
-    return torch.stack(pieces)
+    return read_stack(reader, names, args.moe_inter_dim, index)
 
 
 def hf_shapes(args: DeepSeekV3Args, mtp: bool = True) -> dict[str, tuple[int, ...]]:
@@ -224,25 +200,12 @@ def hf_shapes(args: DeepSeekV3Args, mtp: bool = True) -> dict[str, tuple[int, ..
     return shapes
 
 
-def fused_shapes(args: DeepSeekV3Args, layer: int) -> dict[str, tuple[int, ...]]:
-    """transformers 5's fused expert tensors of MoE layer `layer`, with their shapes."""
-    p = f"model.layers.{layer}.mlp.experts."
-    e, d, hidden = args.n_routed_experts, args.dim, args.moe_inter_dim
-    return {p + "gate_up_proj": (e, 2 * hidden, d), p + "down_proj": (e, d, hidden)}
-
-
 def required(args: DeepSeekV3Args, available) -> dict[str, tuple[int, ...]]:
     """The tensors a folder holding `available` names must have for these args (each MoE
     layer's experts per expert, or fused where the folder has transformers 5's fused layout);
     MTP layers only with mtp_depth > 0."""
-    shapes = hf_shapes(args)
-    for i in range(args.n_dense_layers, args.n_layers + _mtp(args)):
-        fused = fused_shapes(args, i)
-        if all(n in available for n in fused):
-            prefix = f"model.layers.{i}.mlp.experts."
-            shapes = {n: s for n, s in shapes.items()
-                      if not (n.startswith(prefix) and n[len(prefix):].split(".")[0].isdigit())}
-            shapes.update(fused)
+    layers = [f"model.layers.{i}." for i in range(args.n_dense_layers, args.n_layers + _mtp(args))]
+    shapes = prefer_fused(hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim)
     # The MTP layers' embedding / head copies are written, never read (ours are shared).
     copies = unread(args)
     return {n: s for n, s in shapes.items() if not copies.search(n)}

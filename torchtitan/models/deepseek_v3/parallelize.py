@@ -25,7 +25,7 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.models.common.attention import apply_context_parallel
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
-from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
+from torchtitan.models.common.tensor_parallel import feed_forward_sharding, moe_sharding, root_sharding
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import Transformer
 from torchtitan.models.train_spec import TrainSpec
@@ -58,14 +58,7 @@ def block_sharding(block: nn.Module) -> dict:
         sharding.update({"attention.wq_a": ReplicateParallel(), "attention.q_norm": ReplicateParallel(),
                          "attention.wq_b": ColwiseParallel()})
     if block.moe_enabled:
-        sharding.update({
-            # Each TP rank keeps its own tokens: the router's gradient is summed over TP.
-            "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
-                                      use_local_output=True),
-            "moe.router.gate": ReplicateParallel(input_layout=Shard(0)),
-        })
-        if block.moe.shared_experts is not None:
-            sharding.update(feed_forward_sharding("moe.shared_experts"))
+        sharding.update(moe_sharding("moe", block.moe.shared_experts is not None))
     else:
         sharding.update(feed_forward_sharding("feed_forward"))
     return sharding

@@ -10,6 +10,7 @@ tensor functions take and return torch tensors.
 
 import re
 
+from torchtitan.models.hf.rope_order import halves_to_pairs, pairs_to_halves, read_permuted
 from torchtitan.models.llama3.args import Llama3Args
 
 # Our name (with {i} for the block index) -> the Hugging Face name.
@@ -59,19 +60,13 @@ def _heads(fqn: str, args: Llama3Args) -> int:
 def to_hf(fqn: str, tensor, args: Llama3Args):
     """Our full tensor `fqn` -> Hugging Face layout (pairs (2j, 2j+1) -> rows (j, j + hd/2))."""
     heads = _heads(fqn, args)
-    if not heads:
-        return tensor
-    rows, cols = tensor.shape
-    return tensor.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    return pairs_to_halves(tensor, heads) if heads else tensor
 
 
 def from_hf(fqn: str, tensor, args: Llama3Args):
     """Inverse of to_hf: a Hugging Face tensor -> our layout of parameter `fqn`."""
     heads = _heads(fqn, args)
-    if not heads:
-        return tensor
-    rows, cols = tensor.shape
-    return tensor.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    return halves_to_pairs(tensor, heads) if heads else tensor
 
 
 def export_tensors(fqn: str, full, args: Llama3Args) -> list[tuple[str, object]]:
@@ -85,11 +80,7 @@ def read_local(fqn: str, args: Llama3Args, reader, index) -> object:
     read only their rows."""
     if not _heads(fqn, args):
         return reader.read(hf_name(fqn), index)
-    full = from_hf(fqn, reader.read(hf_name(fqn)), args)
-    for d, ix in enumerate(index or []):
-        if ix is not None:
-            full = full.index_select(d, ix)
-    return full
+    return read_permuted(reader, hf_name(fqn), _heads(fqn, args), index)
 
 
 def hf_shapes(args: Llama3Args) -> dict[str, tuple[int, ...]]:

@@ -1,4 +1,4 @@
-"""Llama3: GQA attention with RoPE, RMSNorm, SwiGLU feed-forward.
+"""Llama3: GQA attention with RoPE (common/gqa.py), RMSNorm, SwiGLU feed-forward.
 
 Blocks live in an `nn.ModuleDict` keyed by layer index, so a pipeline stage that keeps
 layers 3..5 still calls them `layers.3` .. `layers.5`; a stage without embeddings or
@@ -11,45 +11,21 @@ from functools import partial
 import torch
 from torch import nn
 
-from torchtitan.models.common.attention import AttentionInputs, attend, attention_inputs
+from torchtitan.models.common.attention import AttentionInputs, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.distributed.plan import FsdpUnit
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
 from torchtitan.models.common.rmsnorm import RMSNorm
-from torchtitan.models.common.rope import apply_rope, rope_cache
+from torchtitan.models.common.gqa import GroupedQueryAttention
+from torchtitan.models.common.rope import rope_cache
 from torchtitan.models.llama3.args import Llama3Args
-
-
-class Attention(nn.Module):
-    def __init__(self, args: Llama3Args):
-        super().__init__()
-        self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
-
-    def forward(self, x: torch.Tensor, attn: AttentionInputs) -> torch.Tensor:
-        bsz, seq, _ = x.shape
-        q = self.wq(x).view(bsz, seq, -1, self.head_dim)
-        k = self.wk(x).view(bsz, seq, -1, self.head_dim)
-        v = self.wv(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rope(q, attn.rope), apply_rope(k, attn.rope)
-        if attn.cp is not None:  # every CP rank's keys and values, in global order
-            k, v = attn.cp.gather(k), attn.cp.gather(v)
-        n_rep = q.shape[2] // k.shape[2]
-        if n_rep > 1:  # grouped-query attention: each KV head serves n_rep query heads
-            k = k.repeat_interleave(n_rep, dim=2)
-            v = v.repeat_interleave(n_rep, dim=2)
-        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 
 class TransformerBlock(nn.Module):
     def __init__(self, args: Llama3Args):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = GroupedQueryAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 

@@ -3,14 +3,7 @@ applied to one Llama3 model part (the whole model, or one pipeline stage)."""
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
 from torchtitan.config.job_config import Compile, Parallelism
 from torchtitan.distributed.activation_checkpoint import apply_ac
@@ -19,7 +12,7 @@ from torchtitan.distributed.data_parallel import Precision, apply_data_parallel,
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.models.common.attention import apply_context_parallel
-from torchtitan.models.common.tensor_parallel import feed_forward_sharding, root_sharding
+from torchtitan.models.common.tensor_parallel import feed_forward_sharding, gqa_sharding, root_sharding
 from torchtitan.models.llama3.args import FLAVORS
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.models.train_spec import TrainSpec
@@ -34,11 +27,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            **gqa_sharding("attention"),
             "ffn_norm": SequenceParallel(),
             **feed_forward_sharding("feed_forward"),
         })

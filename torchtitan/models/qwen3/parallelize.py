@@ -1,0 +1,67 @@
+"""parallelize_qwen3: CP -> TP -> expert parallel -> activation checkpointing -> torch.compile
+-> data parallel, applied to one Qwen3 model part (the whole model, or one pipeline stage).
+
+Every step is shared: Llama3's attention sharding (with QK-norm weights replicated, their
+gradients summed over TP), DeepSeek-V3's MoE sharding and expert parallel, and the framework's
+AC / compile / FSDP. The tied output head is re-tied after TP (which gives each module its
+own DTensor parameter) so the root FSDP unit holds one parameter for both uses.
+"""
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+from torchtitan.config.job_config import Compile, Parallelism
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
+from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.plan import PartPlan
+from torchtitan.models.common.attention import apply_context_parallel
+from torchtitan.models.common.tensor_parallel import feed_forward_sharding, gqa_sharding, moe_sharding, root_sharding
+from torchtitan.models.common.tied import retie
+from torchtitan.models.qwen3.args import FLAVORS
+from torchtitan.models.qwen3.model import Transformer
+from torchtitan.models.train_spec import TrainSpec
+
+# Modules TP keeps whole: the per-head q/k norms (one head_dim weight) and the router.
+_TP_WHOLE = ("attention.q_norm.", "attention.k_norm.", "moe.router.")
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Sequence parallel between blocks (as Llama3); heads split in attention, hidden units in
+    the dense FFN; MoE blocks route each rank's own tokens."""
+    parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
+    retie(model)  # embeddings row-wise and output column-wise are both Shard(0) of [vocab, dim]
+    model.sequence_shards = tp_mesh.size()
+    for block in model.layers.values():
+        ffn = moe_sharding("moe") if block.moe_enabled else feed_forward_sharding("feed_forward")
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            **gqa_sharding("attention", qk_norm=True),
+            "ffn_norm": SequenceParallel(),
+            **ffn,
+        })
+
+
+def parallelize_qwen3(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
+                      compile_cfg: Compile, precision: Precision) -> nn.Module:
+    """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
+    cp_groups = apply_context_parallel(model, dims)
+    tp_mesh = dims.tp_mesh()
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, parallelism.loss_parallel)
+    ep_mesh = dims.ep_mesh()
+    if ep_mesh is not None:
+        expert_parallel_from_plan(model, plan, ep_mesh)
+    moe = any(block.moe_enabled for block in model.layers.values())
+    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation),
+             extra_save_ops=SAC_SAVE_OPS if moe else (), save_groups=cp_groups)
+    if compile_cfg.enable:
+        apply_compile(model.layers, compile_cfg, fullgraph=not moe)  # MoE dispatch + experts stay eager
+    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
+    return model
+
+
+TRAIN_SPEC = TrainSpec("qwen3", Transformer, FLAVORS, parallelize_qwen3, tp_replicated=_TP_WHOLE)
