@@ -29,6 +29,7 @@ from torchtitan.data.validation import Validator
 from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.tied_copies import TiedCopies
 from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
     shutdown_distributed,
@@ -166,6 +167,9 @@ class Trainer:
                                   held_for_backward=cfg.metrics.held_for_backward,
                                   backward_phase=(lambda: self.comm.phase("backward")) if self.comm else None)
         self.balancer = self._expert_balancer()
+        # a tied weight's copies on the first and last pipeline stage (distributed/tied_copies.py)
+        self.tied = (TiedCopies(self.model_parts, self.dims.pp_ends_group())
+                     if self.dims.pp > 1 and getattr(self.model_parts[0], "tied_weights", None) else None)
         self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps,
                                            workers=loader_workers(t.dataloader_workers, self.device), log=self.log)
         self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
@@ -282,7 +286,13 @@ class Trainer:
             self.comm.phase_name = "other"
         pp_group = self.dims.pp_group() if self.runner.pipeline is not None else None
         params = [p for m in self.model_parts for p in m.parameters()]
-        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group).item()
+        copies = []
+        if self.tied is not None:  # one tied weight, two copies: summed gradients, counted once
+            self.tied.sum_gradients()
+            ids = self.tied.copies()
+            copies = [p for p in params if id(p) in ids]
+            params = [p for p in params if id(p) not in ids]
+        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group, also_clip=copies).item()
         loss = self._mean(sums.main)
         # Checked before the update, so a bad step never reaches the weights (or a checkpoint).
         for what, value in (("loss", loss), ("gradient norm", grad_norm)):

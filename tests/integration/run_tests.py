@@ -86,6 +86,10 @@ def reference_name(model: str, dtype: str, attn_mask: str = "causal") -> str:
 
 
 DS = "deepseek_v3"
+# Qwen3 (tiny: QK-norm, head_dim 32 != dim / heads, tied embeddings) and its MoE flavor
+# (tiny_moe: 1 dense + 3 MoE blocks, 8 experts, top 2, the Switch-style balance loss)
+QWEN, QWEN_MOE = "qwen3", "qwen3_moe"
+MODELS = {QWEN_MOE: ("qwen3", "tiny_moe")}  # a case's model -> (model name, flavor); default: (model, "tiny")
 EP = "--parallelism.expert_parallel_degree=2"
 COMM = "--metrics.comm_stats=true"
 
@@ -211,6 +215,23 @@ CASES = [
     Case("deepseek_ep_compile", 2, [EP, "--compile.enable=true"], model=DS, slow=True),  # MoE dispatch eager
     Case("deepseek_simple_fsdp+tp+ep", 4, [TP, EP, "--parallelism.fsdp_implementation=simple_fsdp",
                                            "--training.local_batch_size=4"], model=DS, slow=True),
+    # Qwen3 dense: the tied embedding is one parameter of the root unit (FSDP2, SimpleFSDP, TP),
+    # or under PP two copies whose gradients are summed between the first and last stage
+    Case("qwen3_fsdp", 2, [], model=QWEN),
+    Case("qwen3_simple_fsdp", 2, ["--parallelism.fsdp_implementation=simple_fsdp"], model=QWEN, slow=True),
+    Case("qwen3_tp", 2, [TP, "--training.local_batch_size=8"], model=QWEN),
+    Case("qwen3_pp", 2, [PP, "--training.local_batch_size=8"], model=QWEN),
+    Case("qwen3_pp_DualPipeV", 2, [PP, _schedule("DualPipeV"), "--training.local_batch_size=8"], model=QWEN,
+         slow=True),  # a V schedule: both tied copies on pipeline rank 0
+    Case("qwen3_pp4", 4, ["--parallelism.pipeline_parallel_degree=4", "--training.local_batch_size=8"], model=QWEN,
+         slow=True),  # copies on ranks 0 and 3: their own group
+    Case("qwen3_cp2", 2, [CP2, "--training.local_batch_size=8"], model=QWEN),
+    Case("qwen3_fsdp_compile", 2, ["--compile.enable=true"], model=QWEN),
+    # Qwen3 MoE: expert parallel, with PP, and compiled (the balance loss stays on, as published,
+    # where it is supported: PP and TP turn it off)
+    Case("qwen3_moe_ep", 2, [EP], model=QWEN_MOE),
+    Case("qwen3_moe_pp+ep", 4, [PP, EP, "--training.local_batch_size=4", "--moe.aux_loss_coeff=0"], model=QWEN_MOE),
+    Case("qwen3_moe_ep_compile", 2, [EP, "--compile.enable=true"], model=QWEN_MOE),
 ]
 
 
@@ -312,7 +333,8 @@ def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = Non
     output ends with each rank's last lines. Exit code 124: killed at TIMEOUT_S. launcher:
     see launch()."""
     logs = os.path.join(dump, "ranks")
-    args = [f"--model.name={model}", *BASE, f"--training.device={DEVICE}",
+    name, flavor = MODELS.get(model, (model, "tiny"))
+    args = [f"--model.name={name}", *BASE, f"--model.flavor={flavor}", f"--training.device={DEVICE}",
             f"--training.mixed_precision_param={dtype}", *overrides, f"--job.dump_folder={dump}"]
     rc, secs, out = launch(ngpu, args, logs, extra_env, launcher)
     if rc != 0:

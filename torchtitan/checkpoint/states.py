@@ -20,19 +20,49 @@ from torch.distributed.checkpoint.stateful import Stateful
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 
 
+def _copies(part) -> dict[str, str]:
+    """{copy name: parameter name} of the tied copies `part` holds on its own (a pipeline's last
+    stage holds the output head that is the first stage's embedding): saved and loaded under
+    the parameter's name, so a checkpoint has one name for it in every layout."""
+    names = {n for n, _ in part.named_parameters()}
+    return {c: s for c, s in getattr(part, "tied_weights", {}).items() if c in names and s not in names}
+
+
+def _rename(key: str, renames: dict[str, str]) -> str:
+    """A state key (a parameter name, or "state.<name>.exp_avg" / "param_groups.<name>.lr")
+    with a tied copy's name replaced."""
+    for old, new in renames.items():
+        if key == old:
+            return new
+        for head in ("state.", "param_groups."):
+            if key.startswith(head + old + "."):
+                return head + new + key[len(head + old):]
+    return key
+
+
+def _renamed(state: dict, renames: dict[str, str]) -> dict:
+    return {_rename(k, renames): v for k, v in state.items()} if renames else state
+
+
+def _as_part(state: dict, part) -> dict:
+    """Checkpoint keys -> the part's (a copy's values under the copy's name)."""
+    back = {s: c for c, s in _copies(part).items()}
+    return _renamed(state, back)
+
+
 class ModelState(Stateful):
     def __init__(self, model_parts, dtype: torch.dtype | None = None):
         self.model_parts, self.dtype = model_parts, dtype
 
     def state_dict(self):
-        out = {k: v for m in self.model_parts for k, v in get_model_state_dict(m).items()}
+        out = {k: v for m in self.model_parts for k, v in _renamed(get_model_state_dict(m), _copies(m)).items()}
         if self.dtype is not None:
             out = {k: v.to(self.dtype) for k, v in out.items()}
         return out
 
     def load_state_dict(self, state):
         for m in self.model_parts:
-            set_model_state_dict(m, state, options=StateDictOptions(strict=False))
+            set_model_state_dict(m, _as_part(state, m), options=StateDictOptions(strict=False))
 
 
 class OptimizerState(Stateful):
@@ -42,12 +72,12 @@ class OptimizerState(Stateful):
     def state_dict(self):
         out = {}
         for m, o in zip(self.model_parts, self.optimizers.optimizers):
-            out.update(get_optimizer_state_dict(m, o, options=_FLAT))
+            out.update(_renamed(get_optimizer_state_dict(m, o, options=_FLAT), _copies(m)))
         return out
 
     def load_state_dict(self, state):
         for m, o in zip(self.model_parts, self.optimizers.optimizers):
-            set_optimizer_state_dict(m, o, state, options=_FLAT)
+            set_optimizer_state_dict(m, o, _as_part(state, m), options=_FLAT)
 
 
 class LRSchedulerState(Stateful):

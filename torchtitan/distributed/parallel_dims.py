@@ -237,6 +237,20 @@ class ParallelDims(Degrees):
     def pp_group(self) -> ProcessGroup | None:
         return self.submesh(MeshDim.PP).get_group() if self.pp > 1 else None
 
+    def pp_ends_group(self) -> ProcessGroup | None:
+        """The first and the last pipeline rank of this rank's pipeline (a tied weight's two
+        copies live there); None without PP. Collective on first call: every rank calls it."""
+        if self.pp <= 2:
+            return self.pp_group()
+        if getattr(self, "_pp_ends", None) is None:
+            import torch.distributed as dist
+
+            lines = self.mesh.mesh.movedim(list(self.mesh_shape).index(MeshDim.PP.value), -1).reshape(-1, self.pp)
+            opts = self._group_opts
+            kw = {"backend": opts[0], "pg_options": opts[1]} if opts else {}
+            self._pp_ends, _ = dist.new_subgroups_by_enumeration([[int(r[0]), int(r[-1])] for r in lines], **kw)
+        return self._pp_ends
+
     def pp_rank(self) -> int:
         return self.submesh(MeshDim.PP).get_local_rank() if self.pp > 1 else 0
 

@@ -100,10 +100,11 @@ def comm_failure_summary(e: BaseException) -> str:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None
-                    ) -> torch.Tensor:
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None,
+                    also_clip: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """Global L2 norm of all gradients (over shards, and over stages when pp_group is given);
     clips in place when max_norm > 0. Returns the norm before clipping as a plain tensor.
+    `also_clip`: clipped by that norm but not counted in it (a tied weight's second copy).
 
     Gradients may live on different meshes (dense parameters on the data-parallel x TP mesh,
     experts on their own): each mesh's squared norm is reduced over that mesh, then summed."""
@@ -121,6 +122,9 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_grou
         dist.all_reduce(sq, group=pp_group)
         norm = sq.sqrt()
     if max_norm > 0:
+        for p in also_clip:
+            if p.grad is not None:
+                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
         for group in by_mesh.values():  # foreach ops cannot mix DTensors of different meshes
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm
