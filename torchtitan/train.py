@@ -304,7 +304,7 @@ class Trainer:
         self.optimizers.step()
         figures = self.balancer.step() if self.balancer is not None else {}
         if getattr(self.meta.args, "aux_loss_coeff", 0.0) > 0:
-            figures["aux_loss"] = self._mean(sums.aux, pipeline=False)
+            figures["aux_loss"] = self._mean(sums.aux)  # under PP the last stage's
         if self.runner.mtp_depth:  # reduced as the loss: a per-rank mean, averaged over the ranks
             figures["mtp_loss"] = self._mean(sums.mtp)
         return loss, grad_norm, figures

@@ -16,6 +16,7 @@ LOSSES: dict[str, list[float]] = {}
 GRAD_NORMS: dict[str, list[float]] = {}
 COMM: dict[str, dict] = {}
 LOADS: dict[str, list] = {}  # MoE: (min, max) tokens per expert over the mean, per step
+AUX: dict[str, list] = {}  # MoE with a balance loss: its value per step
 
 
 def losses(name: str, tmp_path_factory) -> list[float]:
@@ -36,6 +37,7 @@ def losses(name: str, tmp_path_factory) -> list[float]:
             records = [json.loads(line) for line in f if line.strip()]
         COMM[name] = records[-1].get("comm", {})
         LOADS[name] = [(r.get("expert_load_min"), r.get("expert_load_max")) for r in records]
+        AUX[name] = [r["aux_loss"] for r in records if "aux_loss" in r]
     return LOSSES[name]
 
 

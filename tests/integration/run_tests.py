@@ -89,7 +89,8 @@ DS = "deepseek_v3"
 # Qwen3 (tiny: QK-norm, head_dim 32 != dim / heads, tied embeddings) and its MoE flavor
 # (tiny_moe: 1 dense + 3 MoE blocks, 8 experts, top 2, the Switch-style balance loss)
 QWEN, QWEN_MOE = "qwen3", "qwen3_moe"
-MODELS = {QWEN_MOE: ("qwen3", "tiny_moe")}  # a case's model -> (model name, flavor); default: (model, "tiny")
+MODELS = {QWEN_MOE: ("qwen3", "tiny_moe")}
+MB2 = "--parallelism.pipeline_parallel_microbatch_size=2"  # a case's model -> (model name, flavor); default: (model, "tiny")
 EP = "--parallelism.expert_parallel_degree=2"
 COMM = "--metrics.comm_stats=true"
 
@@ -227,10 +228,16 @@ CASES = [
          slow=True),  # copies on ranks 0 and 3: their own group
     Case("qwen3_cp2", 2, [CP2, "--training.local_batch_size=8"], model=QWEN),
     Case("qwen3_fsdp_compile", 2, ["--compile.enable=true"], model=QWEN),
-    # Qwen3 MoE: expert parallel, with PP, and compiled (the balance loss stays on, as published,
-    # where it is supported: PP and TP turn it off)
+    # Qwen3 MoE with its Switch-style balance loss on, as published: expert parallel, with PP
+    # (the statistics travel through the pipeline to the last stage's loss), and compiled
     Case("qwen3_moe_ep", 2, [EP], model=QWEN_MOE),
-    Case("qwen3_moe_pp+ep", 4, [PP, EP, "--training.local_batch_size=4", "--moe.aux_loss_coeff=0"], model=QWEN_MOE),
+    # (the loss is a micro-batch's, as transformers computes it per batch: microbatches of the
+    # reference's 2 rows)
+    Case("qwen3_moe_pp+ep", 4, [PP, EP, MB2, "--training.local_batch_size=4"], model=QWEN_MOE),
+    Case("qwen3_moe_pp_1F1B_grad_accum", 2, [PP, MB2, _schedule("1F1B"), "--training.local_batch_size=4"],
+         model=QWEN_MOE, slow=True),
+    Case("qwen3_moe_pp_ZBV", 2, [PP, MB2, _schedule("ZBVZeroBubble"), "--training.local_batch_size=8"], model=QWEN_MOE,
+         slow=True),
     Case("qwen3_moe_ep_compile", 2, [EP, "--compile.enable=true"], model=QWEN_MOE),
 ]
 

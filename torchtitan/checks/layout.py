@@ -99,12 +99,21 @@ def check_moe(cfg: JobConfig, args) -> None:
             raise ConfigError(f"--moe.{key}={value}: must be >= 0 (0 disables it) or auto for the flavor's value")
     aux = args.aux_loss_coeff if moe.aux_loss_coeff == AUTO else moe.aux_loss_coeff
     p = cfg.parallelism
-    for key, degree in (("pipeline_parallel_degree", p.pipeline_parallel_degree),
-                        ("tensor_parallel_degree", p.tensor_parallel_degree)):
-        if aux > 0 and degree > 1:  # PP: not every stage reaches the loss; TP: each rank sees a sequence chunk
+    # Switch-style (Qwen): the statistics travel through the pipeline; sequence-wise (DeepSeek-V3):
+    # not every stage reaches the loss. TP and CP: each rank sees a chunk of the sequences.
+    switch = getattr(args, "aux_loss_kind", "sequence") == "switch"
+    what = "Switch-style" if switch else "sequence-wise"
+    checks = [] if switch else [("pipeline_parallel_degree", p.pipeline_parallel_degree)]
+    checks.append(("tensor_parallel_degree", p.tensor_parallel_degree))
+    if switch:
+        checks.append(("context_parallel_degree", p.context_parallel_degree))
+    bias = args.load_balance_coeff if moe.load_balance_coeff == AUTO else moe.load_balance_coeff
+    instead = "the bias-based balancing stays on" if bias > 0 else "and --moe.load_balance_coeff=1e-3 to balance by bias"
+    for key, degree in checks:
+        if aux > 0 and degree > 1:
             raise ConfigError(
-                f"--moe.aux_loss_coeff={aux:g} (the sequence-wise balance loss) is not supported with"
-                f" --parallelism.{key}={degree} yet; set --moe.aux_loss_coeff=0 (the bias-based balancing stays on)"
+                f"--moe.aux_loss_coeff={aux:g} (the {what} balance loss) is not supported with"
+                f" --parallelism.{key}={degree} yet; set --moe.aux_loss_coeff=0 ({instead})"
             )
 
 

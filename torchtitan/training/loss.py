@@ -10,7 +10,8 @@ over the global batch:
 - main: the next token's cross entropy;
 - mtp: with multi-token prediction, the mean over the depths of each depth's mean cross
   entropy over its positions with a target (mtp_losses);
-- aux: the MoE sequence-wise balance loss (models/common/moe.py), already a mean.
+- aux: the MoE balance loss (models/common/moe.py), already a mean; under PP the last stage
+  returns it with the logits.
 """
 
 from __future__ import annotations
@@ -101,19 +102,29 @@ class Loss:
         """Forget the parts recorded so far (the first step's shape inference calls it too)."""
         self.mains: list[torch.Tensor] = []
         self.mtps: list[torch.Tensor] = []
+        self.auxes: list[torch.Tensor] = []
 
-    def pipeline_parts(self, n: int) -> tuple[torch.Tensor | float, torch.Tensor | float]:
-        """Sums of the main and MTP parts of the last `n` calls (the schedule's microbatches)."""
+    def pipeline_parts(self, n: int) -> tuple[torch.Tensor | float, ...]:
+        """Sums of the main, MTP and balance-loss parts of the last `n` calls (the schedule's
+        microbatches); 0.0 for a part not recorded."""
         last = slice(len(self.mains) - n, None)
-        return sum(self.mains[last], 0.0), sum(self.mtps[last], 0.0)
+        return sum(self.mains[last], 0.0), sum(self.mtps[last], 0.0), sum(self.auxes[last], 0.0)
 
-    def __call__(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def __call__(self, pred: torch.Tensor | tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        """`pred`: the last stage's logits, or (logits, the model's MoE balance loss) when the
+        loss spans the stages (models/common/moe.stage_switch_statistics)."""
+        aux = None
+        if isinstance(pred, tuple):
+            pred, aux = pred[0], pred[1].sum()
         main, mtp = self.terms(pred, target)
-        if mtp is None:
+        if mtp is None and aux is None:
             return main
         self.mains.append(local_value(main.detach()))
-        self.mtps.append(local_value(mtp.detach()))
-        return self.objective(main, mtp, None)
+        if mtp is not None:
+            self.mtps.append(local_value(mtp.detach()))
+        if aux is not None:
+            self.auxes.append(aux.detach() / self.scale)
+        return self.objective(main, mtp, aux)
 
 
 def global_sum(value: torch.Tensor, loss_group: dist.ProcessGroup, pp_group: dist.ProcessGroup | None = None

@@ -103,10 +103,10 @@ class StepRunner:
                 valid = self.mtp_valid(labels) if self.mtp_depth else None
                 inputs, labels, kwargs = self.prepare(inputs, labels)
                 if self.pipeline is not None:
-                    main, mtp = self.pipeline_losses(inputs, labels, kwargs=kwargs)
+                    main, mtp, aux = self.pipeline_losses(inputs, labels, kwargs=kwargs)
                     loss_sum += main
-                    if self.mtp_depth:
-                        mtp_sum += mtp
+                    mtp_sum += mtp
+                    aux_sum += aux
                     continue
                 probe = (HeldForBackward(self._persistent()) if self.held_for_backward and first
                          else contextlib.nullcontext())
@@ -151,15 +151,14 @@ class StepRunner:
         return [t for m in self.model_parts for t in (*m.parameters(), *m.buffers())]
 
     def pipeline_losses(self, inputs, labels, train: bool = True, kwargs: dict | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor | float]:
+                        ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | float]:
         """Run the schedule (forward only unless `train`) over one prepared local batch; return
-        the sums of its scaled main and MTP losses on the last stage (zeros elsewhere; V
+        the sums of its scaled main, MTP and balance losses on the last stage (zeros elsewhere; V
         schedules validate with a backward: the caller drops its gradients). `kwargs` reach
         every stage's model, split by microbatch."""
-        if self.mtp_depth:
-            self.loss.reset()
+        self.loss.reset()
         losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train, kwargs or {})
-        if self.mtp_depth:  # the returned losses include the weighted MTP term: the parts were kept apart
-            main, mtp = self.loss.pipeline_parts(len(losses))
-            return main + torch.zeros((), device=self.device), mtp
-        return sum((local_value(x.detach()) for x in losses), torch.zeros((), device=self.device)), 0.0
+        if self.loss.mains:  # the returned losses include the MTP / balance terms: the parts were kept apart
+            main, mtp, aux = self.loss.pipeline_parts(len(losses))
+            return main + torch.zeros((), device=self.device), mtp, aux
+        return sum((local_value(x.detach()) for x in losses), torch.zeros((), device=self.device)), 0.0, 0.0

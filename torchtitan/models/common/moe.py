@@ -313,6 +313,22 @@ def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
     return torch.stack(losses).sum()
 
 
+def stage_switch_statistics(model: nn.Module, incoming: torch.Tensor | None, n_experts: int,
+                            device) -> torch.Tensor:
+    """Under pipeline parallel the Switch loss spans the layers of every stage: each stage
+    passes on the running sum of the statistics ([2, E], `switch_statistics`) of the layers
+    before it plus its own (those of its last training forward; none in eval), and the last
+    stage computes the loss (`switch_balance_loss`). The gradient comes back through the
+    pipeline with the hidden state's. The first stage starts from a zero leaf that requires
+    grad, so that every stage's output has a gradient to send back."""
+    if incoming is None:
+        incoming = torch.zeros(2, n_experts, device=device, requires_grad=True)
+    if not model.training:
+        return incoming
+    own = [m.aux_loss for m in moe_modules(model) if m.aux_loss_kind == "switch" and m.aux_loss is not None]
+    return torch.stack([incoming, *own]).sum(dim=0) if own else incoming + 0  # a new tensor: stage outputs must be
+
+
 @torch.no_grad()
 def update_expert_bias(moe: MoE, counts_global: torch.Tensor, coeff: float) -> None:
     """Aux-loss-free balancing step (call after the optimizer step): experts with fewer than

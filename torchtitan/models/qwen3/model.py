@@ -21,7 +21,7 @@ from torchtitan.models.common.attention import AttentionInputs, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.gqa import GroupedQueryAttention
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
-from torchtitan.models.common.moe import MoE
+from torchtitan.models.common.moe import MoE, stage_switch_statistics, switch_balance_loss
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import rope_cache
 from torchtitan.models.common.tied import retie
@@ -80,15 +80,32 @@ class Transformer(nn.Module):
         a = self.args
         return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, scaling=False, device=device)
 
-    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, balance: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
-        [batch, global seq] under the block-causal mask (attention.document_ids)."""
+        [batch, global seq] under the block-causal mask (attention.document_ids).
+
+        With the Switch balance loss on, a pipeline stage also passes on the routing
+        statistics of the layers so far (`balance`, moe.stage_switch_statistics): a middle
+        stage returns (hidden states, statistics), the last (logits, balance loss [1]), which the
+        loss adds to the objective. The whole model returns logits; the trainer reads its
+        balance loss from the layers (moe.moe_aux_loss)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         attn = attention_inputs(h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel)
         for layer in self.layers.values():
             h = layer(h, attn)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        out = self.output(h) if self.output is not None else h
+        staged = self.tok_embeddings is None or self.output is None
+        if not (staged and self.args.moe and self.args.aux_loss_coeff > 0):
+            return out
+        stats = stage_switch_statistics(self, balance, self.args.n_routed_experts, h.device)
+        if self.output is None:
+            return out, stats
+        if not self.training:
+            return out, torch.zeros(1, device=h.device)
+        # [1], not a scalar: the schedule concatenates the microbatches' outputs
+        return out, switch_balance_loss([stats], self.args.n_activated_experts, self.args.aux_loss_coeff).reshape(1)
 
     def fsdp_units(self) -> list[FsdpUnit]:
         """FSDP units in forward order: the embeddings (unless the output shares them: the
