@@ -28,6 +28,14 @@ def _copies(part) -> dict[str, str]:
     return {c: s for c, s in getattr(part, "tied_weights", {}).items() if c in names and s not in names}
 
 
+def _one_name(state: dict, part) -> dict:
+    """A part's model state without the second name of a weight it ties (state_dict lists a
+    shared parameter under each module's name)."""
+    names = {n for n, _ in part.named_parameters()}
+    shared = {c for c, s in getattr(part, "tied_weights", {}).items() if s in names}
+    return {k: v for k, v in state.items() if k not in shared} if shared else state
+
+
 def _rename(key: str, renames: dict[str, str]) -> str:
     """A state key (a parameter name, or "state.<name>.exp_avg" / "param_groups.<name>.lr")
     with a tied copy's name replaced."""
@@ -55,7 +63,8 @@ class ModelState(Stateful):
         self.model_parts, self.dtype = model_parts, dtype
 
     def state_dict(self):
-        out = {k: v for m in self.model_parts for k, v in _renamed(get_model_state_dict(m), _copies(m)).items()}
+        out = {k: v for m in self.model_parts
+               for k, v in _renamed(_one_name(get_model_state_dict(m), m), _copies(m)).items()}
         if self.dtype is not None:
             out = {k: v.to(self.dtype) for k, v in out.items()}
         return out
