@@ -76,7 +76,7 @@ RUN_TRAIN = os.path.join(ROOT, "run_train.sh")
 FAST_LAUNCH_DIR = os.path.join(ROOT, "tests", "integration")
 MIB = 2**20
 
-MOE_MODELS = {"deepseek_v3"}  # a worst-routing bound beside the balanced prediction
+MOE_MODELS = {"deepseek_v3", "qwen3_moe"}  # a worst-routing bound beside the balanced prediction
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_check_matrix import (  # noqa: E402  (the matrix: its own module)
     CONFIGS, MODEL_OF_PREFIX, BASE, DEFAULTS, KEYS, AC_PRESETS, MATRIX, REQUIRED_TAGS,

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CONFIGS = {"llama3": "train_configs/llama3_debug.toml", "deepseek_v3": "train_configs/deepseek_v3_debug.toml"}
-MODEL_OF_PREFIX = {"llama": "llama3", "ds": "deepseek_v3"}
+CONFIGS = {"llama3": "train_configs/llama3_debug.toml", "deepseek_v3": "train_configs/deepseek_v3_debug.toml",
+           "qwen3": "train_configs/qwen3_debug.toml", "qwen3_moe": "train_configs/qwen3_moe_debug.toml"}
+MODEL_OF_PREFIX = {"llama": "llama3", "ds": "deepseek_v3", "qwen": "qwen3", "qmoe": "qwen3_moe"}
 # Every run of every job (dry and real): CPU, 3 steps, seq 128, no TensorBoard, and no memory
 # budget: the reshard plan then cannot depend on the memory free on this shared machine at
 # the time, and the trainer's start-up prediction (the dry run's simulation again, in a child
@@ -48,7 +49,8 @@ AC_PRESETS = {
     "full": {"activation_checkpoint.mode": "full"},
 }
 
-# The matrix: job name (llama_* = Llama3, ds_* = DeepSeek-V3), ranks, overrides. Every PP job
+# The matrix: job name (llama_* = Llama3, ds_* = DeepSeek-V3, qwen_* = Qwen3 dense with tied
+# embeddings, qmoe_* = Qwen3 MoE with its balance loss), ranks, overrides. Every PP job
 # has microbatch size 1, so its local batch is its microbatch count; ZBVZeroBubble's 4 stages
 # (two per rank) need split points for Llama3's 6 blocks. Gradient accumulation: global
 # batch = 2 x local x data-parallel degree.
@@ -101,6 +103,14 @@ llama_cp2_fsdp2_ac_op                   4      cp=2 ac=op
 llama_cp2_block_causal                  2      cp=2 mask=block_causal
 llama_pp_cp2_1F1B_mb4                   4      pp=2 cp=2 schedule=1F1B lbs=4 mbs=1
 ds_cp2_ep                               4      cp=2 ep=2
+# Qwen3: QK-norm, tied embeddings (one root parameter; under PP a copy on the last stage), MoE
+qwen_fsdp2                              2
+qwen_simple_fsdp_ac_full                2      impl=simple_fsdp ac=full
+qwen_tp                                 2      tp=2
+qwen_pp_1F1B_mb4                        2      pp=2 schedule=1F1B lbs=4 mbs=1
+qwen_cp2                                2      cp=2
+qmoe_ep_all_of_dp_shard                 2      ep=2
+qmoe_pp_ep_1F1B_mb4                     4      pp=2 schedule=1F1B lbs=4 mbs=1 ep=2
 # asynchronous checkpoints every step: from step 2 on, every rank holds the staged copy
 llama_fsdp2_ckpt_async                  2      ckpt=async
 ds_fsdp2_ep_ckpt_async                  4      ep=2 ckpt=async
@@ -108,7 +118,7 @@ ds_fsdp2_ep_ckpt_async                  4      ep=2 ckpt=async
 
 # The dimensions the matrix must cover (tests/unit/test_memory_check.py), as tags().
 REQUIRED_TAGS = {
-    "model:llama3", "model:deepseek_v3",
+    "model:llama3", "model:deepseek_v3", "model:qwen3", "model:qwen3_moe",
     "dp:fsdp2", "dp:simple_fsdp", "dp:hsdp", "dp:ddp",
     "ac:none", "ac:op", "ac:layer", "ac:full",
     "fsdp_ac:save", "fsdp_ac:recompute",

@@ -234,6 +234,10 @@ CASES = [
     # (the loss is a micro-batch's, as transformers computes it per batch: microbatches of the
     # reference's 2 rows)
     Case("qwen3_moe_pp+ep", 4, [PP, EP, MB2, "--training.local_batch_size=4"], model=QWEN_MOE),
+    # the pipeline's shape inference runs forward in eval and its backward recomputes in train:
+    # the balance statistics are the same ops in both (op SAC checks op for op)
+    Case("qwen3_moe_pp_ac_op", 2, [PP, MB2, "--activation_checkpoint.mode=selective", "--training.local_batch_size=8"],
+         model=QWEN_MOE),
     Case("qwen3_moe_pp_1F1B_grad_accum", 2, [PP, MB2, _schedule("1F1B"), "--training.local_batch_size=4"],
          model=QWEN_MOE, slow=True),
     Case("qwen3_moe_pp_ZBV", 2, [PP, MB2, _schedule("ZBVZeroBubble"), "--training.local_batch_size=8"], model=QWEN_MOE,

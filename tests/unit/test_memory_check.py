@@ -60,7 +60,8 @@ def test_matrix_jobs_are_well_formed():
 
 def test_matrix_models_from_names():
     jobs = {j.name: j for j in mc.parse_matrix()}
-    assert all(j.model == ("llama3" if n.startswith("llama_") else "deepseek_v3") for n, j in jobs.items())
+    prefixes = {"llama_": "llama3", "ds_": "deepseek_v3", "qwen_": "qwen3", "qmoe_": "qwen3_moe"}
+    assert all(j.model == next(m for p, m in prefixes.items() if n.startswith(p)) for n, j in jobs.items())
 
 
 def test_parse_settings_short_keys_presets_and_errors():

@@ -257,19 +257,19 @@ class MoE(nn.Module):
         counts = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device).scatter_add(
             0, slot_expert, torch.ones_like(slot_expert))
 
-        if self.training:
-            real_forward = not _in_autograd_engine()
+        real_forward = self.training and not _in_autograd_engine()
+        if real_forward:
+            self._count(counts)
+        if self.aux_loss_coeff > 0:
+            # computed in eval and in a recompute too (kept only from a training forward):
+            # checkpointing requires the same ops in the recompute, which may run in another
+            # mode than the forward (a pipeline's shape inference runs in eval, its backward not)
+            if self.aux_loss_kind == "switch":  # statistics; the loss spans all layers
+                aux = switch_statistics(scores, indices)
+            else:
+                aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff)
             if real_forward:
-                self._count(counts)
-            if self.aux_loss_coeff > 0:
-                # computed in a recompute too: checkpointing requires the same saved tensors
-                if self.aux_loss_kind == "switch":  # statistics; the loss spans all layers
-                    aux = switch_statistics(scores, indices)
-                else:
-                    aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k),
-                                                self.aux_loss_coeff)
-                if real_forward:
-                    self.aux_loss = aux
+                self.aux_loss = aux
 
         # stable sort by expert keeps each expert's rows in token order (reproducible)
         order = torch.argsort(slot_expert, stable=True)
