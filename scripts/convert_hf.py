@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Convert between a saved checkpoint and a Hugging Face model folder, both ways, for
-Llama3 and DeepSeek-V3.
+Llama3, DeepSeek-V3 and Qwen3 (dense and MoE).
 
 Checkpoint -> Hugging Face folder (config.json, safetensors, tokenizer.json), loadable by
-transformers' LlamaForCausalLM or DeepseekV3ForCausalLM:
+transformers' LlamaForCausalLM, DeepseekV3ForCausalLM, Qwen3ForCausalLM or Qwen3MoeForCausalLM:
 
     python scripts/convert_hf.py outputs/run/checkpoint/step-1000 outputs/run/hf-1000 \\
         [--tokenizer_path tokenizer.json] [--dtype bfloat16]

@@ -286,6 +286,20 @@ CASES = [
              ["--job.config_file=train_configs/deepseek_v3_debug.toml", "--checkpoint.initial_load_path={dump}/hf_in"],
              "--checkpoint.initial_load_path: '{dump}/hf_in' cannot be loaded faithfully: rope_scaling.mscale=0.707"
              " != mscale_all_dim=1.0", setup=lambda d: _deepseek_folder(os.path.join(d, "hf_in"), mscale=0.707)),
+    BadInput("Qwen3 MoE export with a routing bias",
+             ["--job.config_file=train_configs/qwen3_moe_debug.toml", "--checkpoint.last_save_in_hf=true",
+              "--moe.load_balance_coeff=1e-3"],
+             "--checkpoint.last_save_in_hf: --moe.load_balance_coeff=0.001 trains a routing bias that"
+             " Qwen3MoeForCausalLM cannot hold"),
+    BadInput("Qwen3 MoE balance loss with TP",
+             ["--job.config_file=train_configs/qwen3_moe_debug.toml", "--parallelism.tensor_parallel_degree=2"],
+             "--moe.aux_loss_coeff=0.001 (the Switch-style balance loss) is not supported with"
+             " --parallelism.tensor_parallel_degree=2 yet; set --moe.aux_loss_coeff=0 (and --moe.load_balance_coeff=1e-3"
+             " to balance by bias)"),
+    BadInput("Qwen3 MoE TP above its KV heads",
+             ["--job.config_file=train_configs/qwen3_moe_debug.toml", "--parallelism.tensor_parallel_degree=8",
+              "--moe.aux_loss_coeff=0"],
+             "--parallelism.tensor_parallel_degree=8 does not divide qwen3 debugmodel_moe n_kv_heads=4", ngpu=8),
     BadInput("validation every 0 steps", ["--validation.enable=true", "--validation.freq=0"],
              "--validation.freq=0: must be >= 1"),
     BadInput("profile every 0 steps", ["--profiling.enable_profiling=true", "--profiling.profile_freq=0"],

@@ -16,13 +16,16 @@ from torchtitan.models.flavors import model_args
 from torchtitan.models.train_spec import get_train_spec
 
 VOCAB, SEQ, BOS = 256, 32, 0
-# deepseek_v3_dense: the tiny flavor with every layer dense (MLA without the MoE layers)
-MODELS = ("llama3", "deepseek_v3", "deepseek_v3_dense")
+# deepseek_v3_dense: the tiny flavor with every layer dense (MLA without the MoE layers);
+# qwen3 (QK-norm, tied embeddings) and qwen3_moe (its tiny_moe flavor)
+MODELS = ("llama3", "deepseek_v3", "deepseek_v3_dense", "qwen3", "qwen3_moe")
+MOE = ("deepseek_v3", "qwen3_moe")
 
 
 def tiny_model(name: str, seed: int = 0):
-    spec_name = name.removesuffix("_dense")
-    args = model_args(spec_name, "tiny", vocab_size=VOCAB, seq_len=SEQ)
+    spec_name = name.removesuffix("_dense").removesuffix("_moe")
+    flavor = "tiny_moe" if name == "qwen3_moe" else "tiny"
+    args = model_args(spec_name, flavor, vocab_size=VOCAB, seq_len=SEQ)
     if name.endswith("_dense"):
         args = dataclasses.replace(args, n_dense_layers=args.n_layers)
     with torch.device("meta"):
@@ -98,7 +101,7 @@ def test_block_causal_does_not_leak_across_documents(model, lead_bos):
         block = [model(t, doc_ids=document_ids(t, BOS)) for t in (first, second)]
         causal = [model(t) for t in (first, second)]
     diff_block = (block[0][:, split:] - block[1][:, split:]).abs().max().item()
-    if model.name == "deepseek_v3":
+    if model.name in MOE:
         # Attention does not leak here either, but the MoE's grouped matmul rounds a token's
         # expert output differently when other tokens change its expert's group size (~3e-8).
         assert diff_block <= 1e-6, f"doc B changed: max abs diff {diff_block}"
@@ -108,6 +111,24 @@ def test_block_causal_does_not_leak_across_documents(model, lead_bos):
     assert not torch.equal(block[0][:, :split], block[1][:, :split])
     diff_causal = (causal[0][:, split:] - causal[1][:, split:]).abs().max().item()
     assert diff_causal > 1e-3, f"causal: doc B should see doc A; max abs diff {diff_causal}"
+
+
+def test_eos_delimited_documents_do_not_leak(model):
+    # A tokenizer without BOS (Qwen3's) packs text + EOS: a document ends at its EOS (which
+    # stays with it) and the next starts after it. Doc A = [0, split] with EOS at split.
+    eos, split = 1, 12
+    first = ordinary_tokens(2, SEQ, seed=4).clamp(min=2)
+    first[:, split] = eos
+    second = first.clone()
+    second[:, :split] = ordinary_tokens(2, split, seed=5).clamp(min=2)
+    ids = document_ids(first, eos, starts=False)
+    assert ids[0, :split + 1].unique().tolist() == [0] and ids[0, split + 1:].unique().tolist() == [1]
+    with torch.no_grad():
+        block = [model(t, doc_ids=document_ids(t, eos, starts=False)) for t in (first, second)]
+    diff = (block[0][:, split + 1:] - block[1][:, split + 1:]).abs().max().item()
+    assert diff <= (1e-6 if model.name in MOE else 0.0), f"doc B changed: max abs diff {diff}"
+    # the EOS position itself belongs to doc A: its logits see doc A's changed tokens
+    assert not torch.equal(block[0][:, split], block[1][:, split])
 
 
 # --------------------------------------------------------------------------- context parallel chunks

@@ -82,6 +82,10 @@ def test_mtp_module_is_one_more_moe_block_with_its_projection():
 def test_published_totals():
     assert sum(p.numel for p in model_shapes("llama3", run_args("llama3", "405B")).all()) == 405_853_388_800
     assert sum(p.numel for p in model_shapes("deepseek_v3", run_args("deepseek_v3", "671B")).all()) == 671_026_404_352
+    # Qwen3 as its safetensors hold them (151,936 rows; the tied 0.6B stores one matrix)
+    for flavor, total in (("0.6B", 596_049_920), ("8B", 8_190_735_360), ("30B-A3B", 30_532_122_624),
+                          ("235B-A22B", 235_093_634_560)):
+        assert sum(p.numel for p in model_shapes("qwen3", run_args("qwen3", flavor)).all()) == total, flavor
 
 
 def test_an_open_vocabulary_must_be_resolved_first():
@@ -94,6 +98,9 @@ def test_an_open_vocabulary_must_be_resolved_first():
     ("llama3", "70B", 2, "Interleaved1F1B", [], 8),  # 80 blocks: 2 ranks x 2 stages of 20
     ("deepseek_v3", "16B", 3, "Interleaved1F1B", [], 9),  # 27 blocks: 3 ranks x 3 stages of 3
     ("deepseek_v3", "671B", 2, "DualPipeV", ["layers.2", "layers.31", "layers.50"], 4),  # V: rank 0 has both ends
+    ("qwen3", "0.6B", 4, "1F1B", [], 8),  # tied: the last stage holds the output copy
+    ("qwen3", "4B", 2, "DualPipeV", [], 4),  # tied, V: rank 0 holds the embedding and its copy
+    ("qwen3", "30B-A3B", 4, "Interleaved1F1B", [], 8),
 ])
 def test_stages_equal_the_real_pipeline_split(name, flavor, pp, schedule, split_points, microbatches):
     model = meta_model(name, flavor)

@@ -149,9 +149,13 @@ def check_hf_export(cfg: JobConfig) -> None:
     from torchtitan.models.hf.converters import hf_converter
 
     try:
-        hf_converter(cfg.model.name)
+        converter = hf_converter(cfg.model.name)
     except ValueError as e:
         raise ConfigError(f"--checkpoint.last_save_in_hf: {e}") from None
+    refusal = getattr(converter, "export_refusal", None)  # what a model's Hugging Face layout cannot hold
+    reason = refusal(run_model_args(cfg)) if refusal is not None else None
+    if reason:
+        raise ConfigError(f"--checkpoint.last_save_in_hf: {reason}")
     target = hf_export_path(cfg.job.dump_folder, cfg.training.steps)
     # Without checkpoints a rerun trains from scratch and would have to overwrite the folder; with
     # them it resumes, and the export is skipped with a line if the folder is already there.

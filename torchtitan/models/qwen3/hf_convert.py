@@ -78,11 +78,26 @@ def export_tensors(fqn: str, full, args: Qwen3Args) -> list[tuple[str, object]]:
     embedding is, once)."""
     if _tied(fqn, args):
         return []
+    if fqn.endswith("moe.expert_bias"):  # our bias-based balancing: Qwen3's routers have no such bias
+        if bool(full.any()):
+            raise ValueError(f"'{fqn}' holds a trained routing bias (--moe.load_balance_coeff > 0), which"
+                             " Qwen3MoeForCausalLM cannot express: the export would route differently")
+        return []
     names = hf_names(fqn, args)
     if fqn.split(".", 2)[-1] in _EXPERTS or any(fqn.endswith(k) for k in _EXPERTS):
         return [(name, full[e]) for e, name in enumerate(names)]
     heads = _heads(fqn, args)
     return [(names[0], pairs_to_halves(full, heads) if heads else full)]
+
+
+def export_refusal(args: Qwen3Args) -> str | None:
+    """Why a run of these args cannot be exported (None: it can): Qwen3's routers have no
+    selection bias, so a model balanced by one would route differently in transformers."""
+    if args.moe and args.load_balance_coeff > 0:
+        return (f"--moe.load_balance_coeff={args.load_balance_coeff:g} trains a routing bias that"
+                " Qwen3MoeForCausalLM cannot hold; balance with --moe.aux_loss_coeff only (set"
+                " --moe.load_balance_coeff=0) or export the checkpoint without it")
+    return None
 
 
 def read_local(fqn: str, args: Qwen3Args, reader, index) -> object:
