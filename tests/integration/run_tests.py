@@ -88,9 +88,11 @@ def reference_name(model: str, dtype: str, attn_mask: str = "causal") -> str:
 DS = "deepseek_v3"
 # Qwen3 (tiny: QK-norm, head_dim 32 != dim / heads, tied embeddings) and its MoE flavor
 # (tiny_moe: 1 dense + 3 MoE blocks, 8 experts, top 2, the Switch-style balance loss)
-QWEN, QWEN_MOE = "qwen3", "qwen3_moe"
-MODELS = {QWEN_MOE: ("qwen3", "tiny_moe")}
-MB2 = "--parallelism.pipeline_parallel_microbatch_size=2"  # a case's model -> (model name, flavor); default: (model, "tiny")
+QWEN, QWEN_MOE, QWEN_MOE_NOAUX = "qwen3", "qwen3_moe", "qwen3_moe_noaux"
+# a case's model -> (model name, flavor, overrides); default: (model, "tiny", none). Each has
+# its own 1-rank reference (without the balance loss: TP, where it is refused)
+MODELS = {QWEN_MOE: ("qwen3", "tiny_moe", []), QWEN_MOE_NOAUX: ("qwen3", "tiny_moe", ["--moe.aux_loss_coeff=0"])}
+MB2 = "--parallelism.pipeline_parallel_microbatch_size=2"
 EP = "--parallelism.expert_parallel_degree=2"
 COMM = "--metrics.comm_stats=true"
 
@@ -227,7 +229,15 @@ CASES = [
     Case("qwen3_pp4", 4, ["--parallelism.pipeline_parallel_degree=4", "--training.local_batch_size=8"], model=QWEN,
          slow=True),  # copies on ranks 0 and 3: their own group
     Case("qwen3_cp2", 2, [CP2, "--training.local_batch_size=8"], model=QWEN),
-    Case("qwen3_fsdp_compile", 2, ["--compile.enable=true"], model=QWEN),
+    Case("qwen3_block_causal_cp2", 2, [BLOCK_CAUSAL, CP2, "--training.local_batch_size=8"], model=QWEN,
+         attn_mask="block_causal", slow=True),
+    Case("qwen3_hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2"], model=QWEN, slow=True),
+    Case("qwen3_fsdp+tp", 4, [TP, "--training.local_batch_size=4"], model=QWEN, slow=True),
+    Case("qwen3_simple_fsdp+tp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", TP,
+                                     "--training.local_batch_size=4"], model=QWEN, slow=True),
+    Case("qwen3_simple_fsdp+pp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", PP,
+                                     "--training.local_batch_size=4"], model=QWEN, slow=True),
+    Case("qwen3_fsdp_compile", 2, ["--compile.enable=true"], model=QWEN, slow=True),  # ~10-25 s of compiling
     # Qwen3 MoE with its Switch-style balance loss on, as published: expert parallel, with PP
     # (the statistics travel through the pipeline to the last stage's loss), and compiled
     Case("qwen3_moe_ep", 2, [EP], model=QWEN_MOE),
@@ -242,7 +252,11 @@ CASES = [
          model=QWEN_MOE, slow=True),
     Case("qwen3_moe_pp_ZBV", 2, [PP, MB2, _schedule("ZBVZeroBubble"), "--training.local_batch_size=8"], model=QWEN_MOE,
          slow=True),
-    Case("qwen3_moe_ep_compile", 2, [EP, "--compile.enable=true"], model=QWEN_MOE),
+    Case("qwen3_moe_ep_compile", 2, [EP, "--compile.enable=true"], model=QWEN_MOE, slow=True),
+    Case("qwen3_moe_ep_ac_full", 2, [EP, "--activation_checkpoint.mode=full"], model=QWEN_MOE, slow=True),
+    Case("qwen3_moe_simple_fsdp+ep", 4, ["--parallelism.fsdp_implementation=simple_fsdp", EP,
+                                         "--training.local_batch_size=2"], model=QWEN_MOE, slow=True),
+    Case("qwen3_moe_tp+ep", 4, [TP, EP, "--training.local_batch_size=4"], model=QWEN_MOE_NOAUX, slow=True),
 ]
 
 
@@ -344,8 +358,8 @@ def run(ngpu: int, overrides: list[str], dump: str, extra_env: dict | None = Non
     output ends with each rank's last lines. Exit code 124: killed at TIMEOUT_S. launcher:
     see launch()."""
     logs = os.path.join(dump, "ranks")
-    name, flavor = MODELS.get(model, (model, "tiny"))
-    args = [f"--model.name={name}", *BASE, f"--model.flavor={flavor}", f"--training.device={DEVICE}",
+    name, flavor, model_args = MODELS.get(model, (model, "tiny", []))
+    args = [f"--model.name={name}", *BASE, f"--model.flavor={flavor}", *model_args, f"--training.device={DEVICE}",
             f"--training.mixed_precision_param={dtype}", *overrides, f"--job.dump_folder={dump}"]
     rc, secs, out = launch(ngpu, args, logs, extra_env, launcher)
     if rc != 0:

@@ -53,7 +53,7 @@ class Model:
     """Which model, which size, which tokenizer."""
 
     name: str = "llama3"
-    """Model family, a name registered in models/registry.py (llama3, deepseek_v3, or one a
+    """Model family, a name registered in models/registry.py (llama3, deepseek_v3, qwen3, or one a
     model.module registers)."""
 
     module: str = ""
@@ -250,10 +250,12 @@ class MoE:
     flavor's value."""
 
     aux_loss_coeff: float | Literal["auto"] = AUTO
-    """Weight of DeepSeek-V3's sequence-wise balance loss added to the training loss (logged
-    as aux_loss; the report used 1e-4; models/common/moe.sequence_balance_loss); 0 disables it;
-    auto = the flavor's value (0 in every shipped flavor). Not yet with pipeline or tensor
-    parallel."""
+    """Weight of the model's MoE balance loss added to the training loss (logged as aux_loss);
+    0 disables it; auto = the flavor's value. DeepSeek-V3: the sequence-wise loss of its report
+    (which used 1e-4; 0 in every shipped flavor; not yet with pipeline or tensor parallel).
+    Qwen3: Qwen's Switch-style loss over all MoE layers of a micro-batch (0.001 in the MoE
+    flavors, as published; with pipeline parallel too, not yet with tensor or context
+    parallel). See models/common/moe.py."""
 
     memory_skew: float = 1.0
     """Routing skew the memory prediction plans for: the busiest expert-parallel rank receives

@@ -16,8 +16,9 @@ Load balancing (DeepSeek-V3 report, section 2.1.2):
   loss in `.aux_loss`, the model's loss is their sum) or the Switch Transformer's (`"switch"`,
   Qwen's: each MoE keeps its routing statistics in `.aux_loss`, and the loss is computed once
   over the statistics of all layers, as transformers' load_balancing_loss_func does); the
-  trainer adds `moe_aux_loss(model)` to the loss before backward. Limits: with pipeline parallelism the stages' losses never reach the last
-  stage's loss; torch.compile(fullgraph) around an AC-wrapped block rejects the attribute
+  trainer adds `moe_aux_loss(model)` to the loss before backward. Under pipeline parallel the
+  Switch statistics travel through the stages (`stage_switch_statistics`); the sequence-wise
+  losses of earlier stages never reach the last stage's loss (refused). Limits: torch.compile(fullgraph) around an AC-wrapped block rejects the attribute
   write inside the checkpoint unless torch._dynamo.config.
   skip_fwd_side_effects_in_bwd_under_checkpoint = True (torch 2.13).
 """
