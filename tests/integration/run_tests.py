@@ -206,6 +206,9 @@ CASES = [
     Case("deepseek_pp+ep_grad_accum", 4, [PP, EP, "--training.local_batch_size=2"], model=DS, slow=True),
     Case("deepseek_pp+fsdp+tp+ep", 8, [PP, TP, EP, "--training.local_batch_size=4",
                                        _schedule("Interleaved1F1B")], model=DS, slow=True),
+    Case("deepseek_pp+fsdp+ep_always_ac_op", 4, [PP, EP, "--activation_checkpoint.mode=selective",
+                                                 "--parallelism.reshard_after_forward=always",
+                                                 "--training.local_batch_size=4"], model=DS, slow=True),
     Case("deepseek_ep_grad_accum", 2, [EP, "--training.local_batch_size=1"], model=DS, slow=True),
     Case("deepseek_ep_ac_full", 2, [EP, COMM, "--activation_checkpoint.mode=full"], model=DS),
     Case("deepseek_ep_ac_op", 2, [EP, COMM, "--activation_checkpoint.mode=selective"], model=DS),
@@ -248,6 +251,11 @@ CASES = [
     # the balance statistics are the same ops in both (op SAC checks op for op)
     Case("qwen3_moe_pp_ac_op", 2, [PP, MB2, "--activation_checkpoint.mode=selective", "--training.local_batch_size=8"],
          model=QWEN_MOE),
+    # reshard always under PP with op SAC: the experts (a unit nested in the block's region) are
+    # gathered at the region's entry, so its recompute runs the forward's ops (fsdp.py)
+    Case("qwen3_moe_pp+fsdp_always_ac_op", 4, [PP, MB2, "--activation_checkpoint.mode=selective",
+                                               "--parallelism.reshard_after_forward=always",
+                                               "--training.local_batch_size=4"], model=QWEN_MOE),
     Case("qwen3_moe_pp_1F1B_grad_accum", 2, [PP, MB2, _schedule("1F1B"), "--training.local_batch_size=4"],
          model=QWEN_MOE, slow=True),
     Case("qwen3_moe_pp_ZBV", 2, [PP, MB2, _schedule("ZBVZeroBubble"), "--training.local_batch_size=8"], model=QWEN_MOE,

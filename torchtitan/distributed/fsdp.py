@@ -7,6 +7,7 @@ reshard_after_forward. On a 2-D mesh (dp_replicate, dp_shard) fully_shard is HSD
 
 from typing import Callable
 
+import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -45,9 +46,47 @@ def apply_fsdp2(
             module.set_gradient_divide_factor(float(dp.divide_factor))
             if dp.size(dp.shard) > 1:
                 module.set_force_sum_reduction_for_comms(True)
+    for unit, container in nested_in_regions(plan):
+        gather_at_region_entry(model.get_submodule(container), model.get_submodule(unit))
     # The root's value is set explicitly: FSDP2 would otherwise reshard it after forward too.
     root = next((u.reshard for u in plan.units if u.is_root), False)
     fully_shard(model, mesh=mesh_of(UnitKind.DENSE).mesh, mp_policy=mp, reshard_after_forward=root)
+
+
+def nested_in_regions(plan: PartPlan) -> list[tuple[str, str]]:
+    """(nested unit, the unit holding it) for each resharding nested unit (a block's experts)
+    whose holder is an AC region, under PP. Checkpointing recomputes the region op for op,
+    and FSDP2 gathers a nested unit inside it when its forward finds it sharded. Under PP a
+    microbatch's forward can find it still gathered (PP does not reshard after a non-last
+    microbatch's backward) while its recompute finds it resharded: the recompute would then
+    gather inside the region, ops its forward did not run, which op SAC refuses."""
+    if plan.microbatches <= 1:
+        return []
+    named = [u for u in plan.units if not u.is_root]
+    out = []
+    for u in named:
+        holder = next((o.name for o in named if u.name.startswith(o.name + ".")), None)
+        if holder is not None and u.reshard and holder in plan.regions:
+            out.append((u.name, holder))
+    return out
+
+
+def gather_at_region_entry(holder: nn.Module, nested: nn.Module) -> None:
+    """Gather `nested` (an FSDP2 module) before its holder's region runs: at the holder's
+    forward and when its backward (and so the recompute) starts. Its own pre-forward then
+    finds it gathered in the forward and in the recompute alike and runs no op of its own."""
+
+    def before_forward(module, args, kwargs):
+        nested.unshard()
+
+    def after_forward(module, args, kwargs, output):
+        outputs = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outputs:
+            torch.autograd.graph.register_multi_grad_hook(outputs, lambda grads: nested.unshard(), mode="any")
+        return output
+
+    holder.register_forward_pre_hook(before_forward, with_kwargs=True)
+    holder.register_forward_hook(after_forward, with_kwargs=True)
 
 
 def apply_ddp(model: nn.Module, plan: PartPlan, dp: DataParallelMesh, mp: MixedPrecisionPolicy) -> None:

@@ -50,7 +50,7 @@ def split_model(model: nn.Module, layout: PipelineLayout, pp_rank: int) -> list[
 class _Stage(PipelineStage):
     """A PipelineStage whose deferred gradient reduction (FSDP's post-backward, run by the
     schedule after the last microbatch, outside autograd) is attributed to backward, and
-    whose shape-inference pass runs in eval mode."""
+    whose shape-inference passes (forward and backward) run in eval mode."""
 
     backward_phase = staticmethod(contextlib.nullcontext)
 
@@ -62,10 +62,19 @@ class _Stage(PipelineStage):
         # The first step runs the stage once on placeholder inputs to learn shapes (torch
         # 2.13). That pass is not training: in eval mode a MoE layer does not count its
         # tokens, which would otherwise move the balancing biases differently from 1 rank.
+        return self._in_eval(super()._forward_metadata_inference, *args, **kwargs)
+
+    def _backward_metadata_inference(self, *args, **kwargs):
+        # ... and a real backward through that forward's graph to learn the gradients'
+        # shapes: in eval mode too, so that activation checkpointing recomputes the forward
+        # as it ran (a recompute in train mode runs other ops, which op SAC refuses).
+        return self._in_eval(super()._backward_metadata_inference, *args, **kwargs)
+
+    def _in_eval(self, fn, *args, **kwargs):
         was_training = self.submod.training
         self.submod.eval()
         try:
-            return super()._forward_metadata_inference(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             self.submod.train(was_training)
 
