@@ -227,8 +227,12 @@ CASES = [
     Case("qwen3_simple_fsdp", 2, ["--parallelism.fsdp_implementation=simple_fsdp"], model=QWEN, slow=True),
     Case("qwen3_tp", 2, [TP, "--training.local_batch_size=8"], model=QWEN),
     Case("qwen3_pp", 2, [PP, "--training.local_batch_size=8"], model=QWEN),
-    Case("qwen3_pp_DualPipeV", 2, [PP, _schedule("DualPipeV"), "--training.local_batch_size=8"], model=QWEN,
-         slow=True),  # a V schedule: both tied copies on pipeline rank 0
+    # every schedule (V schedules: both tied copies on pipeline rank 0, summed locally)
+    *[Case(f"qwen3_pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"], model=QWEN, slow=True)
+      for name in ("GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
+    Case("qwen3_fsdp_ac_full", 2, ["--activation_checkpoint.mode=full"], model=QWEN, slow=True),
+    Case("qwen3_simple_fsdp_op_sac_compile", 2, ["--parallelism.fsdp_implementation=simple_fsdp", "--compile.enable=true",
+                                                 "--activation_checkpoint.mode=selective"], model=QWEN, slow=True),
     Case("qwen3_pp4", 4, ["--parallelism.pipeline_parallel_degree=4", "--training.local_batch_size=8"], model=QWEN,
          slow=True),  # copies on ranks 0 and 3: their own group
     Case("qwen3_cp2", 2, [CP2, "--training.local_batch_size=8"], model=QWEN),
