@@ -230,6 +230,7 @@ CASES = [
     # every schedule (V schedules: both tied copies on pipeline rank 0, summed locally)
     *[Case(f"qwen3_pp_{name}", 2, [PP, _schedule(name), "--training.local_batch_size=8"], model=QWEN, slow=True)
       for name in ("GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")],
+    Case("qwen3_pp+fsdp+tp", 8, [PP, TP, "--training.local_batch_size=4"], model=QWEN, slow=True),  # TP-split copies
     Case("qwen3_fsdp_ac_full", 2, ["--activation_checkpoint.mode=full"], model=QWEN, slow=True),
     Case("qwen3_simple_fsdp_op_sac_compile", 2, ["--parallelism.fsdp_implementation=simple_fsdp", "--compile.enable=true",
                                                  "--activation_checkpoint.mode=selective"], model=QWEN, slow=True),
