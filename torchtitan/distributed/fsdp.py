@@ -66,7 +66,7 @@ def nested_in_regions(plan: PartPlan) -> list[tuple[str, str]]:
     out = []
     for u in named:
         holder = next((o.name for o in named if u.name.startswith(o.name + ".")), None)
-        if holder is not None and u.reshard and holder in plan.regions:
+        if holder is not None and u.reshard and holder in plan.regions and plan.regions[holder].wrapped:
             out.append((u.name, holder))
     return out
 

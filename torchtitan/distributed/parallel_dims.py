@@ -248,8 +248,9 @@ class ParallelDims(Degrees):
             lines = self.mesh.mesh.movedim(list(self.mesh_shape).index(MeshDim.PP.value), -1).reshape(-1, self.pp)
             opts = self._group_opts
             kw = {"backend": opts[0], "pg_options": opts[1]} if opts else {}
-            self._pp_ends, _ = dist.new_subgroups_by_enumeration([[int(r[0]), int(r[-1])] for r in lines], **kw)
-        return self._pp_ends
+            group, _ = dist.new_subgroups_by_enumeration([[int(r[0]), int(r[-1])] for r in lines], **kw)
+            self._pp_ends = (group,)  # cached on every rank (a middle rank's is None): made once
+        return self._pp_ends[0]
 
     def pp_rank(self) -> int:
         return self.submesh(MeshDim.PP).get_local_rank() if self.pp > 1 else 0
