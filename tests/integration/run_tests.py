@@ -239,6 +239,8 @@ CASES = [
     Case("qwen3_cp2", 2, [CP2, "--training.local_batch_size=8"], model=QWEN),
     Case("qwen3_block_causal_cp2", 2, [BLOCK_CAUSAL, CP2, "--training.local_batch_size=8"], model=QWEN,
          attn_mask="block_causal", slow=True),
+    Case("qwen3_ddp", 2, ["--parallelism.data_parallel_replicate_degree=2",
+                          "--parallelism.data_parallel_shard_degree=1"], model=QWEN, slow=True),
     Case("qwen3_hsdp", 4, ["--parallelism.data_parallel_replicate_degree=2"], model=QWEN, slow=True),
     Case("qwen3_fsdp+tp", 4, [TP, "--training.local_batch_size=4"], model=QWEN, slow=True),
     Case("qwen3_simple_fsdp+tp", 4, ["--parallelism.fsdp_implementation=simple_fsdp", TP,
