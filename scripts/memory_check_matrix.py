@@ -111,6 +111,7 @@ qwen_pp_1F1B_mb4                        2      pp=2 schedule=1F1B lbs=4 mbs=1
 qwen_cp2                                2      cp=2
 qmoe_ep_all_of_dp_shard                 2      ep=2
 qmoe_pp_ep_1F1B_mb4                     4      pp=2 schedule=1F1B lbs=4 mbs=1 ep=2
+qmoe_pp_fsdp2_always_ac_op              4      pp=2 schedule=1F1B lbs=4 mbs=1 reshard=always ac=op
 # asynchronous checkpoints every step: from step 2 on, every rank holds the staged copy
 llama_fsdp2_ckpt_async                  2      ckpt=async
 ds_fsdp2_ep_ckpt_async                  4      ep=2 ckpt=async

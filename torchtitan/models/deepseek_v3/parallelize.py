@@ -17,14 +17,11 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.config.job_config import Compile, Parallelism
-from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
-from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
+from torchtitan.distributed.data_parallel import Precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
-from torchtitan.models.common.attention import apply_context_parallel
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
+from torchtitan.models.common.parallelize import parallelize_decoder
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, moe_sharding, root_sharding
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import Transformer
@@ -90,23 +87,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
 
 def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
                            compile_cfg: Compile, precision: Precision) -> nn.Module:
-    """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
-    cp_groups = apply_context_parallel(model, dims)
-    tp_mesh = dims.tp_mesh()
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh, parallelism.loss_parallel)
-    ep_mesh = dims.ep_mesh()
-    if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
-        expert_parallel_from_plan(model, plan, ep_mesh)
-    # Op SAC also keeps the dispatched tokens: recompute then neither re-routes nor re-sends.
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation),
-             extra_save_ops=SAC_SAVE_OPS, save_groups=cp_groups)
-    if compile_cfg.enable:
-        apply_compile(model.layers, compile_cfg, fullgraph=False)  # MoE dispatch + experts stay eager
-        if model.mtp is not None:
-            apply_compile(model.mtp, compile_cfg, fullgraph=False)
-    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
-    return model
+    return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp, moe=True,
+                               compiled=("layers", "mtp"))
 
 
 TRAIN_SPEC = TrainSpec("deepseek_v3", Transformer, FLAVORS, parallelize_deepseekv3, tp_replicated=_TP_WHOLE)

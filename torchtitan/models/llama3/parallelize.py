@@ -6,12 +6,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
 from torchtitan.config.job_config import Compile, Parallelism
-from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
+from torchtitan.distributed.data_parallel import Precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
-from torchtitan.models.common.attention import apply_context_parallel
+from torchtitan.models.common.parallelize import parallelize_decoder
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, gqa_sharding, root_sharding
 from torchtitan.models.llama3.args import FLAVORS
 from torchtitan.models.llama3.model import Transformer
@@ -35,16 +33,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
 
 def parallelize_llama(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
                       compile_cfg: Compile, precision: Precision) -> nn.Module:
-    """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
-    cp_groups = apply_context_parallel(model, dims)
-    tp_mesh = dims.tp_mesh()
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh, parallelism.loss_parallel)
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation), save_groups=cp_groups)
-    if compile_cfg.enable:
-        apply_compile(model.layers, compile_cfg)
-    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
-    return model
+    return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp)
 
 
 # TP splits every weight matrix (see apply_tp) and replicates the norm vectors.

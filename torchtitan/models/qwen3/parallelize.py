@@ -12,13 +12,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
 from torchtitan.config.job_config import Compile, Parallelism
-from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.distributed.compile import apply_compile
-from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
-from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
+from torchtitan.distributed.data_parallel import Precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
-from torchtitan.models.common.attention import apply_context_parallel
+from torchtitan.models.common.parallelize import parallelize_decoder
 from torchtitan.models.common.tensor_parallel import feed_forward_sharding, gqa_sharding, moe_sharding, root_sharding
 from torchtitan.models.common.tied import retie
 from torchtitan.models.qwen3.args import FLAVORS
@@ -47,21 +44,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
 
 def parallelize_qwen3(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
                       compile_cfg: Compile, precision: Precision) -> nn.Module:
-    """`plan` (units with their reshard decisions and AC regions) was resolved beforehand."""
-    cp_groups = apply_context_parallel(model, dims)
-    tp_mesh = dims.tp_mesh()
-    if tp_mesh is not None:
-        apply_tp(model, tp_mesh, parallelism.loss_parallel)
-    ep_mesh = dims.ep_mesh()
-    if ep_mesh is not None:
-        expert_parallel_from_plan(model, plan, ep_mesh)
-    moe = any(block.moe_enabled for block in model.layers.values())
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation),
-             extra_save_ops=SAC_SAVE_OPS if moe else (), save_groups=cp_groups)
-    if compile_cfg.enable:
-        apply_compile(model.layers, compile_cfg, fullgraph=not moe)  # MoE dispatch + experts stay eager
-    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
-    return model
+    moe = any(block.moe_enabled for block in model.layers.values())  # this part's blocks
+    return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp, moe=moe)
 
 
 TRAIN_SPEC = TrainSpec("qwen3", Transformer, FLAVORS, parallelize_qwen3, tp_replicated=_TP_WHOLE)

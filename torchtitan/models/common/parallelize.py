@@ -1,0 +1,43 @@
+"""The order every decoder model's parallelize function applies to one model part: context
+parallel -> the model's own TP sharding -> expert parallel -> activation checkpointing ->
+torch.compile -> data parallel. A model passes only what is its own (its `apply_tp`, whether
+the part has MoE blocks, which module lists compile)."""
+
+from typing import Callable
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from torchtitan.config.job_config import Compile, Parallelism
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
+from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.plan import PartPlan
+from torchtitan.models.common.attention import apply_context_parallel
+
+
+def parallelize_decoder(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
+                        compile_cfg: Compile, precision: Precision,
+                        apply_tp: Callable[[nn.Module, DeviceMesh, bool], None], moe: bool = False,
+                        compiled: tuple[str, ...] = ("layers",)) -> nn.Module:
+    """`plan` (units with their reshard decisions and AC regions) was resolved beforehand.
+    `moe`: the part has MoE blocks. Op SAC then also keeps the dispatched tokens (recompute
+    neither re-routes nor re-sends), and their blocks compile with graph breaks (MoE dispatch
+    and experts stay eager). `compiled`: the model's ModuleDicts of blocks to compile."""
+    cp_groups = apply_context_parallel(model, dims)
+    tp_mesh = dims.tp_mesh()
+    if tp_mesh is not None:
+        apply_tp(model, tp_mesh, parallelism.loss_parallel)
+    ep_mesh = dims.ep_mesh()
+    if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
+        expert_parallel_from_plan(model, plan, ep_mesh)
+    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation),
+             extra_save_ops=SAC_SAVE_OPS if moe else (), save_groups=cp_groups)
+    if compile_cfg.enable:
+        for name in compiled:
+            if getattr(model, name, None) is not None:
+                apply_compile(getattr(model, name), compile_cfg, fullgraph=not moe)
+    apply_data_parallel(model, dims, plan, parallelism.fsdp_implementation, precision)
+    return model
