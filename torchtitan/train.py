@@ -7,7 +7,6 @@ checkpoint.create_seed_checkpoint, `write_seed_checkpoint`).
 
 import contextlib
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ from torchtitan.models.hf.weights import HFExportError, HFSpec
 from torchtitan.observe.comm_stats import CommStats
 from torchtitan.observe.metrics import MetricsLogger, StepMemoryLog, peak_tflops
 from torchtitan.observe.profiling import Profiler
+from torchtitan.observe.step_clock import StepClock
 from torchtitan.resilience import exit_status, faults
 from torchtitan.resilience.hang_watchdog import HangWatchdog
 from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_line
@@ -48,7 +48,9 @@ from torchtitan.resilience.timeouts import hang_timeout
 from torchtitan.training.build import ModelParts, build_parts, model_on_meta, plan_records, step_runner
 from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.loss import global_sum
+from torchtitan.training.nonfinite import NonFiniteLossError, NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
+from torchtitan.training.step import StepResult
 from torchtitan.training.plan_report import report_plan
 from torchtitan.units import GIB
 
@@ -57,10 +59,6 @@ warnings.filterwarnings("ignore", message=".*set_vital.*")
 
 # The start-up memory prediction's child process (memory/startup.py)
 PREDICTION_CHILD = [sys.executable, "-m", "torchtitan.predict_memory"]
-
-
-class NonFiniteLossError(RuntimeError):
-    pass
 
 
 def join_job(cfg: JobConfig, device: torch.device):
@@ -174,13 +172,15 @@ class Trainer:
                                            workers=loader_workers(t.dataloader_workers, self.device), log=self.log)
         self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
                           if cfg.validation.enable else None)
-        self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler)
+        self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler, self.device.type)
         self.train_state = TrainState(self.rank)
         self.watchdog = HangWatchdog(hang_timeout(cfg.comm), cfg.job.dump_folder, self.rank, self.dims.world_size,
                                      self.device, watch_compile=cfg.compile.enable)
         self.preemption = Preemption(self.device)
         self.preempted = None  # the closing line of a preempted run
-        self.last_step_s, self.kill_wait_noted, self.held_bytes = 0.0, False, 0
+        self.kill_wait_noted, self.held_bytes = False, 0
+        self.clock = StepClock(self.watchdog.paused_seconds)  # step time, defined once
+        self.nonfinite = NonFiniteWatch(self.device)
         self.checkpoint = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts,
             run_info(cfg, self.dims, self.tokenizer, self.meta.args, self.shape.global_batch),
@@ -274,10 +274,11 @@ class Trainer:
         pp = self.dims.pp_group() if pipeline and self.runner.pipeline is not None else None
         return global_sum(value, self.dims.loss_group(), pp).item() / self.dims.dp_cp
 
-    def train_step(self, batches) -> tuple[float, float, dict]:
-        """One optimizer step over the accumulation steps' micro-batches; returns (global loss,
-        grad norm, the other figures: the MoE balance loss when on, the expert load, the MTP
-        loss when on)."""
+    def train_step(self, batches, step: int) -> StepResult:
+        """One optimizer step over the accumulation steps' micro-batches. Nothing is read on
+        the host (on a GPU the host queues the step and goes on): the figures stay on the
+        device until `figures` reads them at a sync point, and a non-finite loss or gradient
+        norm is noted on the device (training/nonfinite.py)."""
         if self.comm is not None:
             self.comm.phase_name = "forward"  # backward is detected from autograd
         sums = self.runner.forward_backward(batches)
@@ -292,21 +293,23 @@ class Trainer:
             ids = self.tied.copies()
             copies = [p for p in params if id(p) in ids]
             params = [p for p in params if id(p) not in ids]
-        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group, also_clip=copies).item()
-        loss = self._mean(sums.main)
-        # Checked before the update, so a bad step never reaches the weights (or a checkpoint).
-        for what, value in (("loss", loss), ("gradient norm", grad_norm)):
-            if not math.isfinite(value):
-                raise NonFiniteLossError(
-                    f"{what} is {value} at step {self.train_state.step + 1}: training stopped; lower"
-                    " --optimizer.lr or set --training.max_norm, then resume from the last checkpoint"
-                )
+        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group, also_clip=copies)
+        self.nonfinite.record(step, sums.main, grad_norm)
         self.optimizers.step()
-        figures = self.balancer.step() if self.balancer is not None else {}
+        load = self.balancer.step() if self.balancer is not None else None
+        return StepResult(sums, grad_norm, load)
+
+    def figures(self, result: StepResult) -> tuple[float, float, dict]:
+        """A step's figures reduced over the ranks and read on the host: (global loss, grad
+        norm, the MoE balance loss when on, the expert load, the MTP loss when on). Every
+        rank calls it at the same steps (it communicates)."""
+        loss = self._mean(result.sums.main)
+        grad_norm = result.grad_norm.item()
+        figures = self.balancer.figures(result.load) if self.balancer is not None else {}
         if getattr(self.meta.args, "aux_loss_coeff", 0.0) > 0:
-            figures["aux_loss"] = self._mean(sums.aux)  # under PP the last stage's
+            figures["aux_loss"] = self._mean(result.sums.aux)  # under PP the last stage's
         if self.runner.mtp_depth:  # reduced as the loss: a per-rank mean, averaged over the ranks
-            figures["mtp_loss"] = self._mean(sums.mtp)
+            figures["mtp_loss"] = self._mean(result.sums.mtp)
         return loss, grad_norm, figures
 
     def _run_validation(self, step: int) -> None:
@@ -351,8 +354,7 @@ class Trainer:
             self._run_validation(0)
         while self.train_state.step < t.steps:
             step = self.train_state.step + 1
-            start = time.perf_counter()
-            self.watchdog.step_began()
+            self.clock.begin()
             self.watchdog.progress(f"step {step}: data")
             faults.point("data", step)
             batches = [next(data) for _ in range(self.shape.accum_steps)]
@@ -363,14 +365,21 @@ class Trainer:
             self.watchdog.progress(f"step {step}: forward/backward")
             faults.point("step", step)
             with profiler.step(step):
-                loss, grad_norm, figures = self.train_step(batches)
+                result = self.train_step(batches, step)
             memory = self.memory.end(step)
             self.watchdog.progress(f"step {step}: metrics")
             self.train_state.step = step
             self.train_state.tokens_seen += self.shape.global_batch * t.seq_len
-            self.last_step_s = time.perf_counter() - start
-            self._log_step(step, self.last_step_s, loss, grad_norm, lr, memory, figures)
-            self.watchdog.step_ended()
+            comm = self._comm_figures()
+            if self._sync_point(step, start_step):
+                self.nonfinite.check()  # before anything is logged, validated or saved
+                loss, grad_norm, figures = self.figures(result)
+                step_s = self.clock.end(synced=True)
+                self.watchdog.step_time(self.clock.longest_step_s)
+                if self._logs(step):
+                    self._log_step(step, step_s, loss, grad_norm, lr, memory, {**figures, **comm})
+            else:
+                self.clock.end(synced=False)
             if step == start_step + 1:
                 self.watchdog.arm()  # the first step (set-up, compilation) may take longer
             if step == start_step + 2:
@@ -378,22 +387,33 @@ class Trainer:
             if self._between_steps(step, start_step):
                 return
 
+    def _logs(self, step: int) -> bool:
+        return step % self.cfg.metrics.log_freq == 0 or step == self.cfg.training.steps
+
+    def _sync_point(self, step: int, start_step: int) -> bool:
+        """Where the host waits for the device: the steps that log, and those after which a
+        checkpoint is saved or the model validated (which must not see a non-finite step)."""
+        t = self.cfg.training
+        return (self._logs(step) or self.checkpoint.due(step, last=step == t.steps)
+                or (self.validator is not None and self.validator.due(step, t.steps, start_step)))
+
+    def _comm_figures(self) -> dict:
+        if self.comm is None:
+            return {}
+        counts, nbytes = self.comm.reset()
+        return {"comm": counts, "comm_bytes": nbytes}
+
     def _log_step(self, step: int, step_time: float, loss: float, grad_norm: float, lr: float, memory: dict,
                   figures: dict) -> None:
+        """step_time: observe/step_clock.py's (the mean over the steps since the last sync point)."""
         t = self.cfg.training
-        comm = {}
-        if self.comm is not None:
-            counts, nbytes = self.comm.reset()
-            comm = {"comm": counts, "comm_bytes": nbytes}
-        if step % self.cfg.metrics.log_freq != 0 and step != t.steps:
-            return
         tps = self.shape.global_batch * t.seq_len / step_time
         per_device = tps / self.dims.world_size
         mfu = per_device * self.flops_per_token / (self.peak_flops * 1e12) if self.peak_flops else None
         self.metrics.log(step, {
             "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
             "tokens_per_sec_per_device": per_device, "mfu": mfu, **memory, "step_time": step_time,
-            "tokens_seen": self.train_state.tokens_seen, **self._tokens_by_source(step), **figures, **comm,
+            "tokens_seen": self.train_state.tokens_seen, **self._tokens_by_source(step), **figures,
             **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
         })
 
@@ -412,7 +432,8 @@ class Trainer:
             self.checkpoint.maybe_save(step, last=step == t.steps)
         if step == t.steps:
             return False  # finished: a late signal has nothing left to stop
-        note = kill_wait_note(self.checkpoint.save_estimate(), self.last_step_s) if self.cfg.checkpoint.enable else None
+        note = (kill_wait_note(self.checkpoint.save_estimate(), self.clock.last_step_s)
+                if self.cfg.checkpoint.enable else None)
         if note is not None and not self.kill_wait_noted:  # once
             self.kill_wait_noted = True
             self.log(f"[torchtitan] {note}")
@@ -420,6 +441,7 @@ class Trainer:
         stop = self.preemption.agree()
         if stop is None:
             return False
+        self.nonfinite.check()  # a preemption save is a sync point too
         with self.watchdog.paused(f"the preemption save after step {step}"):
             saved = self.checkpoint.save_now(step)
         save_s = saved[1] if saved is not None else 0.0

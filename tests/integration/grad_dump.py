@@ -24,7 +24,7 @@ def main() -> None:
     trainer = Trainer(load_config_or_exit(argv, int(os.environ["WORLD_SIZE"])))
     trainer.optimizers.step = lambda: None  # keep the weights: only the gradients matter
     data = iter(trainer.dataloader)
-    trainer.train_step([next(data) for _ in range(trainer.shape.accum_steps)])
+    trainer.train_step([next(data) for _ in range(trainer.shape.accum_steps)], step=1)
     grads = {}
     for part in trainer.model_parts:
         for name, p in part.named_parameters():

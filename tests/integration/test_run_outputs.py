@@ -56,3 +56,19 @@ def test_nonfinite_loss_stops_with_step_and_every_rank_shows_its_last_lines(tmp_
     for rank in (0, 1):
         tail = out.split(f"--- rank {rank} stderr.log:\n", 1)[1]
         assert tail.splitlines()[0].startswith("error: gradient norm is nan at step 2"), out[-3000:]
+
+
+def test_no_checkpoint_is_written_after_a_nonfinite_step(tmp_path):
+    # Steps 1-4 do not log: the non-finite gradient norm of step 2 stays on the device until
+    # the sync point before step 3's checkpoint, which reads it and writes nothing (steps 1
+    # and 2 are no checkpoint steps: the interval is 3).
+    dump = tmp_path / "nan"
+    rc, _, out = run_tests.run(1, ["--optimizer.lr=1e25", "--training.max_norm=0", "--lr_scheduler.warmup_steps=0",
+                                   "--metrics.log_freq=5", "--checkpoint.enable=true", "--checkpoint.interval=3",
+                                   "--training.steps=6"], str(dump))
+    assert rc == 1, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert errors[0].startswith("error: gradient norm is nan at step 2: training stopped"), out[-2000:]
+    assert "step 3/" not in out and "step 2/" not in out  # nothing logged: steps 1-4 do not log
+    folder = dump / "checkpoint"
+    assert not folder.exists() or not [p.name for p in folder.iterdir() if p.name.startswith("step-")]

@@ -73,20 +73,24 @@ def test_where_waiting_empty():
 def test_the_hang_limit_follows_long_steps_their_pauses_left_out(tmp_path, monkeypatch):
     import torch
 
+    from torchtitan.observe.step_clock import StepClock
     from torchtitan.resilience import hang_watchdog
 
     now = [100.0]
     monkeypatch.setattr(hang_watchdog.time, "monotonic", lambda: now[0])
     w = hang_watchdog.HangWatchdog(10, str(tmp_path), rank=0, world=1, device=torch.device("cpu"))
 
-    def step(seconds, compiling=0.0):
-        w.step_began()
+    clock = StepClock(w.paused_seconds)
+
+    def step(seconds, compiling=0.0, synced=True):
+        clock.begin()
         if compiling:
             w._pause()  # what torch.compile's start / end callbacks call
             now[0] += compiling
             w._resume()
         now[0] += seconds
-        w.step_ended()
+        if clock.end(synced) is not None:
+            w.step_time(clock.longest_step_s)
 
     step(4.0, compiling=300.0)  # the first step: compilation paused, 4 s of it count
     assert w.limit == 10
@@ -96,6 +100,11 @@ def test_the_hang_limit_follows_long_steps_their_pauses_left_out(tmp_path, monke
         now[0] += 50
     step(3.0)
     assert w.limit == 18.0
+    # steps between sync points: their time is known at the sync, as the window's mean
+    step(30.0, synced=False)
+    assert w.limit == 18.0
+    step(2.0)
+    assert w.limit == 24.0 and clock.last_step_s == 16.0
 
 
 def test_the_watchdog_beats_into_the_store_and_closes_at_once(tmp_path, monkeypatch):

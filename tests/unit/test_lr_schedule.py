@@ -113,3 +113,17 @@ def test_decay_ends_at_min_lr_factor_on_the_last_step(decay_type, decay_ratio):
     total = 10
     cfg = sched(warmup_steps=2, decay_type=decay_type, decay_ratio=decay_ratio, min_lr_factor=0.1)
     assert lr_factor(total - 1, total, cfg) == pytest.approx(0.1, abs=1e-12)
+
+
+def test_adamw_kernels_fused_on_cuda_foreach_elsewhere():
+    from torchtitan.config.job_config import Optimizer
+    from torchtitan.training.optimizer import build_optimizer, kernels
+
+    auto = Optimizer()
+    assert kernels(auto, "cuda") == "fused" and kernels(auto, "cpu") == "foreach"
+    assert kernels(Optimizer(implementation="foreach"), "cuda") == "foreach"
+    p = torch.nn.Parameter(torch.zeros(2))
+    cpu = build_optimizer([p], auto, "cpu").defaults
+    assert cpu["foreach"] is True and not cpu["fused"]
+    fused = build_optimizer([p], Optimizer(implementation="fused"), "cpu").defaults  # fused AdamW runs on CPU too
+    assert fused["fused"] is True and not fused["foreach"]

@@ -185,6 +185,10 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
+    def due(self, step: int, last: bool) -> bool:
+        """Whether `maybe_save(step, last)` writes anything (a checkpoint or an HF export)."""
+        return (self.cfg.enable and (last or step % self.cfg.interval == 0)) or (last and self.cfg.last_save_in_hf)
+
     def maybe_save(self, step: int, last: bool) -> None:
         """Between steps: publish a finished asynchronous save; save at the interval and the
         last step (the last one synchronously, so a finished run's checkpoint is complete)."""

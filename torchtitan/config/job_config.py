@@ -285,6 +285,11 @@ class Optimizer:
     weight_decay: float = 0.1
     """Decoupled weight decay."""
 
+    implementation: Literal["auto", "fused", "foreach"] = "auto"
+    """AdamW's kernels: fused (one kernel for every tensor of a group; CUDA's fastest), foreach
+    (a few multi-tensor kernels), or auto = fused on CUDA, foreach elsewhere. Same math; the
+    last bits of the update may differ between the two."""
+
 
 @dataclass
 class LRScheduler:

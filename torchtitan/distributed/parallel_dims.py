@@ -155,6 +155,7 @@ class ParallelDims(Degrees):
         for name, dims in self.flattened().items():
             mesh[tuple(d.value for d in dims)]._flatten(name.value, backend_override=opts)
         self._mesh = mesh
+        self.__dict__["_slices"] = {}
         self._cp_group = self._new_cp_group(mesh, opts) if self.cp > 1 else None
         return mesh
 
@@ -173,12 +174,20 @@ class ParallelDims(Degrees):
         return self._cp_group
 
     def cp_rank(self) -> int:
-        return self.mesh[MeshDim.CP.value].get_local_rank() if self.cp > 1 else 0
+        return self._slice(MeshDim.CP.value).get_local_rank() if self.cp > 1 else 0
 
     @property
     def mesh(self) -> DeviceMesh:
         assert self._mesh is not None, "call build_mesh first"
         return self._mesh
+
+    def _slice(self, name: str) -> DeviceMesh:
+        """`mesh[name]`, made once: slicing reads the mesh's rank tensor on the host, and the
+        trainer asks for its groups at every step."""
+        cache = self.__dict__.setdefault("_slices", {})
+        if name not in cache:
+            cache[name] = self.mesh[name]
+        return cache[name]
 
     def has(self, dim: MeshDim) -> bool:
         """Whether the mesh has this dimension (real or flattened)."""
@@ -190,7 +199,7 @@ class ParallelDims(Degrees):
         if not self.has(dim):
             raise KeyError(f"this job's mesh has no {dim.value!r} dimension (mesh {self.mesh_shape});"
                            " its degree is 1: check the degree before asking for it")
-        return self.mesh[dim.value]
+        return self._slice(dim.value)
 
     # ---------------------------------------------------------------- roles
 
@@ -214,12 +223,12 @@ class ParallelDims(Degrees):
 
     def data_mesh(self) -> DeviceMesh:
         """The ranks that read different data (CP ranks read the same batch)."""
-        return self.mesh[MeshDim.DP.value] if self.dp_replicate > 1 else self.mesh[MeshDim.DP_SHARD.value]
+        return self._slice(MeshDim.DP.value if self.dp_replicate > 1 else MeshDim.DP_SHARD.value)
 
     def loss_mesh(self) -> DeviceMesh:
         """The ranks that hold different tokens: losses and batch-level sums are reduced over
         it, and divided by its size (`dp_cp`: every local loss is a mean over equal counts)."""
-        return self.mesh[MeshDim.DP_CP.value] if self.cp > 1 else self.data_mesh()
+        return self._slice(MeshDim.DP_CP.value) if self.cp > 1 else self.data_mesh()
 
     def loss_group(self) -> ProcessGroup:
         return self.loss_mesh().get_group()
@@ -265,7 +274,7 @@ class ParallelDims(Degrees):
         they route the whole global batch through the stage's layers. Made on first use."""
         dims = tuple(d for d in self.mesh_shape if d != MeshDim.PP.value)
         if len(dims) == 1:
-            return self.mesh[dims[0]].get_group()
+            return self._slice(dims[0]).get_group()
         # flattening again returns the same group; it gets the job's collective timeout too
         return self.mesh[dims]._flatten(MeshDim.DP_TP.value, backend_override=self._group_opts).get_group()
 

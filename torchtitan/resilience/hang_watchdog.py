@@ -88,7 +88,6 @@ class HangWatchdog:
         self.armed = False
         self.longest_step = 0.0
         self._pauses, self._paused_s, self._paused_since = 0, 0.0, 0.0  # (nested) pauses, their total seconds
-        self._step_start = (time.monotonic(), 0.0)
         self._compile_hooks = None
         self._watch_compile = watch_compile
         self._stop = threading.Event()
@@ -140,14 +139,15 @@ class HangWatchdog:
     def arm(self) -> None:
         self.armed, self.last = True, time.monotonic()
 
-    def step_began(self) -> None:
-        self._step_start = (time.monotonic(), self._paused_s)
+    def paused_seconds(self) -> float:
+        """Seconds spent in finished pauses so far (compilation, validation, saves)."""
+        return self._paused_s
 
-    def step_ended(self) -> None:
+    def step_time(self, seconds: float) -> None:
         """A job whose steps take longer than the hang timeout is not hung: the limit becomes
-        1.5 x the longest step (its paused parts, e.g. compilation, left out) when longer."""
-        start, paused = self._step_start
-        self.longest_step = max(self.longest_step, time.monotonic() - start - (self._paused_s - paused))
+        1.5 x the longest step when longer. `seconds`: observe/step_clock.py's step time,
+        pauses (compilation) left out."""
+        self.longest_step = max(self.longest_step, seconds)
 
     @property
     def limit(self) -> float:

@@ -9,6 +9,8 @@ routes its own tokens), so every rank moves the bias by the same amount whatever
 layout. A pipeline rank without MoE layers has nothing to do here but joins the load figure.
 """
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -22,9 +24,10 @@ class ExpertBalancer:
         self.device, self.batch_group, self.pp_group = device, batch_group, pp_group
 
     @torch.no_grad()
-    def step(self) -> dict:
-        """Update every layer's bias from the step's global counts; return the expert load
-        over all layers: max and min tokens per expert relative to the layer's mean."""
+    def step(self) -> torch.Tensor:
+        """Update every layer's bias from the step's global counts; return this rank's expert
+        load over its layers, on the device (nothing read): (-min, max) tokens per expert
+        relative to the layer's mean (-inf, -inf without MoE layers)."""
         load = torch.tensor([-float("inf"), -float("inf")], device=self.device)  # (-min, max): one MAX reduction
         if self.moes:
             counts = torch.stack([m.tokens_per_expert for m in self.moes])
@@ -34,8 +37,15 @@ class ExpertBalancer:
             counts = counts.double()
             ratio = counts / counts.mean(dim=1, keepdim=True).clamp_min(1e-12)
             load = torch.stack([-ratio.min(), ratio.max()]).float()
+        return load
+
+    @torch.no_grad()
+    def figures(self, load: torch.Tensor) -> dict:
+        """A step's load (`step`'s result) over every pipeline stage, read on the host: only
+        on the steps that log (every rank of the job calls it there)."""
         if self.pp_group is not None:
             dist.all_reduce(load, op=dist.ReduceOp.MAX, group=self.pp_group)
-        if not torch.isfinite(load).all():
+        low, high = load.tolist()
+        if not (math.isfinite(low) and math.isfinite(high)):
             return {}
-        return {"expert_load_min": -load[0].item(), "expert_load_max": load[1].item()}
+        return {"expert_load_min": -low, "expert_load_max": high}

@@ -6,14 +6,23 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def build_optimizer(params, opt_cfg) -> torch.optim.Optimizer:
+def kernels(opt_cfg, device_type: str) -> str:
+    """[optimizer] implementation with auto resolved: fused on CUDA, foreach elsewhere."""
+    if opt_cfg.implementation != "auto":
+        return opt_cfg.implementation
+    return "fused" if device_type == "cuda" else "foreach"
+
+
+def build_optimizer(params, opt_cfg, device_type: str = "cpu") -> torch.optim.Optimizer:
+    fused = kernels(opt_cfg, device_type) == "fused"
     return torch.optim.AdamW(
         params,
         lr=opt_cfg.lr,
         betas=(opt_cfg.beta1, opt_cfg.beta2),
         eps=opt_cfg.eps,
         weight_decay=opt_cfg.weight_decay,
-        foreach=True,
+        foreach=None if fused else True,
+        fused=fused or None,
     )
 
 
@@ -52,8 +61,8 @@ class PartOptimizers:
     elementwise, so splitting it by part changes no number.
     """
 
-    def __init__(self, model_parts, opt_cfg, total_steps: int, lr_cfg):
-        self.optimizers = [build_optimizer(list(m.parameters()), opt_cfg) for m in model_parts]
+    def __init__(self, model_parts, opt_cfg, total_steps: int, lr_cfg, device_type: str = "cpu"):
+        self.optimizers = [build_optimizer(list(m.parameters()), opt_cfg, device_type) for m in model_parts]
         self.schedulers = [build_lr_scheduler(o, total_steps, lr_cfg) for o in self.optimizers]
 
     def step(self) -> None:

@@ -30,6 +30,16 @@ class StepSums:
 
 
 @dataclass
+class StepResult:
+    """One optimizer step's figures as the step left them: on the device, unread and not
+    reduced over the ranks (the trainer does both at a sync point only)."""
+
+    sums: StepSums
+    grad_norm: torch.Tensor  # the global norm before clipping
+    load: torch.Tensor | None = None  # MoE: this rank's expert load (training/expert_balance.py)
+
+
+@dataclass
 class StepRunner:
     """What one rank runs per step: its model parts, or the pipeline schedule over them, and
     the loss (`loss`: by default the plain next-token loss over `accum_steps` passes)."""
