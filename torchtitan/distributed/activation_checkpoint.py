@@ -10,6 +10,11 @@ FSDP's gathers are recognised by their process group (the data-parallel dims), s
 collectives and every other op stay under the compute policy. A resharding SimpleFSDP unit
 without any user AC gets a region that saves everything except its gather under compile;
 in eager code the unit re-gathers through saved-tensor hooks instead (RegionSpec.by_hooks).
+
+Op SAC also keeps expert parallel's all-to-alls and context parallel's K/V gathers, and the
+wait that completes each: a wait is matched to its own collective by the storage its
+argument lives in, not by position, so another collective's wait (TP's) in between is not
+taken for it.
 """
 
 from functools import lru_cache, partial
@@ -17,6 +22,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
 
@@ -57,37 +63,61 @@ def compute_policy(func: torch._ops.OpOverload) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """The storage a collective's result lives in, as a wait's argument names it. Eager funcol
+    hands out the result wrapped in an AsyncCollectiveTensor (of a view of it, after a view
+    op such as CP's gather-dim reshape); traced code (compile) waits on the result itself."""
+    if isinstance(t, AsyncCollectiveTensor):
+        t = t.elem
+    try:
+        return t.untyped_storage()
+    except RuntimeError:  # a storage-less wrapper subclass: holds no collective's result
+        return None
+
+
 def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: Iterable = (),
                   save_groups: frozenset[str] = frozenset()) -> Callable:
     """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
     and copy-out as one op) over an FSDP group by the comm decision, every other op by the
-    compute decision. Op SAC also keeps the outputs of
-    the model's `extra_save_ops` (e.g. expert parallel's all-to-alls, and the wait that
-    completes each), so that recompute neither communicates nor routes again, and of the
-    all-gathers on `save_groups` (context parallel's K/V gathers, each waited at once)."""
+    compute decision. Op SAC also keeps the outputs of the model's `extra_save_ops` (e.g.
+    expert parallel's all-to-alls, and the wait that completes each), so that recompute
+    neither communicates nor routes again, and of the all-gathers on `save_groups` (context
+    parallel's K/V gathers) with their waits.
+
+    SAC (torch 2.13) asks the policy once per op, in forward only and after the op ran
+    (ctx.op_output); the recompute replays the answers by op and call index. So a kept
+    collective's output storage is remembered until a wait on a tensor in that storage
+    comes: that wait is its own. A storage, unlike a tensor object, is shared by the views
+    and AsyncCollectiveTensor a wait may get instead, also among the functional tensors seen
+    while compile traces; held until its wait, it cannot be freed and its identity reused.
+    The state is per policy, i.e. per checkpointed call (context_fn builds one per call)."""
     extra_save_ops = frozenset(extra_save_ops)
-    extra_pending = [0]  # extra collectives awaiting their wait
-    extra_waits = extra_save_ops & {_fc.wait_tensor.default}
-    extra_ops = extra_save_ops - extra_waits
-    gather_pending = [False]  # a save_groups gather was just issued: its wait comes next
+    wait_op = _fc.wait_tensor.default
+    extra_ops = extra_save_ops - {wait_op}
+    keep_a2a_waits = wait_op in extra_save_ops
+    in_flight: set[torch.UntypedStorage] = set()  # kept collectives' outputs not yet waited
+
+    def keep_until_waited(output: torch.Tensor) -> CheckpointPolicy:
+        storage = _storage(output)
+        if storage is not None:
+            in_flight.add(storage)
+        return CheckpointPolicy.MUST_SAVE
 
     def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
         if spec.fsdp_comm is not None and func == GATHER_OP and args[2] in fsdp_groups:
             return MUST[spec.fsdp_comm]
-        if spec.compute == "op" and save_groups:
-            if func == _fc.all_gather_into_tensor.default and args[2] in save_groups:
-                gather_pending[0] = True
-                return CheckpointPolicy.MUST_SAVE
-            if func == _fc.wait_tensor.default and gather_pending[0]:
-                gather_pending[0] = False
-                return CheckpointPolicy.MUST_SAVE
         if spec.compute == "op":
+            if func == _fc.all_gather_into_tensor.default and args[2] in save_groups:
+                return keep_until_waited(ctx.op_output)
+            if func == _fc.all_to_all_single.default and func in extra_ops and keep_a2a_waits:
+                return keep_until_waited(ctx.op_output)
             if func in extra_ops:
-                extra_pending[0] += func == _fc.all_to_all_single.default
                 return CheckpointPolicy.MUST_SAVE
-            if func in extra_waits and extra_pending[0]:
-                extra_pending[0] -= 1
-                return CheckpointPolicy.MUST_SAVE
+            if func == wait_op and in_flight:
+                storage = _storage(args[0])
+                if storage in in_flight:
+                    in_flight.remove(storage)  # a second wait on it is not the collective's
+                    return CheckpointPolicy.MUST_SAVE
             return compute_policy(func)
         if spec.compute == "full":
             return CheckpointPolicy.PREFER_RECOMPUTE

@@ -66,7 +66,7 @@ class ContextParallel:
         Autograd-aware: its backward reduce-scatters the gradients back to their ranks."""
         n = x.shape[1] // 2
         full = all_gather_single_autograd(x.contiguous(), gather_dim=1, group=self.group)
-        full = wait_tensor(full)  # at once: op SAC recognises the gather's wait as the next op
+        full = wait_tensor(full)  # op SAC keeps this wait with its gather (paired by their tensor)
         # gathered: rank 0's (head, tail), rank 1's (head, tail), ...; chunk c sits at slot
         slots = {}
         for r in range(self.degree):
