@@ -79,7 +79,8 @@ class StepRunner:
         token ids depth k embeds (its ignored tail as id 0: those positions have no target,
         and under the causal mask no earlier position sees them). Under CP each part is
         sharded on its own, so that this rank's logits parts and label parts line up."""
-        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        # non_blocking: a blocking host-to-GPU copy waits for the device (a host sync)
+        inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         kwargs = {} if self.doc_delimiter is None else {"doc_ids": document_ids(inputs, *self.doc_delimiter)}
         shard = self.cp.shard if self.cp is not None else (lambda t: t)
         inputs = shard(inputs)
@@ -92,7 +93,7 @@ class StepRunner:
     def mtp_valid(self, labels: torch.Tensor) -> list[torch.Tensor]:
         """Per MTP depth k (1-based shift k + 1), its non-ignored positions in this local batch
         (whole sequences, before any CP sharding): tensors, no host sync."""
-        labels = labels.to(self.device)
+        labels = labels.to(self.device, non_blocking=True)
         return [(labels[:, k:] != IGNORE_INDEX).sum() for k in range(1, self.mtp_depth + 1)]
 
     def _phase(self, name: str) -> None:
