@@ -274,12 +274,17 @@ class _Unit:
             out[path] = out[self.entries[index][2]]
         return out
 
-    @torch._dynamo.disable
     def inputs(self) -> dict[str, tuple[torch.Tensor, ...]]:
         """What the unit's forward starts from: its local shards (gathered in the forward, so
-        AC and compile see the gather), or its values when gathered once per step."""
+        AC and compile see the gather), or its values when gathered once per step. The first
+        traces into a compiled block (a nested unit costs no graph break)."""
         if self.step is None:
             return {_SHARDS_KWARG: self.local_shards()}
+        return self._step_inputs()
+
+    @torch._dynamo.disable
+    def _step_inputs(self) -> dict[str, tuple[torch.Tensor, ...]]:
+        # Python state shared across microbatches (the cache, the backward count): eager
         if not torch.is_grad_enabled():  # shape inference, evaluation: nothing to cache or reduce
             return {_VALUES_KWARG: self.layout.gather(self.local_shards())}
         # (the DTensor parameters' versions: in-place updates bump them, not their local tensors')

@@ -4,8 +4,11 @@ Simulated by the code that runs (unchanged): every module, TP, AC / SAC policies
 SimpleFSDP gathers and frees, the pipeline schedules' order and buffers, the optimizer.
 Changed here, only inside a simulation:
 
-- `torch._grouped_mm`: its meta kernel (torch 2.13) accepts bfloat16 only; a fake-tensor
-  implementation gives float32 the same output shape (the real CPU kernel computes both).
+- `torch._grouped_mm` called directly (a user model's experts): its meta kernel (torch 2.13)
+  accepts bfloat16 only; a fake-tensor implementation gives float32 the same output shape
+  (the real CPU kernel computes both). The framework's MoE layers need no patch: they call
+  `torchtitan::grouped_mm` (models/common/grouped_mm.py), whose own fake implementation
+  serves fake tensors in every dtype (same prediction to the byte: dsv3 EP2, 8,929,280 B).
 - expert-parallel dispatch: the split sizes come from a host sync on routed counts
   (`.tolist()`), which fake tensors do not have; `PlannedDispatcher` uses the planned load
   instead: balanced (every EP rank receives its share), or skewed (this rank receives

@@ -18,9 +18,13 @@ Load balancing (DeepSeek-V3 report, section 2.1.2):
   over the statistics of all layers, as transformers' load_balancing_loss_func does); the
   trainer adds `moe_aux_loss(model)` to the loss before backward. Under pipeline parallel the
   Switch statistics travel through the stages (`stage_switch_statistics`); the sequence-wise
-  losses of earlier stages never reach the last stage's loss (refused). Limits: torch.compile(fullgraph) around an AC-wrapped block rejects the attribute
-  write inside the checkpoint unless torch._dynamo.config.
-  skip_fwd_side_effects_in_bwd_under_checkpoint = True (torch 2.13).
+  losses of earlier stages never reach the last stage's loss (refused).
+
+torch.compile: a whole MoE block traces as one graph (fullgraph; docs/compile.md). The grouped
+GEMM is the opaque `torchtitan::grouped_mm` (grouped_mm.py); the counter and loss writes are
+module side effects, which dynamo accepts inside an activation-checkpoint region only with
+`torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True` (set by
+torchtitan/distributed/compile.py): applied once per forward, never by the recompute, as here.
 """
 
 from typing import Protocol
@@ -31,6 +35,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from torchtitan.models.common.feed_forward import FeedForward
+from torchtitan.models.common.grouped_mm import grouped_mm
 
 
 class TokenDispatcher(Protocol):
@@ -58,11 +63,11 @@ class GroupedExperts(nn.Module):
     """`n_experts` SwiGLU FFNs stored as stacks w1/w3 [E, hidden, dim] and w2 [E, dim, hidden],
     run as grouped GEMMs over rows sorted by expert.
 
-    `torch._grouped_mm` (torch 2.13) needs the contraction dimension's stride to be a multiple
-    of 16 bytes, on CPU too: `dim` (w1/w3 forward) and `hidden` (w2 forward, and backward)
-    must be multiples of 4 in float32 and of 8 in bfloat16. CPU eager runs float32 and
-    bfloat16, but its meta kernel (fake tensors: torch.compile, meta-device runs) accepts
-    only bfloat16, so a compiled MoE needs bfloat16 compute.
+    The GEMMs are `torchtitan::grouped_mm` (grouped_mm.py: `torch._grouped_mm` behind an
+    operator with its own fake implementation, so torch.compile and fake-tensor runs trace it
+    in float32 as in bfloat16). `torch._grouped_mm` (torch 2.13) needs the contraction
+    dimension's stride to be a multiple of 16 bytes, on CPU too: `dim` (w1/w3 forward) and
+    `hidden` (w2 forward, and backward) must be multiples of 4 in float32 and of 8 in bfloat16.
     """
 
     def __init__(self, dim: int, hidden: int, n_experts: int):
@@ -84,7 +89,7 @@ class GroupedExperts(nn.Module):
         offs = torch.cumsum(counts, 0).to(torch.int32)  # group ends; stays on device, no sync
 
         def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+            return grouped_mm(a, w, offs)
 
         return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
 
@@ -194,8 +199,10 @@ def _in_autograd_engine() -> bool:
     not count tokens a second time. The graph task id is -1 outside backward."""
     if torch.compiler.is_compiling():
         # dynamo cannot trace the query (non-tensor result). A compiled block (compiled
-        # around its AC wrapper, as torchtitan does) mutates the buffer once per forward:
-        # AOTAutograd's recompute in backward replays pure ops only.
+        # around its AC wrapper, as torchtitan does) writes the counter once per forward:
+        # dynamo applies module side effects after the forward graph (with
+        # skip_fwd_side_effects_in_bwd_under_checkpoint), and the recompute in backward
+        # replays tensor ops only.
         return False
     return torch._C._current_graph_task_id() != -1
 
@@ -228,15 +235,19 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(dim, hidden, n_experts)
         # How sorted rows reach the experts; expert parallelism swaps in its all-to-all one.
         self.dispatcher: TokenDispatcher = LocalDispatcher()
+        # False: the dispatch (and the experts) runs outside torch.compile's graph, one graph
+        # break: for experts wrapped by FSDP2 / DDP, whose hooks dynamo cannot trace (set by
+        # models/common/parallelize.py; docs/compile.md)
+        self.dispatch_in_graph = True
         self.shared_experts = FeedForward(dim, hidden * n_shared_experts) if n_shared_experts > 0 else None
         self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.int64), persistent=False)
         self.aux_loss: torch.Tensor | None = None
 
-    @torch._dynamo.disable
     @torch.no_grad()
     def _count(self, counts: torch.Tensor) -> None:
-        # A new tensor, not an in-place add (see above); eager under torch.compile.
+        # A new tensor, not an in-place add (see forward); traced by torch.compile as a module
+        # attribute write, applied once after the forward graph.
         self.tokens_per_expert = self.tokens_per_expert + counts
 
     def reset_buffers(self) -> None:
@@ -276,7 +287,11 @@ class MoE(nn.Module):
         order = torch.argsort(slot_expert, stable=True)
         # advanced indexing (not index_select): its backward is index_put with accumulate,
         # which CUDA computes deterministically (sorted), unlike index_add's atomics
-        y_sorted = _run_experts(self.dispatcher, self.experts, flat[order // k], counts)
+        rows = flat[order // k]
+        if self.dispatch_in_graph:
+            y_sorted = self.dispatcher(self.experts, rows, counts)
+        else:
+            y_sorted = _dispatch_outside_graph(self.dispatcher, self.experts, rows, counts)
         inverse = torch.empty_like(order).scatter(0, order, torch.arange(order.numel(), device=order.device))
         y = y_sorted[inverse].view(n_tok, k, dim)
         # combine the k copies of a token in a fixed order: [T, 1, k] @ [T, k, dim]
@@ -288,10 +303,11 @@ class MoE(nn.Module):
 
 
 @torch._dynamo.disable
-def _run_experts(dispatcher: TokenDispatcher, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The routed experts (and expert-parallel dispatch, with its host sync), kept out of
-    torch.compile's graph: the split sizes are data-dependent, and torch 2.13 traces grouped
-    GEMM in bfloat16 only. The rest of the block (attention, router, sort, combine) compiles."""
+def _dispatch_outside_graph(dispatcher: TokenDispatcher, experts: nn.Module, x: torch.Tensor,
+                            counts: torch.Tensor) -> torch.Tensor:
+    """The dispatch run eagerly under torch.compile (MoE.dispatch_in_graph False): the split
+    sizes of expert parallel stay on this side of the break, so the graph after it takes no
+    routing-dependent integer (which would recompile per routing)."""
     return dispatcher(experts, x, counts)
 
 
