@@ -25,6 +25,7 @@ from torchtitan.data.dataloader import build_dataloader
 from torchtitan.data.datasets import DataError
 from torchtitan.data.tokenizer import load_tokenizer
 from torchtitan.data.validation import Validator
+from torchtitan.distributed.compile import compile_log_lines
 from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.parallel_dims import ParallelDims
@@ -382,6 +383,9 @@ class Trainer:
                 self.clock.end(synced=False)
             if step == start_step + 1:
                 self.watchdog.arm()  # the first step (set-up, compilation) may take longer
+                if self.cfg.compile.enable:
+                    for line in compile_log_lines():
+                        self.log(line)
             if step == start_step + 2:
                 self._log_memory_error(memory)
             if self._between_steps(step, start_step):
