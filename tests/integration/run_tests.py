@@ -288,8 +288,13 @@ COMPILE_RTOL = 2e-5
 
 
 def compiled_twin(case: Case) -> Case:
-    return dataclasses.replace(case, name=f"{case.name}_compiled", overrides=[*case.overrides, "--compile.enable=true"],
-                               slow=case.name not in COMPILED_IN_MAKE_TEST, rtol=COMPILE_RTOL)
+    """In `make test` with the aot_eager backend (the graph capture, AOTAutograd and the
+    partitioner, where the TP + EP bug lived, without inductor's minutes of codegen on 2
+    cores; `fsdp_compile` runs inductor there); with --slow, inductor."""
+    fast = case.name in COMPILED_IN_MAKE_TEST
+    backend = ["--compile.backend=aot_eager"] if fast else []
+    return dataclasses.replace(case, name=f"{case.name}_compiled", slow=not fast, rtol=COMPILE_RTOL,
+                               overrides=[*case.overrides, "--compile.enable=true", *backend])
 
 
 # (twins of the `make test` cases, one per model x layout family, and of FSDP2 + TP)
