@@ -64,3 +64,20 @@ def test_step_time_is_the_mean_over_the_window_ending_at_a_sync(monkeypatch):
     assert clock.longest_step_s == pytest.approx(2.0)  # compilation left out: (1 + 0.5 + 4.5) / 3
     assert step(3.0, True) == pytest.approx(3.0) and clock.longest_step_s == pytest.approx(3.0)
     assert clock.last_step_s == pytest.approx(3.0)
+
+
+def test_nothing_in_the_package_waits_for_the_whole_device():
+    """No `torch.cuda.synchronize()` / `torch.accelerator.synchronize()` / `Stream.synchronize`
+    anywhere in torchtitan/ (the loop and all it calls): a sync point is a read of a figure,
+    never a device-wide wait. The one event wait allowed: the preemption agreement's, on the
+    event recorded one step boundary earlier (resilience/preemption.py)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "torchtitan"
+    waits = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize":
+                waits.append(str(path.relative_to(root.parent)))
+    assert waits == ["torchtitan/resilience/preemption.py"], waits
