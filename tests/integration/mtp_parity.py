@@ -31,6 +31,10 @@ LAYOUTS = {  # name -> (ranks, overrides)
     "pp2_DualPipeV+ep2": (4, [PP, EP, "--parallelism.pipeline_parallel_schedule=DualPipeV",
                               "--training.local_batch_size=4"]),
     "pp2_1F1B+fsdp2": (4, [PP, "--parallelism.pipeline_parallel_schedule=1F1B", "--training.local_batch_size=4"]),
+    # compiled TP + EP with MTP: the first block's input is a strided slice of the embedding
+    # (a second input layout for dynamo: symbolic shapes DTensor could not hash, before dynamic=False)
+    "tp2+ep2_compile": (2, [TP, EP, "--compile.enable=true", "--compile.backend=aot_eager",
+                            "--training.local_batch_size=4"]),
     "fsdp2+ep2_ac_op_compile": (2, [EP, "--activation_checkpoint.mode=selective", "--compile.enable=true",
                                     "--training.local_batch_size=2"]),
 }

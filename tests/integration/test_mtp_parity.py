@@ -25,7 +25,7 @@ def test_mtp_fsdp2_ep2_and_zero_bubble_pipeline_match_one_rank(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp2+ep2", "cp2+ep2", "simple_fsdp+tp2+ep2", "fsdp2+ep2_ac_op_compile",
+@pytest.mark.parametrize("layout", ["tp2+ep2", "tp2+ep2_compile", "cp2+ep2", "simple_fsdp+tp2+ep2", "fsdp2+ep2_ac_op_compile",
                                     "pp2_DualPipeV+ep2", "pp2_1F1B+fsdp2"])
 def test_mtp_layout_matches_one_rank(layout, tmp_path):
     _check([layout], tmp_path)

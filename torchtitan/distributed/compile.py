@@ -76,7 +76,10 @@ def apply_compile(layers: nn.ModuleDict, compile_cfg: Compile, name: str = "laye
     configure_dynamo()
     for key, block in list(layers.items()):
         full = f"{name}.{key}" not in hooked
-        compiled = torch.compile(block, backend=compile_cfg.backend, fullgraph=full)
+        # dynamic=False: a block's shapes are fixed for a run; dynamo's automatic dynamic shapes
+        # would otherwise turn a second input layout (MTP's strided first-block input) into
+        # symbolic sizes, which DTensor's sharding propagation cannot hash (torch 2.13)
+        compiled = torch.compile(block, backend=compile_cfg.backend, fullgraph=full, dynamic=False)
         compiled.register_forward_pre_hook(partial(_before_block, f"{name}.{key}"), with_kwargs=True)
         if not full:
             _STATS.not_fullgraph.add(f"{name}.{key}")
