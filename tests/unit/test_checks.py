@@ -86,6 +86,21 @@ def test_tp_degree_must_divide_the_kv_heads():
     )
 
 
+@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+def test_compile_with_a_zero_bubble_schedule_is_refused(schedule):
+    # torch 2.13 raises when such a schedule is built on compiled stages: refused before launch
+    argv = ["--parallelism.pipeline_parallel_degree=2", f"--parallelism.pipeline_parallel_schedule={schedule}",
+            "--model.flavor=tiny", "--training.local_batch_size=8", "--compile.enable=true"]
+    assert config_error(argv, world_size=2) == (
+        f"--compile.enable=true with --parallelism.pipeline_parallel_schedule={schedule}: torch's zero-bubble"
+        " schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) refuse compiled stages (they split each"
+        " backward into input and weight passes); use 1F1B, Interleaved1F1B, GPipe or LoopedBFS, or"
+        " --compile.enable=false"
+    )
+    load_config(argv[:-1], 2)  # the same schedule eager: accepted
+    load_config([*argv[:1], "--parallelism.pipeline_parallel_schedule=1F1B", *argv[2:]], 2)  # compiled 1F1B too
+
+
 def test_expert_parallel_needs_experts():
     assert config_error(["--parallelism.expert_parallel_degree=2"], world_size=2) == (
         "--parallelism.expert_parallel_degree=2: model llama3 has no experts; set it to 1"

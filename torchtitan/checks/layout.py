@@ -10,7 +10,7 @@ import math
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError, suggest
 from torchtitan.distributed.job_shape import ShapeError, degrees, pipeline_microbatches
-from torchtitan.distributed.pipeline_layout import PipelineLayoutError, pipeline_layout
+from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE, PipelineLayoutError, pipeline_layout
 from torchtitan.distributed.reshard_policy import ReshardPolicyError, check_policy
 from torchtitan.messages import one_line
 from torchtitan.models.flavors import flavors_of
@@ -72,6 +72,14 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
         pipeline_layout(p, args.n_layers, pipeline_microbatches(cfg))
     except (ShapeError, PipelineLayoutError) as e:
         raise ConfigError(str(e)) from None
+    if cfg.compile.enable and p.pipeline_parallel_degree > 1 and p.pipeline_parallel_schedule in ZERO_BUBBLE:
+        # torch 2.13's zero-bubble schedules raise on a compiled stage module when they are built
+        raise ConfigError(
+            f"--compile.enable=true with --parallelism.pipeline_parallel_schedule={p.pipeline_parallel_schedule}:"
+            f" torch's zero-bubble schedules ({', '.join(ZERO_BUBBLE)}) refuse compiled stages (they split"
+            " each backward into input and weight passes); use 1F1B, Interleaved1F1B, GPipe or LoopedBFS,"
+            " or --compile.enable=false"
+        )
     return dp_shard
 
 

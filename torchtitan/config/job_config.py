@@ -333,7 +333,9 @@ class Compile:
     """torch.compile of each transformer block."""
 
     enable: bool = False
-    """Compile each transformer block with torch.compile."""
+    """Compile each transformer block with torch.compile (one graph per block kind, static shapes;
+    docs/compile.md). Refused with a zero-bubble pipeline schedule, which torch 2.13 cannot run
+    on compiled stages."""
 
     backend: str = "inductor"
     """torch.compile backend: inductor (fused kernels), aot_eager (no codegen, for debugging)."""
