@@ -106,6 +106,9 @@ if __name__ == "__main__":  # the closing note's table
 
         for case in CASES:
             by_rank = count_reads(Path(tmp), case)
-            quiet = [per_step(by_rank[0], s) for s in range(1, LOG_FREQ)]
-            print(f"{case:20s} rank 0, reads at steps 1-{LOG_FREQ - 1}: {quiet}, at step {LOG_FREQ} (logs):"
-                  f" {per_step(by_rank[0], LOG_FREQ)}", flush=True)
+            last = max(by_rank)  # under PP the last stage's rank reads other figures than rank 0
+            for rank in (0, last) if PP in CASES[case][2] else (0,):
+                quiet = [per_step(by_rank[rank], s) for s in range(1, LOG_FREQ)]
+                split = [split_size_reads(by_rank[rank], s) for s in range(1, LOG_FREQ)]
+                print(f"{case:16s} rank {rank}, reads at steps 1-{LOG_FREQ - 1}: {quiet} (EP split sizes {split}),"
+                      f" at step {LOG_FREQ} (logs): {per_step(by_rank[rank], LOG_FREQ)}", flush=True)
