@@ -31,7 +31,11 @@ def test_every_field_has_a_non_empty_doc():
         "HF tokenizer.json file (or a folder holding one). Empty = the small BPE tokenizer"
         " bundled in torchtitan/assets (built by scripts/build_tokenizer.py)."
     )
-    assert field_docs(jc.Compile)["enable"] == "Compile each transformer block with torch.compile."
+    assert field_docs(jc.Compile)["enable"] == (
+        "Compile each transformer block with torch.compile (one graph per block kind, static shapes;"
+        " docs/compile.md). Refused with a zero-bubble pipeline schedule, which torch 2.13 cannot run on"
+        " compiled stages."
+    )
 
 
 @dataclasses.dataclass
