@@ -8,6 +8,10 @@ import os
 if os.environ.get("TORCHTITAN_TEST_DEVICE", "cpu") == "cpu":
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# No `local` hardware profile unless a test hands one over: a dry run would otherwise measure
+# this machine (a minute) and every start-up prediction would time the step (memory/local_profile.py)
+os.environ.setdefault("TITAN_PROFILE_CACHE", "none")
+
 
 def pytest_collection_finish(session):
     """With integration tests to run, start their launcher's fork server (fast_launch.py) now:

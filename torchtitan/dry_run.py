@@ -7,8 +7,9 @@ One process joins a fake process group of world size NGPU (collectives do nothin
 the model on meta, and for every pipeline rank splits, plans and parallelizes its stages
 (TP -> AC -> FSDP) exactly as training would (training/build.py), then runs one training step
 of it on fake tensors (torchtitan/memory) to predict the peak of allocated bytes of each rank
-role, with its breakdown. It prints the reshard plan and the per-role table and writes
-plan.json.
+role, with its breakdown, and the time of that step on the job's hardware profile
+([hardware], memory/step_time.py). It prints the reshard plan and the per-role tables and
+writes plan.json.
 """
 
 import os
@@ -18,8 +19,10 @@ import time
 from torchtitan.checks import load_config_or_exit
 from torchtitan.checks.job import accepts
 from torchtitan.memory.budget import memory_budget, ranks_on_this_node
+from torchtitan.memory.local_profile import job_hardware
 from torchtitan.memory.fit import fit_report
 from torchtitan.memory.predict import predict, role_table
+from torchtitan.memory.step_time import time_table
 from torchtitan.training.build import fake_world, model_on_meta
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.units import GIB
@@ -34,11 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     budget = memory_budget(cfg, ranks_on_this_node(world))
     if target == "cuda" and budget is not None and budget.origin.startswith("CPU"):
         budget = None  # planned for GPUs on a machine without one: the default is unknown here
+    hardware = job_hardware(cfg, target, measure=True)
     with fake_world(cfg, world) as dims:
         meta = model_on_meta(cfg)
         spec, model, args = meta.spec, meta.model, meta.args
         n_params = sum(p.numel() for p in model.parameters())
-        prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes)
+        prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes, hardware)
         roles, records = prediction.roles, prediction.plan_records
         p = cfg.parallelism
         print(f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
@@ -47,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         print(compress_table(plan_table(records)))
         print("\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):")
         print(role_table(roles, None if budget is None else budget.bytes))
+        times = [r.time for r in roles if r.time is not None]
+        if times:
+            print(f"\npredicted step time per rank role (hardware {hardware.name}: {hardware.source}):")
+            print(time_table(times))
         c = cfg.checkpoint
         if c.enable and c.async_mode == "async" and c.interval < cfg.training.steps and target == "cuda":
             host = max(r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0) for r in roles)
@@ -61,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             {"dry_run": True, "model": f"{cfg.model.name} {cfg.model.flavor}",
              "reshard_after_forward": p.reshard_after_forward,
              "memory_budget_bytes": None if budget is None else budget.bytes,
-             "memory_per_rank_role": [r.record() for r in roles], **extra},
+             "memory_per_rank_role": [r.record() for r in roles],
+             "step_time_per_rank_role": [t.record() for t in times],
+             "hardware": None if hardware is None else hardware.record(), **extra},
         )
     print(f"\nwrote {path} ({time.perf_counter() - start:.1f}s)")
     return 0

@@ -34,14 +34,14 @@ from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
     shutdown_distributed,
 )
-from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction
+from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction, wanted
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import export_args, export_fields, model_rules
 from torchtitan.models.hf.weights import HFExportError, HFSpec
 from torchtitan.observe.comm_stats import CommStats
 from torchtitan.observe.metrics import MetricsLogger, StepMemoryLog, peak_tflops
 from torchtitan.observe.profiling import Profiler
-from torchtitan.observe.step_clock import StepClock
+from torchtitan.observe.step_clock import StepClock, StepTimeCheck
 from torchtitan.resilience import exit_status, faults
 from torchtitan.resilience.hang_watchdog import HangWatchdog
 from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_line
@@ -65,12 +65,12 @@ PREDICTION_CHILD = [sys.executable, "-m", "torchtitan.predict_memory"]
 def join_job(cfg: JobConfig, device: torch.device):
     """Rank 0 starts the memory prediction (a child process on a fake process group, while the
     ranks rendezvous and build), every rank joins the process group and gets the prediction
-    (None without a budget); a role over the budget stops every rank here."""
+    (None without a budget and a hardware profile); a role over the budget stops every rank here."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     first = int(os.environ.get("RANK", "0")) == 0
     child = start_prediction(cfg, world, device.type, PREDICTION_CHILD) if first else None
     init_distributed(device, cfg.comm.timeout_seconds)
-    predicted = share(child) if cfg.parallelism.memory_budget_gib != "none" else None
+    predicted = share(child) if wanted(cfg, device.type) else None
     if predicted is not None and predicted.refusal:
         raise MemoryBudgetError("\n".join(predicted.refusal))
     return predicted
@@ -99,7 +99,8 @@ def materialised_parts(meta, dims: ParallelDims, cfg: JobConfig, device: torch.d
     parts = build_parts(meta.spec, meta.model, dims, cfg, device.type, pp_rank, free,
                         predicted.budget_note if predicted is not None else "")
     report_plan(plan_records(parts), dims, cfg, predicted.budget_bytes if predicted is not None else None,
-                [r.record() for r in predicted.roles] if predicted is not None else None, log)
+                [r.record() for r in predicted.roles] if predicted is not None else None, log,
+                [r.time.record() for r in predicted.roles if r.time is not None] if predicted is not None else None)
     for part in parts.modules:
         part.to_empty(device=device)
         part.init_weights(cfg.training.seed, device)
@@ -181,6 +182,8 @@ class Trainer:
         self.preempted = None  # the closing line of a preempted run
         self.kill_wait_noted, self.held_bytes = False, 0
         self.clock = StepClock(self.watchdog.paused_seconds)  # step time, defined once
+        role = self.predicted.role_of(self.rank) if self.predicted is not None else None
+        self.time_check = StepTimeCheck(role.time.predicted_step_seconds if role is not None and role.time else None)
         self.nonfinite = NonFiniteWatch(self.device)
         self.checkpoint = CheckpointManager(
             cfg.checkpoint, cfg.job.dump_folder, self.model_parts,
@@ -266,6 +269,15 @@ class Trainer:
                 else "measured n/a (on CPU: --metrics.cpu_memory_peak=true)")
         self.log(f"[torchtitan] memory, rank {self.rank} (role {role.role}): predicted peak {predicted:.3f} GiB"
                  f" (at {role.peak_at}), {text}")
+
+    def _log_step_time_error(self, step: int, measured: float) -> None:
+        """Predicted vs measured step time of this rank's role, once, so every run reports the
+        step-time model's error (memory/step_time.py)."""
+        role = self.predicted.role_of(self.rank)
+        predicted = role.time.predicted_step_seconds
+        self.log(f"[torchtitan] step time, rank {self.rank} (role {role.role}, hardware {self.predicted.hardware}):"
+                 f" predicted {predicted:.3f}s, measured {measured:.3f}s (mean of the steps up to {step} after the"
+                 f" first sync point), error {100 * (predicted - measured) / measured:+.1f}%")
 
     # ------------------------------------------------------------------ one step
 
@@ -376,6 +388,9 @@ class Trainer:
                 self.nonfinite.check()  # before anything is logged, validated or saved
                 loss, grad_norm, figures = self.figures(result)
                 step_s = self.clock.end(synced=True)
+                measured = self.time_check.at_sync(self.clock)
+                if measured is not None:
+                    self._log_step_time_error(step, measured)
                 self.watchdog.step_time(self.clock.longest_step_s)
                 if self._logs(step):
                     self._log_step(step, step_s, loss, grad_norm, lr, memory, {**figures, **comm})

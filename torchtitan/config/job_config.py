@@ -463,6 +463,38 @@ class Metrics:
 
 
 @dataclass
+class Hardware:
+    """The machine the step-time prediction is made for (memory/hardware.py, memory/step_time.py):
+    a named profile, single values of which the keys below override."""
+
+    profile: Literal["auto", "local", "h100_sxm", "h100_grand_teton", "h800", "h200", "a100_80gb", "b200"] = AUTO
+    """auto: `local` for a CPU job; for a GPU job the profile of the visible GPU's name
+    (nvidia-smi), h100_sxm when none is visible (a dry run on a CPU machine). `local` is this
+    machine as a short micro-benchmark finds it (GEMM, memory-bound ops, attention, op
+    overhead, gloo collectives), cached in ~/.cache/torchtitan by the first dry run; the named
+    profiles are datasheet figures with the sources in memory/hardware.py."""
+
+    gpus_per_node: int | Literal["auto"] = AUTO
+    """Ranks per node sharing the fast intra-node links (NVLink); auto = the profile's (8 for
+    the GPU profiles)."""
+
+    peak_tflops: float | Literal["auto"] = AUTO
+    """Dense bf16 peak TFLOPS of one device; auto = the profile's datasheet figure."""
+
+    hbm_gbps: float | Literal["auto"] = AUTO
+    """Device memory bandwidth in GB/s; auto = the profile's."""
+
+    intra_node_gbps: float | Literal["auto"] = AUTO
+    """Achievable collective bus bandwidth per rank inside a node, GB/s; auto = the profile's."""
+
+    inter_node_gbps: float | Literal["auto"] = AUTO
+    """Achievable collective bus bandwidth per rank across nodes (its NIC), GB/s; auto = the profile's."""
+
+    gemm_efficiency: float | Literal["auto"] = AUTO
+    """Fraction of peak FLOPS a large GEMM reaches; auto = the profile's."""
+
+
+@dataclass
 class Validation:
     """Held-out loss during training."""
 
@@ -546,5 +578,6 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)
+    hardware: Hardware = field(default_factory=Hardware)
     validation: Validation = field(default_factory=Validation)
     profiling: Profiling = field(default_factory=Profiling)

@@ -97,6 +97,22 @@ def gpu_memory_bytes() -> list[int] | None:
         return None
 
 
+def gpu_names() -> list[str]:
+    """Names of the GPUs nvidia-smi lists (CUDA_VISIBLE_DEVICES respected); [] without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    cmd = [exe, "--query-gpu=name", "--format=csv,noheader"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        cmd.append(f"--id={visible}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
 def memory_budget(cfg: JobConfig, ranks_per_node: int, *, meminfo: str = "/proc/meminfo",
                   started_rank: bool = False) -> Budget | None:
     """The budget (module docstring); None = no budget or unknown. `started_rank`: this process

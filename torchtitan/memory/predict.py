@@ -15,12 +15,13 @@ routed to one rank's experts) is simulated beside it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from torchtitan.distributed.parallel_dims import MeshDim, ParallelDims
-from torchtitan.memory import derived_roles, simulation_pool
+from torchtitan.memory import derived_roles, simulation_pool, step_time
 from torchtitan.memory.simulate import CATEGORIES
 from torchtitan.training.build import resolve_parts
 from torchtitan.units import GIB
@@ -36,6 +37,7 @@ class RolePrediction:
     worst_case_peak_bytes: int
     peak_at: str
     breakdown: dict[str, int]
+    time: step_time.RoleTime | None = None  # the step-time prediction (with a hardware profile)
 
     def record(self) -> dict:
         """The plan.json `memory_per_rank_role` entry (a stable format: tools read it)."""
@@ -64,13 +66,14 @@ class Prediction:
     budget_note: str = ""
 
 
-def predict(spec, model, dims: ParallelDims, cfg, target: str, args, budget: int | None = None) -> Prediction:
+def predict(spec, model, dims: ParallelDims, cfg, target: str, args, budget: int | None = None,
+            hardware=None) -> Prediction:
     """Every role's peak. With reshard_after_forward=auto and a budget some role exceeds,
     the plan frees kept units (reshard_policy) by what the prediction says is over, and
     predicts again, until every role fits or nothing kept is left to free."""
     free: dict[int, int] = {}
     note = ""
-    roles, records = predict_roles(spec, model, dims, cfg, target, args)
+    roles, records = predict_roles(spec, model, dims, cfg, target, args, hardware=hardware)
     if budget is None or cfg.parallelism.reshard_after_forward != "auto":
         return Prediction(roles, records, free)
     for _ in range(4):
@@ -85,7 +88,7 @@ def predict(spec, model, dims: ParallelDims, cfg, target: str, args, budget: int
         note = f"predicted peak {worst / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB"
         for pp, b in over.items():
             free[pp] = free.get(pp, 0) + b
-        roles, records = predict_roles(spec, model, dims, cfg, target, args, free, note)
+        roles, records = predict_roles(spec, model, dims, cfg, target, args, free, note, hardware)
     return Prediction(roles, records, free, note)
 
 
@@ -94,13 +97,14 @@ def _stages(roles: list[RolePrediction], pp_rank: int) -> list[int]:
 
 
 def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free: dict[int, int] | None = None,
-                  note: str = "") -> tuple[list[RolePrediction], list[dict]]:
+                  note: str = "", hardware=None) -> tuple[list[RolePrediction], list[dict]]:
     """Every role's peak, and the plan.json entries of every stage. What is simulated and
-    what is derived from simulations (large jobs, middle pipeline ranks): derived_roles.py."""
+    what is derived from simulations (large jobs, middle pipeline ranks): derived_roles.py.
+    With a hardware profile every role also gets its step time (RolePrediction.time)."""
     free = free or {}
     variants = derived_roles.variants(spec, model, dims, cfg, args, bool(free))
     moe = dims.ep > 1 and cfg.moe.memory_skew < dims.ep
-    job = simulation_pool.Job(spec, dims, target, variants, free, note)
+    job = simulation_pool.Job(spec, dims, target, variants, free, note, hardware=hardware)
     plans = [derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
 
     def tasks(v: int, ranks) -> list[simulation_pool.Task]:
@@ -123,6 +127,8 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
         for r in plan.derived:
             roles.setdefault(r, derived_roles.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
         per_variant.append([roles[r] for r in range(dims.pp)])
+    if hardware is not None:
+        _add_times(per_variant, steps, variants, plans, dims, cfg, args, model, hardware)
     if len(variants) == 1:
         records = []
         for r in range(dims.pp):
@@ -131,10 +137,47 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
                 p.record() for p in resolve_parts(spec, model, dims, cfg, target, r, free.get(r, 0), note).plans]
         return per_variant[0], records
     counts = derived_roles.blocks_per_stage(cfg, dims, args)
-    roles = [derived_roles.extrapolated(r1, r2, c) for r1, r2, c in zip(*per_variant, counts)]
+    roles = [dataclasses.replace(derived_roles.extrapolated(r1, r2, c), time=r1.time)
+             for r1, r2, c in zip(*per_variant, counts)]
     records = [plan.record() for r in range(dims.pp)
                for plan in resolve_parts(spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, target, r).plans]
     return roles, records
+
+
+def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, args, model, hardware) -> None:
+    """Each role's step time (step_time.py) from its simulated rank's trace: middle pipeline
+    ranks take rank 1's times on their own stage; jobs simulated at 1 and 2 blocks per stage
+    are extrapolated linearly in the blocks, as their memory is."""
+    from torchtitan.distributed.job_shape import batch_shape
+
+    def times_of(v: int) -> dict[int, step_time.RankTimes]:
+        out = {}
+        for r in range(dims.pp):
+            step = steps.get(simulation_pool.Task(v, r, False))
+            if step is not None and step.times is not None:
+                out[r] = step.times
+        for r in range(dims.pp):
+            if r not in out:  # a middle rank: alike stages (one per rank)
+                out[r] = out[1].restaged({1: r})
+        return out
+
+    per = [times_of(v) for v in range(len(variants))]
+    times = per[0]
+    if len(variants) == 2:
+        lo, hi = derived_roles.FROM_BLOCKS
+        counts = derived_roles.blocks_per_stage(cfg, dims, args)
+        for r in range(dims.pp):
+            x = (sum(counts[r]) / len(counts[r]) - lo) / (hi - lo)
+            times[r] = per[0][r].combined(per[1][r], 1 - x, x)
+    schedule = steps[simulation_pool.Task(0, 0, False)].schedule
+    shape = batch_shape(cfg, dims.dp)
+    peak = hardware.peak_tflops.get("bfloat16", 0.0) * 1e12
+    step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,
+                                     model.flops_per_token(cfg.training.seq_len), peak, shape.accum_steps)
+    roles = per_variant[0]
+    for role, rt in zip(roles, step_time.role_times([(r.role, r.ranks, r.pp_rank) for r in roles], times, schedule,
+                                                    step_shape)):
+        role.time = rt
 
 
 def role_table(roles: list[RolePrediction], budget: int | None) -> str:

@@ -31,7 +31,8 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_
-from torchtitan.memory import simulation_patches
+from torchtitan.memory import simulation_patches, step_time
+from torchtitan.memory.op_trace import OpTrace
 from torchtitan.memory.tracker import LiveBytes
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.training.build import build_parts, plan_records, step_runner
@@ -70,6 +71,8 @@ class SimulatedStep:
     start_bytes: int  # alive when the step starts
     plan_records: list[dict] = field(default_factory=list)  # plan.json entries of the rank's parts
     allocator_peak_bytes: int | None = None  # `profile` runs: the CPU allocator's own count
+    times: step_time.RankTimes | None = None  # the step-time model's view (with a hardware profile)
+    schedule: tuple | None = None  # (every pipeline rank's actions, number of stages): step_time.schedule_order
 
 
 class _Categories:
@@ -94,29 +97,40 @@ class _Categories:
 
 def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
     """Name the schedule's actions as the step phase (forward / loss / backward of a
-    microbatch); between them the schedule's own work (P2P buffers) is "pipeline"."""
+    microbatch) and the pipeline action running (stage, F/B/I/W/R, microbatch); between them
+    the schedule's own work (P2P buffers) is "pipeline". The loss belongs to the last
+    stage's forward of its microbatch."""
     stages = getattr(schedule, "_stages", None) or [schedule._stage]
 
-    def wrap(owner, name: str, label: str, with_chunk: bool):
+    def backward_kind(args, kwargs) -> str:
+        full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+        return "B" if full else "I"
+
+    def wrap(owner, name: str, label: str, kind):
         original = getattr(owner, name)
 
         def run(*args, **kwargs):
-            chunk = f" microbatch {args[0]}" if with_chunk and args and isinstance(args[0], int) else ""
+            mb = args[0] if kind != "R" and args and isinstance(args[0], int) else None
+            chunk = f" microbatch {mb}" if mb is not None else ""
             where = f", stage {owner.stage_index}" if hasattr(owner, "stage_index") else ""
             tracker.phase = f"{label}{chunk}{where}"
+            if kind is not None:
+                tracker.action = (owner.stage_index, kind(args, kwargs) if callable(kind) else kind, mb)
             try:
                 return original(*args, **kwargs)
             finally:
                 tracker.phase = "pipeline"
+                if kind is not None and kind != "F":
+                    tracker.action = None
 
         setattr(owner, name, run)
 
     for stage in stages:
-        wrap(stage, "forward_one_chunk", "forward", True)
-        wrap(stage, "backward_one_chunk", "backward", True)
-        wrap(stage, "backward_weight_one_chunk", "backward (weights)", True)
-        wrap(stage, "perform_reduce_grad", "backward (gradient reduction)", False)
-    wrap(schedule, "_compute_loss", "loss", False)
+        wrap(stage, "forward_one_chunk", "forward", "F")
+        wrap(stage, "backward_one_chunk", "backward", backward_kind)
+        wrap(stage, "backward_weight_one_chunk", "backward (weights)", "W")
+        wrap(stage, "perform_reduce_grad", "backward (gradient reduction)", "R")
+    wrap(schedule, "_compute_loss", "loss", None)
 
 
 def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
@@ -158,14 +172,17 @@ def _storages(tensors):
 
 def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
                      startup: simulation_patches.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
-                     free_bytes: int = 0, budget_note: str = "") -> SimulatedStep:
+                     free_bytes: int = 0, budget_note: str = "", hardware=None) -> SimulatedStep:
     """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
     first data/tensor/expert-parallel coordinate (the others hold the same shapes).
 
     profile=True is the deterministic reference the tests compare with: the same step on
     REAL tensors (on the fake process group: collectives move nothing), measured by the CPU
     allocator's own count (observe/cpu_memory.py, the trainer's meter) as well as by the
-    tracker."""
+    tracker.
+
+    hardware: a HardwareProfile: the step's ops and collectives are also traced and timed
+    (op_trace.py, step_time.py) into SimulatedStep.times."""
     simulation_patches.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
@@ -196,6 +213,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:
             _label_pipeline_phases(pipeline, tracker)
+        trace = OpTrace(hardware, cfg.compile.enable) if hardware is not None else None
+        tracker.observer = trace
         # what the first step does once: pipeline shape inference, FSDP2's lazy init (untracked)
         _first_step_setup(runner, parts, batches[0], cfg, startup)
         del model
@@ -216,7 +235,8 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         meter = CpuPeakMeter() if profile else None
         if meter is not None:
             meter.begin_step()
-        with tracker, startup.patched(), simulation_patches.cuda_causal_bias(tracker, target):
+        with tracker, startup.patched(), simulation_patches.cuda_causal_bias(tracker, target), \
+                trace.recording() if trace is not None else contextlib.nullcontext():
             tracker.phase = "forward"
             runner.forward_backward(batches)
             tracker.relabel(_storages(p.grad for p in params), "gradients")
@@ -226,8 +246,41 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             optimizers.step()
     breakdown = tracker.breakdown_at_peak()
     breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(cfg, target, breakdown, params)
+    times = schedule = None
+    if trace is not None:
+        times = step_time.rank_times(trace.segments, hardware, _groups(dims, trace), _stretch(hardware, dims),
+                                     cfg.parallelism.fsdp_implementation == "simple_fsdp" and not cfg.compile.enable)
+        schedule = step_time.schedule_order(pipeline) if pipeline is not None else None
     return SimulatedStep(pp_rank, parts.stage_ids, tracker.peak + staged, tracker.peak_phase,
-                         {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts), _end(meter))
+                         {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts), _end(meter),
+                         times, schedule)
+
+
+def _groups(dims: ParallelDims, trace: OpTrace) -> step_time.Groups:
+    """The process groups the traced collectives ran on: mesh dim and global ranks."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    named = dims.named_groups()
+    ranks = {}
+    for seg in trace.segments:
+        for e in seg.events:
+            name = getattr(e, "group", None)
+            if name is not None and name not in ranks:
+                try:
+                    ranks[name] = dist.get_process_group_ranks(_resolve_process_group(name))
+                except (RuntimeError, ValueError, KeyError):
+                    ranks[name] = [0]
+    fsdp = frozenset(dims.fsdp_group_names())
+    dp = frozenset(n for n, d in named.items() if d.startswith("dp")) | fsdp
+    return step_time.Groups({n: named.get(n, f"group:{n}") for n in ranks} | named, ranks, fsdp, dp)
+
+
+def _stretch(hardware, dims: ParallelDims) -> float:
+    """CPU ranks beyond the cores they share slow each other's compute down (step_time.py, 1)."""
+    if hardware.host_async or not hardware.cores:
+        return 1.0
+    return max(1.0, dims.world_size / hardware.cores)
 
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:

@@ -40,6 +40,7 @@ class Job:
     free: dict[int, int]  # per pipeline rank: kept bytes the budget frees (reshard auto)
     note: str
     startups: dict = field(default_factory=dict)  # variant -> the first stage's boundary metadata
+    hardware: object = None  # a HardwareProfile: the planned-routing steps are also timed (step_time.py)
 
 
 _JOB: Job | None = None  # set while a wave runs; forked workers read it
@@ -52,7 +53,8 @@ def _run_one(task: Task) -> tuple[Task, SimulatedStep, object]:
     startup.forward = job.startups.get(task.variant)
     skew = job.dims.ep if task.worst else cfg.moe.memory_skew
     step = simulate_pp_rank(job.spec, model, job.dims, cfg, job.target, task.pp_rank, args, startup,
-                            ep_skew=skew, free_bytes=job.free.get(task.pp_rank, 0), budget_note=job.note)
+                            ep_skew=skew, free_bytes=job.free.get(task.pp_rank, 0), budget_note=job.note,
+                            hardware=None if task.worst else job.hardware)
     return task, step, startup.forward
 
 

@@ -13,7 +13,10 @@ role over the budget stops the job on every rank before the first step, unless
 job.allow_over_budget, with one line per offending role: the predicted GiB, the budget, and
 changes that would fit, each with its predicted peak.
 
-`--parallelism.memory_budget_gib=none` (no budget) skips the prediction.
+The same prediction times the step on the job's hardware profile (memory/step_time.py),
+logged against the measured step time once the run has a few steps behind it. It runs
+whenever there is a budget or a profile: `--parallelism.memory_budget_gib=none` (no budget)
+on a CPU machine whose `local` profile was never measured skips it.
 """
 
 from __future__ import annotations
@@ -45,16 +48,24 @@ class StartupMemory:
     refusal: list[str] = field(default_factory=list)  # one line per offending role; [] = may start
     free_bytes: dict[int, int] = field(default_factory=dict)  # per pipeline rank, for reshard auto
     budget_note: str = ""
+    hardware: str = ""  # the profile the step times are predicted on ("": none)
 
     def role_of(self, rank: int) -> RolePrediction | None:
         return next((r for r in self.roles if rank in r.ranks), None)
+
+
+def wanted(cfg, device_type: str) -> bool:
+    """Whether a job gets the start-up prediction (every rank decides alike)."""
+    from torchtitan.memory.local_profile import job_hardware
+
+    return cfg.parallelism.memory_budget_gib != "none" or job_hardware(cfg, device_type, measure=False) is not None
 
 
 def start_prediction(cfg, world: int, device_type: str, command: list[str]) -> subprocess.Popen | None:
     """Rank 0 starts the prediction (a child process on a fake process group) before it joins
     the job, so it runs while the ranks rendezvous and build; `share` collects it. `command`:
     the child to run, one that calls child_main."""
-    if cfg.parallelism.memory_budget_gib == "none":
+    if not wanted(cfg, device_type):
         return None
     env = dict(os.environ)
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
@@ -69,16 +80,20 @@ def start_prediction(cfg, world: int, device_type: str, command: list[str]) -> s
 def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> StartupMemory:
     """Every role's peak, the budget, and (over it) the refusal lines with what would fit.
     Joins a fake process group of `world` ranks for the time it takes."""
+    from torchtitan.memory.local_profile import job_hardware
     from torchtitan.training.build import fake_world, model_on_meta
 
     budget = memory_budget(cfg, ranks_on_this_node(world), started_rank=True)
+    hardware = job_hardware(cfg, device_type, measure=False)
     with fake_world(cfg, world) as dims:
         meta = model_on_meta(cfg)
         spec, model, args = meta.spec, meta.model, meta.args
-        prediction = predict(spec, model, dims, cfg, device_type, args, None if budget is None else budget.bytes)
+        prediction = predict(spec, model, dims, cfg, device_type, args, None if budget is None else budget.bytes,
+                             hardware)
         roles = prediction.roles
         out = StartupMemory(roles, None if budget is None else budget.bytes, "" if budget is None else budget.origin,
-                            free_bytes=prediction.free_bytes, budget_note=prediction.budget_note)
+                            free_bytes=prediction.free_bytes, budget_note=prediction.budget_note,
+                            hardware="" if hardware is None else hardware.name)
         over = [r for r in roles if budget is not None and r.predicted_peak_bytes > budget.bytes]
         if over and not cfg.job.allow_over_budget:
             fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes, accepts)

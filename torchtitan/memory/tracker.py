@@ -40,6 +40,8 @@ class LiveBytes(PlainTensorOps):
         self.fake_mode = fake_mode  # count fake tensors of this mode only (None: real tensors only)
         self.categorize = categorize  # (op or None, phase, args) -> category
         self.phase = "setup"
+        self.action = None  # the pipeline action running: (stage, "F" | "B" | "I" | "W", microbatch)
+        self.observer = None  # also told every op with the phase (memory/op_trace.py's OpTrace)
         self.live = 0
         self.peak = 0
         self.peak_phase = ""
@@ -161,9 +163,11 @@ class LiveBytes(PlainTensorOps):
         ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
         return super().__exit__(*exc)
 
-    def seen(self, func, args, out) -> None:
+    def seen(self, func, args, out, kwargs=None) -> None:
         if self._paused:
             return
+        if self.observer is not None:
+            self.observer.seen(func, args, kwargs or {}, out, self.phase, self.action)
         category = None
         for t in tree_leaves(out):
             # DTensor's sharding propagation makes fake tensors of its own: not memory

@@ -64,6 +64,29 @@ def _group_name(args, known: dict) -> str | None:
     return next((x for x in strings if x in known), strings[-1] if strings else None)
 
 
+def collective_bytes(kind: str, func, args) -> int:
+    """The unsharded bytes a collective moves (module docstring)."""
+    namespace = func._overloadpacket._qualified_op_name.split("::")[0]
+    if namespace == "c10d":
+        # c10d ops take (outputs, inputs, ...) or (tensors, ...): the larger side.
+        return max(_tensor_bytes(args[0]), _tensor_bytes(args[1]) if len(args) > 1 else 0)
+    if namespace == "torchtitan":  # (shards, group_size, group_name, dtype, ...): gathered in dtype
+        return sum(t.numel() for t in args[0]) * int(args[1]) * args[3].itemsize
+    if kind == "all_gather":
+        return _tensor_bytes(args[0]) * int(args[1])  # (input, group_size, group_name)
+    return _tensor_bytes(args[0])
+
+
+def collective_kind(func, args) -> str | None:
+    """all_gather / reduce_scatter / all_reduce / all_to_all / broadcast / send / recv for a
+    collective op, None for any other op. Shared with the step-time trace (memory/op_trace.py)."""
+    namespace, name = func._overloadpacket._qualified_op_name.split("::")
+    kind = _KINDS.get(name) if namespace in _NAMESPACES else None
+    if kind is None or (namespace == "torchtitan" and not args[2]):  # group "": nothing gathered
+        return None
+    return kind
+
+
 class CommStats(TorchDispatchMode):
     def __init__(self, group_dims: dict[str, str]):
         """group_dims: process-group name -> mesh dimension name (pp, dp_shard, tp, ...)."""
@@ -104,10 +127,8 @@ class CommStats(TorchDispatchMode):
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # let DTensor lower the op; its collectives come back here
         out = func(*args, **kwargs)
-        packet = func._overloadpacket
-        namespace, name = packet._qualified_op_name.split("::")
-        kind = _KINDS.get(name) if namespace in _NAMESPACES else None
-        if kind is not None and not (namespace == "torchtitan" and not args[2]):  # group "": nothing gathered
+        kind = collective_kind(func, args)
+        if kind is not None:
             self._record(kind, func, args)
         return out
 
@@ -118,17 +139,7 @@ class CommStats(TorchDispatchMode):
             phase = "backward"
         else:
             phase = self.forced[-1] if self.forced else self.phase_name
-        namespace = func._overloadpacket._qualified_op_name.split("::")[0]
-        if namespace == "c10d":
-            # c10d ops take (outputs, inputs, ...) or (tensors, ...): the larger side.
-            nbytes = max(_tensor_bytes(args[0]), _tensor_bytes(args[1]) if len(args) > 1 else 0)
-        elif namespace == "torchtitan":  # (shards, group_size, group_name, dtype, ...): gathered in dtype
-            nbytes = sum(t.numel() for t in args[0]) * int(args[1]) * args[3].itemsize
-        elif kind == "all_gather":
-            nbytes = _tensor_bytes(args[0]) * int(args[1])  # (input, group_size, group_name)
-        else:
-            nbytes = _tensor_bytes(args[0])
+        nbytes = collective_bytes(kind, func, args)
         key = f"{phase}/{kind}/{dim}"
         self.counts[key] += 1
         self.bytes[key] += nbytes
-

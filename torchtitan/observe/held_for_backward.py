@@ -42,7 +42,7 @@ class HeldForBackward(PlainTensorOps):
                         if t.device.type != "meta" and t.untyped_storage().nbytes() > 0]
         return super().__enter__()
 
-    def seen(self, func, args, out) -> None:
+    def seen(self, func, args, out, kwargs=None) -> None:
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) and t.device.type != "meta":
                 storage = t.untyped_storage()

@@ -17,8 +17,8 @@ class PlainTensorOps(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True
 
-    def seen(self, func, args, out) -> None:
-        """Called after each op on plain tensors with its arguments and output."""
+    def seen(self, func, args, out, kwargs=None) -> None:
+        """Called after each op on plain tensors with its arguments, output and keyword arguments."""
         raise NotImplementedError
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -26,5 +26,5 @@ class PlainTensorOps(TorchDispatchMode):
         if not isinstance(func, torch._ops.HigherOrderOperator) and any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # see the plain-tensor ops DTensor lowers to
         out = func(*args, **kwargs)
-        self.seen(func, args, out)
+        self.seen(func, args, out, kwargs)
         return out

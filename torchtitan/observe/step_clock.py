@@ -29,6 +29,7 @@ class StepClock:
         self._window_s = self._window_paused_s = 0.0
         self._steps = 0
         self.last_step_s = 0.0  # the mean step time of the last window
+        self.last_window_steps = 0  # the steps in it
         self.longest_step_s = 0.0  # the longest window mean, pauses left out
 
     def begin(self) -> None:
@@ -41,7 +42,33 @@ class StepClock:
         if not synced:
             return None
         self.last_step_s = self._window_s / self._steps
+        self.last_window_steps = self._steps
         self.longest_step_s = max(self.longest_step_s, (self._window_s - self._window_paused_s) / self._steps)
         self._window_s = self._window_paused_s = 0.0
         self._steps = 0
         return self.last_step_s
+
+
+class StepTimeCheck:
+    """Predicted vs measured step time, logged once: the measured figure is the mean over the
+    windows after the first sync point (step 1 compiles and warms up) until at least
+    `steps` steps are in, e.g. steps 2-5 when every step logs."""
+
+    def __init__(self, predicted_s: float | None, steps: int = 4):
+        self.predicted_s, self.steps = predicted_s, steps
+        self._seen_first = False
+        self._total_s, self._n = 0.0, 0
+
+    def at_sync(self, clock: StepClock) -> float | None:
+        """After each sync point: the measured mean once enough steps are in (then never again)."""
+        if self.predicted_s is None:
+            return None
+        if not self._seen_first:
+            self._seen_first = True
+            return None
+        self._total_s += clock.last_step_s * clock.last_window_steps
+        self._n += clock.last_window_steps
+        if self._n < self.steps:
+            return None
+        self.predicted_s = None
+        return self._total_s / self._n

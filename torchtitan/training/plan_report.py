@@ -43,10 +43,11 @@ def write_plan_json(dump_folder: str, world_size: int, mesh: dict, model_parts: 
     return path
 
 
-def report_plan(records: list[dict], dims, cfg, budget_bytes: int | None, roles: list[dict] | None, log) -> None:
+def report_plan(records: list[dict], dims, cfg, budget_bytes: int | None, roles: list[dict] | None, log,
+                times: list[dict] | None = None) -> None:
     """Every pipeline rank's plan records -> rank 0 writes plan.json (with the memory budget
-    and the start-up prediction's role records, or None) and logs the table. Collective over
-    the pipeline ranks."""
+    and the start-up prediction's role records and step times, or None) and logs the table.
+    Collective over the pipeline ranks."""
     import torch.distributed as dist
 
     if dims.pp > 1:
@@ -59,7 +60,7 @@ def report_plan(records: list[dict], dims, cfg, budget_bytes: int | None, roles:
     path = write_plan_json(
         cfg.job.dump_folder, dims.world_size, dims.mesh_shape, records,
         {"reshard_after_forward": p.reshard_after_forward, "memory_budget_bytes": budget_bytes,
-         "memory_per_rank_role": roles},
+         "memory_per_rank_role": roles, "step_time_per_rank_role": times},
     )
     log(f"[torchtitan] FSDP plan (reshard_after_forward={p.reshard_after_forward}), written to {path}:\n"
         + compress_table(plan_table(records)))

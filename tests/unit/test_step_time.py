@@ -1,0 +1,213 @@
+"""The step-time model's parts, without a process group: FLOP formulas, collective costs,
+overlap of FSDP's gathers and reductions, the pipeline event simulation, profile choice."""
+
+import dataclasses
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchtitan.memory import hardware, step_time
+from torchtitan.memory.op_trace import Comm, Compute, OpTrace, Segment, causal_kept, op_seconds
+from torchtitan.memory.tracker import LiveBytes
+
+H100 = hardware.PROFILES["h100_sxm"]
+
+
+def _trace(fn, profile=H100, compiled=False) -> list[Segment]:
+    """Run fn under the memory tracker with an OpTrace attached (phase "forward")."""
+    trace = OpTrace(profile, compiled)
+    tracker = LiveBytes(lambda *a: "activations")
+    tracker.observer = trace
+    tracker.phase = "forward"
+    with tracker, trace.recording():
+        fn()
+    return trace.segments
+
+
+def _flops(segments) -> float:
+    return sum(e.flops for s in segments for e in s.events if isinstance(e, Compute))
+
+
+def test_gemm_flops_match_torch_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    a = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(48, 32, requires_grad=True)
+    b = torch.randn(48, requires_grad=True)
+
+    def step():
+        y = F.linear(a, w, b)
+        z = torch.bmm(y.view(4, 16, 48), y.view(4, 16, 48).transpose(1, 2))
+        z.sum().backward()
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    assert _flops(_trace(step)) == counter.get_total_flops()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_flops_forward_and_backward(causal):
+    b, h, s, d = 2, 4, 256, 16
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+
+    def step():
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).sum().backward()
+
+    kept = causal_kept(s, s, H100.attention_block) if causal else 1.0
+    assert kept == (0.75 if causal else 1.0)  # 2 x 2 blocks of 128: 3 computed
+    forward = 2 * b * h * s * s * (d + d) * kept
+    backward = 2 * b * h * s * s * (3 * d + 2 * d) * kept
+    segs = _trace(step)
+    attention = [e for s_ in segs for e in s_.events if isinstance(e, Compute)]
+    assert _flops(segs) == forward + backward, attention
+
+
+def test_grouped_gemm_flops_forward_and_backward():
+    from torchtitan.models.common.grouped_mm import grouped_mm
+
+    x = torch.randn(12, 8, requires_grad=True)
+    w = torch.randn(3, 16, 8, requires_grad=True)  # 3 experts, 8 -> 16
+    offs = torch.tensor([4, 8, 12], dtype=torch.int32)
+    segs = _trace(lambda: grouped_mm(x, w, offs).sum().backward())
+    assert _flops(segs) == 2 * 12 * 8 * 16 * 3  # forward, then grad_x and grad_w
+
+
+def test_views_cost_nothing_and_recompute_is_marked():
+    x = torch.randn(64, 64, requires_grad=True)
+    w = torch.randn(64, 64, requires_grad=True)
+
+    def block(t):
+        return torch.relu(t @ w)
+
+    def step():
+        torch.utils.checkpoint.checkpoint(block, x.view(64, 64).t(), use_reentrant=False).sum().backward()
+
+    segs = _trace(step)
+    computes = [e for s in segs for e in s.events if isinstance(e, Compute)]
+    assert sum(c.recompute_s for c in computes) > 0  # the matmul and relu again in backward
+    plain = _trace(lambda: block(x.view(64, 64).t()).sum().backward())
+    assert _flops(segs) == _flops(plain) + 2 * 64 * 64 * 64  # one recomputed matmul
+
+
+def test_roofline_and_host_time():
+    # a big bf16 GEMM is compute-bound at the GEMM efficiency
+    flops = 2 * 8192 ** 3
+    device, host = op_seconds("gemm", flops, 3 * 8192 * 8192 * 2, "bfloat16", H100, compiled=False)
+    eff = H100.gemm_efficiency * flops / (flops + H100.gemm_half_gflop * 1e9)
+    assert device == pytest.approx(flops / (989.4e12 * eff))
+    assert host == pytest.approx(10e-6)
+    # an elementwise op moves bytes; compiled blocks move a fraction and launch fewer kernels
+    device, host = op_seconds("memory", 0.0, 1e9, "bfloat16", H100, compiled=False)
+    assert device == pytest.approx(1e9 / (3350e9 * 0.8))
+    device_c, host_c = op_seconds("memory", 0.0, 1e9, "bfloat16", H100, compiled=True)
+    assert (device_c, host_c) == pytest.approx((device * 0.5, host / 4))
+
+
+def test_collective_costs_by_link():
+    p = H100
+    n8 = list(range(8))
+    gb = 1 << 30
+    assert step_time.collective_seconds("all_gather", gb, n8, p) == pytest.approx(7 / 8 * gb / 360e9 + 7 * 5e-6)
+    assert step_time.collective_seconds("all_reduce", gb, n8, p) == pytest.approx(2 * (7 / 8 * gb / 360e9 + 7 * 5e-6))
+    across = list(range(0, 64, 8))  # one rank per node: the NIC
+    assert step_time.collective_seconds("reduce_scatter", gb, across, p) == pytest.approx(
+        7 / 8 * gb / 42.5e9 + 7 * 15e-6)
+    assert step_time.collective_seconds("all_gather", gb, [3], p) == 0.0
+
+
+def _groups(**dims):
+    return step_time.Groups({g: d for g, d in dims.items()}, {g: list(range(8)) for g in dims},
+                            frozenset(g for g, d in dims.items() if d == "dp_shard"),
+                            frozenset(g for g, d in dims.items() if d == "dp_shard"))
+
+
+def test_fsdp_gathers_overlap_the_previous_units_compute_on_a_gpu():
+    groups = _groups(fsdp="dp_shard", tp="tp")
+    gather = step_time.collective_seconds("all_gather", 1 << 28, list(range(8)), H100)
+    unit = Compute(device_s=2 * gather)  # each unit computes twice as long as its gather
+    segs = [Segment("forward", None, [Comm("all_gather", "fsdp", 1 << 28, "c10d"), unit,
+                                      Comm("all_gather", "fsdp", 1 << 28, "c10d"), unit])]
+    t = step_time.Streams(H100, groups, 1.0, simple_fsdp_eager=False).run(segs)
+    assert t.seconds == pytest.approx(gather + 4 * gather)  # only the first gather is exposed
+    assert t.parts["comm_dp_shard"] == pytest.approx(gather)
+    # SimpleFSDP in eager gathers inside the forward: every gather is exposed
+    t = step_time.Streams(H100, groups, 1.0, simple_fsdp_eager=True).run(segs)
+    assert t.seconds == pytest.approx(2 * gather + 4 * gather)
+    # TP's collectives sit on the critical path
+    tp = [Segment("forward", None, [unit, Comm("all_reduce", "tp", 1 << 28, "functional"), unit])]
+    t = step_time.Streams(H100, groups, 1.0, False).run(tp)
+    assert t.parts["comm_tp"] == pytest.approx(step_time.collective_seconds("all_reduce", 1 << 28, list(range(8)), H100))
+
+
+def test_gradient_reductions_run_behind_backward_and_are_waited_for_at_its_end():
+    groups = _groups(fsdp="dp_shard")
+    rs = step_time.collective_seconds("reduce_scatter", 1 << 28, list(range(8)), H100)
+    unit = Compute(device_s=rs / 2)
+    segs = [Segment("backward", None, [unit, Comm("reduce_scatter", "fsdp", 1 << 28, "c10d"), unit,
+                                       Comm("reduce_scatter", "fsdp", 1 << 28, "c10d")])]
+    t = step_time.Streams(H100, groups, 1.0, False).run(segs)
+    # compute 0.5 | rs 0.5..1.5 | compute 0.5..1.0 | second rs 1.5..2.5, waited for at the end
+    assert t.seconds == pytest.approx(2.5 * rs)
+    assert t.parts["comm_dp_shard"] == pytest.approx(1.5 * rs)
+
+
+def test_on_a_cpu_host_and_device_time_add_and_ranks_share_cores():
+    local = dataclasses.replace(H100, host_async=False, cores=2)
+    segs = [Segment("forward", None, [Compute(device_s=1.0, host_s=0.5)])]
+    assert step_time.Streams(H100, _groups(), 1.0, False).run(segs).seconds == pytest.approx(1.0)  # max
+    assert step_time.Streams(local, _groups(), 1.0, False).run(segs).seconds == pytest.approx(1.5)  # sum
+    assert step_time.Streams(local, _groups(), 2.0, False).run(segs).seconds == pytest.approx(3.0)  # 4 ranks, 2 cores
+
+
+def _timed(s):
+    return step_time.Timed(s, {"compute": s})
+
+
+def test_pipeline_event_simulation_of_1f1b_two_ranks():
+    """Two stages, F = 1 s and B = 2 s each, 4 microbatches, 1F1B: the known closed form is
+    (microbatches + stages - 1) x (F + B) = 15 s with free P2P."""
+    order = {0: [(0, "F", 0), (0, "F", 1), (0, "B", 0), (0, "F", 2), (0, "B", 1), (0, "F", 3), (0, "B", 2), (0, "B", 3)],
+             1: [(1, "F", 0), (1, "B", 0), (1, "F", 1), (1, "B", 1), (1, "F", 2), (1, "B", 2), (1, "F", 3), (1, "B", 3)]}
+    times = {r: step_time.RankTimes(step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)},
+                                    step_time.Timed()) for r in (0, 1)}
+    end, busy = step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, 2)
+    assert end == pytest.approx(15.0)
+    assert busy == {0: 12.0, 1: 12.0}
+    end, _ = step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.5, 2)
+    # every backward of rank 0 waits for a forward transfer and a backward transfer (its F
+    # and B alternate with rank 1's): 4 round trips of 2 x 0.5 s, less the one rank 0's
+    # second warm-up forward hides
+    assert end == pytest.approx(17.0)
+
+
+def test_pipeline_order_comes_from_torchs_schedule():
+    from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleInterleaved1F1B
+
+    class Stage:
+        def __init__(self, i, n):
+            self.stage_index, self.num_stages, self.group_size, self.group_rank = i, n, 2, i % 2
+            self.submod = torch.nn.Identity()
+            self.is_first, self.is_last = i == 0, i == n - 1
+
+    one = Schedule1F1B(Stage(0, 2), n_microbatches=4)
+    order, n = step_time.schedule_order(one)
+    assert n == 2 and order[1][:2] == [(1, "F", 0), (1, "B", 0)]
+    assert sum(len(v) for v in order.values()) == 16
+    times = {r: step_time.RankTimes(step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)},
+                                    step_time.Timed()) for r in (0, 1)}
+    assert step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, n)[0] == pytest.approx(15.0)
+
+
+def test_profile_choice_and_overrides():
+    hw = NS(profile="auto", gpus_per_node="auto", peak_tflops="auto", hbm_gbps="auto", intra_node_gbps="auto",
+            inter_node_gbps="auto", gemm_efficiency="auto")
+    assert hardware.resolve(hw, "cuda", gpu_names=["NVIDIA H200"]).name == "h200"
+    assert hardware.resolve(hw, "cuda", gpu_names=[]).name == "h100_sxm"
+    assert hardware.resolve(hw, "cpu", local=lambda: None) is None  # not measured: no prediction
+    custom = hardware.resolve(NS(**{**vars(hw), "profile": "a100_80gb", "gpus_per_node": 4, "peak_tflops": 300.0}),
+                              "cuda")
+    assert (custom.name, custom.gpus_per_node, custom.peak_tflops["bfloat16"]) == ("a100_80gb", 4, 300.0)
+    assert hardware.gpu_profile_name("NVIDIA H100 80GB HBM3") == "h100_sxm"

@@ -1,0 +1,236 @@
+"""What one simulated training step computes and communicates, in order: the input of the
+step-time model (step_time.py).
+
+The memory simulation (simulate.py) runs one real training step of a rank on fake tensors;
+its tracker (tracker.LiveBytes) hands every op on plain tensors to `OpTrace.seen`, which
+sorts it into one of:
+
+- a compute op, by class: `gemm` (mm, addmm, bmm, baddbmm), `grouped_gemm` (the routed
+  experts' `torchtitan::grouped_mm` and its backward, aten's `_grouped_mm`), `attention`
+  (CPU SDPA, forward and backward), `memory` (every other op that launches a kernel:
+  elementwise, reductions, copies, FSDP's copy-in / copy-out, the optimizer's foreach ops),
+  with the FLOPs it runs and the bytes it reads and writes, timed at once with the hardware
+  profile (`op_seconds`); ops that launch no kernel (views, metadata, empty allocations)
+  cost nothing;
+- a collective or P2P op (observe/comm_stats.py's `collective_kind`): its kind, process
+  group and bytes, kept as an event of its own (step_time.py knows the links and what
+  overlaps what).
+
+FLOPs are those the kernels run (torch.utils.flop_counter has no formula for CPU SDPA or
+grouped GEMM): GEMM 2mnk; grouped GEMM 2 x rows x in x out per pass (backward: 2 passes);
+attention 2 x batch x heads x q x k x (qk_dim + v_dim) forward and 2 x ... x (3 qk_dim +
+2 v_dim) backward, causal attention counting only the key blocks at or below the diagonal
+(the flash kernels skip the others: `attention_block` of the profile); an explicit mask
+(documents, context-parallel chunks) runs every block.
+
+Ops run while activation checkpointing recomputes a region are marked `recompute`.
+Consecutive compute ops merge into one event; events are grouped in segments, one per phase
+of the step (forward, loss, backward, each pipeline action, clipping, the optimizer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+from torch.utils._pytree import tree_leaves
+
+from torchtitan.memory.hardware import HardwareProfile
+from torchtitan.observe.comm_stats import collective_bytes, collective_kind, _group_name
+
+aten = torch.ops.aten
+
+_GEMM = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+_ATTENTION_FWD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
+_ATTENTION_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+# ops that launch no kernel besides views: allocation without a fill, metadata, host reads
+_NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like", "detach", "alias",
+              "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+              "set_", "resize_", "record_stream", "_has_compatible_shallow_copy_type", "wait_tensor",
+              "is_same_size", "_unsafe_view", "_reshape_alias", "lift_fresh_copy"}
+
+
+def _nbytes(x) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def causal_kept(q_len: int, k_len: int, block: int) -> float:
+    """Fraction of the q x k score blocks a causal kernel computes (top-left aligned: query i
+    sees keys <= i; a block is computed when any of its entries is kept)."""
+    nq, nk = math.ceil(q_len / block), math.ceil(k_len / block)
+    return sum(min(i + 1, nk) for i in range(nq)) / (nq * nk)
+
+
+def gemm_flops(func, args) -> float:
+    if func in (aten.mm.default,):
+        a, b = args[0], args[1]
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    if func is aten.addmm.default:
+        a, b = args[1], args[2]
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    if func is aten.bmm.default:
+        a, b = args[0], args[1]
+        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    a, b = args[1], args[2]  # baddbmm
+    return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+def grouped_gemm_flops(name: str, args) -> float:
+    if name == "grouped_mm":  # torchtitan: x [T, K], w [G, N, K]
+        x, w = args[0], args[1]
+        return 2.0 * x.shape[0] * x.shape[1] * w.shape[1]
+    if name == "grouped_mm_backward":  # (grad [T, N], x [T, K], w, offs): grad_x and grad_w
+        x, w = args[1], args[2]
+        return 4.0 * x.shape[0] * x.shape[1] * w.shape[1]
+    a, b = args[0], args[1]  # aten._grouped_mm
+    if a.dim() == 2 and b.dim() == 2:  # [M, T] x [T, N] per group: every row once
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    if a.dim() == 2:  # [T, K] x [G, K, N]
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[-1]
+    return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[-1]
+
+
+def attention_flops(args, kwargs, backward: bool, block: int) -> float:
+    if backward:  # (grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, attn_mask, scale)
+        q, k, v = args[1], args[2], args[3]
+        causal = bool(args[7]) if len(args) > 7 else bool(kwargs.get("is_causal", False))
+        mask = args[8] if len(args) > 8 else kwargs.get("attn_mask")
+    else:  # (q, k, v, dropout_p, is_causal, *, attn_mask, scale)
+        q, k, v = args[0], args[1], args[2]
+        causal = bool(args[4]) if len(args) > 4 else bool(kwargs.get("is_causal", False))
+        mask = kwargs.get("attn_mask")
+    b, h, sq, d = q.shape
+    sk, dv = k.shape[-2], v.shape[-1]
+    kept = causal_kept(sq, sk, block) if causal and mask is None else 1.0
+    per_pair = (3 * d + 2 * dv) if backward else (d + dv)
+    return 2.0 * b * h * sq * sk * per_pair * kept
+
+
+def op_seconds(kind: str, flops: float, nbytes: int, dtype: str, p: HardwareProfile, compiled: bool,
+               head_dim: int = 0) -> tuple[float, float]:
+    """(device seconds, host seconds) of one op on profile `p` (roofline: the larger of the
+    FLOPs at the class's efficiency and the bytes at the memory efficiency)."""
+    bandwidth = p.hbm_gbps * 1e9 * p.memory_efficiency
+    host = p.host_us_per_op * 1e-6 / (p.compiled_ops_per_kernel if compiled else 1.0)
+    if kind == "memory":
+        return nbytes * (p.compiled_memory_fraction if compiled else 1.0) / bandwidth, host
+    peak = p.peak_flops(dtype)
+    if kind == "gemm":
+        eff = p.gemm_efficiency * flops / (flops + p.gemm_half_gflop * 1e9)
+    elif kind == "grouped_gemm":
+        eff = p.grouped_gemm_efficiency * flops / (flops + p.gemm_half_gflop * 1e9)
+    else:
+        eff = p.attention_eff(head_dim)
+    return max(flops / (peak * max(eff, 1e-9)), nbytes / bandwidth), p.host_us_per_op * 1e-6
+
+
+@dataclass
+class Compute:
+    """Consecutive compute ops: seconds on the device, seconds recomputing (AC), host seconds
+    (dispatch and launch), FLOPs."""
+
+    device_s: float = 0.0
+    recompute_s: float = 0.0
+    host_s: float = 0.0
+    flops: float = 0.0
+    ops: int = 0
+
+
+@dataclass
+class Comm:
+    kind: str  # all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, send, recv
+    group: str | None  # process-group name
+    nbytes: int
+    api: str  # "c10d" (eager process-group calls: FSDP2, DDP, pipelining), "torchtitan" (SimpleFSDP's gather), "functional"
+
+
+@dataclass
+class Segment:
+    label: str  # the step phase (forward, loss, backward, clip, optimizer, pipeline, ...)
+    action: tuple | None  # a pipeline action: (stage, "F" | "B" | "I" | "W", microbatch)
+    events: list = field(default_factory=list)  # Compute and Comm, in order
+
+
+class OpTrace:
+    """Called by the memory tracker for every op (see the module docstring)."""
+
+    def __init__(self, profile: HardwareProfile, compiled: bool):
+        self.profile = profile
+        self.compiled = compiled
+        self.segments: list[Segment] = []
+        self.recomputing = 0
+        self.active = False
+
+    def _segment(self, label: str, action) -> Segment:
+        if not self.segments or self.segments[-1].label != label or self.segments[-1].action != action:
+            self.segments.append(Segment(label, action))
+        return self.segments[-1]
+
+    def seen(self, func, args, kwargs, out, label: str, action) -> None:
+        if not self.active:
+            return
+        namespace, name = func._overloadpacket._qualified_op_name.split("::")
+        kind = collective_kind(func, args)
+        if kind is not None:
+            group = _group_name(args, {})
+            self._segment(label, action).events.append(
+                Comm(kind, group, collective_bytes(kind, func, args), namespace if namespace in ("c10d", "torchtitan") else "functional"))
+            return
+        if namespace == "prim" or name in _NO_KERNEL or getattr(func, "is_view", False):
+            return
+        if func in _GEMM:
+            op, flops, dtype = "gemm", gemm_flops(func, args), _dtype_name(args[-1] if func is aten.mm.default else args[1])
+        elif name in ("grouped_mm", "grouped_mm_backward", "_grouped_mm"):
+            op, flops, dtype = "grouped_gemm", grouped_gemm_flops(name, args), _dtype_name(args[0])
+        elif func in _ATTENTION_FWD or func in _ATTENTION_BWD:
+            op = "attention"
+            flops = attention_flops(args, kwargs, func in _ATTENTION_BWD, self.profile.attention_block)
+            dtype = _dtype_name(args[0])
+            head_dim = args[0].shape[-1]
+        else:
+            op, flops, dtype = "memory", 0.0, "bfloat16"
+        nbytes = _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
+        device_s, host_s = op_seconds(op, flops, nbytes, dtype, self.profile, self.compiled and label != "optimizer",
+                                      head_dim if op == "attention" else 0)
+        seg = self._segment(label, action)
+        last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
+        if last is None:
+            last = Compute()
+            seg.events.append(last)
+        if self.recomputing:
+            last.recompute_s += device_s
+        else:
+            last.device_s += device_s
+        last.host_s += host_s
+        last.flops += flops
+        last.ops += 1
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Trace inside; ops run by activation checkpointing's recomputation are marked."""
+        hook = torch_checkpoint._recomputation_hook
+        enter, exit_ = hook.__enter__, hook.__exit__
+        trace = self
+
+        def entered(h):
+            trace.recomputing += 1
+            return enter(h)
+
+        def exited(h, *exc):
+            trace.recomputing -= 1
+            return exit_(h, *exc)
+
+        hook.__enter__, hook.__exit__ = entered, exited
+        self.active = True
+        try:
+            yield self
+        finally:
+            self.active = False
+            hook.__enter__, hook.__exit__ = enter, exit_

@@ -1,0 +1,413 @@
+"""The step-time model: one simulated step's trace (op_trace.py) and a hardware profile
+(hardware.py) -> the time of a training step per rank role, with its breakdown.
+
+Everything this model assumes is here, to be checked line by line:
+
+1. Compute. Each op's device time is a roofline on the profile (op_trace.op_seconds); a GPU
+   queues kernels, so a run of ops costs max(device time, host dispatch time); a CPU runs
+   them on the dispatching thread: device + host. With N ranks on C < N cores of a CPU
+   node, compute and host time stretch by N / C (`cores` of the profile).
+2. Collectives (`collective_seconds`): ring algorithms on the slowest link the group
+   crosses: inside a node `intra_node_gbps`, across nodes `inter_node_gbps` (per rank,
+   rail-optimised NICs): all-gather / reduce-scatter (n-1)/n x bytes / bandwidth, all-reduce
+   twice that, all-to-all (n-1)/n x bytes, plus a latency per ring step. Collectives on one
+   link run one at a time (FSDP's gathers and reductions share it); different links run
+   side by side.
+3. Overlap (`Streams`), on a GPU: FSDP's parameter all-gather of a unit is issued when the
+   unit before it starts computing (FSDP2's implicit forward prefetch: the host runs ahead;
+   explicit backward prefetch), so only what exceeds that unit's compute is exposed;
+   gradient reduce-scatters / all-reduces in backward run behind the compute and are waited
+   for at the end of the backward; every other collective (TP, EP's all-to-all, CP, the
+   loss and gradient-norm all-reduces, SimpleFSDP's gathers in eager mode) sits on the
+   critical path. On a CPU (gloo, the host is the device) every collective is waited for
+   where it is issued.
+4. Pipeline (`pipeline_seconds`): an event simulation over the real schedule's per-rank
+   action order (`schedule.pipeline_order`): an action starts when its rank is free and its
+   input has arrived (the previous stage's forward / the next stage's backward of the same
+   microbatch, plus the P2P transfer of the stage boundary over the pipeline link); each
+   action lasts what its simulated ops take (the same stage's microbatches alike). The step
+   ends when the last rank has finished, then clipping and the optimizer run on every rank.
+   The bubble of a rank is the step time minus its busy time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from torchtitan.memory.hardware import HardwareProfile
+from torchtitan.memory.op_trace import Comm, Compute, Segment
+
+PIPELINE_LABELS = ("pipeline",)
+TAIL_LABELS = ("clip", "optimizer")
+BREAKDOWN = ("compute", "recompute", "overhead", "optimizer", "pipeline_bubble")  # + "comm_<dim>"
+
+
+@dataclass
+class Link:
+    gbps: float
+    latency_us: float
+
+
+def link_of(ranks: list[int], p: HardwareProfile) -> Link:
+    """The slowest link a group of global ranks crosses (nodes of gpus_per_node ranks)."""
+    if len({r // max(p.gpus_per_node, 1) for r in ranks}) <= 1:
+        return Link(p.intra_node_gbps, p.intra_latency_us)
+    return Link(p.inter_node_gbps, p.inter_latency_us)
+
+
+def collective_seconds(kind: str, nbytes: int, ranks: list[int], p: HardwareProfile) -> float:
+    n = len(ranks)
+    if n <= 1 and kind not in ("send", "recv"):
+        return 0.0
+    link = link_of(ranks, p)
+    bw = link.gbps * 1e9
+    fixed = p.collective_us.get(kind, 0.0) * 1e-6
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return fixed + (n - 1) / n * nbytes / bw + (n - 1) * link.latency_us * 1e-6
+    if kind == "all_reduce":
+        return fixed + 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * link.latency_us * 1e-6
+    if kind == "broadcast":
+        return fixed + nbytes / bw + math.ceil(math.log2(n)) * link.latency_us * 1e-6
+    return fixed + nbytes / bw + link.latency_us * 1e-6  # send / recv
+
+
+@dataclass
+class Groups:
+    """What the model needs of the job's process groups (filled where they exist)."""
+
+    dims: dict[str, str]  # group name -> mesh dim name
+    ranks: dict[str, list[int]]  # group name -> global ranks
+    fsdp: frozenset[str]  # groups FSDP's own collectives run on
+    data_parallel: frozenset[str]  # groups gradients are reduced over (FSDP, HSDP / DDP replicas)
+
+
+@dataclass
+class Timed:
+    """Seconds and their breakdown (a linear quantity: scaled and added)."""
+
+    seconds: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, other: "Timed", k: float = 1.0) -> "Timed":
+        self.seconds += k * other.seconds
+        for name, v in other.parts.items():
+            self.parts[name] = self.parts.get(name, 0.0) + k * v
+        return self
+
+
+class Streams:
+    """One rank's compute stream and its links, over a sequence of segments (assumption 3)."""
+
+    def __init__(self, p: HardwareProfile, groups: Groups, stretch: float, simple_fsdp_eager: bool):
+        self.p, self.groups, self.stretch = p, groups, stretch
+        self.overlap = p.host_async
+        self.prefetch = self.overlap and not simple_fsdp_eager
+        self.t = 0.0  # the compute stream's clock
+        self.link_free: dict[str, float] = defaultdict(float)  # link (mesh dim) -> when it is free
+        self.unit_start = None  # when the unit of the last FSDP gather started computing
+        self.pending: dict[str, float] = {}  # dim -> end of reductions not yet waited for
+        self.parts: dict[str, float] = defaultdict(float)
+
+    def compute(self, c: Compute, label: str) -> None:
+        device = (c.device_s + c.recompute_s) * self.stretch
+        host = c.host_s * self.stretch
+        busy = max(device, host) if self.p.host_async else device + host
+        if label in TAIL_LABELS:
+            self.parts["optimizer"] += busy
+        else:
+            self.parts["compute"] += c.device_s * self.stretch
+            self.parts["recompute"] += c.recompute_s * self.stretch
+            self.parts["overhead"] += busy - device
+        self.t += busy
+
+    def comm(self, c: Comm, label: str) -> None:
+        if c.kind in ("send", "recv"):
+            return  # pipeline P2P: pipeline_seconds
+        dim = self.groups.dims.get(c.group, "world")
+        ranks = self.groups.ranks.get(c.group, [0])
+        duration = collective_seconds(c.kind, c.nbytes, ranks, self.p)
+        if duration <= 0:
+            return
+        free = self.link_free[dim]
+        gather = c.kind == "all_gather" and c.group in self.groups.fsdp
+        reduction = (self.overlap and label.startswith("backward") and c.kind in ("reduce_scatter", "all_reduce")
+                     and c.group in self.groups.data_parallel)
+        if gather and self.prefetch:
+            issued = self.t if self.unit_start is None else self.unit_start
+            end = max(free, issued) + duration
+            self.link_free[dim] = end
+            self._wait(end, dim)
+            self.unit_start = self.t
+        elif reduction:
+            end = max(free, self.t) + duration
+            self.link_free[dim] = end
+            self.pending[dim] = end
+        else:
+            end = max(free, self.t) + duration
+            self.link_free[dim] = end
+            self._wait(end, dim)
+
+    def _wait(self, end: float, dim: str) -> None:
+        if end > self.t:
+            self.parts[f"comm_{dim}"] += end - self.t
+            self.t = end
+
+    def settle(self) -> None:
+        """Wait for the reductions still running (before clipping / at the end of a pipeline action)."""
+        for dim, end in self.pending.items():
+            self._wait(end, dim)
+        self.pending.clear()
+
+    def run(self, segments: list[Segment]) -> Timed:
+        start, before = self.t, dict(self.parts)
+        for seg in segments:
+            if seg.label in TAIL_LABELS:
+                self.settle()
+            for e in seg.events:
+                if isinstance(e, Compute):
+                    self.compute(e, seg.label)
+                else:
+                    self.comm(e, seg.label)
+        self.settle()
+        return Timed(self.t - start, {k: v - before.get(k, 0.0) for k, v in self.parts.items() if v - before.get(k, 0.0)})
+
+
+@dataclass
+class RankTimes:
+    """One simulated pipeline rank's times (a linear quantity, for the block extrapolation)."""
+
+    serial: Timed  # without a pipeline: the whole forward/backward of the step
+    actions: dict[tuple, Timed]  # with one: (stage, "F" | "B" | "I" | "W" | "R") -> per microbatch
+    tail: Timed  # clipping and the optimizer
+    p2p_s: float = 0.0  # one stage-boundary transfer (the largest P2P) over the pipeline link
+
+    def combined(self, other: "RankTimes", a: float, b: float) -> "RankTimes":
+        """a x self + b x other."""
+        keys = set(self.actions) | set(other.actions)
+        acts = {k: Timed().add(self.actions.get(k, Timed()), a).add(other.actions.get(k, Timed()), b) for k in keys}
+        return RankTimes(Timed().add(self.serial, a).add(other.serial, b), acts,
+                         Timed().add(self.tail, a).add(other.tail, b), max(self.p2p_s, other.p2p_s))
+
+    def restaged(self, stages: dict[int, int]) -> "RankTimes":
+        """The same times for another rank whose stages are `stages[own stage]` (alike stages)."""
+        acts = {(stages.get(st, st), kind): t for (st, kind), t in self.actions.items()}
+        return RankTimes(self.serial, acts, self.tail, self.p2p_s)
+
+
+def rank_times(segments: list[Segment], p: HardwareProfile, groups: Groups, stretch: float,
+               simple_fsdp_eager: bool) -> RankTimes:
+    body = [s for s in segments if s.label not in TAIL_LABELS]
+    tail = [s for s in segments if s.label in TAIL_LABELS]
+    p2p = [e for s in segments for e in s.events if isinstance(e, Comm) and e.kind in ("send", "recv")]
+    largest = max(p2p, key=lambda e: e.nbytes, default=None)
+    p2p_s = 0.0 if largest is None else collective_seconds(
+        "send", largest.nbytes, groups.ranks.get(largest.group, [0, 1]), p) * stretch
+    if not any(s.action is not None for s in body):
+        serial = Streams(p, groups, stretch, simple_fsdp_eager).run(body)
+        actions = {}
+    else:
+        serial = Timed()
+        by_action: dict[tuple, list[Segment]] = defaultdict(list)
+        for s in body:
+            if s.action is not None and s.label not in PIPELINE_LABELS:
+                by_action[s.action].append(s)
+        per_kind: dict[tuple, list[Timed]] = defaultdict(list)
+        for (stage, kind, _mb), segs in by_action.items():
+            per_kind[(stage, kind)].append(Streams(p, groups, stretch, simple_fsdp_eager).run(segs))
+        actions = {k: Timed().add(_mean(v)) for k, v in per_kind.items()}
+    return RankTimes(serial, actions, Streams(p, groups, stretch, simple_fsdp_eager).run(tail), p2p_s)
+
+
+def _mean(items: list[Timed]) -> Timed:
+    out = Timed()
+    for t in items:
+        out.add(t, 1.0 / len(items))
+    return out
+
+
+# ---------------------------------------------------------------------------- the pipeline
+
+_DEPENDS = {"F": ("F", -1), "B": ("B", +1), "I": ("I", +1)}
+
+
+def pipeline_seconds(order: dict[int, list], stage_rank: dict[int, int], times: dict[int, RankTimes],
+                     p2p_s: float, n_stages: int) -> tuple[float, dict[int, float]]:
+    """(time the last rank finishes its actions, busy seconds per rank): an event simulation
+    over `order` (rank -> its actions in order: (stage, kind, microbatch) or None for idle
+    slots; kind F / B / I / W / R; "FB" an overlapped forward + backward pair given as a
+    tuple of two actions)."""
+    done: dict[tuple, float] = {}
+    free = {r: 0.0 for r in order}
+    busy = {r: 0.0 for r in order}
+    queue = {r: [a for a in acts if a is not None] for r, acts in order.items()}
+    pos = {r: 0 for r in order}
+
+    def ready(action) -> float | None:
+        stage, kind, mb = action
+        if kind in ("F", "B", "I"):
+            want, step = _DEPENDS[kind]
+            src = stage + step
+            if kind in ("B", "I") and src >= n_stages:
+                return done.get((stage, "F", mb), 0.0) if (stage, "F", mb) in done else None
+            if src < 0:
+                return 0.0
+            for k in ((want,) if kind == "F" else ("B", "I")):
+                if (src, k, mb) in done:
+                    cross = stage_rank.get(src) != stage_rank.get(stage)
+                    return done[(src, k, mb)] + (p2p_s if cross else 0.0)
+            return None
+        if kind == "W":
+            return done.get((stage, "I", mb))
+        return 0.0  # R: after the rank's previous actions
+
+    def duration(rank: int, action) -> float:
+        stage, kind, _ = action
+        rt = times[rank].actions
+        t = rt.get((stage, kind)) or (rt.get((stage, "B")) if kind in ("I",) else None)
+        return t.seconds if t is not None else 0.0
+
+    progress = True
+    while progress:
+        progress = False
+        for r in order:
+            while pos[r] < len(queue[r]):
+                item = queue[r][pos[r]]
+                parts = item if isinstance(item, list) else [item]
+                starts = [ready(a) for a in parts]
+                if any(s is None for s in starts):
+                    break
+                start = max([free[r], *starts])
+                length = sum(duration(r, a) for a in parts)
+                for a in parts:
+                    done[a] = start + length
+                free[r] = start + length
+                busy[r] += length
+                pos[r] += 1
+                progress = True
+    if any(pos[r] < len(queue[r]) for r in order):
+        raise RuntimeError("step-time model: the pipeline schedule's actions could not all be placed")
+    return max(free.values(), default=0.0), busy
+
+
+def single_stage_order(kind: str, n_ranks: int, n_microbatches: int) -> dict[int, list]:
+    """GPipe and 1F1B as torch 2.13 runs them (PipelineScheduleSingle._step_microbatches; their
+    `pipeline_order` grid is a drawing and numbers the later ranks' microbatches off by one):
+    GPipe every forward then every backward; 1F1B min(microbatches, stages - rank) warm-up
+    forwards, then one backward and one forward in turn, then the remaining backwards."""
+    out = {}
+    for r in range(n_ranks):
+        if kind == "GPipe":
+            out[r] = [(r, "F", i) for i in range(n_microbatches)] + [(r, "B", i) for i in range(n_microbatches)]
+            continue
+        warm = min(n_microbatches, n_ranks - r)
+        row = [(r, "F", i) for i in range(warm)]
+        for i in range(n_microbatches):
+            row.append((r, "B", i))
+            if warm + i < n_microbatches:
+                row.append((r, "F", warm + i))
+        out[r] = row
+    return out
+
+
+def schedule_order(schedule) -> tuple[dict[int, list], int] | None:
+    """Per pipeline rank, its compute actions in order as plain tuples, from torch's schedule."""
+    from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe
+
+    if isinstance(schedule, (Schedule1F1B, ScheduleGPipe)):
+        n = schedule._num_stages
+        kind = "GPipe" if isinstance(schedule, ScheduleGPipe) else "1F1B"
+        return single_stage_order(kind, n, schedule._n_microbatches), n
+    order = getattr(schedule, "pipeline_order", None)
+    if not order:
+        return None
+    out = {}
+    for rank, acts in order.items():
+        row = []
+        for a in acts:
+            if a is None:
+                continue
+            kind = a.computation_type.value
+            if kind == "OVERLAP_F_B" and a.sub_actions:
+                row.append([(s.stage_index, s.computation_type.value, s.microbatch_index) for s in a.sub_actions])
+            elif kind in ("F", "B", "I", "W"):
+                row.append((a.stage_index, kind, a.microbatch_index))
+        out[rank] = row
+    return out, schedule._num_stages
+
+
+# ---------------------------------------------------------------------------- per role
+
+
+@dataclass
+class RoleTime:
+    role: str
+    ranks: list[int]
+    predicted_step_seconds: float
+    tokens_per_second_per_device: float
+    mfu: float | None
+    breakdown: dict[str, float]  # seconds: compute, recompute, overhead, optimizer, comm_<dim>, pipeline_bubble
+
+    def record(self) -> dict:
+        """The plan.json `step_time_per_rank_role` entry (a stable format: tools read it)."""
+        return {"role": self.role, "ranks": self.ranks, "predicted_step_seconds": self.predicted_step_seconds,
+                "tokens_per_second_per_device": self.tokens_per_second_per_device, "mfu": self.mfu,
+                "breakdown": self.breakdown}
+
+
+@dataclass
+class StepShape:
+    """What turns seconds into throughput."""
+
+    tokens_per_step: int  # global batch x sequence
+    world: int
+    flops_per_token: float  # the trainer's MFU numerator (model.flops_per_token)
+    peak_flops: float  # the trainer's MFU denominator on this hardware
+    accum_steps: int  # pipeline schedules per step (gradient accumulation)
+
+
+def role_times(roles: list[tuple[str, list[int], int]], times: dict[int, RankTimes],
+               schedule: tuple | None, shape: StepShape) -> list[RoleTime]:
+    """roles: (name, global ranks, pipeline rank); times: every pipeline rank's RankTimes."""
+    if schedule is None:
+        t = times[0]
+        step = t.serial.seconds + t.tail.seconds
+        parts = {r: Timed().add(times[r].serial).add(times[r].tail).parts for _, _, r in roles}
+    else:
+        order, n_stages = schedule
+        stage_rank = {a[0]: r for r, acts in order.items() for item in acts for a in (item if isinstance(item, list) else [item])}
+        p2p_s = max(t.p2p_s for t in times.values())
+        end, busy = pipeline_seconds(order, stage_rank, times, p2p_s, n_stages)
+        tail = max(t.tail.seconds for t in times.values())
+        step = shape.accum_steps * end + tail
+        parts = {}
+        for _, _, r in roles:
+            total = Timed()
+            for item in order[r]:
+                for stage, kind, _mb in (item if isinstance(item, list) else [item]):
+                    a = times[r].actions.get((stage, kind))
+                    if a is not None:
+                        total.add(a, shape.accum_steps)
+            total.add(times[r].tail)
+            total.parts["pipeline_bubble"] = max(0.0, step - times[r].tail.seconds - shape.accum_steps * busy[r])
+            parts[r] = total.parts
+    tps = shape.tokens_per_step / step / shape.world if step > 0 else 0.0
+    mfu = tps * shape.flops_per_token / shape.peak_flops if shape.peak_flops else None
+    return [RoleTime(name, ranks, step, tps, mfu, {k: v for k, v in sorted(parts[r].items()) if v > 0})
+            for name, ranks, r in roles]
+
+
+def time_table(times: list[RoleTime]) -> str:
+    """The dry run's per-role step-time table (milliseconds)."""
+    names = sorted({k for t in times for k in t.breakdown}, key=lambda k: (k.startswith("comm_"), k == "pipeline_bubble", k))
+    head = ["role", "step s", "tok/s/dev", "MFU"] + [n.replace("comm_", "comm ").replace("pipeline_bubble", "bubble") + " ms"
+                                                    for n in names]
+    rows = [head]
+    for t in times:
+        rows.append([t.role, f"{t.predicted_step_seconds:.3f}", f"{t.tokens_per_second_per_device:,.0f}",
+                     "n/a" if t.mfu is None else f"{t.mfu:.1%}"] + [f"{t.breakdown.get(n, 0) * 1e3:.1f}" for n in names])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
