@@ -211,3 +211,69 @@ def test_profile_choice_and_overrides():
                               "cuda")
     assert (custom.name, custom.gpus_per_node, custom.peak_tflops["bfloat16"]) == ("a100_80gb", 4, 300.0)
     assert hardware.gpu_profile_name("NVIDIA H100 80GB HBM3") == "h100_sxm"
+
+
+def test_every_role_of_a_pipeline_job_gets_a_step_time():
+    """The dry run's path in this process: a fake world of 4 ranks, tiny Llama3, PP 2 x FSDP 2,
+    Interleaved1F1B, predicted on h100_sxm: one record per memory role, the same step time
+    for both (the step is synchronous), a bubble on each, the breakdown summing to it."""
+    from torchtitan.checks import load_config
+    from torchtitan.memory.predict import predict
+    from torchtitan.training.build import fake_world, model_on_meta
+
+    cfg, _ = load_config(["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=4",
+                          "--parallelism.pipeline_parallel_degree=2", "--parallelism.memory_budget_gib=none",
+                          "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                          "--parallelism.pipeline_parallel_layers_per_stage=1"], 4)
+    with fake_world(cfg, 4) as dims:
+        meta = model_on_meta(cfg)
+        roles = predict(meta.spec, meta.model, dims, cfg, "cuda", meta.args, hardware=H100).roles
+    times = [r.time for r in roles]
+    assert [t.role for t in times] == ["pp0", "pp1"] and [t.ranks for t in times] == [r.ranks for r in roles]
+    assert times[0].predicted_step_seconds == times[1].predicted_step_seconds > 0
+    tokens = 4 * 2 * 64  # local batch x dp x seq
+    assert times[0].tokens_per_second_per_device == pytest.approx(tokens / times[0].predicted_step_seconds / 4)
+    for t in times:
+        assert t.breakdown["pipeline_bubble"] > 0 and "comm_dp_shard" in t.breakdown
+        assert sum(t.breakdown.values()) == pytest.approx(t.predicted_step_seconds, rel=1e-9)
+        assert set(t.record()) == {"role", "ranks", "predicted_step_seconds", "tokens_per_second_per_device", "mfu",
+                                   "breakdown"}
+
+
+def test_a_measured_cpu_profile_times_gloo_and_shared_cores_by_the_ranks_on_the_machine():
+    from types import SimpleNamespace
+
+    from torchtitan.memory.simulate import _stretch
+
+    cpu = dataclasses.replace(H100, host_async=False, cores=2, thread_speedup=1.8, sharing={"2": 1.1, "4": 2.2},
+                              intra_latency_us=0.0,
+                              gloo={"2": {"gbps": 1.0, "fixed_us": {"all_gather": 500.0}},
+                                    "4": {"gbps": 0.5, "fixed_us": {"all_gather": 4000.0}}})
+
+    def world(n):
+        return SimpleNamespace(world_size=n)
+
+    assert _stretch(cpu, world(1)) == pytest.approx(1 / 1.8)  # one rank on both cores' threads
+    assert _stretch(cpu, world(2)) == pytest.approx(1.1)
+    assert _stretch(cpu, world(4)) == pytest.approx(2.2)
+    assert _stretch(cpu, world(8)) == pytest.approx(4.4)  # beyond the measured count: time slices
+    assert _stretch(H100, world(8)) == 1.0  # a GPU rank has its own device
+    mb = 1 << 20
+    assert step_time.collective_seconds("all_gather", mb, [0, 1], cpu, world=2) == pytest.approx(500e-6 + 0.5 * mb / 1e9)
+    assert step_time.collective_seconds("all_gather", mb, [0, 1], cpu, world=4) == pytest.approx(4000e-6 + 0.5 * mb / 0.5e9)
+
+
+def test_fsdp2_backward_prefetch_waits_for_the_gather_issued_a_unit_earlier():
+    """Backward trace order of FSDP2: gather(next unit) in a unit's pre-backward, the unit's
+    compute, its reduce-scatter. A unit waits for the gather issued one unit earlier, so with
+    compute longer than gather + reduce-scatter only the first gather is exposed."""
+    groups = _groups(fsdp="dp_shard")
+    ag = step_time.collective_seconds("all_gather", 1 << 27, list(range(8)), H100)
+    rs = step_time.collective_seconds("reduce_scatter", 1 << 28, list(range(8)), H100)
+    unit = Compute(device_s=3 * (ag + rs))
+    events = [Comm("all_gather", "fsdp", 1 << 27, "c10d")]  # the first unit's own gather
+    for _ in range(4):
+        events += [Comm("all_gather", "fsdp", 1 << 27, "c10d"), unit, Comm("reduce_scatter", "fsdp", 1 << 28, "c10d")]
+    t = step_time.Streams(H100, groups, 1.0, False).run([Segment("backward", None, events)])
+    assert t.parts["comm_dp_shard"] == pytest.approx(ag + rs)  # the first gather, the last reduce-scatter
+    assert t.seconds == pytest.approx(ag + 4 * unit.device_s + rs)

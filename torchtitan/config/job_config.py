@@ -493,6 +493,11 @@ class Hardware:
     gemm_efficiency: float | Literal["auto"] = AUTO
     """Fraction of peak FLOPS a large GEMM reaches; auto = the profile's."""
 
+    clock_factor: float | Literal["auto"] = AUTO
+    """Sustained fraction of the boost clock the compute units hold (a power cap lowers it),
+    scaling every peak FLOPS figure; auto = the profile's (1, or h100_grand_teton's calibrated
+    value: docs/step_time.md)."""
+
 
 @dataclass
 class Validation:

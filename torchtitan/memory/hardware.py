@@ -43,6 +43,8 @@ class HardwareProfile:
     attention_block: int  # query/key block of the causal kernel: blocks above the diagonal are skipped
     memory_efficiency: float  # fraction of hbm_gbps that memory-bound kernels reach
     host_us_per_op: float  # eager: host time to dispatch one op (Python, autograd, launch)
+    dtensor_us_per_op: float  # host time DTensor adds to an op on DTensors (sharding propagation, Python)
+    host_us_per_collective: float  # host time around an eager process-group collective (FSDP2's hooks, copies)
     # compiled blocks: memory-bound ops fuse (fewer bytes move, fewer launches)
     compiled_memory_fraction: float  # bytes a compiled block's memory-bound ops still move
     compiled_ops_per_kernel: float  # eager ops per launched kernel in a compiled block
@@ -50,10 +52,19 @@ class HardwareProfile:
     # dispatched it: host + device
     host_async: bool = True
     cores: int = 0  # CPU: cores the node's ranks share (ranks beyond it slow compute down)
+    thread_speedup: float = 1.0  # CPU: a rank with every core's thread vs one thread
+    sharing: dict = field(default_factory=dict)  # CPU: {processes: slowdown of each} when they compute at once
+    # host time activation checkpointing adds per op of a checkpointed region (forward and
+    # recomputation): whole-region checkpointing (saved-tensor hooks) and an op-level policy
+    # (SAC's dispatch modes); measured on a CPU, 0 where not measured
+    ac_us_per_op: float = 0.0
+    sac_us_per_op: float = 0.0
     # sustained fraction of the boost clock the tensor cores hold (a power cap lowers it)
     clock_factor: float = 1.0
     # measured profiles: attention's efficiency by head dim (log-interpolated; else attention_efficiency)
     attention_by_head_dim: dict[int, float] = field(default_factory=dict)
+    # measured profiles (gloo on one machine): {ranks on the machine: {"gbps", "fixed_us": {kind: us}}}
+    gloo: dict = field(default_factory=dict)
 
     def attention_eff(self, head_dim: int) -> float:
         table = sorted((int(k), v) for k, v in self.attention_by_head_dim.items())
@@ -90,9 +101,13 @@ class HardwareProfile:
 # ~85% of the NIC's; cuBLAS bf16 GEMMs of LLM shapes ~70% of peak on H100 (~75% on A100);
 # FlashAttention-2 (torch's SDPA kernels) ~40% of peak on H100 forward and backward, ~55%
 # on A100; elementwise kernels ~80% of HBM bandwidth; eager PyTorch dispatches an op in
-# ~10 us of host time (Python module call, autograd, launch).
+# ~10 us of host time (Python module call, autograd, launch), DTensor adds ~40 us per op
+# (sharding propagation) and FSDP2 ~150 us around each collective (its hooks and copies) on
+# a server CPU (about 2.5x faster than this project's CPU machines, where they measure ~95
+# and ~250-400 us: memory/local_profile.py).
 _GPU_COMMON = dict(intra_latency_us=5.0, inter_latency_us=15.0, gemm_half_gflop=2.0, attention_block=128,
-                   memory_efficiency=0.8, host_us_per_op=10.0, compiled_memory_fraction=0.5,
+                   memory_efficiency=0.8, host_us_per_op=10.0, dtensor_us_per_op=40.0, host_us_per_collective=150.0,
+                   compiled_memory_fraction=0.5,
                    compiled_ops_per_kernel=4.0, host_async=True)
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -125,7 +140,7 @@ PROFILES: dict[str, HardwareProfile] = {
         "h100_grand_teton", "H100 SXM 96GB HBM2e 2.4 TB/s, 500 W (torchtitan's published benchmarks' hardware)",
         {"bfloat16": 989.4, "float32": 66.9}, hbm_gbps=2400, memory_gib=96 * 1e9 / 2**30, gpus_per_node=8,
         intra_node_gbps=360, inter_node_gbps=42.5, gemm_efficiency=0.70, grouped_gemm_efficiency=0.55,
-        attention_efficiency=0.40, clock_factor=1.0, **_GPU_COMMON),
+        attention_efficiency=0.40, clock_factor=0.762, **_GPU_COMMON),
 }
 PROFILES["h800"] = dataclasses.replace(  # H100 with NVLink cut to 400 GB/s (export part)
     PROFILES["h100_sxm"], name="h800", source="NVIDIA H800 SXM: H100 silicon, NVLink 400 GB/s; 8 per node, 400 Gb/s NIC per GPU",
@@ -136,7 +151,7 @@ NAMES = (*PROFILES, "local")
 # [hardware] keys that override one value of the chosen profile
 OVERRIDES = {"gpus_per_node": "gpus_per_node", "peak_tflops": "peak_tflops", "hbm_gbps": "hbm_gbps",
              "intra_node_gbps": "intra_node_gbps", "inter_node_gbps": "inter_node_gbps",
-             "gemm_efficiency": "gemm_efficiency"}
+             "gemm_efficiency": "gemm_efficiency", "clock_factor": "clock_factor"}
 
 
 def gpu_profile_name(device_name: str) -> str | None:

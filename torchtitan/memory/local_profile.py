@@ -6,7 +6,7 @@
 What a CPU training rank runs on: one thread per rank when several ranks share the machine
 (torchrun's default), gloo collectives between processes on the same machine. Measured:
 
-- GEMM (float32, one thread): time of square and LLM-shaped matmuls against their FLOPs; a
+- GEMM (float32 and bfloat16, one thread): time of square and LLM-shaped matmuls against their FLOPs; a
   line t = flops / peak + fixed gives the peak and the size at half efficiency
   (fixed x peak), which is the profile's GEMM curve (hardware.py);
 - memory-bound ops (one thread): a block's elementwise ops and reductions on activation-sized
@@ -14,9 +14,17 @@ What a CPU training rank runs on: one thread per rank when several ranks share t
 - attention (SDPA forward + backward): efficiency against the GEMM peak by head dim, and the
   block a causal mask lets the kernel skip;
 - host time per op: a chain of small ops with autograd, forward and backward, divided by
-  the ops the dispatcher saw (Python, autograd, dispatch: what dominates tiny models);
-- gloo: all-gather, reduce-scatter, all-reduce, all-to-all and send/recv between 2 processes
-  at 4 KiB and 4 MiB: a fixed cost per collective kind and the bandwidth.
+  the ops the dispatcher saw (Python, autograd, dispatch: what dominates tiny models); what
+  DTensor adds per op on DTensors, and what FSDP2 adds around each of its collectives
+  (fully_shard units against plain ones, on a 1-process gloo group);
+- the thread speedup: a small block's forward + backward on every core vs one thread (a
+  job with fewer ranks than cores gives each rank more threads: run_train.sh), and the
+  slowdown of that block when 2 and when 4 single-threaded processes run it at once
+  (shared caches and memory bandwidth, time slices beyond the cores);
+- gloo: all-gather, reduce-scatter, all-reduce, all-to-all and send/recv among 2 and among 4
+  processes at 4 KiB and 4 MiB, each between ~2 ms of GEMMs on every process (as a step
+  interleaves them: waiting for the others and sharing the cores count): a fixed cost per
+  collective kind and the bandwidth, per process count.
 
 Grouped GEMM on CPU is a loop of GEMMs: it uses the GEMM curve at a mid-size GEMM.
 The cache key is the CPU model, the core count and the torch version (a new machine or
@@ -31,6 +39,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -73,20 +82,12 @@ def _best(fn, repeat: int = 5) -> float:
     return best
 
 
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least squares y = a x + b."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return a, my - a * mx
-
-
-def measure_gemm() -> tuple[float, float]:
-    """(peak FLOP/s, GFLOP at half efficiency), one thread, float32."""
+def measure_gemm(dtype=torch.float32) -> tuple[float, float]:
+    """(peak FLOP/s, GFLOP at half efficiency), one thread."""
     flops, secs = [], []
     for m, k, n, layout in _GEMM_SHAPES:
-        a = torch.randn(k, m).t() if layout[0] == "t" else torch.randn(m, k)
-        b = torch.randn(n, k).t() if layout[1] == "t" else torch.randn(k, n)
+        a = torch.randn(k, m, dtype=dtype).t() if layout[0] == "t" else torch.randn(m, k, dtype=dtype)
+        b = torch.randn(n, k, dtype=dtype).t() if layout[1] == "t" else torch.randn(k, n, dtype=dtype)
         reps = max(1, int(2e8 // (2 * m * k * n)))
 
         def run(a=a, b=b, reps=reps):
@@ -95,9 +96,13 @@ def measure_gemm() -> tuple[float, float]:
 
         secs.append(_best(run) / reps)
         flops.append(2.0 * m * k * n)
-    slope, fixed = _line(flops, secs)
-    peak = 1.0 / slope
-    return peak, max(fixed, 0.0) * peak / 1e9
+    # the peak: the median rate of the LLM-shaped GEMMs; the half-efficiency size from the
+    # smallest one (a line fit's intercept is noise at these sizes)
+    rates = sorted(f / t for f, t in zip(flops, secs))
+    peak = rates[len(rates) // 2]
+    small = min(range(len(flops)), key=lambda i: flops[i])
+    eff = min(1.0, flops[small] / secs[small] / peak)
+    return peak, flops[small] * (1 / eff - 1) / 1e9
 
 
 def measure_memory() -> float:
@@ -138,8 +143,55 @@ def measure_attention(peak: float) -> tuple[dict[int, float], int]:
     return eff, block
 
 
-def measure_host_per_op() -> float:
-    """Microseconds of host time per dispatched op (forward and backward with autograd)."""
+def measure_host_per_op() -> tuple[float, float, float]:
+    """Microseconds of host time per dispatched op: the framework's own Llama3 blocks at a
+    size where the kernels take next to nothing (flavor tiny, 4 x 16 tokens), forward and
+    backward, over the ops the dispatcher saw (Python module calls, autograd, dispatch);
+    then what activation checkpointing adds per op of a checkpointed block (its forward and
+    its recomputation), with every block checkpointed whole and with an op-level policy."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    from torchtitan.config.manager import build_config
+    from torchtitan.training.build import model_on_meta
+
+    cfg, _ = build_config(["--model.name=llama3", "--model.flavor=tiny", "--training.seq_len=16"])
+    model = model_on_meta(cfg).model
+    model.to_empty(device="cpu")
+    model.init_weights(0, torch.device("cpu"))
+    tokens = torch.randint(0, 100, (4, 16))
+
+    def step():
+        model(tokens).float().sum().backward()
+
+    plain_us, plain_ops = _ops_per_second(step)
+    blocks = list(model.layers.values())
+    originals = [b.forward for b in blocks]
+
+    def save_matmuls(ctx, func, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if func in (torch.ops.aten.mm.default,) else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def wrapped(policy):
+        for b, fwd in zip(blocks, originals):
+            if policy is None:
+                b.forward = lambda *a, f=fwd, **k: checkpoint(f, *a, use_reentrant=False, **k)
+            else:
+                b.forward = lambda *a, f=fwd, **k: checkpoint(
+                    f, *a, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(policy), **k)
+
+    extra = []
+    for policy in (None, save_matmuls):
+        wrapped(policy)
+        us, ops = _ops_per_second(step)
+        # the ops of the checkpointed blocks: everything beyond the plain step's ops ran again
+        region_ops = max(ops - plain_ops, 1) * 2
+        extra.append(max(0.0, us * ops - plain_us * plain_ops - (ops - plain_ops) * plain_us) / region_ops)
+    for b, fwd in zip(blocks, originals):
+        b.forward = fwd
+    return plain_us, extra[0], extra[1]
+
+
+def _ops_per_second(step) -> tuple[float, int]:
+    """(microseconds of wall time per dispatched op of `step`, the ops)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -149,18 +201,136 @@ def measure_host_per_op() -> float:
             Count.n += 1
             return func(*args, **(kwargs or {}))
 
-    w = torch.randn(8, 8, requires_grad=True)
-
-    def chain():
-        x = torch.randn(4, 8)
-        for _ in range(50):
-            x = torch.nn.functional.silu(x @ w) * 0.5 + x
-        x.sum().backward()
-
     with Count():
-        chain()
+        step()
     ops = Count.n
-    return _best(chain) / ops * 1e6
+    return _best(step) / ops * 1e6, ops
+
+
+def _block_step(threads: int) -> float:
+    """Seconds of forward + backward of a small Llama-like MLP and attention stack with
+    `threads` threads (for the thread speedup)."""
+    import torch.nn.functional as F
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(1024, 256)
+        ws = [torch.randn(256, 256, requires_grad=True) for _ in range(6)]
+        q = torch.randn(4, 8, 256, 32, requires_grad=True)
+
+        def run():
+            h = x
+            for w in ws:
+                h = F.silu(h @ w) * 0.5 + h
+            a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            (h.sum() + a.sum()).backward()
+
+        return _best(run, 3)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _concurrent_worker(rank: int, out_path: str) -> None:
+    torch.set_num_threads(1)
+    t = _block_step(1)
+    with open(f"{out_path}.{rank}", "w") as f:
+        f.write(str(t))
+
+
+def measure_sharing(cores: int) -> dict[str, float]:
+    """{ranks: slowdown}: a small block's step when `ranks` single-threaded processes run it at
+    once, over the same step alone (shared caches, memory bandwidth, time slices beyond the
+    cores), for 2 and 4 processes."""
+    import torch.multiprocessing as mp
+
+    alone = min(_block_step(1) for _ in range(2))
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (2, 4):
+            path = os.path.join(tmp, f"conc{n}")
+            mp.spawn(_concurrent_worker, args=(path,), nprocs=n, join=True)
+            times = [float(open(f"{path}.{r}").read()) for r in range(n)]
+            out[str(n)] = statistics.median(times) / alone
+    return out
+
+
+def _framework_worker(path: str, out_path: str) -> None:
+    """One gloo process: DTensor's host time per op, and the host time FSDP2 spends around
+    each of its collectives (hooks, copy-in / copy-out), against plain modules."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchtitan.observe.comm_stats import collective_kind
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    dx = distribute_tensor(x.detach(), mesh, [Shard(0)]).requires_grad_()
+    dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
+
+    def chain(a, b):
+        for _ in range(25):
+            a = torch.nn.functional.silu(a @ b) * 0.5 + a
+        a.sum().backward()
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtensor = self.collectives = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            from torch.distributed.tensor import DTensor
+
+            if any(issubclass(t, DTensor) for t in types):
+                self.dtensor += 1
+                return NotImplemented
+            self.collectives += collective_kind(func, args) is not None
+            return func(*args, **(kwargs or {}))
+
+    counter = Count()
+    with counter:
+        chain(dx, dw)
+    dtensor_us = (_best(lambda: chain(dx, dw)) - _best(lambda: chain(x, w))) / counter.dtensor * 1e6
+
+    def units(n: int, shard: bool) -> torch.nn.Module:
+        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU()) for _ in range(n)])
+        if shard:
+            for unit in model:
+                fully_shard(unit, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        return model
+
+    xs = torch.randn(4, 16)
+    n_units = 8
+    plain, sharded = units(n_units, False), units(n_units, True)
+    fsdp_us = (_best(lambda: sharded(xs).sum().backward()) - _best(lambda: plain(xs).sum().backward()))
+    # on one process FSDP2 skips the collectives themselves; a unit that reshards after
+    # forward issues three per step (gather in forward and in backward, reduce-scatter)
+    fsdp_us = fsdp_us / (3 * n_units) * 1e6
+    with open(out_path, "w") as f:
+        json.dump({"dtensor_us_per_op": dtensor_us, "host_us_per_collective": fsdp_us}, f)
+    dist.destroy_process_group()
+
+
+def measure_framework() -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "framework.json")
+        ctx = mp.get_context("spawn")
+        proc = ctx.Process(target=_framework_worker, args=(os.path.join(tmp, "store"), out))
+        proc.start()
+        proc.join()
+        with open(out) as f:
+            return json.load(f)
 
 
 def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
@@ -171,56 +341,77 @@ def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)  # the c10d names we call are deprecated aliases
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def compute():  # ~2 ms of GEMM between collectives, as a training step interleaves them
+        for _ in range(6):
+            torch.mm(a, b)
+
+    def loop(fn=None, n: int = 8) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            compute()
+            if fn is not None:
+                fn()
+        dist.barrier()
+        return time.perf_counter() - t0
+
     results = {}
     for size in (1 << 10, 1 << 20):  # float32 elements: 4 KiB, 4 MiB
         x = torch.randn(size)
         out = torch.empty(size * world)
         shard = torch.empty(size // world)
         a2a = torch.empty(size)
+        peer = rank ^ 1
         ops = {
             "all_gather": lambda: dist.all_gather_into_tensor(out, x),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, x),
             "all_reduce": lambda: dist.all_reduce(x),
             "all_to_all": lambda: dist.all_to_all_single(a2a, x),
-            "send": lambda: dist.send(x, 1) if rank == 0 else dist.recv(x, 0),
+            "send": lambda: dist.send(x, peer) if rank % 2 == 0 else dist.recv(x, peer),
         }
         for kind, fn in ops.items():
-            dist.barrier()
-            fn()
-            best = float("inf")
-            for _ in range(5):
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                best = min(best, time.perf_counter() - t0)
+            loop(fn, 2)
+            alone = min(loop() for _ in range(2))
+            with_it = min(loop(fn) for _ in range(3))
             # bytes as step_time counts them: gathered output, reduced input, the tensor otherwise
             nbytes = x.numel() * 4 * (world if kind == "all_gather" else 1)
-            results.setdefault(kind, []).append((nbytes, best))
+            results.setdefault(kind, []).append((nbytes, max(with_it - alone, 1e-7) / 8))
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
     dist.destroy_process_group()
 
 
-def measure_gloo() -> tuple[dict[str, float], float]:
-    """(fixed microseconds per collective kind, GB/s) between 2 processes on this machine."""
+def _factor(kind: str, n: int) -> float:
+    """step_time.collective_seconds' bytes factor of a collective on n ranks."""
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 2 * (n - 1) / n if kind == "all_reduce" else 1.0
+
+
+def measure_gloo(world: int) -> dict:
+    """{"gbps": bandwidth, "fixed_us": {kind: fixed cost}} of gloo collectives between `world`
+    processes on this machine, each issued between ~2 ms of computation on every process
+    (what a step does: the cost includes waiting for the others and sharing the cores)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gloo.json")
-        mp.spawn(_gloo_worker, args=(2, os.path.join(tmp, "store"), out), nprocs=2, join=True)
+        mp.spawn(_gloo_worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True)
         with open(out) as f:
             results = json.load(f)
     fixed, rates = {}, []
     for kind, points in results.items():
         (b0, t0), (b1, t1) = sorted(points)
-        factor = 0.5 if kind in ("all_gather", "reduce_scatter", "all_to_all") else 2 * 0.5 if kind == "all_reduce" else 1.0
-        rate = factor * (b1 - b0) / max(t1 - t0, 1e-9)  # step_time's formula, n = 2
+        factor = _factor(kind, world)
+        rate = factor * (b1 - b0) / max(t1 - t0, 1e-9)
         rates.append(rate)
         fixed[kind] = max(0.0, (t0 - factor * b0 / rate)) * 1e6
     fixed["recv"] = fixed.get("send", 0.0)
     rates.sort()
-    return fixed, rates[len(rates) // 2] / 1e9
+    return {"gbps": rates[len(rates) // 2] / 1e9, "fixed_us": fixed}
 
 
 def measure() -> HardwareProfile:
@@ -228,23 +419,29 @@ def measure() -> HardwareProfile:
     torch.set_num_threads(1)
     try:
         peak, half = measure_gemm()
+        peak_bf16, _ = measure_gemm(torch.bfloat16)
         memory = measure_memory()
-        host = measure_host_per_op()
+        host, ac_us, sac_us = measure_host_per_op()
         attention, block = measure_attention(peak)
     finally:
         torch.set_num_threads(threads)
-    fixed, gbps = measure_gloo()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    speedup = _block_step(1) / _block_step(cores) if cores > 1 else 1.0
+    sharing = measure_sharing(cores)
+    framework = measure_framework()
+    gloo = {str(n): measure_gloo(n) for n in (2, 4)}
     # attention and grouped GEMM: the GEMM curve's efficiency at a mid-size GEMM (1 GFLOP)
     mid = 1.0 / (1.0 + half)
     return HardwareProfile(
         "local", f"measured on {socket.gethostname()} ({machine_key()}), {time.strftime('%Y-%m-%d %H:%M')}",
-        {"bfloat16": peak / 1e12, "float32": peak / 1e12}, hbm_gbps=memory, memory_gib=0.0,
-        gpus_per_node=1 << 20, intra_node_gbps=gbps, inter_node_gbps=gbps, intra_latency_us=0.0,
+        {"bfloat16": peak_bf16 / 1e12, "float32": peak / 1e12}, hbm_gbps=memory, memory_gib=0.0,
+        gpus_per_node=1 << 20, intra_node_gbps=gloo["2"]["gbps"], inter_node_gbps=gloo["2"]["gbps"], intra_latency_us=0.0,
         inter_latency_us=0.0, gemm_efficiency=1.0, gemm_half_gflop=half, grouped_gemm_efficiency=mid,
         attention_efficiency=attention[64], attention_block=block, memory_efficiency=1.0, host_us_per_op=host,
+        dtensor_us_per_op=framework["dtensor_us_per_op"], host_us_per_collective=framework["host_us_per_collective"],
+        thread_speedup=speedup, sharing=sharing, ac_us_per_op=ac_us, sac_us_per_op=sac_us,
         compiled_memory_fraction=1.0, compiled_ops_per_kernel=1.0, host_async=False, cores=cores,
-        collective_us=fixed, attention_by_head_dim=attention)
+        collective_us=gloo["2"]["fixed_us"], attention_by_head_dim=attention, gloo=gloo)
 
 
 def load(measure_if_missing: bool = True) -> HardwareProfile | None:

@@ -11,7 +11,7 @@ sorts it into one of:
   elementwise, reductions, copies, FSDP's copy-in / copy-out, the optimizer's foreach ops),
   with the FLOPs it runs and the bytes it reads and writes, timed at once with the hardware
   profile (`op_seconds`); ops that launch no kernel (views, metadata, empty allocations)
-  cost nothing;
+  cost their host dispatch only (none in compiled blocks);
 - a collective or P2P op (observe/comm_stats.py's `collective_kind`): its kind, process
   group and bytes, kept as an event of its own (step_time.py knows the links and what
   overlaps what).
@@ -166,12 +166,27 @@ class OpTrace:
         self.compiled = compiled
         self.segments: list[Segment] = []
         self.recomputing = 0
+        self.checkpointed = 0  # inside a checkpointed region's forward
         self.active = False
 
     def _segment(self, label: str, action) -> Segment:
         if not self.segments or self.segments[-1].label != label or self.segments[-1].action != action:
             self.segments.append(Segment(label, action))
         return self.segments[-1]
+
+    def _host(self, seconds: float, label: str, action) -> None:
+        """Host time outside any op's kernel (DTensor's dispatch, a collective's hooks)."""
+        seg = self._segment(label, action)
+        last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
+        if last is None:
+            last = Compute()
+            seg.events.append(last)
+        last.host_s += seconds
+
+    def dtensor_op(self, label: str, action) -> None:
+        """An op on DTensors: DTensor's own host time, then its local ops come through `seen`."""
+        if self.active:
+            self._host(self.profile.dtensor_us_per_op * 1e-6, label, action)
 
     def seen(self, func, args, kwargs, out, label: str, action) -> None:
         if not self.active:
@@ -180,10 +195,15 @@ class OpTrace:
         kind = collective_kind(func, args)
         if kind is not None:
             group = _group_name(args, {})
+            if namespace == "c10d":  # an eager process-group call: its caller's host work (FSDP2's hooks, DDP, pipelining)
+                self._host(self.profile.host_us_per_collective * 1e-6, label, action)
             self._segment(label, action).events.append(
                 Comm(kind, group, collective_bytes(kind, func, args), namespace if namespace in ("c10d", "torchtitan") else "functional"))
             return
         if namespace == "prim" or name in _NO_KERNEL or getattr(func, "is_view", False):
+            # no kernel, but dispatched all the same (profile.host_us_per_op is measured over every op)
+            if not self.compiled or label == "optimizer":
+                self._host(self.profile.host_us_per_op * 1e-6, label, action)
             return
         if func in _GEMM:
             op, flops, dtype = "gemm", gemm_flops(func, args), _dtype_name(args[-1] if func is aten.mm.default else args[1])
@@ -199,6 +219,8 @@ class OpTrace:
         nbytes = _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
         device_s, host_s = op_seconds(op, flops, nbytes, dtype, self.profile, self.compiled and label != "optimizer",
                                       head_dim if op == "attention" else 0)
+        if (self.checkpointed or self.recomputing) and not self.compiled:
+            host_s += self._ac_host_s()
         seg = self._segment(label, action)
         last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
         if last is None:
@@ -212,25 +234,39 @@ class OpTrace:
         last.flops += flops
         last.ops += 1
 
+    def _ac_host_s(self) -> float:
+        """Host time checkpointing adds to an op of a checkpointed region: an op-level policy's
+        dispatch modes when one is on the mode stack, else whole-region checkpointing's hooks."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        sac = any(type(m).__name__ in ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
+                  for m in _get_current_dispatch_mode_stack())
+        return (self.profile.sac_us_per_op if sac else self.profile.ac_us_per_op) * 1e-6
+
     @contextlib.contextmanager
     def recording(self):
-        """Trace inside; ops run by activation checkpointing's recomputation are marked."""
-        hook = torch_checkpoint._recomputation_hook
-        enter, exit_ = hook.__enter__, hook.__exit__
+        """Trace inside; ops run by activation checkpointing's recomputation are marked, and
+        those of a checkpointed region's forward are known (`checkpointed`)."""
         trace = self
+        patched = []
+        for hook, counter in ((torch_checkpoint._recomputation_hook, "recomputing"),
+                              (torch_checkpoint._checkpoint_hook, "checkpointed")):
+            enter, exit_ = hook.__enter__, hook.__exit__
 
-        def entered(h):
-            trace.recomputing += 1
-            return enter(h)
+            def entered(h, enter=enter, counter=counter):
+                setattr(trace, counter, getattr(trace, counter) + 1)
+                return enter(h)
 
-        def exited(h, *exc):
-            trace.recomputing -= 1
-            return exit_(h, *exc)
+            def exited(h, *exc, exit_=exit_, counter=counter):
+                setattr(trace, counter, getattr(trace, counter) - 1)
+                return exit_(h, *exc)
 
-        hook.__enter__, hook.__exit__ = entered, exited
+            hook.__enter__, hook.__exit__ = entered, exited
+            patched.append((hook, enter, exit_))
         self.active = True
         try:
             yield self
         finally:
             self.active = False
-            hook.__enter__, hook.__exit__ = enter, exit_
+            for hook, enter, exit_ in patched:
+                hook.__enter__, hook.__exit__ = enter, exit_

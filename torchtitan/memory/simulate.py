@@ -277,10 +277,20 @@ def _groups(dims: ParallelDims, trace: OpTrace) -> step_time.Groups:
 
 
 def _stretch(hardware, dims: ParallelDims) -> float:
-    """CPU ranks beyond the cores they share slow each other's compute down (step_time.py, 1)."""
+    """A CPU node's ranks share its cores (step_time.py, 1): device time x ranks / cores; with
+    fewer ranks than cores each runs cores / ranks threads (run_train.sh), at the measured
+    thread speedup (linear between one thread and all)."""
     if hardware.host_async or not hardware.cores:
         return 1.0
-    return max(1.0, dims.world_size / hardware.cores)
+    world, cores = dims.world_size, hardware.cores
+    if world > 1 and hardware.sharing:  # measured: processes computing at once on this machine
+        measured = {int(k): v for k, v in hardware.sharing.items()}
+        n = max(k for k in measured if k <= world) if any(k <= world for k in measured) else min(measured)
+        return measured[n] * world / n  # beyond the largest measured count: time slices
+    if world >= cores or cores == 1:
+        return world / cores
+    threads = cores / world
+    return 1.0 / (1.0 + (hardware.thread_speedup - 1.0) * (threads - 1) / (cores - 1))
 
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:

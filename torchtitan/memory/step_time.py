@@ -5,17 +5,20 @@ Everything this model assumes is here, to be checked line by line:
 
 1. Compute. Each op's device time is a roofline on the profile (op_trace.op_seconds); a GPU
    queues kernels, so a run of ops costs max(device time, host dispatch time); a CPU runs
-   them on the dispatching thread: device + host. With N ranks on C < N cores of a CPU
-   node, compute and host time stretch by N / C (`cores` of the profile).
+   them on the dispatching thread: device + host. A CPU node's C cores are shared by its N
+   ranks (run_train.sh gives each max(1, C / N) threads; the profile is measured on one):
+   device time scales by N / C, host time (one thread) by max(1, N / C).
 2. Collectives (`collective_seconds`): ring algorithms on the slowest link the group
    crosses: inside a node `intra_node_gbps`, across nodes `inter_node_gbps` (per rank,
    rail-optimised NICs): all-gather / reduce-scatter (n-1)/n x bytes / bandwidth, all-reduce
    twice that, all-to-all (n-1)/n x bytes, plus a latency per ring step. Collectives on one
    link run one at a time (FSDP's gathers and reductions share it); different links run
    side by side.
-3. Overlap (`Streams`), on a GPU: FSDP's parameter all-gather of a unit is issued when the
-   unit before it starts computing (FSDP2's implicit forward prefetch: the host runs ahead;
-   explicit backward prefetch), so only what exceeds that unit's compute is exposed;
+3. Overlap (`Streams`), on a GPU: in forward, FSDP's parameter all-gather of a unit is
+   issued when the unit before it starts computing (FSDP2's implicit prefetch: the host runs
+   ahead), so only what exceeds that unit's compute is exposed; in backward FSDP2 issues the
+   next unit's gather in a unit's pre-backward (explicit prefetch), so a unit waits for the
+   gather issued a unit earlier;
    gradient reduce-scatters / all-reduces in backward run behind the compute and are waited
    for at the end of the backward; every other collective (TP, EP's all-to-all, CP, the
    loss and gradient-norm all-reduces, SimpleFSDP's gathers in eager mode) sits on the
@@ -57,13 +60,18 @@ def link_of(ranks: list[int], p: HardwareProfile) -> Link:
     return Link(p.inter_node_gbps, p.inter_latency_us)
 
 
-def collective_seconds(kind: str, nbytes: int, ranks: list[int], p: HardwareProfile) -> float:
+def collective_seconds(kind: str, nbytes: int, ranks: list[int], p: HardwareProfile, world: int = 0) -> float:
+    """`world`: the ranks on one machine, for a measured CPU profile (gloo's cost depends on
+    how many processes share the cores: `gloo` table of 2 or 4, the nearest)."""
     n = len(ranks)
     if n <= 1 and kind not in ("send", "recv"):
         return 0.0
     link = link_of(ranks, p)
     bw = link.gbps * 1e9
     fixed = p.collective_us.get(kind, 0.0) * 1e-6
+    if p.gloo:
+        table = p.gloo["4" if world > 2 and "4" in p.gloo else "2"]
+        bw, fixed = table["gbps"] * 1e9, table["fixed_us"].get(kind, 0.0) * 1e-6
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return fixed + (n - 1) / n * nbytes / bw + (n - 1) * link.latency_us * 1e-6
     if kind == "all_reduce":
@@ -101,18 +109,21 @@ class Streams:
     """One rank's compute stream and its links, over a sequence of segments (assumption 3)."""
 
     def __init__(self, p: HardwareProfile, groups: Groups, stretch: float, simple_fsdp_eager: bool):
-        self.p, self.groups, self.stretch = p, groups, stretch
+        self.p, self.groups = p, groups
+        self.stretch, self.host_stretch = stretch, max(1.0, stretch)
+        self.world = round(stretch * p.cores) if p.cores else 0  # CPU: ranks on the machine
         self.overlap = p.host_async
         self.prefetch = self.overlap and not simple_fsdp_eager
         self.t = 0.0  # the compute stream's clock
         self.link_free: dict[str, float] = defaultdict(float)  # link (mesh dim) -> when it is free
         self.unit_start = None  # when the unit of the last FSDP gather started computing
+        self.backward_gather = None  # (end, dim) of the gather the next unit's backward waits for
         self.pending: dict[str, float] = {}  # dim -> end of reductions not yet waited for
         self.parts: dict[str, float] = defaultdict(float)
 
     def compute(self, c: Compute, label: str) -> None:
         device = (c.device_s + c.recompute_s) * self.stretch
-        host = c.host_s * self.stretch
+        host = c.host_s * self.host_stretch
         busy = max(device, host) if self.p.host_async else device + host
         if label in TAIL_LABELS:
             self.parts["optimizer"] += busy
@@ -127,14 +138,22 @@ class Streams:
             return  # pipeline P2P: pipeline_seconds
         dim = self.groups.dims.get(c.group, "world")
         ranks = self.groups.ranks.get(c.group, [0])
-        duration = collective_seconds(c.kind, c.nbytes, ranks, self.p)
+        duration = collective_seconds(c.kind, c.nbytes, ranks, self.p, self.world)
         if duration <= 0:
             return
         free = self.link_free[dim]
         gather = c.kind == "all_gather" and c.group in self.groups.fsdp
         reduction = (self.overlap and label.startswith("backward") and c.kind in ("reduce_scatter", "all_reduce")
                      and c.group in self.groups.data_parallel)
-        if gather and self.prefetch:
+        if gather and self.prefetch and c.api == "c10d" and label.startswith("backward"):
+            # FSDP2's backward prefetch: the gather issued in a unit's pre-backward is the next
+            # unit's; the unit itself waits for the one issued a unit earlier
+            if self.backward_gather is not None:
+                self._wait(*self.backward_gather)
+            end = max(free, self.t) + duration
+            self.link_free[dim] = end
+            self.backward_gather = (end, dim)
+        elif gather and self.prefetch:
             issued = self.t if self.unit_start is None else self.unit_start
             end = max(free, issued) + duration
             self.link_free[dim] = end
@@ -159,6 +178,9 @@ class Streams:
         for dim, end in self.pending.items():
             self._wait(end, dim)
         self.pending.clear()
+        if self.backward_gather is not None:
+            self._wait(*self.backward_gather)
+            self.backward_gather = None
 
     def run(self, segments: list[Segment]) -> Timed:
         start, before = self.t, dict(self.parts)
@@ -203,7 +225,7 @@ def rank_times(segments: list[Segment], p: HardwareProfile, groups: Groups, stre
     p2p = [e for s in segments for e in s.events if isinstance(e, Comm) and e.kind in ("send", "recv")]
     largest = max(p2p, key=lambda e: e.nbytes, default=None)
     p2p_s = 0.0 if largest is None else collective_seconds(
-        "send", largest.nbytes, groups.ranks.get(largest.group, [0, 1]), p) * stretch
+        "send", largest.nbytes, groups.ranks.get(largest.group, [0, 1]), p, round(stretch * p.cores))
     if not any(s.action is not None for s in body):
         serial = Streams(p, groups, stretch, simple_fsdp_eager).run(body)
         actions = {}

@@ -163,6 +163,10 @@ class LiveBytes(PlainTensorOps):
         ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
         return super().__exit__(*exc)
 
+    def deferred(self, func) -> None:
+        if self.observer is not None and not self._paused:
+            self.observer.dtensor_op(self.phase, self.action)
+
     def seen(self, func, args, out, kwargs=None) -> None:
         if self._paused:
             return

@@ -17,6 +17,9 @@ class PlainTensorOps(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True
 
+    def deferred(self, func) -> None:
+        """Called for each op on DTensors, before DTensor lowers it to plain-tensor ops."""
+
     def seen(self, func, args, out, kwargs=None) -> None:
         """Called after each op on plain tensors with its arguments, output and keyword arguments."""
         raise NotImplementedError
@@ -24,6 +27,7 @@ class PlainTensorOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not isinstance(func, torch._ops.HigherOrderOperator) and any(issubclass(t, DTensor) for t in types):
+            self.deferred(func)
             return NotImplemented  # see the plain-tensor ops DTensor lowers to
         out = func(*args, **kwargs)
         self.seen(func, args, out, kwargs)
