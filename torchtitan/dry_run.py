@@ -20,7 +20,7 @@ from torchtitan.checks import load_config_or_exit
 from torchtitan.checks.job import accepts
 from torchtitan.memory.budget import memory_budget, ranks_on_this_node
 from torchtitan.memory.local_profile import job_hardware
-from torchtitan.memory.fit import fit_report
+from torchtitan.memory.fit import fit_report, nearby_report
 from torchtitan.memory.predict import predict, role_table
 from torchtitan.memory.step_time import time_table
 from torchtitan.training.build import fake_world, model_on_meta
@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
                   f" memory: up to {host / GIB:.3f} GiB per rank (times the ranks of a node)")
         extra = {}
+        if times and cfg.job.nearby:
+            text, nearby = nearby_report(spec, model, dims, cfg, target, args, accepts(world), hardware, roles)
+            print("\n" + text)
+            extra["nearby_choices"] = nearby
         if cfg.job.fit:
             text, extra = fit_report(spec, model, dims, cfg, target, args, budget, cfg.job.fit, accepts(world))
             print("\n" + text)

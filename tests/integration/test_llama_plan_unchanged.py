@@ -24,8 +24,8 @@ Compared exactly: everything but
 - memory_budget_bytes where a case leaves memory_budget_gib at 0: that is the default budget
   of the machine the dry run runs on (on CPU, MemAvailable / 8 ranks - 0.5 GiB), so only its
   type is checked;
-- step_time_per_rank_role and hardware (the step-time prediction, issue 34): not in the
-  goldens, which stay as they were; tests/unit/test_step_time.py and
+- step_time_per_rank_role, hardware and nearby_choices (the step-time prediction, issue
+  34): not in the goldens, which stay as they were; tests/unit/test_step_time.py and
   tests/integration/test_step_time_run.py check them.
 """
 
@@ -82,8 +82,8 @@ def test_llama3_plan_json_is_unchanged(name, tmp_path):
         got = json.load(f)
     with open(os.path.join(ROOT, "tests", "golden", f"llama3_plan_{name}.json")) as f:
         want = json.load(f)
-    for key in ("step_time_per_rank_role", "hardware"):
-        got.pop(key)
+    for key in ("step_time_per_rank_role", "hardware", "nearby_choices"):
+        got.pop(key, None)
     assert list(got) == list(want)  # the same keys in the same order
     assert_roles_match(got.pop("memory_per_rank_role"), want.pop("memory_per_rank_role"))
     if not any(a.startswith("--parallelism.memory_budget_gib=") for a in overrides):

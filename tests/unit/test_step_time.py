@@ -277,3 +277,23 @@ def test_fsdp2_backward_prefetch_waits_for_the_gather_issued_a_unit_earlier():
     t = step_time.Streams(H100, groups, 1.0, False).run([Segment("backward", None, events)])
     assert t.parts["comm_dp_shard"] == pytest.approx(ag + rs)  # the first gather, the last reduce-scatter
     assert t.seconds == pytest.approx(ag + 4 * unit.device_s + rs)
+
+
+def test_the_nearby_choices_of_a_job():
+    from torchtitan.checks import load_config
+    from torchtitan.memory.fit import nearby_choices
+
+    cfg, _ = load_config(["--model.flavor=tiny", "--activation_checkpoint.mode=selective",
+                          "--activation_checkpoint.selective_ac_option=op", "--parallelism.pipeline_parallel_degree=2",
+                          "--training.local_batch_size=4"], 4)
+    dims = NS(dp_shard=2, pp=2, dp=2)
+    changes = [c for c, _ in nearby_choices(cfg, dims)]
+    assert changes == ["--activation_checkpoint.mode=none",
+                       "--activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=2",
+                       "--parallelism.reshard_after_forward=never", "--parallelism.reshard_after_forward=always",
+                       "--training.local_batch_size=5", "--training.local_batch_size=3", "--compile.enable=true"]
+    candidates = dict(nearby_choices(cfg, dims))
+    assert candidates["--training.local_batch_size=5"].training.local_batch_size == 5
+    assert candidates["--compile.enable=true"].compile.enable and not cfg.compile.enable  # the job is untouched
+    # without FSDP or PP: only the AC neighbours and compile
+    assert [c for c, _ in nearby_choices(cfg, NS(dp_shard=1, pp=1, dp=1))] == changes[:2] + changes[-1:]

@@ -43,6 +43,12 @@ class Job:
     peak fits parallelism.memory_budget_gib, per activation-checkpoint mode (gradient
     accumulation steps held fixed, so the global batch grows with the local batch)."""
 
+    nearby: bool = True
+    """With dry_run and a hardware profile: also predict the choices next to the job (the AC
+    modes on either side, reshard never / always, one microbatch more or fewer, compile
+    switched) and print what each would gain in step time and cost in memory; one more
+    simulation per choice (false skips them). Nothing about the job's own plan changes."""
+
     allow_over_budget: bool = False
     """Train even when a rank role's predicted peak exceeds parallelism.memory_budget_gib
     (by default the job stops before the first step and prints changes that would fit)."""
