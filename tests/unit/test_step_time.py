@@ -297,3 +297,16 @@ def test_the_nearby_choices_of_a_job():
     assert candidates["--compile.enable=true"].compile.enable and not cfg.compile.enable  # the job is untouched
     # without FSDP or PP: only the AC neighbours and compile
     assert [c for c, _ in nearby_choices(cfg, NS(dp_shard=1, pp=1, dp=1))] == changes[:2] + changes[-1:]
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("--hardware.gpus_per_node=0", "--hardware.gpus_per_node=0: must be > 0 (or auto: the profile's value)"),
+    ("--hardware.clock_factor=1.5", "--hardware.clock_factor=1.5: must be > 0 and <= 1 (or auto: the profile's value)"),
+])
+def test_bad_hardware_keys_are_one_line(arg, message):
+    from torchtitan.checks import load_config
+    from torchtitan.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config([arg], 1)
+    assert str(info.value) == message

@@ -37,6 +37,7 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_outputs(cfg, world_size, global_batch)
     check_wandb(cfg)
     check_memory_keys(cfg)
+    check_hardware_keys(cfg)
     check_model_states(cfg, args, world_size)
 
 
@@ -132,6 +133,20 @@ MEMORY_ENV = {
     "TITAN_MEMORY_WORKERS": (1, "processes the memory prediction runs its simulations in; 1 = this one"),
     "TITAN_MEMORY_EXACT_LIMIT": (0, "block-microbatches per rank above which large jobs are extrapolated"),
 }
+
+
+def check_hardware_keys(cfg: JobConfig) -> None:
+    """[hardware] overrides: positive numbers (clock_factor and gemm_efficiency at most 1)."""
+    hw = cfg.hardware
+    for key in ("gpus_per_node", "peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
+                "gemm_efficiency", "clock_factor"):
+        value = getattr(hw, key)
+        if value == "auto":
+            continue
+        top = 1 if key in ("gemm_efficiency", "clock_factor") else None
+        if value <= 0 or (top is not None and value > top):
+            raise ConfigError(f"--hardware.{key}={value}: must be > 0" + (f" and <= {top}" if top else "")
+                              + " (or auto: the profile's value)")
 
 
 def check_memory_env(env) -> None:

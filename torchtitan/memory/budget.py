@@ -80,37 +80,36 @@ def resident_bytes() -> int:
     return 0
 
 
-def gpu_memory_bytes() -> list[int] | None:
-    """Total memory of each GPU nvidia-smi lists (CUDA_VISIBLE_DEVICES respected); [] when it
-    lists none, None when there is no nvidia-smi or it fails."""
+def _nvidia_smi(query: str) -> list[str] | None:
+    """One line per GPU nvidia-smi lists for `query` (CUDA_VISIBLE_DEVICES respected); None
+    when there is no nvidia-smi or it fails."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
-    cmd = [exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    cmd = [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     if visible:
         cmd.append(f"--id={visible}")
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
-        return [int(float(line)) * MIB for line in out.split() if line.strip()]  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_memory_bytes() -> list[int] | None:
+    """Total memory of each GPU nvidia-smi lists; [] when it lists none, None when there is no
+    nvidia-smi or it fails."""
+    lines = _nvidia_smi("memory.total")
+    try:
+        return None if lines is None else [int(float(line)) * MIB for line in lines]  # MiB
+    except ValueError:
         return None
 
 
 def gpu_names() -> list[str]:
-    """Names of the GPUs nvidia-smi lists (CUDA_VISIBLE_DEVICES respected); [] without one."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    cmd = [exe, "--query-gpu=name", "--format=csv,noheader"]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible:
-        cmd.append(f"--id={visible}")
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
-        return [line.strip() for line in out.splitlines() if line.strip()]
-    except (OSError, subprocess.SubprocessError):
-        return []
+    """Names of the GPUs nvidia-smi lists; [] without one."""
+    return _nvidia_smi("name") or []
 
 
 def memory_budget(cfg: JobConfig, ranks_per_node: int, *, meminfo: str = "/proc/meminfo",
