@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     if target == "cuda" and budget is not None and budget.origin.startswith("CPU"):
         budget = None  # planned for GPUs on a machine without one: the default is unknown here
     hardware = job_hardware(cfg, target, measure=True)
+    if cfg.job.fit == "layout":
+        return layout_main(cfg, world, target, budget, hardware, start)
     with fake_world(cfg, world) as dims:
         meta = model_on_meta(cfg)
         spec, model, args = meta.spec, meta.model, meta.args
@@ -79,6 +81,48 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"\nwrote {path} ({time.perf_counter() - start:.1f}s)")
     return 0
+
+
+def layout_main(cfg, world: int, target: str, budget, hardware, start: float) -> int:
+    """--job.fit=layout: the layout search (memory/layout_search.py) instead of the job's plan."""
+    import json
+
+    from torchtitan.distributed.job_shape import batch_shape, degrees
+    from torchtitan.memory import layout_search, layout_space
+    from torchtitan.memory.budget import CUDA_MARGIN
+
+    if hardware is None:
+        print("fit=layout: no hardware profile to predict step times with (--hardware.profile)")
+        return 2
+    if budget is None:
+        budget_bytes = int(hardware.memory_gib * GIB * (1 - CUDA_MARGIN))
+        origin = f"{hardware.name}: {hardware.memory_gib:.1f} GiB - {CUDA_MARGIN:.0%}"
+    else:
+        budget_bytes, origin = budget.bytes, budget.origin
+    meta = model_on_meta(cfg)
+    global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
+    configured = layout_space.layout_of(cfg, world, global_batch, meta.args.n_layers)
+    print(f"[dry run] layout search: {cfg.model.name} {cfg.model.flavor}, {world} devices"
+          f" ({hardware.gpus_per_node} per node), hardware {hardware.name}, global batch {global_batch} x"
+          f" {cfg.training.seq_len} tokens, compile {'on' if cfg.compile.enable else 'off'},"
+          f" budget {budget_bytes / GIB:.2f} GiB ({origin})")
+    result = layout_search.search(meta.spec, meta.model, cfg, world, target, meta.args, hardware, budget_bytes,
+                                  accepts(world), cfg.job.layout_candidates, configured,
+                                  max_seconds=cfg.job.layout_seconds)
+    print("\n" + layout_search.report(result, global_batch))
+    os.makedirs(cfg.job.dump_folder, exist_ok=True)
+    if result.ranked:
+        path = layout_search.write_snippet(cfg.job.dump_folder, result.ranked[0].layout, global_batch)
+        print(f"\nwrote {path}")
+    out = os.path.join(cfg.job.dump_folder, "layout_search.json")
+    with open(out, "w") as f:
+        json.dump({"model": f"{cfg.model.name} {cfg.model.flavor}", "world": world, "hardware": hardware.name,
+                   "global_batch": global_batch, "budget_bytes": budget_bytes, "seconds": result.seconds,
+                   "enumerated": result.enumerated, "disagreement": result.disagreement,
+                   "ranked": [c.record(global_batch) for c in result.ranked],
+                   "simulated": [c.record(global_batch) for c in result.simulated]}, f, indent=1)
+    print(f"wrote {out} ({time.perf_counter() - start:.1f}s)")
+    return 0 if result.ranked else 1
 
 
 if __name__ == "__main__":

@@ -118,9 +118,15 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
 
 
 def check_memory_keys(cfg: JobConfig) -> None:
-    """job.fit and moe.memory_skew (the memory prediction's own keys)."""
+    """job.fit, the layout search's keys and moe.memory_skew (the memory prediction's own keys)."""
     if cfg.job.fit and not cfg.job.dry_run:
         raise ConfigError(f"--job.fit={cfg.job.fit} searches with the prediction of a dry run; add --job.dry_run=true")
+    if cfg.job.layout_candidates < 1:
+        raise ConfigError(f"--job.layout_candidates={cfg.job.layout_candidates}: must be >= 1 (layouts the layout"
+                          " search simulates in full)")
+    if not 0 < cfg.job.layout_seconds < math.inf:
+        raise ConfigError(f"--job.layout_seconds={cfg.job.layout_seconds:g}: must be > 0 (seconds of full simulations"
+                          " the layout search may take)")
     skew = cfg.moe.memory_skew
     if not (1 <= skew < math.inf):
         raise ConfigError(f"--moe.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"

@@ -38,10 +38,23 @@ class Job:
     on meta, applies the whole parallel plan, prints it with the predicted peak memory of
     every rank role, writes plan.json and exits, without allocating weights."""
 
-    fit: Literal["", "local_batch_size", "seq_len"] = ""
+    fit: Literal["", "local_batch_size", "seq_len", "layout"] = ""
     """With dry_run: search the largest training.local_batch_size (or seq_len) whose predicted
     peak fits parallelism.memory_budget_gib, per activation-checkpoint mode (gradient
-    accumulation steps held fixed, so the global batch grows with the local batch)."""
+    accumulation steps held fixed, so the global batch grows with the local batch).
+    layout: search the fastest layout for NGPU devices on the hardware profile (degrees,
+    pipeline schedule and microbatch, AC mode, reshard policy, local batch under the job's
+    global batch; memory/layout_search.py), print the top 10 with their overrides and write
+    the best to <dump_folder>/best_layout.toml."""
+
+    layout_candidates: int = 10
+    """With fit = layout: how many layouts (best first by the cheap estimate) are simulated in
+    full, besides the layout as configured; each costs about one dry run of the job (10-20 s
+    for Llama3 8B at 8,192 tokens, 15-70 s for 405B on 512 devices). More finds more, slower."""
+
+    layout_seconds: float = 420.0
+    """With fit = layout: stop starting full simulations after this many seconds of them (the
+    search then ranks those done), so a search of the largest jobs stays within minutes."""
 
     nearby: bool = True
     """With dry_run and a hardware profile: also predict the choices next to the job (the AC

@@ -97,13 +97,19 @@ def _stages(roles: list[RolePrediction], pp_rank: int) -> list[int]:
 
 
 def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free: dict[int, int] | None = None,
-                  note: str = "", hardware=None) -> tuple[list[RolePrediction], list[dict]]:
+                  note: str = "", hardware=None, worst_case: bool = True, timed_as=None
+                  ) -> tuple[list[RolePrediction], list[dict]]:
     """Every role's peak, and the plan.json entries of every stage. What is simulated and
     what is derived from simulations (large jobs, middle pipeline ranks): derived_roles.py.
-    With a hardware profile every role also gets its step time (RolePrediction.time)."""
+    With a hardware profile every role also gets its step time (RolePrediction.time).
+    worst_case=False skips the worst-case routing simulations of expert parallel (the
+    layout search; worst_case_peak_bytes is then the planned peak). timed_as: a job that
+    differs from `cfg` only in its local batch (more pipeline microbatches): the step time
+    is that job's, from `cfg`'s per-action times run through `timed_as`'s schedule order
+    (step_time.order_for; the layout search simulates many-microbatch layouts this way)."""
     free = free or {}
     variants = derived_roles.variants(spec, model, dims, cfg, args, bool(free))
-    moe = dims.ep > 1 and cfg.moe.memory_skew < dims.ep
+    moe = worst_case and dims.ep > 1 and cfg.moe.memory_skew < dims.ep
     job = simulation_pool.Job(spec, dims, target, variants, free, note, hardware=hardware)
     plans = [derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
 
@@ -128,7 +134,8 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
             roles.setdefault(r, derived_roles.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
         per_variant.append([roles[r] for r in range(dims.pp)])
     if hardware is not None:
-        _add_times(per_variant, steps, variants, plans, dims, cfg, args, model, hardware)
+        _add_times(per_variant, steps, variants, plans, dims, timed_as or cfg, args, model, hardware,
+                   timed_as is not None)
     if len(variants) == 1:
         records = []
         for r in range(dims.pp):
@@ -144,7 +151,8 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
     return roles, records
 
 
-def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, args, model, hardware) -> None:
+def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, args, model, hardware,
+               reorder: bool = False) -> None:
     """Each role's step time (step_time.py) from its simulated rank's trace: middle pipeline
     ranks take rank 1's times on their own stage; jobs simulated at 1 and 2 blocks per stage
     are extrapolated linearly in the blocks, as their memory is."""
@@ -170,6 +178,10 @@ def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, arg
             x = (sum(counts[r]) / len(counts[r]) - lo) / (hi - lo)
             times[r] = per[0][r].combined(per[1][r], 1 - x, x)
     schedule = steps[simulation_pool.Task(0, 0, False)].schedule
+    if reorder and dims.pp > 1:
+        from torchtitan.distributed.job_shape import pipeline_microbatches
+
+        schedule = step_time.order_for(cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg))
     shape = batch_shape(cfg, dims.dp)
     peak = hardware.peak_tflops.get("bfloat16", 0.0) * 1e12
     step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,

@@ -344,6 +344,10 @@ def schedule_order(schedule) -> tuple[dict[int, list], int] | None:
     order = getattr(schedule, "pipeline_order", None)
     if not order:
         return None
+    return _plain(order), schedule._num_stages
+
+
+def _plain(order: dict) -> dict[int, list]:
     out = {}
     for rank, acts in order.items():
         row = []
@@ -356,7 +360,25 @@ def schedule_order(schedule) -> tuple[dict[int, list], int] | None:
             elif kind in ("F", "B", "I", "W"):
                 row.append((a.stage_index, kind, a.microbatch_index))
         out[rank] = row
-    return out, schedule._num_stages
+    return out
+
+
+def order_for(kind: str, n_ranks: int, n_microbatches: int) -> tuple[dict[int, list], int] | None:
+    """The action order of a schedule for another microbatch count than was simulated (the
+    layout search simulates many-microbatch layouts at fewer: every microbatch of a stage
+    costs the same). GPipe, 1F1B and Interleaved1F1B (two stages per rank, torch's own
+    order, computed without stages); None for the others."""
+    if kind in ("GPipe", "1F1B"):
+        return single_stage_order(kind, n_ranks, n_microbatches), n_ranks
+    if kind != "Interleaved1F1B":
+        return None
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    s = object.__new__(ScheduleInterleaved1F1B)  # its order needs only these (torch 2.13's __init__)
+    s.pp_group_size, s.n_local_stages, s._n_microbatches = n_ranks, 2, n_microbatches
+    s.number_of_rounds = max(1, n_microbatches // n_ranks)
+    s.microbatches_per_round = n_microbatches // s.number_of_rounds
+    return _plain({r: s._calculate_single_rank_operations(r) for r in range(n_ranks)}), 2 * n_ranks
 
 
 # ---------------------------------------------------------------------------- per role

@@ -1,0 +1,314 @@
+"""`--job.dry_run=true --job.fit=layout`: which layout of this model on these devices is fastest.
+
+Staged so that a 2,048-device job is searched in minutes on one CPU:
+
+1. Enumerate (layout_space.py): degrees, schedule and microbatch, AC mode, reshard policy and
+   local batch under the job's global batch; typically 10^3 - 10^5 layouts.
+2. Prune by the model-states floor (model_states.py, exact and torch-free): a layout whose
+   busiest rank's parameters, gradients and AdamW states alone exceed the budget cannot fit.
+   Computed once per (degrees, pipeline split): AC, reshard and batch do not change it.
+3. Order by the cheap estimate (cheap_step.py, microseconds per layout), dropping layouts
+   whose cheap peak exceeds the budget by more than CHEAP_MEMORY_SLACK (the estimate is
+   rough; the full prediction decides).
+4. Simulate in full the best `job.layout_candidates` of that order that the pre-launch
+   checks accept (one prediction per layout, as the dry run predicts a job: every role's
+   peak and step time on the hardware profile), and the layout as configured. Within a
+   layout the prediction shares what the dry run shares (middle pipeline ranks simulated
+   once, long stages from 1- and 2-block simulations: derived_roles.py); expert-parallel
+   jobs are simulated at the planned routing only (the worst case the dry run reports
+   beside it is left out here); pipelines of many microbatches are simulated at the fewest
+   that reach the schedule's steady state and timed through the real count's schedule.
+   After each full simulation the cheap estimates left are
+   rescaled by the median ratio of full to cheap found so far (compute time: the cheap
+   model leaves out eager overheads and small ops; peak memory) and reordered; those whose
+   rescaled peak exceeds the budget are dropped; a layout's cheap tokens/s counts 10% less
+   for each earlier simulation of its degrees (dp_replicate, dp_shard, tp, pp, cp, ep), so
+   the full simulations spread over the degrees the cheap order favours. The stage stops
+   early when its simulations have taken `job.layout_seconds`.
+5. Rank the simulated layouts that fit by predicted tokens/s per device (the slowest role),
+   print the top 10 with their exact overrides, and write the best as a TOML snippet.
+
+The cheap order is checked against the full one on every search: the search prints the
+fraction of simulated pairs the two order differently and where the full winner stood in
+the cheap order.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+from torchtitan.memory import cheap_step, layout_space
+from torchtitan.memory.layout_space import Layout
+from torchtitan.units import GIB
+
+CHEAP_MEMORY_SLACK = 1.1  # keep layouts whose cheap peak is at most this times the budget
+DIVERSITY_PENALTY = 0.1  # per earlier full simulation of the same degrees (stage 4)
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    cheap: cheap_step.Estimate
+    cheap_rank: int  # 1-based place in the cheap order (0: the layout as configured, not in it)
+    states_bytes: int
+    configured: bool = False  # the layout the job was configured with
+    tokens_per_second: float | None = None  # full prediction: the slowest role's tokens/s per device
+    step_seconds: float | None = None
+    mfu: float | None = None
+    peak_bytes: int | None = None
+    breakdown: dict | None = None
+    scaled: cheap_step.Estimate | None = None  # the cheap estimate rescaled by the full simulations
+
+    def record(self, global_batch: int) -> dict:
+        return {"layout": self.layout.short(), "overrides": self.layout.overrides(global_batch),
+                "configured": self.configured, "cheap_rank": self.cheap_rank,
+                "cheap_tokens_per_second_per_device": self.cheap.tokens_per_second_per_device,
+                "tokens_per_second_per_device": self.tokens_per_second, "predicted_step_seconds": self.step_seconds,
+                "mfu": self.mfu, "predicted_peak_bytes": self.peak_bytes}
+
+
+@dataclass
+class SearchResult:
+    enumerated: int
+    after_states: int
+    after_cheap_memory: int
+    checked: int
+    simulated: list[Candidate]
+    ranked: list[Candidate]  # simulated, fitting, fastest first
+    budget_bytes: int
+    seconds: dict
+    disagreement: float | None  # fraction of simulated pairs the cheap order gets the wrong way round
+    stopped: bool = False  # the full stage ran out of job.layout_seconds
+
+
+def _states(cfg, world, args, shapes, layout: Layout, global_batch: int, cache: dict) -> int | None:
+    from torchtitan.distributed.job_shape import degrees
+    from torchtitan.distributed.pipeline_layout import PipelineLayoutError, pipeline_layout
+    from torchtitan.memory import model_states
+
+    key = (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, layout.ep, layout.schedule,
+           layout.split_points)
+    if key not in cache:
+        c = layout_space.apply(cfg, layout, global_batch)
+        try:
+            # the states do not depend on the microbatch count: any the split accepts (the
+            # checks refuse a count the schedule cannot take, later)
+            split = pipeline_layout(c.parallelism, args.n_layers, 4 * layout.pp)
+            ranks = model_states.rank_states(shapes, degrees(c, world), split)
+            cache[key] = model_states.busiest(ranks).total_bytes
+        except (PipelineLayoutError, ValueError):
+            cache[key] = None
+    return cache[key]
+
+
+def cheap_order(cfg, world: int, args, hw, budget: int) -> tuple[list[Candidate], int, int, int, int]:
+    """Stages 1-3: (candidates best first, enumerated, after the states floor, after the cheap
+    memory estimate, global batch)."""
+    from torchtitan.distributed.job_shape import batch_shape, degrees
+    from torchtitan.memory.model_states import model_shapes
+
+    global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
+    shapes = model_shapes(cfg.model.name, args)
+    facts = cheap_step.model_facts(shapes, args)
+    layouts = layout_space.enumerate_layouts(world, hw.gpus_per_node, global_batch, cfg.training.seq_len,
+                                             args.n_layers, getattr(args, "n_routed_experts", 0) or 0)
+    cache: dict = {}
+    fitting, kept = 0, []
+    for lay in layouts:
+        states = _states(cfg, world, args, shapes, lay, global_batch, cache)
+        if states is None or states > budget:
+            continue
+        fitting += 1
+        est = cheap_step.estimate(lay, facts, states, hw, cfg.training.seq_len, global_batch, cfg.compile.enable)
+        if est.peak_bytes <= CHEAP_MEMORY_SLACK * budget:
+            kept.append((est, lay, states))
+    kept.sort(key=lambda t: -t[0].tokens_per_second_per_device)
+    cands = [Candidate(lay, est, i + 1, states, scaled=est) for i, (est, lay, states) in enumerate(kept)]
+    return cands, len(layouts), fitting, len(kept), global_batch
+
+
+def _full(spec, model, cfg, world, target, args, hw, cand: Candidate, global_batch: int) -> None:
+    """Stage 4 for one candidate: its prediction in a fake world of its own mesh."""
+    import warnings
+
+    from torchtitan.memory.predict import predict_roles
+    from torchtitan.training.build import fake_world
+
+    # FSDP2 warns once per process that the embeddings return a view; every forked
+    # simulation worker is a new process, so the search would repeat it hundreds of times
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+
+    c = layout_space.apply(cfg, cand.layout, global_batch)
+    sim, timed_as = c, None
+    lay = cand.layout
+    if lay.pp > 1:
+        # many microbatches: simulated at the fewest that reach the schedule's steady state
+        # (the same microbatches in flight at the peak; every microbatch of a stage costs the
+        # same), the step timed through the real count's order (predict_roles' timed_as)
+        fewest = lay.pp * (2 if lay.schedule == "Interleaved1F1B" else 1)
+        if lay.local_batch // lay.microbatch > fewest:
+            accum = global_batch // (lay.dp * lay.local_batch)
+            fewer = dataclasses.replace(lay, local_batch=fewest * lay.microbatch)
+            sim, timed_as = layout_space.apply(cfg, fewer, fewer.local_batch * lay.dp * accum), c
+    with fake_world(sim, world) as dims:
+        roles, _ = predict_roles(spec, model, dims, sim, target, args, hardware=hw, worst_case=False, timed_as=timed_as)
+    slowest = min(roles, key=lambda r: r.time.tokens_per_second_per_device)
+    cand.tokens_per_second = slowest.time.tokens_per_second_per_device
+    cand.step_seconds = slowest.time.predicted_step_seconds
+    cand.mfu = slowest.time.mfu
+    cand.peak_bytes = max(r.predicted_peak_bytes for r in roles)
+    cand.breakdown = slowest.time.breakdown
+
+
+def disagreement(cands: list[Candidate]) -> float | None:
+    """Fraction of pairs of simulated candidates whose cheap (rescaled) and full tokens/s
+    order differ."""
+    done = [c for c in cands if c.tokens_per_second is not None]
+    pairs = list(itertools.combinations(done, 2))
+    if not pairs:
+        return None
+    wrong = sum(1 for a, b in pairs if (a.scaled.tokens_per_second_per_device - b.scaled.tokens_per_second_per_device)
+                * (a.tokens_per_second - b.tokens_per_second) < 0)
+    return wrong / len(pairs)
+
+
+def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, accepts, n_full: int,
+           configured: Layout | None = None, log=print, max_seconds: float = float("inf")) -> SearchResult:
+    """Stages 1-5 (module docstring)."""
+    t0 = time.perf_counter()
+    cands, n_enum, n_states, n_cheap, global_batch = cheap_order(cfg, world, args, hw, budget)
+    t1 = time.perf_counter()
+    chosen: list[Candidate] = []
+    if configured is not None:
+        mine = next((c for c in cands if _same(c.layout, configured)), None)
+        if mine is None:
+            from torchtitan.memory.model_states import model_shapes
+
+            shapes = model_shapes(cfg.model.name, args)
+            states = _states(cfg, world, args, shapes, configured, global_batch, {}) or 0
+            est = cheap_step.estimate(configured, cheap_step.model_facts(shapes, args), states, hw,
+                                      cfg.training.seq_len, global_batch, cfg.compile.enable)
+            mine = Candidate(configured, est, 0, states)
+        mine.configured = True
+    pool, checked, check_s = list(cands), 0, 0.0
+    time_scale, memory_scale = 1.0, 1.0
+    stopped = False
+    while len([c for c in chosen if not c.configured]) < n_full and pool:
+        if time.perf_counter() - t1 > max_seconds:
+            stopped = True
+            break
+        cand = pool.pop(0)
+        if cand in chosen:
+            continue
+        checked += 1
+        start = time.perf_counter()
+        ok = accepts(layout_space.apply(cfg, cand.layout, global_batch))
+        check_s += time.perf_counter() - start
+        if not ok:
+            continue
+        start = time.perf_counter()
+        log(f"  [{len(chosen) + 1}] cheap #{cand.cheap_rank} {cand.layout.short()}: ", end="", flush=True)
+        _full(spec, model, cfg, world, target, args, hw, cand, global_batch)
+        chosen.append(cand)
+        log(f"{cand.tokens_per_second:,.0f} tok/s/dev, peak {cand.peak_bytes / GIB:.2f} GiB"
+            f" ({time.perf_counter() - start:.1f}s)", flush=True)
+        # what the full simulations found rescales the rest: compute (the cheap model leaves
+        # out eager overheads and small-op costs) and memory, by the median ratio so far
+        time_scale = _median([_full_compute(c) / c.cheap.parts["compute"] for c in chosen])
+        memory_scale = _median([c.peak_bytes / c.cheap.peak_bytes for c in chosen])
+        for c in pool:
+            c.scaled = c.cheap.rescaled(time_scale)
+        pool = [c for c in pool if c.cheap.peak_bytes * memory_scale <= budget]
+        # spread the simulations over the degrees: each earlier simulation of a layout's
+        # degrees counts its cheap tokens/s DIVERSITY_PENALTY less (the cheap estimate is
+        # surest between layouts of one set of degrees)
+        seen = collections.Counter(_degrees(c.layout) for c in chosen)
+        pool.sort(key=lambda c: -c.scaled.tokens_per_second_per_device * (1 - DIVERSITY_PENALTY) ** seen[_degrees(c.layout)])
+    if configured is not None and mine not in chosen:
+        _full(spec, model, cfg, world, target, args, hw, mine, global_batch)
+        chosen.append(mine)
+    for c in chosen:
+        c.scaled = c.cheap.rescaled(time_scale)
+    t2 = time.perf_counter()
+    ranked = sorted((c for c in chosen if c.peak_bytes <= budget), key=lambda c: -c.tokens_per_second)
+    return SearchResult(n_enum, n_states, n_cheap, checked, chosen, ranked, budget,
+                        {"cheap": t1 - t0, "checks": check_s, "full": t2 - t1 - check_s}, disagreement(chosen), stopped)
+
+
+def _degrees(lay: Layout) -> tuple:
+    return lay.dp_replicate, lay.dp_shard, lay.tp, lay.pp, lay.cp, lay.ep
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else 1.0
+
+
+def _full_compute(c: Candidate) -> float:
+    b = c.breakdown or {}
+    return max(b.get("compute", 0.0) + b.get("recompute", 0.0) + b.get("overhead", 0.0), 1e-12)
+
+
+def _same(a: Layout, b: Layout) -> bool:
+    """Equal but for the pipeline split points (a configured split counts as its layout's)."""
+    return a.__class__(**{**a.__dict__, "split_points": ()}) == b.__class__(**{**b.__dict__, "split_points": ()})
+
+
+def report(result: SearchResult, global_batch: int, top: int = 10) -> str:
+    """The dry run's answer: the top layouts with their exact overrides."""
+    r = result
+    lines = [f"layout search: {r.enumerated:,} layouts enumerated, {r.after_states:,} within the model-states floor,"
+             f" {r.after_cheap_memory:,} within the cheap memory estimate (x{CHEAP_MEMORY_SLACK} of the budget),"
+             f" {r.checked} checked to take {len(r.simulated)} to full simulation"
+             f" ({r.seconds['cheap']:.1f}s enumerate + cheap, {r.seconds['full']:.1f}s full"
+             + (", stopped at job.layout_seconds" if r.stopped else "") + ");"
+             f" budget {r.budget_bytes / GIB:.2f} GiB per rank"]
+    if r.disagreement is not None:
+        winner = r.ranked[0].cheap_rank if r.ranked else None
+        lines.append(f"cheap vs full order: {r.disagreement:.0%} of simulated pairs ordered differently;"
+                     f" the full winner was #{winner} in the cheap order")
+    over = [c for c in r.simulated if c.peak_bytes > r.budget_bytes]
+    if over:
+        lines.append(f"{len(over)} simulated layout(s) over budget (the cheap estimate let them through)")
+    lines.append("")
+    lines.append(f"{'#':>3}  {'tok/s/dev':>9}  {'MFU':>6}  {'peak GiB':>8}  {'step s':>7}  cheap#  layout")
+    for i, c in enumerate(r.ranked[:top]):
+        mark = "  (as configured)" if c.configured else ""
+        lines.append(f"{i + 1:>3}  {c.tokens_per_second:>9,.0f}  {(c.mfu or 0):>6.1%}  {c.peak_bytes / GIB:>8.2f}"
+                     f"  {c.step_seconds:>7.3f}  {c.cheap_rank or '-':>6}  {c.layout.short()}{mark}")
+    mine = next((c for c in r.simulated if c.configured), None)
+    if mine is not None and mine not in r.ranked[:top]:
+        place = (f"#{r.ranked.index(mine) + 1} of {len(r.ranked)}" if mine in r.ranked
+                 else f"over budget ({mine.peak_bytes / GIB:.2f} GiB)")
+        lines.append(f"  the layout as configured: {place}, {mine.tokens_per_second:,.0f} tok/s/dev, {mine.layout.short()}")
+    if r.ranked:
+        lines.append("\nbest layout's overrides:\n  " + " ".join(r.ranked[0].layout.overrides(global_batch)))
+    return "\n".join(lines)
+
+
+def toml_snippet(best: Layout, global_batch: int) -> str:
+    """The best layout as TOML sections to paste into the job's config."""
+    sections: dict[str, list[str]] = {}
+    for flag in best.overrides(global_batch):
+        key, value = flag[2:].split("=", 1)
+        section, name = key.split(".", 1)
+        if name == "pipeline_parallel_split_points":
+            value = "[" + ", ".join(f'"{v}"' for v in value.split(",") if v) + "]"
+        elif not value.lstrip("-").isdigit() and value not in ("true", "false"):
+            value = f'"{value}"'
+        sections.setdefault(section, []).append(f"{name} = {value}")
+    return "\n".join(f"[{s}]\n" + "\n".join(v) + "\n" for s, v in sections.items())
+
+
+def write_snippet(folder: str, best: Layout, global_batch: int) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "best_layout.toml")
+    with open(path, "w") as f:
+        f.write("# the layout search's pick (--job.fit=layout); paste into the job's config\n")
+        f.write(toml_snippet(best, global_batch))
+    return path

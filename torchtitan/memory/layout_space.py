@@ -1,0 +1,184 @@
+"""The layouts the layout search (layout_search.py) chooses from, torch-free.
+
+A layout is every choice `--job.fit=layout` makes for a model on N devices: the degrees
+(dp_replicate, dp_shard, tp, pp, cp, ep), the pipeline schedule and microbatch size, the
+activation-checkpoint mode, the reshard policy and the local batch. The global batch (in
+sequences), the sequence length, compile and everything else stay as the user set them.
+
+What is enumerated, and why no more:
+- tp: powers of two up to the devices of a node (TP's collectives sit on the critical path
+  of every block; across nodes they would be NIC-bound);
+- cp: powers of two while each rank keeps >= 2,048 tokens of a sequence;
+- pp: powers of two up to 16 with >= 2 blocks per stage, schedule 1F1B, microbatches of 1 or 2
+  sequences; uneven block counts split as evenly as possible (split points, the larger
+  stages in the middle: the first and last hold the embeddings and the output). Multi-stage
+  schedules (Interleaved1F1B, the zero-bubble ones) are left out: their full prediction
+  simulates every pipeline rank (no middle-rank interpolation, derived_roles.py), minutes
+  per layout at 405B; the dry run predicts them when the job sets one;
+- ep (models with routed experts): powers of two that are multiples of tp x cp and divide
+  the experts;
+- dp_replicate: 1 (FSDP over every data-parallel rank), the replicas that keep each FSDP
+  group inside a node (HSDP), and DDP (dp_shard 1);
+- AC: none, op SAC, layer SAC (every 2nd block), full (fit.AC_MODES);
+- reshard: auto, and the fixed policy auto does not resolve to: without PP auto reshards
+  every block (as `always` does), so `never` is the other choice; under PP auto keeps every
+  unit (as `never`), so `always` is;
+- local batch: every divisor of (global batch / data-parallel degree), the rest of the
+  global batch made up by gradient accumulation.
+The pre-launch checks (checks/job.py) then refuse what cannot run (e.g. heads TP cannot
+split, microbatches a schedule cannot take), and the model-states floor what cannot fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# (label, activation_checkpoint overrides): fit.AC_MODES, repeated here torch-free
+AC_CHOICES = (("none", {"mode": "none"}), ("op", {"mode": "selective", "selective_ac_option": "op"}),
+              ("layer2", {"mode": "selective", "selective_ac_option": "2"}), ("full", {"mode": "full"}))
+MIN_CP_TOKENS = 2048  # tokens of a sequence a context-parallel rank keeps at least
+MAX_PP = 16  # deepest pipeline searched (DeepSeek-V3's; a 32-stage step takes minutes to simulate)
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    schedule: str  # "" without PP
+    microbatch: int  # sequences per pipeline microbatch (1 without PP)
+    ac: str  # an AC_CHOICES label
+    reshard: str
+    local_batch: int
+    split_points: tuple[str, ...] = ()
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def overrides(self, global_batch: int) -> list[str]:
+        """The exact command-line overrides that set this layout."""
+        ac = dict(AC_CHOICES)[self.ac]
+        out = [f"--parallelism.data_parallel_replicate_degree={self.dp_replicate}",
+               f"--parallelism.data_parallel_shard_degree={self.dp_shard}",
+               f"--parallelism.tensor_parallel_degree={self.tp}",
+               f"--parallelism.pipeline_parallel_degree={self.pp}",
+               f"--parallelism.context_parallel_degree={self.cp}",
+               f"--parallelism.expert_parallel_degree={self.ep}"]
+        if self.pp > 1:
+            out += [f"--parallelism.pipeline_parallel_schedule={self.schedule}",
+                    f"--parallelism.pipeline_parallel_microbatch_size={self.microbatch}",
+                    "--parallelism.pipeline_parallel_layers_per_stage=auto",
+                    f"--parallelism.pipeline_parallel_split_points={','.join(self.split_points)}"]
+        out += [f"--activation_checkpoint.{k}={v}" for k, v in ac.items()]
+        out += [f"--parallelism.reshard_after_forward={self.reshard}",
+                f"--training.local_batch_size={self.local_batch}", f"--training.global_batch_size={global_batch}"]
+        return out
+
+    def short(self) -> str:
+        """'dp 2x4 tp 8 pp 4 (1F1B, mb 1) cp 1 ep 1 | AC full | reshard auto | local 2'."""
+        pp = f"pp {self.pp} ({self.schedule}, mb {self.microbatch})" if self.pp > 1 else "pp 1"
+        ep = f" ep {self.ep}" if self.ep > 1 else ""
+        return (f"dp {self.dp_replicate}x{self.dp_shard} tp {self.tp} {pp} cp {self.cp}{ep} | AC {self.ac}"
+                f" | reshard {self.reshard} | local {self.local_batch}")
+
+
+def apply(cfg, layout: Layout, global_batch: int):
+    """`cfg` with `layout`'s choices (a JobConfig; nothing else changes)."""
+    p = dataclasses.replace(
+        cfg.parallelism, data_parallel_replicate_degree=layout.dp_replicate,
+        data_parallel_shard_degree=layout.dp_shard, tensor_parallel_degree=layout.tp,
+        pipeline_parallel_degree=layout.pp, context_parallel_degree=layout.cp, expert_parallel_degree=layout.ep,
+        pipeline_parallel_schedule=layout.schedule or cfg.parallelism.pipeline_parallel_schedule,
+        pipeline_parallel_microbatch_size=layout.microbatch, pipeline_parallel_layers_per_stage="auto",
+        pipeline_parallel_split_points=list(layout.split_points), reshard_after_forward=layout.reshard)
+    ac = dataclasses.replace(cfg.activation_checkpoint, **dict(AC_CHOICES)[layout.ac])
+    t = dataclasses.replace(cfg.training, local_batch_size=layout.local_batch, global_batch_size=global_batch)
+    return dataclasses.replace(cfg, parallelism=p, activation_checkpoint=ac, training=t)
+
+
+def _powers(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def split_points(n_layers: int, stages: int) -> tuple[str, ...]:
+    """Stage boundaries of `n_layers` blocks in `stages` stages, as even as possible, the
+    stages with one block more in the middle (the ends hold the embeddings and the output)."""
+    base, extra = divmod(n_layers, stages)
+    order = sorted(range(stages), key=lambda s: abs(s - (stages - 1) / 2))  # middle first
+    sizes = [base + (1 if s in set(order[:extra]) else 0) for s in range(stages)]
+    edges, total = [], 0
+    for size in sizes[:-1]:
+        total += size
+        edges.append(f"layers.{total}")
+    return tuple(edges)
+
+
+def enumerate_layouts(world: int, gpus_per_node: int, global_batch: int, seq_len: int, n_layers: int,
+                      n_experts: int = 0) -> list[Layout]:
+    """Every layout of the module docstring for `world` devices (before the checks)."""
+    out = []
+    for tp in _powers(min(gpus_per_node, world)):
+        for cp in _powers(world // tp):
+            if cp > 1 and seq_len // cp < MIN_CP_TOKENS:
+                continue
+            for pp in _powers(min(world // (tp * cp), MAX_PP)):
+                if pp > 1 and n_layers < 2 * pp:
+                    continue
+                dp = world // (tp * cp * pp)
+                if world % (tp * cp * pp) or global_batch % dp:
+                    continue
+                per_rank = global_batch // dp  # sequences a data-parallel rank takes per step
+                replicates = {1, dp}
+                if gpus_per_node % (tp * cp) == 0 and dp % (gpus_per_node // (tp * cp)) == 0:
+                    replicates.add(dp // (gpus_per_node // (tp * cp)))
+                schedules = [("", 1, ())]
+                if pp > 1:
+                    schedules = [("1F1B", mb, split_points(n_layers, pp)) for mb in (1, 2)]
+                eps = [1]
+                if n_experts:
+                    eps = [e for e in _powers(min(n_experts, world)) if e % (tp * cp) == 0 and n_experts % e == 0
+                           and (e // (tp * cp)) <= dp]
+                for rep in sorted(replicates):
+                    shard = dp // rep
+                    for ep in eps:
+                        if ep > 1 and shard % (ep // (tp * cp)):
+                            continue
+                        for schedule, mb, splits in schedules:
+                            for local in _divisors(per_rank):
+                                if local % mb:
+                                    continue
+                                for ac, _ in AC_CHOICES:
+                                    reshards = ["auto"] + ([("always" if pp > 1 else "never")] if shard > 1 else [])
+                                    for reshard in reshards:
+                                        out.append(Layout(rep, shard, tp, pp, cp, ep, schedule, mb, ac, reshard,
+                                                          local, splits))
+    return out
+
+
+def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | None:
+    """The layout a job as configured has (to show its rank), None if outside the space."""
+    from torchtitan.distributed.job_shape import degrees
+
+    p, a = cfg.parallelism, cfg.activation_checkpoint
+    d = degrees(cfg, world)
+    ac = next((label for label, v in AC_CHOICES if v["mode"] == a.mode
+               and v.get("selective_ac_option", a.selective_ac_option) == a.selective_ac_option), None)
+    if ac is None:
+        return None
+    splits = tuple(p.pipeline_parallel_split_points)
+    return Layout(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.cp, d.ep,
+                  p.pipeline_parallel_schedule if d.pp > 1 else "", p.pipeline_parallel_microbatch_size if d.pp > 1 else 1,
+                  ac, p.reshard_after_forward, cfg.training.local_batch_size, splits if d.pp > 1 else ())
