@@ -310,3 +310,20 @@ def test_bad_hardware_keys_are_one_line(arg, message):
     with pytest.raises(ConfigError) as info:
         load_config([arg], 1)
     assert str(info.value) == message
+
+
+def test_gradient_accumulation_runs_each_pipeline_action_again_not_longer():
+    """With accumulation the schedule runs once per accumulation step with the same
+    (stage, kind, microbatch) actions: each run is one sample of the action's time (the step
+    multiplies by the accumulation steps), not one action twice as long."""
+    groups = step_time.Groups({}, {}, frozenset(), frozenset())
+
+    def seg(label, action, seconds):
+        return Segment(label, action, [Compute(device_s=seconds, host_s=0.0)])
+
+    once = [seg("forward", (0, "F", 0), 1.0), seg("loss", (0, "F", 0), 0.5), seg("backward", (0, "B", 0), 2.0)]
+    twice = once + [seg("forward", (0, "F", 0), 1.0), seg("loss", (0, "F", 0), 0.5), seg("backward", (0, "B", 0), 2.0)]
+    for segments in (once, twice):
+        t = step_time.rank_times(segments, H100, groups, 1.0, False)
+        assert t.actions[(0, "F")].seconds == pytest.approx(1.5)
+        assert t.actions[(0, "B")].seconds == pytest.approx(2.0)

@@ -69,7 +69,7 @@ class Candidate:
                 "configured": self.configured, "cheap_rank": self.cheap_rank,
                 "cheap_tokens_per_second_per_device": self.cheap.tokens_per_second_per_device,
                 "tokens_per_second_per_device": self.tokens_per_second, "predicted_step_seconds": self.step_seconds,
-                "mfu": self.mfu, "predicted_peak_bytes": self.peak_bytes}
+                "mfu": self.mfu, "predicted_peak_bytes": self.peak_bytes, "breakdown": self.breakdown}
 
 
 @dataclass

@@ -231,12 +231,19 @@ def rank_times(segments: list[Segment], p: HardwareProfile, groups: Groups, stre
         actions = {}
     else:
         serial = Timed()
+        # one entry per run of an action: with gradient accumulation the schedule runs once
+        # per accumulation step, each time with the same (stage, kind, microbatch) actions
         by_action: dict[tuple, list[Segment]] = defaultdict(list)
+        runs: dict[tuple, int] = defaultdict(int)
+        previous = None
         for s in body:
             if s.action is not None and s.label not in PIPELINE_LABELS:
-                by_action[s.action].append(s)
+                if s.action != previous:
+                    runs[s.action] += 1
+                by_action[(*s.action, runs[s.action])].append(s)
+                previous = s.action
         per_kind: dict[tuple, list[Timed]] = defaultdict(list)
-        for (stage, kind, _mb), segs in by_action.items():
+        for (stage, kind, _mb, _run), segs in by_action.items():
             per_kind[(stage, kind)].append(Streams(p, groups, stretch, simple_fsdp_eager).run(segs))
         actions = {k: Timed().add(_mean(v)) for k, v in per_kind.items()}
     return RankTimes(serial, actions, Streams(p, groups, stretch, simple_fsdp_eager).run(tail), p2p_s)
