@@ -89,3 +89,30 @@ def test_a_pipeline_is_timed_through_another_microbatch_count_as_its_simulation(
         # a simulation of more microbatches is timed like the fewer, run through its order
         assert abs(few_as_many - many) <= 0.02 * many, (i, few_as_many, many)
         assert many > few
+
+
+def test_layouts_one_after_another_each_in_a_fresh_world():
+    """The search simulates one layout after another in one process; DTensor caches sharding
+    decisions by device meshes that compare equal across fake worlds, so each layout runs in
+    a forked child of its own (layout_search._in_child), or the next TP layout would name a
+    destroyed process group."""
+    code = f"""
+import torch.distributed as dist
+from torchtitan.checks import load_config
+from torchtitan.memory import cheap_step, layout_search, layout_space
+from torchtitan.memory.hardware import PROFILES
+from torchtitan.training.build import model_on_meta
+cfg, _ = load_config({[*TINY, "--job.dry_run=true"]!r}, 4)
+meta = model_on_meta(cfg)
+for tp, cp in ((2, 1), (2, 2), (2, 1)):
+    lay = layout_space.Layout(1, 4 // (tp * cp), tp, 1, cp, 1, "", 1, "op", "auto", 2)
+    c = layout_search.Candidate(lay, cheap_step.Estimate(1.0, 1.0, 0, {{}}), 1, 0)
+    layout_search._full(meta.spec, meta.model, cfg, 4, "cpu", meta.args, PROFILES["h100_sxm"], c, 8)
+    print("TPS", repr(c.tokens_per_second), dist.is_initialized())
+"""
+    env = {**os.environ, "TITAN_MEMORY_WORKERS": "1", "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("TPS ")]
+    assert [line[2] for line in lines] == ["False"] * 3  # the search's own process never joins a world
+    assert float(lines[0][1]) == float(lines[2][1]) > 0

@@ -155,14 +155,49 @@ def _full(spec, model, cfg, world, target, args, hw, cand: Candidate, global_bat
             accum = global_batch // (lay.dp * lay.local_batch)
             fewer = dataclasses.replace(lay, local_batch=fewest * lay.microbatch)
             sim, timed_as = layout_space.apply(cfg, fewer, fewer.local_batch * lay.dp * accum), c
-    with fake_world(sim, world) as dims:
-        roles, _ = predict_roles(spec, model, dims, sim, target, args, hardware=hw, worst_case=False, timed_as=timed_as)
-    slowest = min(roles, key=lambda r: r.time.tokens_per_second_per_device)
-    cand.tokens_per_second = slowest.time.tokens_per_second_per_device
-    cand.step_seconds = slowest.time.predicted_step_seconds
-    cand.mfu = slowest.time.mfu
-    cand.peak_bytes = max(r.predicted_peak_bytes for r in roles)
-    cand.breakdown = slowest.time.breakdown
+
+    def predicted() -> tuple:
+        with fake_world(sim, world) as dims:
+            roles, _ = predict_roles(spec, model, dims, sim, target, args, hardware=hw, worst_case=False,
+                                     timed_as=timed_as)
+        slowest = min(roles, key=lambda r: r.time.tokens_per_second_per_device)
+        t = slowest.time
+        return (t.tokens_per_second_per_device, t.predicted_step_seconds, t.mfu,
+                max(r.predicted_peak_bytes for r in roles), t.breakdown)
+
+    (cand.tokens_per_second, cand.step_seconds, cand.mfu, cand.peak_bytes, cand.breakdown) = _in_child(predicted)
+
+
+def _in_child(fn):
+    """fn() in a forked child process, its result back through a pipe. Each layout's fake
+    world lives and dies in its own process: DTensor caches sharding decisions by device
+    meshes, which compare equal across worlds whatever their process groups, so a second
+    world in one process gets plans naming the first one's destroyed groups."""
+    import multiprocessing
+    import traceback
+
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child():
+        try:
+            send.send(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001  (reported in the parent)
+            send.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        finally:
+            send.close()
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    send.close()
+    try:
+        status, value = receive.recv()
+    except EOFError:
+        status, value = "error", f"the simulation process died (exit code {proc.join() or proc.exitcode})"
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"layout search: a full simulation failed: {value}")
+    return value
 
 
 def disagreement(cands: list[Candidate]) -> float | None:
@@ -197,13 +232,13 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
         mine.configured = True
     pool, checked, check_s = list(cands), 0, 0.0
     time_scale, memory_scale = 1.0, 1.0
-    stopped = False
+    stopped, failed = False, []
     while len([c for c in chosen if not c.configured]) < n_full and pool:
         if time.perf_counter() - t1 > max_seconds:
             stopped = True
             break
         cand = pool.pop(0)
-        if cand in chosen:
+        if cand in chosen or cand in failed:
             continue
         checked += 1
         start = time.perf_counter()
@@ -213,7 +248,12 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
             continue
         start = time.perf_counter()
         log(f"  [{len(chosen) + 1}] cheap #{cand.cheap_rank} {cand.layout.short()}: ", end="", flush=True)
-        _full(spec, model, cfg, world, target, args, hw, cand, global_batch)
+        try:
+            _full(spec, model, cfg, world, target, args, hw, cand, global_batch)
+        except RuntimeError as e:  # one layout's simulation failing does not end the search
+            log(f"failed, skipped ({str(e).splitlines()[0][:300]})", flush=True)
+            failed.append(cand)
+            continue
         chosen.append(cand)
         log(f"{cand.tokens_per_second:,.0f} tok/s/dev, peak {cand.peak_bytes / GIB:.2f} GiB"
             f" ({time.perf_counter() - start:.1f}s)", flush=True)
