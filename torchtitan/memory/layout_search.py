@@ -20,8 +20,9 @@ Staged so that a 2,048-device job is searched in minutes on one CPU:
    that reach the schedule's steady state and timed through the real count's schedule.
    After each full simulation the cheap estimates left are
    rescaled by the median ratio of full to cheap found so far (compute time: the cheap
-   model leaves out eager overheads and small ops; peak memory) and reordered; those whose
-   rescaled peak exceeds the budget are dropped; a layout's cheap tokens/s counts 10% less
+   model leaves out eager overheads and small ops; peak memory: the ratio of layouts of the
+   same degrees where one was simulated) and reordered; those whose rescaled peak exceeds
+   the budget are dropped; a layout's cheap tokens/s counts 10% less
    for each earlier simulation of its degrees (dp_replicate, dp_shard, tp, pp, cp, ep), so
    the full simulations spread over the degrees the cheap order favours. The stage stops
    early when its simulations have taken `job.layout_seconds`.
@@ -261,9 +262,13 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
         # out eager overheads and small-op costs) and memory, by the median ratio so far
         time_scale = _median([_full_compute(c) / c.cheap.parts["compute"] for c in chosen])
         memory_scale = _median([c.peak_bytes / c.cheap.peak_bytes for c in chosen])
+        by_degrees = collections.defaultdict(list)  # the memory ratio of layouts of the same degrees, where known
+        for c in chosen:
+            by_degrees[_degrees(c.layout)].append(c.peak_bytes / c.cheap.peak_bytes)
         for c in pool:
             c.scaled = c.cheap.rescaled(time_scale)
-        pool = [c for c in pool if c.cheap.peak_bytes * memory_scale <= budget]
+        pool = [c for c in pool
+                if c.cheap.peak_bytes * _median(by_degrees.get(_degrees(c.layout)) or [memory_scale]) <= budget]
         # spread the simulations over the degrees: each earlier simulation of a layout's
         # degrees counts its cheap tokens/s DIVERSITY_PENALTY less (the cheap estimate is
         # surest between layouts of one set of degrees)
