@@ -53,8 +53,9 @@ class Job:
     for Llama3 8B at 8,192 tokens, 15-70 s for 405B on 512 devices). More finds more, slower."""
 
     layout_seconds: float = 420.0
-    """With fit = layout: stop starting full simulations after this many seconds of them (the
-    search then ranks those done), so a search of the largest jobs stays within minutes."""
+    """With fit = layout: no full simulation starts that could end after this many seconds of
+    them (judged by the longest so far; the layout as configured is simulated first), so a
+    search of the largest jobs stays within minutes; the search then ranks those done."""
 
     nearby: bool = True
     """With dry_run and a hardware profile: also predict the choices next to the job (the AC

@@ -24,8 +24,9 @@ Staged so that a 2,048-device job is searched in minutes on one CPU:
    same degrees where one was simulated) and reordered; those whose rescaled peak exceeds
    the budget are dropped; a layout's cheap tokens/s counts 10% less
    for each earlier simulation of its degrees (dp_replicate, dp_shard, tp, pp, cp, ep), so
-   the full simulations spread over the degrees the cheap order favours. The stage stops
-   early when its simulations have taken `job.layout_seconds`.
+   the full simulations spread over the degrees the cheap order favours. The layout as
+   configured is simulated first (the reference); no simulation starts that could end after
+   `job.layout_seconds` of them (judged by the longest so far).
 5. Rank the simulated layouts that fit by predicted tokens/s per device (the slowest role),
    print the top 10 with their exact overrides, and write the best as a TOML snippet.
 
@@ -233,9 +234,16 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
         mine.configured = True
     pool, checked, check_s = list(cands), 0, 0.0
     time_scale, memory_scale = 1.0, 1.0
-    stopped, failed = False, []
+    stopped, failed, longest = False, [], 0.0
+    if configured is not None:  # the reference, simulated first (its time counts in the budget)
+        start = time.perf_counter()
+        _full(spec, model, cfg, world, target, args, hw, mine, global_batch)
+        longest = time.perf_counter() - start
+        log(f"  [as configured] {mine.layout.short()}: {mine.tokens_per_second:,.0f} tok/s/dev,"
+            f" peak {mine.peak_bytes / GIB:.2f} GiB ({longest:.1f}s)", flush=True)
+        chosen.append(mine)
     while len([c for c in chosen if not c.configured]) < n_full and pool:
-        if time.perf_counter() - t1 > max_seconds:
+        if time.perf_counter() - t1 + longest > max_seconds:  # the next might take the longest so far
             stopped = True
             break
         cand = pool.pop(0)
@@ -256,6 +264,7 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
             failed.append(cand)
             continue
         chosen.append(cand)
+        longest = max(longest, time.perf_counter() - start)
         log(f"{cand.tokens_per_second:,.0f} tok/s/dev, peak {cand.peak_bytes / GIB:.2f} GiB"
             f" ({time.perf_counter() - start:.1f}s)", flush=True)
         # what the full simulations found rescales the rest: compute (the cheap model leaves
@@ -274,9 +283,6 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
         # surest between layouts of one set of degrees)
         seen = collections.Counter(_degrees(c.layout) for c in chosen)
         pool.sort(key=lambda c: -c.scaled.tokens_per_second_per_device * (1 - DIVERSITY_PENALTY) ** seen[_degrees(c.layout)])
-    if configured is not None and mine not in chosen:
-        _full(spec, model, cfg, world, target, args, hw, mine, global_batch)
-        chosen.append(mine)
     for c in chosen:
         c.scaled = c.cheap.rescaled(time_scale)
     t2 = time.perf_counter()
