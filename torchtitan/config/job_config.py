@@ -49,8 +49,8 @@ class Job:
 
     layout_candidates: int = 10
     """With fit = layout: how many layouts (best first by the cheap estimate) are simulated in
-    full, besides the layout as configured; each costs about one dry run of the job (10-20 s
-    for Llama3 8B at 8,192 tokens, 15-70 s for 405B on 512 devices). More finds more, slower."""
+    full, besides the layout as configured; each costs about one dry run of the job
+    (docs/step_time.md has the measured times). More finds more, slower."""
 
     layout_seconds: float = 420.0
     """With fit = layout: no full simulation starts that could end after this many seconds of
