@@ -183,7 +183,9 @@ def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, arg
 
         schedule = step_time.order_for(cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg))
     shape = batch_shape(cfg, dims.dp)
-    peak = hardware.peak_tflops.get("bfloat16", 0.0) * 1e12
+    # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's)
+    dtype = "float32" if cfg.training.mixed_precision_param == "float32" else "bfloat16"
+    peak = hardware.peak_tflops.get(dtype, hardware.peak_tflops.get("bfloat16", 0.0)) * 1e12
     step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,
                                      model.flops_per_token(cfg.training.seq_len), peak, shape.accum_steps)
     roles = per_variant[0]
