@@ -135,7 +135,7 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
         per_variant.append([roles[r] for r in range(dims.pp)])
     if hardware is not None:
         _add_times(per_variant, steps, variants, plans, dims, timed_as or cfg, args, model, hardware,
-                   timed_as is not None)
+                   timed_as is not None, target)
     if len(variants) == 1:
         records = []
         for r in range(dims.pp):
@@ -152,7 +152,7 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
 
 
 def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, args, model, hardware,
-               reorder: bool = False) -> None:
+               reorder: bool = False, target: str = "cuda") -> None:
     """Each role's step time (step_time.py) from its simulated rank's trace: middle pipeline
     ranks take rank 1's times on their own stage; jobs simulated at 1 and 2 blocks per stage
     are extrapolated linearly in the blocks, as their memory is."""
@@ -184,7 +184,9 @@ def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, arg
         schedule = step_time.order_for(cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg))
     shape = batch_shape(cfg, dims.dp)
     # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's)
-    dtype = "float32" if cfg.training.mixed_precision_param == "float32" else "bfloat16"
+    from torchtitan.dtypes import param_dtype
+
+    dtype = param_dtype(cfg.training.mixed_precision_param, target)
     peak = hardware.peak_tflops.get(dtype, hardware.peak_tflops.get("bfloat16", 0.0)) * 1e12
     step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,
                                      model.flops_per_token(cfg.training.seq_len), peak, shape.accum_steps)
