@@ -17,14 +17,14 @@ from typing import Callable
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.job_shape import batch_shape
+from torchtitan.memory.layout_space import AC_CHOICES
 from torchtitan.memory.predict import predict_roles
 from torchtitan.training.build import model_on_meta
 from torchtitan.units import GIB
 
-# AC modes a fit is searched for: (label, activation_checkpoint overrides)
-AC_MODES = (("none", {"mode": "none"}), ("op SAC", {"mode": "selective", "selective_ac_option": "op"}),
-            ("layer SAC (every 2nd)", {"mode": "selective", "selective_ac_option": "2"}),
-            ("full", {"mode": "full"}))
+# AC modes a fit is searched for: (label, activation_checkpoint overrides), the layout
+# search's choices (layout_space.AC_CHOICES) with the labels the fit report prints
+AC_MODES = tuple(zip(("none", "op SAC", "layer SAC (every 2nd)", "full"), (v for _, v in AC_CHOICES)))
 
 
 def _with(cfg, section: str, **values):

@@ -307,7 +307,7 @@ def _full_compute(c: Candidate) -> float:
 
 def _same(a: Layout, b: Layout) -> bool:
     """Equal but for the pipeline split points (a configured split counts as its layout's)."""
-    return a.__class__(**{**a.__dict__, "split_points": ()}) == b.__class__(**{**b.__dict__, "split_points": ()})
+    return dataclasses.replace(a, split_points=()) == dataclasses.replace(b, split_points=())
 
 
 def report(result: SearchResult, global_batch: int, top: int = 10) -> str:

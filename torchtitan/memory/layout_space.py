@@ -19,7 +19,7 @@ What is enumerated, and why no more:
   the experts;
 - dp_replicate: 1 (FSDP over every data-parallel rank), the replicas that keep each FSDP
   group inside a node (HSDP), and DDP (dp_shard 1);
-- AC: none, op SAC, layer SAC (every 2nd block), full (fit.AC_MODES);
+- AC: none, op SAC, layer SAC (every 2nd block), full (AC_CHOICES; fit.py's too);
 - reshard: auto, and the fixed policy auto does not resolve to: without PP auto reshards
   every block (as `always` does), so `never` is the other choice; under PP auto keeps every
   unit (as `never`), so `always` is;
@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# (label, activation_checkpoint overrides): fit.AC_MODES, repeated here torch-free
+# (label, activation_checkpoint overrides): every AC mode the fit and the layout search try
 AC_CHOICES = (("none", {"mode": "none"}), ("op", {"mode": "selective", "selective_ac_option": "op"}),
               ("layer2", {"mode": "selective", "selective_ac_option": "2"}), ("full", {"mode": "full"}))
 MIN_CP_TOKENS = 2048  # tokens of a sequence a context-parallel rank keeps at least
