@@ -7,7 +7,7 @@ layout the search lists and compare the measured speeds.
 
 1. The `local` profile is measured anew (as scripts/step_time_check.py does) unless
    --keep-profile.
-2. `--job.dry_run=true --job.fit=layout` for NGPU=4 CONFIG_FILE=train_configs/llama3_debug.toml
+2. `--job.dry_run=true --planning.fit=layout` for NGPU=4 CONFIG_FILE=train_configs/llama3_debug.toml
    (CPU, gloo, fp32, the debug config's global batch) lists the fitting layouts it simulated,
    fastest first (layout_search.json, `ranked`).
 3. Every listed layout trains STEPS steps with its exact overrides, ROUNDS interleaved rounds;
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     out = args.out or tempfile.mkdtemp(prefix="layout_pick_check_")
     if not args.keep_profile:
         os.environ["TITAN_PROFILE_CACHE"] = os.path.join(out, "local_profile.json")
-        from torchtitan.memory import local_profile
+        from torchtitan.planning.step_time import local_profile
 
         start = time.monotonic()
         local_profile.load()
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     search = Job("llama_layout_search", RANKS, "llama3", ())
     dump = os.path.join(out, "search")
     start = time.monotonic()
-    rc, log = launcher.run(search, [*BASE, "--job.dry_run=true", "--job.fit=layout", "--hardware.profile=local",
-                                    f"--job.layout_candidates={args.candidates}", f"--job.dump_folder={dump}"],
+    rc, log = launcher.run(search, [*BASE, "--job.dry_run=true", "--planning.fit=layout", "--hardware.profile=local",
+                                    f"--planning.layout_candidates={args.candidates}", f"--job.dump_folder={dump}"],
                            os.path.join(dump, "logs"), dry_run=True)
     print(log if rc else "\n".join(line for line in log.splitlines() if "Warning" not in line), flush=True)
     if rc != 0:

@@ -18,7 +18,7 @@ MODEL_OF_PREFIX = {"llama": "llama3", "ds": "deepseek_v3", "qwen": "qwen3", "qmo
 # of rank 0, as long as the run itself) is skipped; the budget changes nothing predicted.
 # fp32 parameters and local batch 2 unless the job says otherwise.
 BASE = ("--training.device=cpu", "--training.steps=3", "--training.seq_len=128", "--metrics.enable_tensorboard=false",
-        "--parallelism.memory_budget_gib=none")
+        "--planning.memory_budget_gib=none")
 DEFAULTS = {"training.mixed_precision_param": "float32", "training.local_batch_size": "2"}
 # Short names of the config keys the matrix sets (a full key `section.key=value` works too).
 KEYS = {

@@ -9,7 +9,7 @@
 ROWS holds runs that use only what this framework has (bf16 weights, no FP8, no async TP),
 each with its source. Every row is predicted by the dry run of the same model, layout,
 batch, sequence, AC mode and compile setting on the row's hardware profile
-(torchtitan/memory/hardware.py), the memory budget off (a dry run must not refuse a row).
+(torchtitan/hardware.py), the memory budget off (a dry run must not refuse a row).
 
 Calibration: the profiles' constants come from datasheets and public micro-benchmarks; the
 one value fitted to a published run is h100_grand_teton's `clock_factor` (the tensor cores'
@@ -65,7 +65,7 @@ ROWS = [
      ["--training.local_batch_size=1", "--parallelism.tensor_parallel_degree=1", *FULL, *EAGER], 331, None),
 ]
 CALIBRATION = "8b_8_eager"
-BASE = ["--job.dry_run=true", "--parallelism.memory_budget_gib=none", "--training.seq_len=8192",
+BASE = ["--job.dry_run=true", "--planning.memory_budget_gib=none", "--training.seq_len=8192",
         "--training.mixed_precision_param=bfloat16", "--parallelism.data_parallel_shard_degree=auto",
         "--parallelism.data_parallel_replicate_degree=1", "--checkpoint.enable=false"]
 

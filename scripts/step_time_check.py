@@ -46,7 +46,7 @@ STEPS = 10
 FIRST_MEASURED = 3
 WITHIN = 0.35
 BASE = ["--training.device=cpu", f"--training.steps={STEPS}", "--metrics.log_freq=1",
-        "--metrics.enable_tensorboard=false", "--parallelism.memory_budget_gib=none",
+        "--metrics.enable_tensorboard=false", "--planning.memory_budget_gib=none",
         "--training.mixed_precision_param=float32"]
 
 JOBS = """
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     out = args.out or tempfile.mkdtemp(prefix="step_time_check_")
     if not args.keep_profile:
         os.environ["TITAN_PROFILE_CACHE"] = os.path.join(out, "local_profile.json")
-        from torchtitan.memory import local_profile
+        from torchtitan.planning.step_time import local_profile
 
         start = time.monotonic()
         profile = local_profile.load()

@@ -1,7 +1,7 @@
 """Dry run: plan a job of any size in one CPU process, and predict its memory per rank role.
 
     NGPU=512 CONFIG_FILE=train_configs/llama3_405b.toml ./run_train.sh --job.dry_run=true
-    NGPU=8 ... --job.dry_run=true --job.fit=local_batch_size   # the largest that fits the budget
+    NGPU=8 ... --job.dry_run=true --planning.fit=local_batch_size   # the largest that fits the budget
 
 One process joins a fake process group of world size NGPU (collectives do nothing), builds
 the model on meta, and for every pipeline rank splits, plans and parallelizes its stages
@@ -18,11 +18,12 @@ import time
 
 from torchtitan.checks import load_config_or_exit
 from torchtitan.checks.job import accepts
-from torchtitan.memory.budget import memory_budget, ranks_on_this_node
-from torchtitan.memory.local_profile import job_hardware
-from torchtitan.memory.fit import fit_report, nearby_report
-from torchtitan.memory.predict import predict, role_table
-from torchtitan.memory.step_time import time_table
+from torchtitan.planning.memory.budget import memory_budget, ranks_on_this_node
+from torchtitan.planning.step_time.local_profile import job_hardware
+from torchtitan.planning.memory.fit import fit_report
+from torchtitan.planning.search.nearby import nearby_report
+from torchtitan.planning.memory.predict import predict, role_table
+from torchtitan.planning.step_time.model import time_table
 from torchtitan.training.build import fake_world, model_on_meta
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.units import GIB
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if target == "cuda" and budget is not None and budget.origin.startswith("CPU"):
         budget = None  # planned for GPUs on a machine without one: the default is unknown here
     hardware = job_hardware(cfg, target, measure=True)
-    if cfg.job.fit == "layout":
+    if cfg.planning.fit == "layout":
         return layout_main(cfg, world, target, budget, hardware, start)
     with fake_world(cfg, world) as dims:
         meta = model_on_meta(cfg)
@@ -63,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
                   f" memory: up to {host / GIB:.3f} GiB per rank (times the ranks of a node)")
         extra = {}
-        if times and cfg.job.nearby:
+        if times and cfg.planning.nearby:
             text, nearby = nearby_report(spec, model, dims, cfg, target, args, accepts(world), hardware, roles)
             print("\n" + text)
             extra["nearby_choices"] = nearby
-        if cfg.job.fit:
-            text, extra = fit_report(spec, model, dims, cfg, target, args, budget, cfg.job.fit, accepts(world))
+        if cfg.planning.fit:
+            text, extra = fit_report(spec, model, dims, cfg, target, args, budget, cfg.planning.fit, accepts(world))
             print("\n" + text)
         path = write_plan_json(
             cfg.job.dump_folder, world, dims.mesh_shape, records,
@@ -84,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def layout_main(cfg, world: int, target: str, budget, hardware, start: float) -> int:
-    """--job.fit=layout: the layout search (memory/layout_search.py) instead of the job's plan."""
+    """--planning.fit=layout: the layout search (memory/layout_search.py) instead of the job's plan."""
     import json
 
     from torchtitan.distributed.job_shape import batch_shape, degrees
-    from torchtitan.memory import layout_search, layout_space
-    from torchtitan.memory.budget import CUDA_MARGIN
+    from torchtitan.planning.search import search as layout_search
+    from torchtitan.planning.search import space as layout_space
+    from torchtitan.planning.memory.budget import CUDA_MARGIN
 
     if hardware is None:
         print("fit=layout: no hardware profile to predict step times with (--hardware.profile)")
@@ -107,8 +109,8 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
           f" {cfg.training.seq_len} tokens, compile {'on' if cfg.compile.enable else 'off'},"
           f" budget {budget_bytes / GIB:.2f} GiB ({origin})")
     result = layout_search.search(meta.spec, meta.model, cfg, world, target, meta.args, hardware, budget_bytes,
-                                  accepts(world), cfg.job.layout_candidates, configured,
-                                  max_seconds=cfg.job.layout_seconds)
+                                  accepts(world), cfg.planning.layout_candidates, configured,
+                                  max_seconds=cfg.planning.layout_seconds)
     print("\n" + layout_search.report(result, global_batch))
     os.makedirs(cfg.job.dump_folder, exist_ok=True)
     if result.ranked:

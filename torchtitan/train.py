@@ -34,7 +34,7 @@ from torchtitan.distributed.utils import (
     DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
     shutdown_distributed,
 )
-from torchtitan.memory.startup import MemoryBudgetError, share, start_prediction, wanted
+from torchtitan.planning.startup import MemoryBudgetError, share, start_prediction, wanted
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import export_args, export_fields, model_rules
 from torchtitan.models.hf.weights import HFExportError, HFSpec
@@ -59,7 +59,7 @@ warnings.filterwarnings("ignore", message=".*set_vital.*")
 
 
 # The start-up memory prediction's child process (memory/startup.py)
-PREDICTION_CHILD = [sys.executable, "-m", "torchtitan.predict_memory"]
+PREDICTION_CHILD = [sys.executable, "-m", "torchtitan.predict_rank_roles"]
 
 
 def join_job(cfg: JobConfig, device: torch.device):
@@ -209,10 +209,10 @@ class Trainer:
         return ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group())
 
     def _peak_flops(self) -> float | None:
-        peak = peak_tflops(self.device, self.cfg.metrics.peak_tflops)
+        peak = peak_tflops(self.device, self.cfg.hardware.peak_tflops)
         if self.device.type == "cuda" and peak is None:
             self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
-                     " set --metrics.peak_tflops (dense bf16) to get it")
+                     " set --hardware.peak_tflops (dense bf16) to get it")
         return peak
 
     # ------------------------------------------------------------------ log lines

@@ -266,7 +266,7 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     if not dry_run and entry == "torchtitan.train" and not any("memory_budget_gib" in a for a in argv):
         # The start-up memory prediction (a child process per run) is tested by the runs that
         # set a budget; the others skip it to keep the suite fast.
-        argv = [*argv, "--parallelism.memory_budget_gib=none"]
+        argv = [*argv, "--planning.memory_budget_gib=none"]
     log_ranks = sorted({int(r) for r in env.get("LOG_RANK", "0").split(",") if r.strip()})
     for rank in range(ngpu):  # this launch's logs only (a resumed run reuses its dump folder)
         for name in ("stdout.log", "stderr.log"):

@@ -12,8 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from torchtitan.checks import load_config  # noqa: E402
-from torchtitan.memory.simulate import simulate_pp_rank  # noqa: E402
-from torchtitan.memory.simulation_patches import PipelineStartup  # noqa: E402
+from torchtitan.planning.simulate.step import simulate_pp_rank  # noqa: E402
+from torchtitan.planning.simulate.patches import PipelineStartup  # noqa: E402
 from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
 
 

@@ -54,7 +54,7 @@ BASE = [
     "--lr_scheduler.warmup_steps=2",
     "--optimizer.lr=3e-3",
     # no start-up memory prediction (a child process per run): tested by test_memory_budget.py
-    "--parallelism.memory_budget_gib=none",
+    "--planning.memory_budget_gib=none",
 ]
 
 

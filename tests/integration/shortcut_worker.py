@@ -1,5 +1,5 @@
 """One process on the fake process group: a job's per-role prediction with the shortcuts of
-torchtitan/memory/derived_roles.py (forced on: EXACT_LIMIT 0) and with every role simulated whole.
+torchtitan/planning/simulate/roles.py (forced on: EXACT_LIMIT 0) and with every role simulated whole.
 
     python tests/integration/shortcut_worker.py WORLD N_LAYERS [overrides...]   -> one JSON line
 """
@@ -13,7 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from torchtitan.checks import load_config  # noqa: E402
-from torchtitan.memory import derived_roles, predict  # noqa: E402
+from torchtitan.planning.simulate import roles as derived_roles  # noqa: E402
+from torchtitan.planning.memory import predict  # noqa: E402
 from torchtitan.models.flavors import model_args  # noqa: E402
 from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
 

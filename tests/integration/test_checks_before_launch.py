@@ -12,7 +12,7 @@ import sys
 import textwrap
 import time
 
-from torchtitan.memory import budget as memory_budget
+from torchtitan.planning.memory import budget as memory_budget
 
 from check_data_helpers import ROOT, docs, write_jsonl
 from config_helpers import write_toml
@@ -81,11 +81,11 @@ def test_the_check_imports_no_torch(tmp_path):
 def test_the_check_and_its_modules_import_no_torch(repo_root, subprocess_env):
     code = (
         "import sys\n"
-        "import torchtitan.memory.model_states, torchtitan.memory.budget\n"
+        "import torchtitan.planning.memory.model_states, torchtitan.planning.memory.budget\n"
         "from torchtitan.config import ConfigError\nfrom torchtitan.checks import load_config\n"
         "try:\n"
         f"    load_config(['--job.config_file', {V3_DEBUG!r}, '--model.flavor=671B',"
-        " '--parallelism.memory_budget_gib=1'], 2)\n"
+        " '--planning.memory_budget_gib=1'], 2)\n"
         "except ConfigError as e:\n"
         "    assert 'model states alone need' in str(e), e\n"
         "else:\n"

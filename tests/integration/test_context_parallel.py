@@ -9,7 +9,7 @@ import run_tests
 
 TINY = ["--model.flavor=tiny", "--training.steps=2", "--training.seq_len=64", "--training.local_batch_size=4",
         "--metrics.comm_stats=true", "--training.mixed_precision_param=float32", "--training.deterministic=true",
-        "--metrics.enable_tensorboard=false", "--parallelism.memory_budget_gib=none", run_tests.CP2]
+        "--metrics.enable_tensorboard=false", "--planning.memory_budget_gib=none", run_tests.CP2]
 LAYERS = 4  # both tiny flavors
 
 

@@ -27,7 +27,7 @@ LOG_FREQ, STEPS = 5, 6
 COMMON = ["--model.flavor=tiny", f"--training.steps={STEPS}", f"--metrics.log_freq={LOG_FREQ}",
           "--training.seq_len=64", "--training.local_batch_size=2", "--training.global_batch_size=8",
           "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false",
-          "--parallelism.memory_budget_gib=none", "--checkpoint.enable=false"]
+          "--planning.memory_budget_gib=none", "--checkpoint.enable=false"]
 LLAMA, DS = "train_configs/llama3_debug.toml", "train_configs/deepseek_v3_debug.toml"
 QWEN, QWEN_MOE = "train_configs/qwen3_debug.toml", "train_configs/qwen3_moe_debug.toml"
 EP, TP, PP = ("--parallelism.expert_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",

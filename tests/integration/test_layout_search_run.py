@@ -1,4 +1,4 @@
-"""The layout search end to end (`--job.dry_run=true --job.fit=layout`, a 4-rank tiny job):
+"""The layout search end to end (`--job.dry_run=true --planning.fit=layout`, a 4-rank tiny job):
 it lists fitting layouts fastest first with overrides the checks accept, writes the best as
 a TOML snippet that loads as that layout, and times many-microbatch pipelines through the
 real count's schedule exactly as a simulation of that count would. (Its torch-free stages:
@@ -16,11 +16,11 @@ import run_tests
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=2", "--training.device=cpu",
         "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false",
-        "--hardware.profile=h100_sxm", "--parallelism.memory_budget_gib=2"]
+        "--hardware.profile=h100_sxm", "--planning.memory_budget_gib=2"]
 
 
 def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
-    rc, _, out = run_tests.launch(4, [*TINY, "--job.dry_run=true", "--job.fit=layout", "--job.layout_candidates=3",
+    rc, _, out = run_tests.launch(4, [*TINY, "--job.dry_run=true", "--planning.fit=layout", "--planning.layout_candidates=3",
                                       f"--job.dump_folder={tmp_path}"], str(tmp_path / "ranks"))
     assert rc == 0, out[-3000:]
     assert re.search(r"layout search: [\d,]+ layouts enumerated, [\d,]+ within the model-states floor", out), out[-3000:]
@@ -54,8 +54,8 @@ def _steps(pairs: list[tuple[list[str], list[str] | None]]) -> list[float]:
     """The predicted step time of each (simulated job, timed_as job), in one fresh process."""
     code = f"""
 from torchtitan.checks import load_config
-from torchtitan.memory.hardware import PROFILES
-from torchtitan.memory.predict import predict_roles
+from torchtitan.hardware import PROFILES
+from torchtitan.planning.memory.predict import predict_roles
 from torchtitan.training.build import fake_world, model_on_meta
 meta = None
 for argv, timed_as in {pairs!r}:
@@ -99,8 +99,10 @@ def test_layouts_one_after_another_each_in_a_fresh_world():
     code = f"""
 import torch.distributed as dist
 from torchtitan.checks import load_config
-from torchtitan.memory import cheap_step, layout_search, layout_space
-from torchtitan.memory.hardware import PROFILES
+from torchtitan.planning.search import estimate as cheap_step
+from torchtitan.planning.search import search as layout_search
+from torchtitan.planning.search import space as layout_space
+from torchtitan.hardware import PROFILES
 from torchtitan.training.build import model_on_meta
 cfg, _ = load_config({[*TINY, "--job.dry_run=true"]!r}, 4)
 meta = model_on_meta(cfg)

@@ -38,14 +38,14 @@ import run_tests
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = {
-    "debug_fsdp": (8, "llama3_debug.toml", ["--model.flavor=tiny", "--parallelism.memory_budget_gib=none"]),
+    "debug_fsdp": (8, "llama3_debug.toml", ["--model.flavor=tiny", "--planning.memory_budget_gib=none"]),
     "debug_pp_tp": (8, "llama3_debug.toml", [
         "--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",
         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--training.local_batch_size=4",
         "--parallelism.fsdp_implementation=simple_fsdp", "--activation_checkpoint.mode=selective",
-        "--parallelism.memory_budget_gib=none"]),
+        "--planning.memory_budget_gib=none"]),
     "8b": (64, "llama3_8b.toml", [
-        "--parallelism.tensor_parallel_degree=8", "--parallelism.memory_budget_gib=none",
+        "--parallelism.tensor_parallel_degree=8", "--planning.memory_budget_gib=none",
         "--parallelism.data_parallel_replicate_degree=2"]),
 }
 
@@ -86,7 +86,7 @@ def test_llama3_plan_json_is_unchanged(name, tmp_path):
         got.pop(key, None)
     assert list(got) == list(want)  # the same keys in the same order
     assert_roles_match(got.pop("memory_per_rank_role"), want.pop("memory_per_rank_role"))
-    if not any(a.startswith("--parallelism.memory_budget_gib=") for a in overrides):
+    if not any(a.startswith("--planning.memory_budget_gib=") for a in overrides):
         budget = got.pop("memory_budget_bytes")
         assert budget is None or (isinstance(budget, int) and budget >= 0), budget
         want.pop("memory_budget_bytes")

@@ -14,14 +14,14 @@ TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_
 
 
 def test_a_job_over_the_budget_stops_before_its_first_step(tmp_path):
-    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--parallelism.memory_budget_gib=0.005"],
+    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--planning.memory_budget_gib=0.005"],
                                   str(tmp_path / "ranks"))
     assert rc == 2, out[-3000:]
     lines = [ln for ln in out.splitlines() if ln.startswith("error: role")]
     assert len(lines) == 1, out[-3000:]
     assert re.match(r"error: role all \(ranks 0,1\): predicted peak \d+\.\d\d GiB > memory budget 0\.00 GiB"
-                    r" \(--parallelism\.memory_budget_gib\)(; would fit: .*|; nothing tried fits: .*);"
-                    r" or --job\.allow_over_budget=true to start anyway$", lines[0]), lines[0]
+                    r" \(--planning\.memory_budget_gib\)(; would fit: .*|; nothing tried fits: .*);"
+                    r" or --planning\.allow_over_budget=true to start anyway$", lines[0]), lines[0]
     assert "step 1/" not in out
     assert not (tmp_path / "metrics.jsonl").exists()
 
@@ -29,15 +29,15 @@ def test_a_job_over_the_budget_stops_before_its_first_step(tmp_path):
 def test_a_budget_that_a_change_meets_names_the_change(tmp_path):
     # tiny Llama3, 2 ranks, local batch 8: full AC or a smaller local batch fits 14 MiB
     rc, _, out = run_tests.launch(2, [*TINY, "--training.local_batch_size=8", f"--job.dump_folder={tmp_path}",
-                                      "--parallelism.memory_budget_gib=0.0135"], str(tmp_path / "ranks"))
+                                      "--planning.memory_budget_gib=0.0135"], str(tmp_path / "ranks"))
     assert rc == 2, out[-3000:]
     line = next(ln for ln in out.splitlines() if ln.startswith("error: role"))
     assert "would fit: " in line and "--training.local_batch_size=" in line, line
 
 
 def test_allowed_over_budget_trains_and_reports_its_prediction(tmp_path):
-    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--parallelism.memory_budget_gib=0.005",
-                                      "--job.allow_over_budget=true"], str(tmp_path / "ranks"))
+    rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--planning.memory_budget_gib=0.005",
+                                      "--planning.allow_over_budget=true"], str(tmp_path / "ranks"))
     assert rc == 0, out[-3000:]
     assert re.search(r"\[torchtitan\] memory, rank 0 \(role all\): predicted peak \d+\.\d{3} GiB \(at [a-z]+\),"
                      r" measured n/a \(on CPU: --metrics\.cpu_memory_peak=true\)", out), out[-3000:]
@@ -48,7 +48,7 @@ def test_allowed_over_budget_trains_and_reports_its_prediction(tmp_path):
 
 def test_dry_run_fit_search(tmp_path):
     rc, _, out = run_tests.launch(2, [*TINY, f"--job.dump_folder={tmp_path}", "--job.dry_run=true",
-                                      "--job.fit=local_batch_size", "--parallelism.memory_budget_gib=0.02"],
+                                      "--planning.fit=local_batch_size", "--planning.memory_budget_gib=0.02"],
                                   str(tmp_path / "ranks"))
     assert rc == 0, out[-3000:]
     assert "gradient accumulation held at 1 step(s), so the global batch grows with it" in out
@@ -64,7 +64,7 @@ def test_dry_run_fit_search(tmp_path):
 def test_prediction_against_a_real_gloo_run(impl, tmp_path):
     """The start-up prediction vs the meter's measured peak of every rank (steps >= 2)."""
     rc, _, out = run_tests.launch(2, [*TINY, "--training.steps=3", f"--job.dump_folder={tmp_path}",
-                                      "--metrics.cpu_memory_peak=true", "--parallelism.memory_budget_gib=100",
+                                      "--metrics.cpu_memory_peak=true", "--planning.memory_budget_gib=100",
                                       f"--parallelism.fsdp_implementation={impl}"], str(tmp_path / "ranks"))
     assert rc == 0, out[-3000:]
     (role,) = json.loads((tmp_path / "plan.json").read_text())["memory_per_rank_role"]

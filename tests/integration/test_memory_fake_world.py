@@ -6,7 +6,7 @@ allocator is not the one measured):
   real tensors in one process, measured by the CPU allocator's own events (torch profiler);
   goal: within +/-5% for every pipeline rank (measured: equal to the byte but for AdamW's step
   counters). The matrix of real gloo jobs is scripts/memory_check.py. (memory_worker.py)
-- the prediction's shortcuts for large jobs (torchtitan/memory/derived_roles.py) against
+- the prediction's shortcuts for large jobs (torchtitan/planning/simulate/roles.py) against
   simulating every role whole: interpolated middle ranks byte-equal, extrapolated blocks
   byte-equal but on the first pipeline rank (within 2%). (shortcut_worker.py)
 - model_states' elements per rank against the parallelized build. (model_states_worker.py)
@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from torchtitan.checks import load_config
-from torchtitan.memory import model_states
+from torchtitan.planning.memory import model_states
 from torchtitan.models.flavors import model_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))

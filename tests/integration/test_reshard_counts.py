@@ -110,7 +110,7 @@ def test_dry_run_405b_on_512_ranks(tmp_path):
     env = {**os.environ, "NGPU": "512", "CONFIG_FILE": os.path.join(run_tests.ROOT, "train_configs/llama3_405b.toml")}
     start = time.perf_counter()
     # the plan and prediction alone: the nearby choices would simulate the job again per choice
-    proc = subprocess.run([run_tests.RUN_TRAIN, "--job.dry_run=true", "--job.nearby=false", f"--job.dump_folder={tmp_path}"],
+    proc = subprocess.run([run_tests.RUN_TRAIN, "--job.dry_run=true", "--planning.nearby=false", f"--job.dump_folder={tmp_path}"],
                           env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -11,13 +11,13 @@ import run_tests
 
 TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=2", "--training.steps=6",
         "--training.device=cpu", "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false",
-        "--parallelism.memory_budget_gib=none"]
+        "--planning.memory_budget_gib=none"]
 
 
 def _local_profile(path) -> None:
     """A cached `local` profile for this machine (made up: the test checks the plumbing)."""
-    from torchtitan.memory.hardware import PROFILES
-    from torchtitan.memory.local_profile import machine_key
+    from torchtitan.hardware import PROFILES
+    from torchtitan.planning.step_time.local_profile import machine_key
 
     profile = dataclasses.replace(PROFILES["a100_80gb"], name="local", host_async=False, cores=2)
     path.write_text(json.dumps({"key": machine_key(), "profile": dataclasses.asdict(profile)}))

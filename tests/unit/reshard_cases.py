@@ -20,7 +20,7 @@ def pp_kept(n_microbatches: int) -> str:
 
 
 # The reason of a unit freed for the memory budget: the note (what the memory prediction
-# says, torchtitan/memory/predict.py) is put in verbatim.
+# says, torchtitan/planning/memory/predict.py) is put in verbatim.
 NOTE = "predicted peak 5.00 GiB > budget 4.00 GiB"
 
 

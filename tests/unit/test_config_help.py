@@ -78,4 +78,4 @@ def test_help_short_flag(capsys):
     with pytest.raises(SystemExit) as info:
         build_config(["-h"])
     assert info.value.code == 0
-    assert "  --metrics.peak_tflops (float|auto, default 'auto')" in capsys.readouterr().out
+    assert "  --hardware.peak_tflops (float|auto, default 'auto')" in capsys.readouterr().out

@@ -35,23 +35,43 @@ def test_toml_numbers_are_old_values_too(tmp_path):
     path = write_toml(tmp_path, """
         [parallelism]
         data_parallel_shard_degree = -1
+        [planning]
         memory_budget_gib = -1
         [training]
         global_batch_size = -1
     """)
     cfg, warnings = build_config(["--job.config_file", path])
-    assert (cfg.parallelism.data_parallel_shard_degree, cfg.parallelism.memory_budget_gib,
+    assert (cfg.parallelism.data_parallel_shard_degree, cfg.planning.memory_budget_gib,
             cfg.training.global_batch_size) == (AUTO, "none", AUTO)
-    assert warnings == ["'parallelism.memory_budget_gib = -1' is deprecated: write 'none' (no budget)"]
+    assert warnings == ["'planning.memory_budget_gib = -1' is deprecated: write 'none' (no budget)"]
 
 
 def test_the_new_spellings_and_numbers_need_no_warning():
-    argv = ["--training.global_batch_size=auto", "--parallelism.memory_budget_gib=none", "--comm.hang_timeout_seconds=0",
-            "--checkpoint.load_step=auto", "--metrics.peak_tflops=312", "--parallelism.data_parallel_shard_degree=1"]
+    argv = ["--training.global_batch_size=auto", "--planning.memory_budget_gib=none", "--comm.hang_timeout_seconds=0",
+            "--checkpoint.load_step=auto", "--hardware.peak_tflops=312", "--parallelism.data_parallel_shard_degree=1"]
     cfg, warnings = build_config(argv)
     assert warnings == []
-    assert (cfg.training.global_batch_size, cfg.parallelism.memory_budget_gib, cfg.comm.hang_timeout_seconds,
-            cfg.checkpoint.load_step, cfg.metrics.peak_tflops) == (AUTO, "none", 0, AUTO, 312.0)
+    assert (cfg.training.global_batch_size, cfg.planning.memory_budget_gib, cfg.comm.hang_timeout_seconds,
+            cfg.checkpoint.load_step, cfg.hardware.peak_tflops) == (AUTO, "none", 0, AUTO, 312.0)
+
+
+@pytest.mark.parametrize("old, new, value, expected", [
+    ("job.fit", "planning.fit", "layout", "layout"),
+    ("job.layout_candidates", "planning.layout_candidates", "3", 3),
+    ("job.layout_seconds", "planning.layout_seconds", "60", 60.0),
+    ("job.nearby", "planning.nearby", "false", False),
+    ("job.allow_over_budget", "planning.allow_over_budget", "true", True),
+    ("parallelism.memory_budget_gib", "planning.memory_budget_gib", "4", 4.0),
+    ("parallelism.memory_budget_gib", "planning.memory_budget_gib", "-1", "none"),
+    ("moe.memory_skew", "planning.memory_skew", "2", 2.0),
+    ("metrics.peak_tflops", "hardware.peak_tflops", "312", 312.0),
+])
+def test_the_planning_keys_old_spellings_work_with_one_warning(old, new, value, expected):
+    cfg, warnings = build_config([f"--{old}={value}"])
+    section, key = new.split(".")
+    assert getattr(getattr(cfg, section), key) == expected
+    assert warnings[0].startswith(f"'{old}' is deprecated: use '{new}'")
+    assert len(warnings) == (2 if value == "-1" else 1)  # -1 also names its new spelling
 
 
 def test_every_key_that_derives_defaults_to_auto():

@@ -20,7 +20,7 @@ PACKAGE = os.path.join(ROOT, "torchtitan")
 # Bottom first. A module's layer is its first folder under torchtitan/ (or, for a top-level
 # module, its own name). A layer may import its own layer and every layer listed before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("dtypes", "messages", "units"),  # base: names and formats every layer uses
+    ("dtypes", "messages", "units", "hardware"),  # base: names, formats, the GPU table; torch-free
     ("config",),  # job_config.py + manager.py: torch-free, imports nothing of ours
     ("distributed",),  # mesh, plan, reshard policy, FSDP2 / SimpleFSDP / DDP, AC, TP, PP, CP, EP: no model
     ("models",),  # registry, model protocol + train spec, flavors, shapes, common/, each model, hf/
@@ -29,9 +29,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("observe",),  # metrics fan-out, profiler, peak FLOPs, comm stats, memory meters
     ("checkpoint",),  # DCP manager, files + markers, async saves, state objects
     ("training",),  # the build path, the step, the loss, the optimizer, expert balance, plan report
-    ("memory",),  # the prediction (one simulated step per rank role), the budget, the model-states floor
+    # planning/: what is decided before launch, one sub-layer per concern, bottom first
+    ("planning.simulate",),  # one simulated step of one pipeline rank; which roles are simulated
+    ("planning.step_time",),  # the trace of a simulated step, the step-time model, the local profile
+    ("planning.memory",),  # peak per rank role, the budget, the model-states floor, the largest fit
+    ("planning.search",),  # the layout space, its cheap estimate, the search, the nearby choices
+    ("planning.startup", "planning"),  # the trainer's start-up gate (and the package's docstring)
     ("checks",),  # the pre-launch checks: each owner's torch-free rules, called in order
-    ("train", "dry_run", "launcher", "hf_convert", "predict_memory"),  # entry points
+    ("train", "dry_run", "launcher", "hf_convert", "predict_rank_roles"),  # entry points
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -91,9 +96,12 @@ def imports_of(module: str, path: str, modules: dict[str, str]) -> dict[str, int
 
 
 def layer_of(module: str) -> int | None:
+    """A module's layer: its first folder under torchtitan/, or for planning/ its first two."""
     parts = module.split(".")
     if len(parts) == 1:  # the package itself
         return None
+    if len(parts) > 2 and ".".join(parts[1:3]) in LAYER_OF:
+        return LAYER_OF[".".join(parts[1:3])]
     return LAYER_OF.get(parts[1])
 
 
@@ -179,16 +187,16 @@ def test_layer_reader_sees_lazy_type_checking_and_relative_imports(tmp_path):
         "if TYPE_CHECKING:\n"
         "    from torchtitan.training.step import StepRunner\n"
         "def f():\n"
-        "    import torchtitan.memory.predict\n"
+        "    import torchtitan.planning.memory.predict\n"
         "from ..config import manager\n"
         "from . import plan\n"
     )
     path = tmp_path / "mod.py"
     path.write_text(code)
-    modules = {m: "" for m in ("torchtitan.training.step", "torchtitan.memory.predict", "torchtitan.config.manager",
+    modules = {m: "" for m in ("torchtitan.training.step", "torchtitan.planning.memory.predict", "torchtitan.config.manager",
                                "torchtitan.distributed.plan", "torchtitan.distributed.mod", "torchtitan.config")}
     found = imports_of("torchtitan.distributed.mod", str(path), modules)
-    assert set(found) == {"torchtitan.training.step", "torchtitan.memory.predict", "torchtitan.config.manager",
+    assert set(found) == {"torchtitan.training.step", "torchtitan.planning.memory.predict", "torchtitan.config.manager",
                           "torchtitan.distributed.plan"}
     ups = upward_imports({"torchtitan.distributed.mod": found})
     assert len(ups) == 2 and all("up" in u for u in ups)

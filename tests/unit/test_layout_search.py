@@ -9,9 +9,13 @@ import pytest
 
 from torchtitan.checks import load_config
 from torchtitan.checks.job import accepts
-from torchtitan.memory import cheap_step, hardware, layout_search, layout_space, step_time
-from torchtitan.memory.layout_space import Layout
-from torchtitan.memory.model_states import model_shapes
+from torchtitan.planning.search import estimate as cheap_step
+from torchtitan import hardware
+from torchtitan.planning.search import search as layout_search
+from torchtitan.planning.search import space as layout_space
+from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.search.space import Layout
+from torchtitan.planning.memory.model_states import model_shapes
 from torchtitan.training.build import run_model_args
 
 H100 = hardware.PROFILES["h100_sxm"]
@@ -175,5 +179,5 @@ def test_the_checks_refuse_what_cannot_run_and_bad_search_keys():
     assert not ok(layout_space.apply(cfg, _layout(tp=3, dp_shard=1), 8))  # 3 does not divide the world
     from tests.unit.config_helpers import config_error
 
-    assert "--job.layout_candidates=0" in config_error(DEBUG + ["--job.fit=layout", "--job.layout_candidates=0"], 4)
-    assert "--job.layout_seconds=0" in config_error(DEBUG + ["--job.fit=layout", "--job.layout_seconds=0"], 4)
+    assert "--planning.layout_candidates=0" in config_error(DEBUG + ["--planning.fit=layout", "--planning.layout_candidates=0"], 4)
+    assert "--planning.layout_seconds=0" in config_error(DEBUG + ["--planning.fit=layout", "--planning.layout_seconds=0"], 4)

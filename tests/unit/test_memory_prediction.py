@@ -8,7 +8,7 @@ import pytest
 from torchtitan.config import ConfigError
 
 from torchtitan.checks import load_config
-from torchtitan.memory.simulation_patches import planned_splits
+from torchtitan.planning.simulate.patches import planned_splits
 
 
 @pytest.mark.parametrize("rows,world,skew,send,recv", [
@@ -25,9 +25,9 @@ def test_planned_expert_parallel_splits(rows, world, skew, send, recv):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--job.fit=local_batch_size"],
-     "--job.fit=local_batch_size searches with the prediction of a dry run; add --job.dry_run=true"),
-    (["--moe.memory_skew=0.5"], "--moe.memory_skew=0.5: must be >= 1 (1 = balanced routing; the expert-parallel"
+    (["--planning.fit=local_batch_size"],
+     "--planning.fit=local_batch_size searches with the prediction of a dry run; add --job.dry_run=true"),
+    (["--planning.memory_skew=0.5"], "--planning.memory_skew=0.5: must be >= 1 (1 = balanced routing; the expert-parallel"
                                 " degree = every token copy on one rank)"),
 ])
 def test_bad_memory_keys_are_one_line(argv, message):
@@ -41,7 +41,7 @@ def test_async_checkpoint_staging_is_counted_only_where_it_is_memory():
 
     import torch
 
-    from torchtitan.memory.simulate import checkpoint_staging_bytes
+    from torchtitan.planning.simulate.step import checkpoint_staging_bytes
 
     params = [torch.zeros(10), torch.zeros(300)[:200]]  # storages of 40 and 1200 bytes (a view of a padded one)
     at_peak = {"parameters": 1240, "optimizer_states": 2480, "activations": 9999}

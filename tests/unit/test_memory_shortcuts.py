@@ -1,4 +1,4 @@
-"""The prediction's shortcuts for large jobs (torchtitan/memory/derived_roles.py): which ranks
+"""The prediction's shortcuts for large jobs (torchtitan/planning/simulate/roles.py): which ranks
 are simulated, the interpolation, the environment's one-line errors. (The shortcuts against
 simulating every role whole, in child processes on the fake process group:
 tests/integration/test_memory_fake_world.py.)"""
@@ -9,8 +9,8 @@ import pytest
 
 from torchtitan.checks import load_config
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.memory import derived_roles as shortcuts
-from torchtitan.memory.predict import RolePrediction
+from torchtitan.planning.simulate import roles as shortcuts
+from torchtitan.planning.memory.predict import RolePrediction
 
 
 def _plan(argv, world):

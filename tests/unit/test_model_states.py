@@ -12,11 +12,11 @@ import torch
 
 from torchtitan.config import build_config
 from torchtitan.checks import load_config
-from torchtitan.memory import budget as memory_budget
-from torchtitan.memory import model_states
-from torchtitan.memory.budget import Budget
+from torchtitan.planning.memory import budget as memory_budget
+from torchtitan.planning.memory import model_states
+from torchtitan.planning.memory.budget import Budget
 from torchtitan.units import GIB
-from torchtitan.memory.model_states import Param, local_numel, model_shapes
+from torchtitan.planning.memory.model_states import Param, local_numel, model_shapes
 from torchtitan.distributed.job_shape import Degrees
 from torchtitan.distributed.pipeline_layout import plan_pipeline
 from torchtitan.distributed.pipeline_parallel import split_model
@@ -178,9 +178,9 @@ def fake_meminfo(tmp_path, available_kb: int) -> str:
 
 
 def test_explicit_budget_and_no_budget(no_gpu):
-    assert memory_budget.memory_budget(cfg_with("--parallelism.memory_budget_gib=12.5"), 8) == Budget(
-        int(12.5 * GIB), "--parallelism.memory_budget_gib")
-    assert memory_budget.memory_budget(cfg_with("--parallelism.memory_budget_gib=none"), 8) is None
+    assert memory_budget.memory_budget(cfg_with("--planning.memory_budget_gib=12.5"), 8) == Budget(
+        int(12.5 * GIB), "--planning.memory_budget_gib")
+    assert memory_budget.memory_budget(cfg_with("--planning.memory_budget_gib=none"), 8) is None
 
 
 def test_cpu_default_from_meminfo(tmp_path, no_gpu, monkeypatch):
@@ -226,7 +226,7 @@ REFUSAL_671B = (
     "--model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9, gradients 1,249.9,"
     " AdamW 2,499.8; pipeline stage 0 of 1, 2 ranks) but the memory budget is 10.0 GiB (CPU: 21.0 GiB available"
     " / 2 ranks - 0.5 GiB per process); use more ranks or sharding (NGPU, data_parallel_shard_degree,"
-    " tensor_parallel_degree, pipeline_parallel_degree), or set --parallelism.memory_budget_gib (none: no budget)"
+    " tensor_parallel_degree, pipeline_parallel_degree), or set --planning.memory_budget_gib (none: no budget)"
 )
 
 
@@ -242,13 +242,13 @@ def test_refusal_line_for_671b_on_two_ranks(repo_root, cpu_21_gib):
 
 def test_no_refusal_for_dry_runs_allowed_jobs_no_budget_or_enough(repo_root, cpu_21_gib):
     argv = ["--job.config_file", os.path.join(repo_root, V3_DEBUG), "--model.flavor=671B"]
-    for extra in ("--job.dry_run=true", "--job.allow_over_budget=true", "--parallelism.memory_budget_gib=none",
-                  "--parallelism.memory_budget_gib=5000"):
+    for extra in ("--job.dry_run=true", "--planning.allow_over_budget=true", "--planning.memory_budget_gib=none",
+                  "--planning.memory_budget_gib=5000"):
         load_config(argv + [extra], 2)
-    assert config_error(argv + ["--parallelism.memory_budget_gib=4999"], 2).endswith(
-        "but the memory budget is 4,999.0 GiB (--parallelism.memory_budget_gib); use more ranks or sharding (NGPU,"
+    assert config_error(argv + ["--planning.memory_budget_gib=4999"], 2).endswith(
+        "but the memory budget is 4,999.0 GiB (--planning.memory_budget_gib); use more ranks or sharding (NGPU,"
         " data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree), or set"
-        " --parallelism.memory_budget_gib (none: no budget)")
+        " --planning.memory_budget_gib (none: no budget)")
 
 
 def test_unknown_cuda_budget_skips_the_check(repo_root, no_gpu):
@@ -259,13 +259,13 @@ def test_unknown_cuda_budget_skips_the_check(repo_root, no_gpu):
 def test_small_jobs_pass_and_open_vocabularies_use_the_tokenizer(repo_root, cpu_21_gib):
     load_config(["--job.config_file", os.path.join(repo_root, V3_DEBUG)], 8)
     # debugmodel with the bundled tokenizer: 16 B x ~6M parameters is over a 0.05 GiB budget
-    msg = config_error(["--parallelism.memory_budget_gib=0.05"], 1)
+    msg = config_error(["--planning.memory_budget_gib=0.05"], 1)
     assert msg.startswith("--model.flavor=debugmodel: model states alone need 0.1 GiB per rank")
     assert "pipeline stage 0 of 1, 1 rank)" in msg
 
 
 @pytest.mark.parametrize("value", ["-2", "-0.5"])
 def test_budget_value_out_of_range(value):
-    assert config_error([f"--parallelism.memory_budget_gib={value}", "--job.dry_run=true"]) == (
-        f"--parallelism.memory_budget_gib={float(value):g}: must be > 0 (GiB per rank), auto (the default budget of"
+    assert config_error([f"--planning.memory_budget_gib={value}", "--job.dry_run=true"]) == (
+        f"--planning.memory_budget_gib={float(value):g}: must be > 0 (GiB per rank), auto (the default budget of"
         " the device) or none (no budget)")

@@ -360,7 +360,7 @@ def test_config_rejects_always_with_a_zero_bubble_schedule_under_pp(schedule):
     # auto + a zero-bubble schedule + a memory budget: whether the budget makes auto reshard
     # (which zero bubble cannot do) is decided at start-up by the memory prediction, not here.
     (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-      "--parallelism.memory_budget_gib=1.5"], 3, "auto", 1.5),
+      "--planning.memory_budget_gib=1.5"], 3, "auto", 1.5),
     (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
       "--parallelism.reshard_after_forward=always"], 3, "always", "auto"),
 ])
@@ -368,7 +368,7 @@ def test_config_accepts_other_reshard_and_schedule_combinations(argv, world, pol
     cfg, warnings = load_config(argv, world)
     assert warnings == []
     assert cfg.parallelism.reshard_after_forward == policy
-    assert cfg.parallelism.memory_budget_gib == budget
+    assert cfg.planning.memory_budget_gib == budget
 
 
 DEPRECATION = (
@@ -410,25 +410,25 @@ def test_deprecated_key_with_a_bad_value_names_the_new_key(value, hint):
 
 
 BUDGET_DEPRECATION = (
-    "'parallelism.reshard_budget_gib' is deprecated: replaced by 'parallelism.memory_budget_gib', the whole"
+    "'parallelism.reshard_budget_gib' is deprecated: replaced by 'planning.memory_budget_gib', the whole"
     " predicted peak per rank (it counted only unsharded parameters); its value is taken as the memory budget"
 )
 
 
-LEGACY_AUTO = "'parallelism.memory_budget_gib = 0' is deprecated: write 'auto' (the device's memory)"
-LEGACY_NONE = "'parallelism.memory_budget_gib = -1' is deprecated: write 'none' (no budget)"
+LEGACY_AUTO = "'planning.memory_budget_gib = 0' is deprecated: write 'auto' (the device's memory)"
+LEGACY_NONE = "'planning.memory_budget_gib = -1' is deprecated: write 'none' (no budget)"
 
 
 @pytest.mark.parametrize("value,budget,legacy", [("1.5", 1.5, []), ("4", 4.0, []), ("0", "auto", [LEGACY_AUTO]),
                                                  ("-1", "none", [LEGACY_NONE])])
 def test_deprecated_reshard_budget_on_the_command_line_sets_the_memory_budget(value, budget, legacy):
     cfg, warnings = build_config([f"--parallelism.reshard_budget_gib={value}"])
-    assert cfg.parallelism.memory_budget_gib == budget
+    assert cfg.planning.memory_budget_gib == budget
     assert warnings == [BUDGET_DEPRECATION, *legacy]
     assert not hasattr(cfg.parallelism, "reshard_budget_gib")
     # and through the whole config check (the value is a valid memory budget)
     cfg, warnings = load_config([f"--parallelism.reshard_budget_gib={value}"], 1)
-    assert cfg.parallelism.memory_budget_gib == budget
+    assert cfg.planning.memory_budget_gib == budget
     assert warnings == [BUDGET_DEPRECATION, *legacy]
 
 
@@ -436,25 +436,25 @@ def test_deprecated_reshard_budget_in_toml(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text("[parallelism]\nreshard_budget_gib = 2.5\n")
     cfg, warnings = build_config([f"--job.config_file={path}"])
-    assert cfg.parallelism.memory_budget_gib == 2.5
+    assert cfg.planning.memory_budget_gib == 2.5
     assert warnings == [BUDGET_DEPRECATION]
     path.write_text("[parallelism]\nreshard_budget_gib = 3\n")  # a TOML integer
     cfg, warnings = load_config([f"--job.config_file={path}"], 1)
-    assert cfg.parallelism.memory_budget_gib == 3.0 and isinstance(cfg.parallelism.memory_budget_gib, float)
+    assert cfg.planning.memory_budget_gib == 3.0 and isinstance(cfg.planning.memory_budget_gib, float)
     assert warnings == [BUDGET_DEPRECATION]
     # the command line still wins over the TOML value, under either name
-    cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.memory_budget_gib=none"])
-    assert cfg.parallelism.memory_budget_gib == "none"
+    cfg, warnings = build_config([f"--job.config_file={path}", "--planning.memory_budget_gib=none"])
+    assert cfg.planning.memory_budget_gib == "none"
     assert warnings == [BUDGET_DEPRECATION]
     cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.reshard_budget_gib=7"])
-    assert cfg.parallelism.memory_budget_gib == 7.0
+    assert cfg.planning.memory_budget_gib == 7.0
     assert warnings == [BUDGET_DEPRECATION, BUDGET_DEPRECATION]
 
 
 @pytest.mark.parametrize("value,error", [
-    ("lots", "--parallelism.memory_budget_gib: expected 'auto' or 'none' or a number, got 'lots'"),
-    ("nan", "--parallelism.memory_budget_gib: expected 'auto' or 'none' or a finite number, got 'nan'"),
-    ("-0.5", "--parallelism.memory_budget_gib=-0.5: must be > 0 (GiB per rank), auto (the default budget of the"
+    ("lots", "--planning.memory_budget_gib: expected 'auto' or 'none' or a number, got 'lots'"),
+    ("nan", "--planning.memory_budget_gib: expected 'auto' or 'none' or a finite number, got 'nan'"),
+    ("-0.5", "--planning.memory_budget_gib=-0.5: must be > 0 (GiB per rank), auto (the default budget of the"
              " device) or none (no budget)"),
 ])
 def test_deprecated_reshard_budget_with_a_bad_value_names_the_new_key(value, error):
@@ -462,19 +462,19 @@ def test_deprecated_reshard_budget_with_a_bad_value_names_the_new_key(value, err
 
 
 def budget_error(shown: str) -> str:
-    return (f"--parallelism.memory_budget_gib={shown}: must be > 0 (GiB per rank), auto (the default budget of the"
+    return (f"--planning.memory_budget_gib={shown}: must be > 0 (GiB per rank), auto (the default budget of the"
             " device) or none (no budget)")
 
 
 @pytest.mark.parametrize("value,shown", [("-0.5", "-0.5"), ("-2", "-2"), ("-1.5", "-1.5"), ("-1e-9", "-1e-09")])
 def test_memory_budget_out_of_range_on_the_command_line(value, shown):
-    assert config_error([f"--parallelism.memory_budget_gib={value}"], 1) == budget_error(shown)
+    assert config_error([f"--planning.memory_budget_gib={value}"], 1) == budget_error(shown)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_memory_budget_on_the_command_line(value):
-    assert config_error([f"--parallelism.memory_budget_gib={value}"], 1) == (
-        f"--parallelism.memory_budget_gib: expected 'auto' or 'none' or a finite number, got '{value}'"
+    assert config_error([f"--planning.memory_budget_gib={value}"], 1) == (
+        f"--planning.memory_budget_gib: expected 'auto' or 'none' or a finite number, got '{value}'"
     )
 
 
@@ -483,7 +483,7 @@ def test_non_finite_memory_budget_on_the_command_line(value):
                                          (-math.inf, "-inf"), (-0.5, "-0.5"), (-2.0, "-2")])
 def test_bad_memory_budget_set_directly(value, shown):
     cfg, _ = build_config([])
-    cfg.parallelism.memory_budget_gib = value
+    cfg.planning.memory_budget_gib = value
     with pytest.raises(ConfigError) as info:
         validate(cfg, 1)
     assert str(info.value) == budget_error(shown)
@@ -492,6 +492,6 @@ def test_bad_memory_budget_set_directly(value, shown):
 @pytest.mark.parametrize("value,budget,warned", [("auto", "auto", []), ("none", "none", []), ("2.5", 2.5, []),
                                                  ("0", "auto", [LEGACY_AUTO]), ("-1", "none", [LEGACY_NONE])])
 def test_memory_budget_accepted(value, budget, warned):
-    cfg, warnings = load_config([f"--parallelism.memory_budget_gib={value}"], 1)
-    assert cfg.parallelism.memory_budget_gib == budget
+    cfg, warnings = load_config([f"--planning.memory_budget_gib={value}"], 1)
+    assert cfg.planning.memory_budget_gib == budget
     assert warnings == warned

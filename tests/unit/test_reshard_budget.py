@@ -217,7 +217,7 @@ def test_free_bytes_under_zero_bubble_is_rejected(schedule):
     assert str(info.value) == (
         f"--parallelism.pipeline_parallel_schedule={schedule} with the memory budget"
         " (predicted peak 5.00 GiB > budget 4.00 GiB): zero-bubble schedules give wrong gradients when FSDP2"
-        " reshards after forward (torch 2.13); use a larger --parallelism.memory_budget_gib (or none),"
+        " reshards after forward (torch 2.13); use a larger --planning.memory_budget_gib (or none),"
         " --parallelism.reshard_after_forward=never, or another schedule"
     )
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan.memory import hardware, step_time
-from torchtitan.memory.op_trace import Comm, Compute, OpTrace, Segment, causal_kept, op_seconds
-from torchtitan.memory.tracker import LiveBytes
+from torchtitan import hardware
+from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time.trace import Comm, Compute, OpTrace, Segment, causal_kept, op_seconds
+from torchtitan.planning.simulate.tracker import LiveBytes
 
 H100 = hardware.PROFILES["h100_sxm"]
 
@@ -218,11 +219,11 @@ def test_every_role_of_a_pipeline_job_gets_a_step_time():
     Interleaved1F1B, predicted on h100_sxm: one record per memory role, the same step time
     for both (the step is synchronous), a bubble on each, the breakdown summing to it."""
     from torchtitan.checks import load_config
-    from torchtitan.memory.predict import predict
+    from torchtitan.planning.memory.predict import predict
     from torchtitan.training.build import fake_world, model_on_meta
 
     cfg, _ = load_config(["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=4",
-                          "--parallelism.pipeline_parallel_degree=2", "--parallelism.memory_budget_gib=none",
+                          "--parallelism.pipeline_parallel_degree=2", "--planning.memory_budget_gib=none",
                           "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
                           "--parallelism.pipeline_parallel_layers_per_stage=1"], 4)
     with fake_world(cfg, 4) as dims:
@@ -243,7 +244,7 @@ def test_every_role_of_a_pipeline_job_gets_a_step_time():
 def test_a_measured_cpu_profile_times_gloo_and_shared_cores_by_the_ranks_on_the_machine():
     from types import SimpleNamespace
 
-    from torchtitan.memory.simulate import _stretch
+    from torchtitan.planning.step_time.rank import _stretch
 
     cpu = dataclasses.replace(H100, host_async=False, cores=2, thread_speedup=1.8, sharing={"2": 1.1, "4": 2.2},
                               intra_latency_us=0.0,
@@ -281,7 +282,7 @@ def test_fsdp2_backward_prefetch_waits_for_the_gather_issued_a_unit_earlier():
 
 def test_the_nearby_choices_of_a_job():
     from torchtitan.checks import load_config
-    from torchtitan.memory.fit import nearby_choices
+    from torchtitan.planning.search.nearby import nearby_choices
 
     cfg, _ = load_config(["--model.flavor=tiny", "--activation_checkpoint.mode=selective",
                           "--activation_checkpoint.selective_ac_option=op", "--parallelism.pipeline_parallel_degree=2",

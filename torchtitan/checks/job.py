@@ -19,8 +19,8 @@ from torchtitan.checks.outputs import check_outputs, check_wandb
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError
 from torchtitan.distributed.job_shape import ShapeError, batch_shape
-from torchtitan.memory import budget as memory_budget
-from torchtitan.memory import model_states
+from torchtitan.planning.memory import budget as memory_budget
+from torchtitan.planning.memory import model_states
 from torchtitan.training.model_args import run_model_args
 from torchtitan.units import gib_text
 
@@ -75,9 +75,6 @@ def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
         raise ConfigError(f"--lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps}: must be >= 0")
     if not 0.0 <= cfg.lr_scheduler.decay_ratio <= 1.0:
         raise ConfigError(f"--lr_scheduler.decay_ratio={cfg.lr_scheduler.decay_ratio}: must be in [0, 1]")
-    if cfg.metrics.peak_tflops != AUTO and cfg.metrics.peak_tflops <= 0:
-        raise ConfigError(f"--metrics.peak_tflops={cfg.metrics.peak_tflops:g}: must be > 0 (dense TFLOPS of one"
-                          " device), or auto for the GPU's datasheet figure")
     if cfg.metrics.log_freq < 1:
         raise ConfigError(f"--metrics.log_freq={cfg.metrics.log_freq}: must be >= 1")
     if cfg.checkpoint.interval < 1:
@@ -118,18 +115,18 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
 
 
 def check_memory_keys(cfg: JobConfig) -> None:
-    """job.fit, the layout search's keys and moe.memory_skew (the memory prediction's own keys)."""
-    if cfg.job.fit and not cfg.job.dry_run:
-        raise ConfigError(f"--job.fit={cfg.job.fit} searches with the prediction of a dry run; add --job.dry_run=true")
-    if cfg.job.layout_candidates < 1:
-        raise ConfigError(f"--job.layout_candidates={cfg.job.layout_candidates}: must be >= 1 (layouts the layout"
+    """planning.fit, the layout search's keys and planning.memory_skew (the memory prediction's own keys)."""
+    if cfg.planning.fit and not cfg.job.dry_run:
+        raise ConfigError(f"--planning.fit={cfg.planning.fit} searches with the prediction of a dry run; add --job.dry_run=true")
+    if cfg.planning.layout_candidates < 1:
+        raise ConfigError(f"--planning.layout_candidates={cfg.planning.layout_candidates}: must be >= 1 (layouts the layout"
                           " search simulates in full)")
-    if not 0 < cfg.job.layout_seconds < math.inf:
-        raise ConfigError(f"--job.layout_seconds={cfg.job.layout_seconds:g}: must be > 0 (seconds of full simulations"
+    if not 0 < cfg.planning.layout_seconds < math.inf:
+        raise ConfigError(f"--planning.layout_seconds={cfg.planning.layout_seconds:g}: must be > 0 (seconds of full simulations"
                           " the layout search may take)")
-    skew = cfg.moe.memory_skew
+    skew = cfg.planning.memory_skew
     if not (1 <= skew < math.inf):
-        raise ConfigError(f"--moe.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
+        raise ConfigError(f"--planning.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
                           " = every token copy on one rank)")
     check_memory_env(os.environ)
 
@@ -164,14 +161,14 @@ def check_memory_env(env) -> None:
 
 def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
     """memory_budget_gib's value; then, unless this is a dry run (it reports, never refuses) or
-    job.allow_over_budget is set, refuse a job whose busiest rank's parameters, gradients and
-    AdamW states alone exceed the memory budget (memory/model_states.py, memory/budget.py)."""
+    planning.allow_over_budget is set, refuse a job whose busiest rank's parameters, gradients and
+    AdamW states alone exceed the memory budget (planning/memory/model_states.py, budget.py)."""
     p, m = cfg.parallelism, cfg.model
-    value = p.memory_budget_gib
+    value = cfg.planning.memory_budget_gib
     if value not in (AUTO, "none") and not 0 < value < math.inf:
-        raise ConfigError(f"--parallelism.memory_budget_gib={value:g}: must be > 0 (GiB per rank), auto (the default"
+        raise ConfigError(f"--planning.memory_budget_gib={value:g}: must be > 0 (GiB per rank), auto (the default"
                           " budget of the device) or none (no budget)")
-    if cfg.job.dry_run or cfg.job.allow_over_budget:
+    if cfg.job.dry_run or cfg.planning.allow_over_budget:
         return
     ranks = memory_budget.ranks_on_this_node(world_size)
     budget = memory_budget.memory_budget(cfg, ranks, started_rank="LOCAL_RANK" in os.environ)
@@ -188,5 +185,5 @@ def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
         f" {rank.where()}, {world_size} rank{'s' if world_size > 1 else ''}) but the memory budget is"
         f" {gib(budget.bytes)} GiB ({budget.origin}); use more ranks or sharding (NGPU,"
         " data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree), or set"
-        " --parallelism.memory_budget_gib (none: no budget)"
+        " --planning.memory_budget_gib (none: no budget)"
     )

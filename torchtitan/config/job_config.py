@@ -38,35 +38,6 @@ class Job:
     on meta, applies the whole parallel plan, prints it with the predicted peak memory of
     every rank role, writes plan.json and exits, without allocating weights."""
 
-    fit: Literal["", "local_batch_size", "seq_len", "layout"] = ""
-    """With dry_run: search the largest training.local_batch_size (or seq_len) whose predicted
-    peak fits parallelism.memory_budget_gib, per activation-checkpoint mode (gradient
-    accumulation steps held fixed, so the global batch grows with the local batch).
-    layout: search the fastest layout for NGPU devices on the hardware profile (degrees,
-    pipeline schedule and microbatch, AC mode, reshard policy, local batch under the job's
-    global batch; memory/layout_search.py), print the top 10 with their overrides and write
-    the best to <dump_folder>/best_layout.toml."""
-
-    layout_candidates: int = 10
-    """With fit = layout: how many layouts (best first by the cheap estimate) are simulated in
-    full, besides the layout as configured; each costs about one dry run of the job
-    (docs/step_time.md has the measured times). More finds more, slower."""
-
-    layout_seconds: float = 420.0
-    """With fit = layout: no full simulation starts that could end after this many seconds of
-    them (judged by the longest so far; the layout as configured is simulated first), so a
-    search of the largest jobs stays within minutes; the search then ranks those done."""
-
-    nearby: bool = True
-    """With dry_run and a hardware profile: also predict the choices next to the job (the AC
-    modes on either side, reshard never / always, one microbatch more or fewer, compile
-    switched) and print what each would gain in step time and cost in memory; one more
-    simulation per choice (false skips them). Nothing about the job's own plan changes."""
-
-    allow_over_budget: bool = False
-    """Train even when a rank role's predicted peak exceeds parallelism.memory_budget_gib
-    (by default the job stops before the first step and prints changes that would fit)."""
-
 
 @dataclass
 class Model:
@@ -217,15 +188,8 @@ class Parallelism:
     backward (ZeRO-2). auto: under PP keep all (one gather per step instead of one per
     microbatch); without PP reshard every block but the last, keep norm + output; with
     a memory budget, keep units gathered only while every rank role's predicted peak stays
-    under memory_budget_gib (distributed/reshard_policy.resolve, the one place that decides).
+    under planning.memory_budget_gib (distributed/reshard_policy.resolve, the one place that decides).
     The plan is printed at start-up and written to plan.json."""
-
-    memory_budget_gib: float | Literal["auto", "none"] = AUTO
-    """Most GiB of tensor memory one rank may use at its peak (the dry run's prediction:
-    parameters, gradients, optimizer states, gathered parameters, activations, buffers).
-    auto: the device's memory (CUDA: minus a margin; CPU: the available memory shared by the
-    ranks of this node, less what a process needs beyond its tensors; memory/budget.py).
-    none: no budget. Jobs over it are refused (see job.allow_over_budget)."""
 
     loss_parallel: bool = True
     """With TP: keep the output logits sharded over the vocabulary and compute the loss on
@@ -277,10 +241,6 @@ class MoE:
     flavors, as published; with pipeline parallel too, not yet with tensor or context
     parallel). See models/common/moe.py."""
 
-    memory_skew: float = 1.0
-    """Routing skew the memory prediction plans for: the busiest expert-parallel rank receives
-    memory_skew times its balanced share of token copies (1 = balanced; the EP degree = every
-    token to one rank, the worst case, always reported beside the planned figure)."""
 
 
 @dataclass
@@ -477,29 +437,29 @@ class Metrics:
     (as every CUDA run does). Off by default: it slows the step, and only one profiler
     runs at a time, so it cannot be combined with profiling.enable_profiling."""
 
-    peak_tflops: float | Literal["auto"] = AUTO
-    """Peak dense TFLOPS of one device for the MFU estimate; auto = the GPU's datasheet figure
-    (observe/peak_flops.py), none on CPU."""
 
 
 @dataclass
 class Hardware:
-    """The machine the step-time prediction is made for (memory/hardware.py, memory/step_time.py):
-    a named profile, single values of which the keys below override."""
+    """The machine a job is predicted for and measured on (torchtitan/hardware.py, the one GPU
+    table; planning/step_time/model.py): a named profile, single values of which the keys
+    below override."""
 
     profile: Literal["auto", "local", "h100_sxm", "h100_grand_teton", "h800", "h200", "a100_80gb", "b200"] = AUTO
     """auto: `local` for a CPU job; for a GPU job the profile of the visible GPU's name
     (nvidia-smi), h100_sxm when none is visible (a dry run on a CPU machine). `local` is this
     machine as a short micro-benchmark finds it (GEMM, memory-bound ops, attention, op
     overhead, gloo collectives), cached in ~/.cache/torchtitan by the first dry run; the named
-    profiles are datasheet figures with the sources in memory/hardware.py."""
+    profiles are datasheet figures with the sources in torchtitan/hardware.py."""
 
     gpus_per_node: int | Literal["auto"] = AUTO
     """Ranks per node sharing the fast intra-node links (NVLink); auto = the profile's (8 for
     the GPU profiles)."""
 
     peak_tflops: float | Literal["auto"] = AUTO
-    """Dense bf16 peak TFLOPS of one device; auto = the profile's datasheet figure."""
+    """Dense bf16 peak TFLOPS of one device, the one figure both the predicted and the
+    measured MFU divide by (fp32 jobs: the profile's fp32 peak scaled alike); auto = the
+    profile's datasheet figure (none on CPU: no measured MFU)."""
 
     hbm_gbps: float | Literal["auto"] = AUTO
     """Device memory bandwidth in GB/s; auto = the profile's."""
@@ -517,6 +477,55 @@ class Hardware:
     """Sustained fraction of the boost clock the compute units hold (a power cap lowers it),
     scaling every peak FLOPS figure; auto = the profile's (1, or h100_grand_teton's calibrated
     value: docs/step_time.md)."""
+
+
+@dataclass
+class Planning:
+    """What is decided before launch from the simulated step (planning/): the memory budget a
+    job must fit, the routing skew it is planned for, and the dry run's searches (the largest
+    fit, the fastest layout, the nearby choices). The machine they are predicted for is
+    [hardware]."""
+
+    memory_budget_gib: float | Literal["auto", "none"] = AUTO
+    """Most GiB of tensor memory one rank may use at its peak (the dry run's prediction:
+    parameters, gradients, optimizer states, gathered parameters, activations, buffers).
+    auto: the device's memory (CUDA: minus a margin; CPU: the available memory shared by the
+    ranks of this node, less what a process needs beyond its tensors; planning/memory/budget.py).
+    none: no budget. Jobs over it are refused (see allow_over_budget)."""
+
+    memory_skew: float = 1.0
+    """Routing skew the memory prediction plans for: the busiest expert-parallel rank receives
+    memory_skew times its balanced share of token copies (1 = balanced; the EP degree = every
+    token to one rank, the worst case, always reported beside the planned figure)."""
+
+    fit: Literal["", "local_batch_size", "seq_len", "layout"] = ""
+    """With dry_run: search the largest training.local_batch_size (or seq_len) whose predicted
+    peak fits planning.memory_budget_gib, per activation-checkpoint mode (gradient
+    accumulation steps held fixed, so the global batch grows with the local batch).
+    layout: search the fastest layout for NGPU devices on the hardware profile (degrees,
+    pipeline schedule and microbatch, AC mode, reshard policy, local batch under the job's
+    global batch; planning/search/search.py), print the top 10 with their overrides and write
+    the best to <dump_folder>/best_layout.toml."""
+
+    layout_candidates: int = 10
+    """With fit = layout: how many layouts (best first by the cheap estimate) are simulated in
+    full, besides the layout as configured; each costs about one dry run of the job
+    (docs/step_time.md has the measured times). More finds more, slower."""
+
+    layout_seconds: float = 420.0
+    """With fit = layout: no full simulation starts that could end after this many seconds of
+    them (judged by the longest so far; the layout as configured is simulated first), so a
+    search of the largest jobs stays within minutes; the search then ranks those done."""
+
+    nearby: bool = True
+    """With dry_run and a hardware profile: also predict the choices next to the job (the AC
+    modes on either side, reshard never / always, one microbatch more or fewer, compile
+    switched) and print what each would gain in step time and cost in memory; one more
+    simulation per choice (false skips them). Nothing about the job's own plan changes."""
+
+    allow_over_budget: bool = False
+    """Train even when a rank role's predicted peak exceeds memory_budget_gib
+    (by default the job stops before the first step and prints changes that would fit)."""
 
 
 @dataclass
@@ -603,6 +612,7 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     comm: Comm = field(default_factory=Comm)
     metrics: Metrics = field(default_factory=Metrics)
+    planning: Planning = field(default_factory=Planning)
     hardware: Hardware = field(default_factory=Hardware)
     validation: Validation = field(default_factory=Validation)
     profiling: Profiling = field(default_factory=Profiling)

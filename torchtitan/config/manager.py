@@ -157,18 +157,25 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
     return secs[section], types[key]
 
 
-# TOML keys written for torchtitan that we accept under another name:
-# (section, old key) -> (new key, value map or None, warning).
+# Keys we accept under an older name, with one warning line each: (section, old key) ->
+# (new key, or "section.key" when it moved to another section; value map or None; warning).
+_TO_PLANNING = "moved to [planning] with the other pre-launch planning keys"
 DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
+    **{(section, key): (f"planning.{key}", None, f"use 'planning.{key}' ({_TO_PLANNING})")
+       for section, key in (("job", "fit"), ("job", "layout_candidates"), ("job", "layout_seconds"),
+                            ("job", "nearby"), ("job", "allow_over_budget"),
+                            ("parallelism", "memory_budget_gib"), ("moe", "memory_skew"))},
+    ("metrics", "peak_tflops"): ("hardware.peak_tflops", None,
+                                 "use 'hardware.peak_tflops' (one figure for the predicted and the measured MFU)"),
     ("parallelism", "fsdp_reshard_after_forward"): (
         "reshard_after_forward",
         {"default": "auto"},
         "use 'parallelism.reshard_after_forward' (auto|always|never; 'default' means auto)",
     ),
     ("parallelism", "reshard_budget_gib"): (
-        "memory_budget_gib",
+        "planning.memory_budget_gib",
         None,
-        "replaced by 'parallelism.memory_budget_gib', the whole predicted peak per rank (it counted only"
+        "replaced by 'planning.memory_budget_gib', the whole predicted peak per rank (it counted only"
         " unsharded parameters); its value is taken as the memory budget",
     ),
 }
@@ -183,13 +190,13 @@ LEGACY_VALUES: dict[tuple[str, str], dict[Any, tuple[str, str | None]]] = {
     ("parallelism", "data_parallel_shard_degree"): {-1: ("auto", None)},
     ("checkpoint", "load_step"): {-1: ("auto", None)},
     ("parallelism", "pipeline_parallel_layers_per_stage"): {-1: ("auto", "an even split")},
-    ("parallelism", "memory_budget_gib"): {0: ("auto", "the device's memory"), -1: ("none", "no budget")},
+    ("planning", "memory_budget_gib"): {0: ("auto", "the device's memory"), -1: ("none", "no budget")},
     ("moe", "top_k"): {0: ("auto", "the flavor's value")},
     ("moe", "score_func"): {"flavor": ("auto", "the flavor's choice")},
     ("moe", "load_balance_coeff"): {-1: ("auto", "the flavor's value")},
     ("moe", "aux_loss_coeff"): {-1: ("auto", "the flavor's value")},
     ("comm", "hang_timeout_seconds"): {-1: ("auto", "60% of timeout_seconds")},
-    ("metrics", "peak_tflops"): {0: ("auto", "the GPU's datasheet figure")},
+    ("hardware", "peak_tflops"): {0: ("auto", "the GPU's datasheet figure")},
 }
 
 
@@ -224,7 +231,7 @@ def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[st
         if mapping is not None and isinstance(value, str):
             value = mapping.get(value, value)
         warnings.append(f"'{section}.{key}' is deprecated: {note}")
-        key = new_key
+        section, _, key = new_key.rpartition(".") if "." in new_key else (section, "", new_key)
     _, tp = _lookup(section, key)
     value = _legacy(section, key, value, warnings)
     setattr(getattr(cfg, section), key, convert(f"{section}.{key}", tp, value))

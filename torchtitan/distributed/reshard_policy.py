@@ -12,7 +12,7 @@ Why "auto" decides as it does:
   The last block's backward starts right after its forward, so resharding it saves nothing
   and costs one gather. The root unit (final norm + output) runs first in backward: FSDP
   gathers it again at once, so it never reshards.
-- With a memory budget (`[parallelism] memory_budget_gib`), the memory prediction says how
+- With a memory budget (`[planning] memory_budget_gib`), the memory prediction says how
   many kept bytes a rank must free for its predicted peak to fit (`free_bytes`). Every kept
   unit of a rank saves the same gathers per byte (one per microbatch, or per step under PP),
   so the earliest in forward order go first: they hold their parameters the longest.
@@ -111,7 +111,7 @@ def _zero_bubble_message(schedule: str, what: str) -> str:
     return (
         f"--parallelism.pipeline_parallel_schedule={schedule} with {what}: zero-bubble schedules"
         " give wrong gradients when FSDP2 reshards after forward (torch 2.13); use"
-        " a larger --parallelism.memory_budget_gib (or none), --parallelism.reshard_after_forward=never, or another"
+        " a larger --planning.memory_budget_gib (or none), --parallelism.reshard_after_forward=never, or another"
         " schedule"
     )
 

@@ -1,7 +1,7 @@
 """The `local` hardware profile: this machine, measured by a short micro-benchmark and cached.
 
-    python -m torchtitan.memory.local_profile          # measure (about a minute) and cache
-    python -m torchtitan.memory.local_profile --show   # print the cached profile
+    python -m torchtitan.planning.step_time.local_profile          # measure (about a minute) and cache
+    python -m torchtitan.planning.step_time.local_profile --show   # print the cached profile
 
 What a CPU training rank runs on: one thread per rank when several ranks share the machine
 (torchrun's default), gloo collectives between processes on the same machine. Measured:
@@ -46,8 +46,8 @@ import time
 
 import torch
 
-from torchtitan.memory.hardware import HardwareProfile, resolve
-from torchtitan.memory.op_trace import causal_kept
+from torchtitan.hardware import HardwareProfile, gpu_names, resolve
+from torchtitan.planning.step_time.trace import causal_kept
 
 # (m, k, n, layout): a training step's GEMMs: activations x weight^T (forward), gradient x
 # weight (input gradient), gradient^T x activations (weight gradient)
@@ -470,7 +470,6 @@ def job_hardware(cfg, target: str, measure: bool) -> HardwareProfile | None:
     """The job's profile ([hardware], hardware.resolve); `local` is measured now when not cached
     and `measure` (the dry run), else None: no step-time prediction (the trainer does not
     benchmark while its ranks start)."""
-    from torchtitan.memory.budget import gpu_names
 
     return resolve(cfg.hardware, target, lambda: load(measure_if_missing=measure),
                    gpu_names() if target == "cuda" else [])

@@ -39,8 +39,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from torchtitan.memory.hardware import HardwareProfile
-from torchtitan.memory.op_trace import Comm, Compute, Segment
+from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.step_time.trace import Comm, Compute, Segment
 
 PIPELINE_LABELS = ("pipeline",)
 TAIL_LABELS = ("clip", "optimizer")

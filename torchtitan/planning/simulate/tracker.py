@@ -41,7 +41,7 @@ class LiveBytes(PlainTensorOps):
         self.categorize = categorize  # (op or None, phase, args) -> category
         self.phase = "setup"
         self.action = None  # the pipeline action running: (stage, "F" | "B" | "I" | "W", microbatch)
-        self.observer = None  # also told every op with the phase (memory/op_trace.py's OpTrace)
+        self.observer = None  # also told every op with the phase (planning/step_time/trace.py's OpTrace)
         self.live = 0
         self.peak = 0
         self.peak_phase = ""

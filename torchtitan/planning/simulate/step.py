@@ -31,9 +31,8 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_
-from torchtitan.memory import simulation_patches, step_time
-from torchtitan.memory.op_trace import OpTrace
-from torchtitan.memory.tracker import LiveBytes
+from torchtitan.planning.simulate import patches as simulation_patches
+from torchtitan.planning.simulate.tracker import LiveBytes
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.training.build import build_parts, plan_records, step_runner
 from torchtitan.training.optimizer import PartOptimizers
@@ -71,8 +70,8 @@ class SimulatedStep:
     start_bytes: int  # alive when the step starts
     plan_records: list[dict] = field(default_factory=list)  # plan.json entries of the rank's parts
     allocator_peak_bytes: int | None = None  # `profile` runs: the CPU allocator's own count
-    times: step_time.RankTimes | None = None  # the step-time model's view (with a hardware profile)
-    schedule: tuple | None = None  # (every pipeline rank's actions, number of stages): step_time.schedule_order
+    times: object = None  # what the caller's timer made of the step (planning/step_time/rank.py)
+    schedule: tuple | None = None  # (every pipeline rank's actions, number of stages), with a timer
 
 
 class _Categories:
@@ -172,7 +171,7 @@ def _storages(tensors):
 
 def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
                      startup: simulation_patches.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
-                     free_bytes: int = 0, budget_note: str = "", hardware=None) -> SimulatedStep:
+                     free_bytes: int = 0, budget_note: str = "", timer=None) -> SimulatedStep:
     """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
     first data/tensor/expert-parallel coordinate (the others hold the same shapes).
 
@@ -181,8 +180,9 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
     allocator's own count (observe/cpu_memory.py, the trainer's meter) as well as by the
     tracker.
 
-    hardware: a HardwareProfile: the step's ops and collectives are also traced and timed
-    (op_trace.py, step_time.py) into SimulatedStep.times."""
+    timer: an object with `observer(cfg)` (told every op with its phase) and
+    `times(observer, dims, cfg, pipeline) -> (times, schedule)`: the step is also timed
+    (planning/step_time/rank.py's RankTimer) into SimulatedStep.times and .schedule."""
     simulation_patches.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
@@ -213,7 +213,7 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
                     torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
         if pipeline is not None:
             _label_pipeline_phases(pipeline, tracker)
-        trace = OpTrace(hardware, cfg.compile.enable) if hardware is not None else None
+        trace = timer.observer(cfg) if timer is not None else None
         tracker.observer = trace
         # what the first step does once: pipeline shape inference, FSDP2's lazy init (untracked)
         _first_step_setup(runner, parts, batches[0], cfg, startup)
@@ -246,51 +246,10 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             optimizers.step()
     breakdown = tracker.breakdown_at_peak()
     breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(cfg, target, breakdown, params)
-    times = schedule = None
-    if trace is not None:
-        times = step_time.rank_times(trace.segments, hardware, _groups(dims, trace), _stretch(hardware, dims),
-                                     cfg.parallelism.fsdp_implementation == "simple_fsdp" and not cfg.compile.enable)
-        schedule = step_time.schedule_order(pipeline) if pipeline is not None else None
+    times, schedule = timer.times(trace, dims, cfg, pipeline) if timer is not None else (None, None)
     return SimulatedStep(pp_rank, parts.stage_ids, tracker.peak + staged, tracker.peak_phase,
                          {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts), _end(meter),
                          times, schedule)
-
-
-def _groups(dims: ParallelDims, trace: OpTrace) -> step_time.Groups:
-    """The process groups the traced collectives ran on: mesh dim and global ranks."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    named = dims.named_groups()
-    ranks = {}
-    for seg in trace.segments:
-        for e in seg.events:
-            name = getattr(e, "group", None)
-            if name is not None and name not in ranks:
-                try:
-                    ranks[name] = dist.get_process_group_ranks(_resolve_process_group(name))
-                except (RuntimeError, ValueError, KeyError):
-                    ranks[name] = [0]
-    fsdp = frozenset(dims.fsdp_group_names())
-    dp = frozenset(n for n, d in named.items() if d.startswith("dp")) | fsdp
-    return step_time.Groups({n: named.get(n, f"group:{n}") for n in ranks} | named, ranks, fsdp, dp)
-
-
-def _stretch(hardware, dims: ParallelDims) -> float:
-    """A CPU node's ranks share its cores (step_time.py, 1): device time x ranks / cores; with
-    fewer ranks than cores each runs cores / ranks threads (run_train.sh), at the measured
-    thread speedup (linear between one thread and all)."""
-    if hardware.host_async or not hardware.cores:
-        return 1.0
-    world, cores = dims.world_size, hardware.cores
-    if world > 1 and hardware.sharing:  # measured: processes computing at once on this machine
-        measured = {int(k): v for k, v in hardware.sharing.items()}
-        n = max(k for k in measured if k <= world) if any(k <= world for k in measured) else min(measured)
-        return measured[n] * world / n  # beyond the largest measured count: time slices
-    if world >= cores or cores == 1:
-        return world / cores
-    threads = cores / world
-    return 1.0 / (1.0 + (hardware.thread_speedup - 1.0) * (threads - 1) / (cores - 1))
 
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:

@@ -4,18 +4,18 @@ Rank 0 predicts every rank role's peak on a fake process group of the job's worl
 dry run's simulation) in a child process started before it joins the job (a process cannot
 hold the fake group and then the real one: device meshes and groups keep global state):
 `start_prediction` hands the child the checked job config (pickled, nothing parsed again),
-the child (the caller's command: the trainer's is `python -m torchtitan.predict_memory`, an
+the child (the caller's command: the trainer's is `python -m torchtitan.predict_rank_roles`, an
 entry point that owns the checks the suggestions need) runs `child_main` ->
 `predict_at_startup` and hands back a StartupMemory (pickled), and
 `share` gives it to every rank through the rendezvous store. Every rank learns its own role's
 prediction (logged against the measured peak after step 2) and whether the job may start. A
 role over the budget stops the job on every rank before the first step, unless
-job.allow_over_budget, with one line per offending role: the predicted GiB, the budget, and
+planning.allow_over_budget, with one line per offending role: the predicted GiB, the budget, and
 changes that would fit, each with its predicted peak.
 
 The same prediction times the step on the job's hardware profile (memory/step_time.py),
 logged against the measured step time once the run has a few steps behind it. It runs
-whenever there is a budget or a profile: `--parallelism.memory_budget_gib=none` (no budget)
+whenever there is a budget or a profile: `--planning.memory_budget_gib=none` (no budget)
 on a CPU machine whose `local` profile was never measured skips it.
 """
 
@@ -30,9 +30,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from torchtitan.memory.budget import memory_budget, ranks_on_this_node
-from torchtitan.memory.fit import Accepts, suggestions
-from torchtitan.memory.predict import RolePrediction, predict
+from torchtitan.planning.memory.budget import memory_budget, ranks_on_this_node
+from torchtitan.planning.memory.fit import Accepts, suggestions
+from torchtitan.planning.memory.predict import RolePrediction, predict
 from torchtitan.units import GIB
 
 
@@ -56,9 +56,9 @@ class StartupMemory:
 
 def wanted(cfg, device_type: str) -> bool:
     """Whether a job gets the start-up prediction (every rank decides alike)."""
-    from torchtitan.memory.local_profile import job_hardware
+    from torchtitan.planning.step_time.local_profile import job_hardware
 
-    return cfg.parallelism.memory_budget_gib != "none" or job_hardware(cfg, device_type, measure=False) is not None
+    return cfg.planning.memory_budget_gib != "none" or job_hardware(cfg, device_type, measure=False) is not None
 
 
 def start_prediction(cfg, world: int, device_type: str, command: list[str]) -> subprocess.Popen | None:
@@ -80,7 +80,7 @@ def start_prediction(cfg, world: int, device_type: str, command: list[str]) -> s
 def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> StartupMemory:
     """Every role's peak, the budget, and (over it) the refusal lines with what would fit.
     Joins a fake process group of `world` ranks for the time it takes."""
-    from torchtitan.memory.local_profile import job_hardware
+    from torchtitan.planning.step_time.local_profile import job_hardware
     from torchtitan.training.build import fake_world, model_on_meta
 
     budget = memory_budget(cfg, ranks_on_this_node(world), started_rank=True)
@@ -95,14 +95,14 @@ def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> S
                             free_bytes=prediction.free_bytes, budget_note=prediction.budget_note,
                             hardware="" if hardware is None else hardware.name)
         over = [r for r in roles if budget is not None and r.predicted_peak_bytes > budget.bytes]
-        if over and not cfg.job.allow_over_budget:
+        if over and not cfg.planning.allow_over_budget:
             fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes, accepts)
             hint = "; would fit: " + ", ".join(fixes) if fixes else "; nothing tried fits: use more ranks or sharding"
             for r in over:
                 out.refusal.append(
                     f"role {r.role} (ranks {_ranks(r.ranks)}): predicted peak {r.predicted_peak_bytes / GIB:.2f} GiB"
                     f" > memory budget {budget.bytes / GIB:.2f} GiB ({budget.origin}){hint};"
-                    " or --job.allow_over_budget=true to start anyway")
+                    " or --planning.allow_over_budget=true to start anyway")
         return out
 
 

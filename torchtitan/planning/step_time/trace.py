@@ -38,7 +38,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_leaves
 
-from torchtitan.memory.hardware import HardwareProfile
+from torchtitan.hardware import HardwareProfile
 from torchtitan.observe.comm_stats import collective_bytes, collective_kind, _group_name
 
 aten = torch.ops.aten

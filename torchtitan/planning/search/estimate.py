@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchtitan.memory.hardware import HardwareProfile
-from torchtitan.memory.layout_space import Layout
-from torchtitan.memory.step_time import collective_seconds
+from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.search.space import Layout
+from torchtitan.planning.step_time.model import collective_seconds
 
 # recomputed fraction of the forward by AC mode (of the forward's FLOPs; forward = 1/3 of a step's)
 RECOMPUTE = {"none": 0.0, "op": 0.02, "layer2": 0.5, "full": 1.0}

@@ -8,7 +8,7 @@ the role's prediction is that of its first coordinate, and `ranks` lists them al
 Each role's step is simulated on fake tensors (simulate.py) in this process, which must
 have joined a process group of the job's world size (the dry run's fake one). For a MoE
 job with expert parallelism the planned figure assumes the routing skew of
-`moe.memory_skew` (1 = balanced) and the worst case (every token copy of the EP group
+`planning.memory_skew` (1 = balanced) and the worst case (every token copy of the EP group
 routed to one rank's experts) is simulated beside it.
 """
 
@@ -21,8 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan.distributed.parallel_dims import MeshDim, ParallelDims
-from torchtitan.memory import derived_roles, simulation_pool, step_time
-from torchtitan.memory.simulate import CATEGORIES
+from torchtitan.planning.simulate import roles as derived_roles
+from torchtitan.planning.simulate import pool as simulation_pool
+from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import roles as role_times
+from torchtitan.planning.step_time.rank import RankTimer
+from torchtitan.planning.simulate.step import CATEGORIES
 from torchtitan.training.build import resolve_parts
 from torchtitan.units import GIB
 
@@ -109,8 +113,9 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
     (step_time.order_for; the layout search simulates many-microbatch layouts this way)."""
     free = free or {}
     variants = derived_roles.variants(spec, model, dims, cfg, args, bool(free))
-    moe = worst_case and dims.ep > 1 and cfg.moe.memory_skew < dims.ep
-    job = simulation_pool.Job(spec, dims, target, variants, free, note, hardware=hardware)
+    moe = worst_case and dims.ep > 1 and cfg.planning.memory_skew < dims.ep
+    job = simulation_pool.Job(spec, dims, target, variants, free, note,
+                              timer=RankTimer(hardware) if hardware is not None else None)
     plans = [derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
 
     def tasks(v: int, ranks) -> list[simulation_pool.Task]:
@@ -134,8 +139,8 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
             roles.setdefault(r, derived_roles.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
         per_variant.append([roles[r] for r in range(dims.pp)])
     if hardware is not None:
-        _add_times(per_variant, steps, variants, plans, dims, timed_as or cfg, args, model, hardware,
-                   timed_as is not None, target)
+        role_times.add_times(per_variant[0], steps, len(variants), dims, timed_as or cfg, args, model, hardware,
+                             reorder=timed_as is not None, target=target)
     if len(variants) == 1:
         records = []
         for r in range(dims.pp):
@@ -149,51 +154,6 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
     records = [plan.record() for r in range(dims.pp)
                for plan in resolve_parts(spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, target, r).plans]
     return roles, records
-
-
-def _add_times(per_variant, steps, variants, plans, dims: ParallelDims, cfg, args, model, hardware,
-               reorder: bool = False, target: str = "cuda") -> None:
-    """Each role's step time (step_time.py) from its simulated rank's trace: middle pipeline
-    ranks take rank 1's times on their own stage; jobs simulated at 1 and 2 blocks per stage
-    are extrapolated linearly in the blocks, as their memory is."""
-    from torchtitan.distributed.job_shape import batch_shape
-
-    def times_of(v: int) -> dict[int, step_time.RankTimes]:
-        out = {}
-        for r in range(dims.pp):
-            step = steps.get(simulation_pool.Task(v, r, False))
-            if step is not None and step.times is not None:
-                out[r] = step.times
-        for r in range(dims.pp):
-            if r not in out:  # a middle rank: alike stages (one per rank)
-                out[r] = out[1].restaged({1: r})
-        return out
-
-    per = [times_of(v) for v in range(len(variants))]
-    times = per[0]
-    if len(variants) == 2:
-        lo, hi = derived_roles.FROM_BLOCKS
-        counts = derived_roles.blocks_per_stage(cfg, dims, args)
-        for r in range(dims.pp):
-            x = (sum(counts[r]) / len(counts[r]) - lo) / (hi - lo)
-            times[r] = per[0][r].combined(per[1][r], 1 - x, x)
-    schedule = steps[simulation_pool.Task(0, 0, False)].schedule
-    if reorder and dims.pp > 1:
-        from torchtitan.distributed.job_shape import pipeline_microbatches
-
-        schedule = step_time.order_for(cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg))
-    shape = batch_shape(cfg, dims.dp)
-    # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's)
-    from torchtitan.dtypes import param_dtype
-
-    dtype = param_dtype(cfg.training.mixed_precision_param, target)
-    peak = hardware.peak_tflops.get(dtype, hardware.peak_tflops.get("bfloat16", 0.0)) * 1e12
-    step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,
-                                     model.flops_per_token(cfg.training.seq_len), peak, shape.accum_steps)
-    roles = per_variant[0]
-    for role, rt in zip(roles, step_time.role_times([(r.role, r.ranks, r.pp_rank) for r in roles], times, schedule,
-                                                    step_shape)):
-        role.time = rt
 
 
 def role_table(roles: list[RolePrediction], budget: int | None) -> str:

@@ -18,8 +18,8 @@ import multiprocessing
 import os
 from dataclasses import dataclass, field
 
-from torchtitan.memory.simulation_patches import PipelineStartup
-from torchtitan.memory.simulate import SimulatedStep, simulate_pp_rank
+from torchtitan.planning.simulate.patches import PipelineStartup
+from torchtitan.planning.simulate.step import SimulatedStep, simulate_pp_rank
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Job:
     free: dict[int, int]  # per pipeline rank: kept bytes the budget frees (reshard auto)
     note: str
     startups: dict = field(default_factory=dict)  # variant -> the first stage's boundary metadata
-    hardware: object = None  # a HardwareProfile: the planned-routing steps are also timed (step_time.py)
+    timer: object = None  # planning/step_time/rank.py's RankTimer: the planned-routing steps are also timed
 
 
 _JOB: Job | None = None  # set while a wave runs; forked workers read it
@@ -51,10 +51,10 @@ def _run_one(task: Task) -> tuple[Task, SimulatedStep, object]:
     cfg, args, model = job.variants[task.variant]
     startup = PipelineStartup()
     startup.forward = job.startups.get(task.variant)
-    skew = job.dims.ep if task.worst else cfg.moe.memory_skew
+    skew = job.dims.ep if task.worst else cfg.planning.memory_skew
     step = simulate_pp_rank(job.spec, model, job.dims, cfg, job.target, task.pp_rank, args, startup,
                             ep_skew=skew, free_bytes=job.free.get(task.pp_rank, 0), budget_note=job.note,
-                            hardware=None if task.worst else job.hardware)
+                            timer=None if task.worst else job.timer)
     return task, step, startup.forward
 
 

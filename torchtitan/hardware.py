@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 
 GB = 1e9  # link and memory bandwidths are decimal GB/s, as datasheets state them
@@ -188,3 +191,36 @@ def resolve(hw, target: str, local=None, gpu_names: list[str] | None = None) -> 
     profile = (local() if local is not None else None) if name == "local" else PROFILES[name]
     return None if profile is None else with_overrides(profile, hw)
 
+
+# nvidia-smi: the one place the framework asks the driver about its GPUs (torch-free)
+
+def _nvidia_smi(query: str) -> list[str] | None:
+    """One line per GPU nvidia-smi lists for `query` (CUDA_VISIBLE_DEVICES respected); None
+    when there is no nvidia-smi or it fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    cmd = [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        cmd.append(f"--id={visible}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_memory_bytes() -> list[int] | None:
+    """Total memory of each GPU nvidia-smi lists; [] when it lists none, None when there is no
+    nvidia-smi or it fails."""
+    lines = _nvidia_smi("memory.total")
+    try:
+        return None if lines is None else [int(float(line)) * 2**20 for line in lines]  # MiB
+    except ValueError:
+        return None
+
+
+def gpu_names() -> list[str]:
+    """Names of the GPUs nvidia-smi lists; [] without one."""
+    return _nvidia_smi("name") or []

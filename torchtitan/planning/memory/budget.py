@@ -1,4 +1,4 @@
-"""The memory budget of one rank, torch-free: `[parallelism] memory_budget_gib`, or its default.
+"""The memory budget of one rank, torch-free: `[planning] memory_budget_gib`, or its default.
 
 - > 0: that many GiB.
 - "none": no budget (None).
@@ -17,11 +17,10 @@ sets (to NGPU) for its config check; without it, all ranks are taken to share th
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from torchtitan.hardware import gpu_memory_bytes
 from torchtitan.units import GIB, MIB
 
 if TYPE_CHECKING:
@@ -80,48 +79,16 @@ def resident_bytes() -> int:
     return 0
 
 
-def _nvidia_smi(query: str) -> list[str] | None:
-    """One line per GPU nvidia-smi lists for `query` (CUDA_VISIBLE_DEVICES respected); None
-    when there is no nvidia-smi or it fails."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    cmd = [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible:
-        cmd.append(f"--id={visible}")
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def gpu_memory_bytes() -> list[int] | None:
-    """Total memory of each GPU nvidia-smi lists; [] when it lists none, None when there is no
-    nvidia-smi or it fails."""
-    lines = _nvidia_smi("memory.total")
-    try:
-        return None if lines is None else [int(float(line)) * MIB for line in lines]  # MiB
-    except ValueError:
-        return None
-
-
-def gpu_names() -> list[str]:
-    """Names of the GPUs nvidia-smi lists; [] without one."""
-    return _nvidia_smi("name") or []
-
-
 def memory_budget(cfg: JobConfig, ranks_per_node: int, *, meminfo: str = "/proc/meminfo",
                   started_rank: bool = False) -> Budget | None:
     """The budget (module docstring); None = no budget or unknown. `started_rank`: this process
     is one of the ranks, so the ranks' own overhead is partly resident already: only what
     exceeds this process's VmRSS is still to come."""
-    value = cfg.parallelism.memory_budget_gib
+    value = cfg.planning.memory_budget_gib
     if value == "none":
         return None
     if value != "auto":
-        return Budget(int(value * GIB), "--parallelism.memory_budget_gib")
+        return Budget(int(value * GIB), "--planning.memory_budget_gib")
     device = cfg.training.device
     gpus = gpu_memory_bytes() if device != "cpu" else None
     if device == "cuda" or gpus:

@@ -1,4 +1,4 @@
-"""`--job.dry_run=true --job.fit=layout`: which layout of this model on these devices is fastest.
+"""`--job.dry_run=true --planning.fit=layout`: which layout of this model on these devices is fastest.
 
 Staged so that a 2,048-device job is searched in minutes on one CPU:
 
@@ -10,7 +10,7 @@ Staged so that a 2,048-device job is searched in minutes on one CPU:
 3. Order by the cheap estimate (cheap_step.py, microseconds per layout), dropping layouts
    whose cheap peak exceeds the budget by more than CHEAP_MEMORY_SLACK (the estimate is
    rough; the full prediction decides).
-4. Simulate in full the best `job.layout_candidates` of that order that the pre-launch
+4. Simulate in full the best `planning.layout_candidates` of that order that the pre-launch
    checks accept (one prediction per layout, as the dry run predicts a job: every role's
    peak and step time on the hardware profile), and the layout as configured. Within a
    layout the prediction shares what the dry run shares (middle pipeline ranks simulated
@@ -26,7 +26,7 @@ Staged so that a 2,048-device job is searched in minutes on one CPU:
    for each earlier simulation of its degrees (dp_replicate, dp_shard, tp, pp, cp, ep), so
    the full simulations spread over the degrees the cheap order favours. The layout as
    configured is simulated first (the reference); no simulation starts that could end after
-   `job.layout_seconds` of them (judged by the longest so far).
+   `planning.layout_seconds` of them (judged by the longest so far).
 5. Rank the simulated layouts that fit by predicted tokens/s per device (the slowest role),
    print the top 10 with their exact overrides, and write the best as a TOML snippet.
 
@@ -44,8 +44,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from torchtitan.memory import cheap_step, layout_space
-from torchtitan.memory.layout_space import Layout
+from torchtitan.planning.search import estimate as cheap_step
+from torchtitan.planning.search import space as layout_space
+from torchtitan.planning.search.space import Layout
 from torchtitan.units import GIB
 
 CHEAP_MEMORY_SLACK = 1.1  # keep layouts whose cheap peak is at most this times the budget
@@ -85,13 +86,13 @@ class SearchResult:
     budget_bytes: int
     seconds: dict
     disagreement: float | None  # fraction of simulated pairs the cheap order gets the wrong way round
-    stopped: bool = False  # the full stage ran out of job.layout_seconds
+    stopped: bool = False  # the full stage ran out of planning.layout_seconds
 
 
 def _states(cfg, world, args, shapes, layout: Layout, global_batch: int, cache: dict) -> int | None:
     from torchtitan.distributed.job_shape import degrees
     from torchtitan.distributed.pipeline_layout import PipelineLayoutError, pipeline_layout
-    from torchtitan.memory import model_states
+    from torchtitan.planning.memory import model_states
 
     key = (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, layout.ep, layout.schedule,
            layout.split_points)
@@ -112,7 +113,7 @@ def cheap_order(cfg, world: int, args, hw, budget: int) -> tuple[list[Candidate]
     """Stages 1-3: (candidates best first, enumerated, after the states floor, after the cheap
     memory estimate, global batch)."""
     from torchtitan.distributed.job_shape import batch_shape, degrees
-    from torchtitan.memory.model_states import model_shapes
+    from torchtitan.planning.memory.model_states import model_shapes
 
     global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
     shapes = model_shapes(cfg.model.name, args)
@@ -138,7 +139,7 @@ def _full(spec, model, cfg, world, target, args, hw, cand: Candidate, global_bat
     """Stage 4 for one candidate: its prediction in a fake world of its own mesh."""
     import warnings
 
-    from torchtitan.memory.predict import predict_roles
+    from torchtitan.planning.memory.predict import predict_roles
     from torchtitan.training.build import fake_world
 
     # FSDP2 warns once per process that the embeddings return a view; every forked
@@ -224,7 +225,7 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
     if configured is not None:
         mine = next((c for c in cands if _same(c.layout, configured)), None)
         if mine is None:
-            from torchtitan.memory.model_states import model_shapes
+            from torchtitan.planning.memory.model_states import model_shapes
 
             shapes = model_shapes(cfg.model.name, args)
             states = _states(cfg, world, args, shapes, configured, global_batch, {}) or 0
@@ -317,7 +318,7 @@ def report(result: SearchResult, global_batch: int, top: int = 10) -> str:
              f" {r.after_cheap_memory:,} within the cheap memory estimate (x{CHEAP_MEMORY_SLACK} of the budget),"
              f" {r.checked} checked to take {len(r.simulated)} to full simulation"
              f" ({r.seconds['cheap']:.1f}s enumerate + cheap, {r.seconds['full']:.1f}s full"
-             + (", stopped at job.layout_seconds" if r.stopped else "") + ");"
+             + (", stopped at planning.layout_seconds" if r.stopped else "") + ");"
              f" budget {r.budget_bytes / GIB:.2f} GiB per rank"]
     if r.disagreement is not None:
         winner = r.ranked[0].cheap_rank if r.ranked else None
@@ -360,6 +361,6 @@ def write_snippet(folder: str, best: Layout, global_batch: int) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "best_layout.toml")
     with open(path, "w") as f:
-        f.write("# the layout search's pick (--job.fit=layout); paste into the job's config\n")
+        f.write("# the layout search's pick (--planning.fit=layout); paste into the job's config\n")
         f.write(toml_snippet(best, global_batch))
     return path

@@ -1,6 +1,6 @@
 """The layouts the layout search (layout_search.py) chooses from, torch-free.
 
-A layout is every choice `--job.fit=layout` makes for a model on N devices: the degrees
+A layout is every choice `--planning.fit=layout` makes for a model on N devices: the degrees
 (dp_replicate, dp_shard, tp, pp, cp, ep), the pipeline schedule and microbatch size, the
 activation-checkpoint mode, the reshard policy and the local batch. The global batch (in
 sequences), the sequence length, compile and everything else stay as the user set them.
@@ -34,9 +34,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# (label, activation_checkpoint overrides): every AC mode the fit and the layout search try
-AC_CHOICES = (("none", {"mode": "none"}), ("op", {"mode": "selective", "selective_ac_option": "op"}),
-              ("layer2", {"mode": "selective", "selective_ac_option": "2"}), ("full", {"mode": "full"}))
+from torchtitan.planning.memory.fit import AC_CHOICES  # every AC mode the fit and the search try
+
 MIN_CP_TOKENS = 2048  # tokens of a sequence a context-parallel rank keeps at least
 MAX_PP = 16  # deepest pipeline searched (DeepSeek-V3's; a 32-stage step takes minutes to simulate)
 

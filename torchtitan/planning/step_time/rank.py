@@ -1,0 +1,66 @@
+"""The timing of one simulated rank: the simulation (planning/simulate/step.py) is handed a
+`RankTimer`, whose trace sees every op of the step, and which times the trace on a hardware
+profile once the step ends (the process groups its collectives ran on, the cores a CPU
+node's ranks share, the pipeline schedule's order)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time.trace import OpTrace
+
+
+@dataclass(frozen=True)
+class RankTimer:
+    """Times the simulated step of one rank on `hardware`."""
+
+    hardware: HardwareProfile
+
+    def observer(self, cfg) -> OpTrace:
+        return OpTrace(self.hardware, cfg.compile.enable)
+
+    def times(self, trace: OpTrace, dims, cfg, pipeline) -> tuple[step_time.RankTimes, tuple | None]:
+        """The rank's per-phase times, and its pipeline schedule's order (None without PP)."""
+        simple_fsdp_eager = cfg.parallelism.fsdp_implementation == "simple_fsdp" and not cfg.compile.enable
+        times = step_time.rank_times(trace.segments, self.hardware, _groups(dims, trace),
+                                     _stretch(self.hardware, dims), simple_fsdp_eager)
+        return times, step_time.schedule_order(pipeline) if pipeline is not None else None
+
+
+def _groups(dims, trace: OpTrace) -> step_time.Groups:
+    """The process groups the traced collectives ran on: mesh dim and global ranks."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    named = dims.named_groups()
+    ranks = {}
+    for seg in trace.segments:
+        for e in seg.events:
+            name = getattr(e, "group", None)
+            if name is not None and name not in ranks:
+                try:
+                    ranks[name] = dist.get_process_group_ranks(_resolve_process_group(name))
+                except (RuntimeError, ValueError, KeyError):
+                    ranks[name] = [0]
+    fsdp = frozenset(dims.fsdp_group_names())
+    dp = frozenset(n for n, d in named.items() if d.startswith("dp")) | fsdp
+    return step_time.Groups({n: named.get(n, f"group:{n}") for n in ranks} | named, ranks, fsdp, dp)
+
+
+def _stretch(hardware: HardwareProfile, dims) -> float:
+    """A CPU node's ranks share its cores (step_time.py, 1): device time x ranks / cores; with
+    fewer ranks than cores each runs cores / ranks threads (run_train.sh), at the measured
+    thread speedup (linear between one thread and all)."""
+    if hardware.host_async or not hardware.cores:
+        return 1.0
+    world, cores = dims.world_size, hardware.cores
+    if world > 1 and hardware.sharing:  # measured: processes computing at once on this machine
+        measured = {int(k): v for k, v in hardware.sharing.items()}
+        n = max(k for k in measured if k <= world) if any(k <= world for k in measured) else min(measured)
+        return measured[n] * world / n  # beyond the largest measured count: time slices
+    if world >= cores or cores == 1:
+        return world / cores
+    threads = cores / world
+    return 1.0 / (1.0 + (hardware.thread_speedup - 1.0) * (threads - 1) / (cores - 1))

@@ -1,0 +1,53 @@
+"""The step time of every rank role of a prediction, from its simulated ranks' timed traces
+(planning/step_time/rank.py): middle pipeline ranks take rank 1's times on their own stage;
+jobs simulated at 1 and 2 blocks per stage (planning/simulate/roles.py) are extrapolated
+linearly in the blocks, as their memory is; the roles are then run through the pipeline
+schedule's order (planning/step_time/model.py)."""
+
+from __future__ import annotations
+
+from torchtitan.distributed.job_shape import batch_shape, pipeline_microbatches
+from torchtitan.dtypes import param_dtype
+from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.simulate import pool as simulation_pool
+from torchtitan.planning.simulate import roles as derived_roles
+from torchtitan.planning.step_time import model as step_time
+
+
+def add_times(roles: list, steps: dict, n_variants: int, dims, cfg, args, model, hardware: HardwareProfile, *,
+              reorder: bool = False, target: str = "cuda") -> None:
+    """Set `role.time` of every role (RolePrediction) from `steps`, the prediction's simulated
+    steps by simulation_pool.Task. reorder: time `cfg`'s pipeline order (more microbatches than
+    were simulated; step_time.order_for)."""
+
+    def times_of(v: int) -> dict[int, step_time.RankTimes]:
+        out = {}
+        for r in range(dims.pp):
+            step = steps.get(simulation_pool.Task(v, r, False))
+            if step is not None and step.times is not None:
+                out[r] = step.times
+        for r in range(dims.pp):
+            if r not in out:  # a middle rank: alike stages (one per rank)
+                out[r] = out[1].restaged({1: r})
+        return out
+
+    per = [times_of(v) for v in range(n_variants)]
+    times = per[0]
+    if n_variants == 2:
+        lo, hi = derived_roles.FROM_BLOCKS
+        counts = derived_roles.blocks_per_stage(cfg, dims, args)
+        for r in range(dims.pp):
+            x = (sum(counts[r]) / len(counts[r]) - lo) / (hi - lo)
+            times[r] = per[0][r].combined(per[1][r], 1 - x, x)
+    schedule = steps[simulation_pool.Task(0, 0, False)].schedule
+    if reorder and dims.pp > 1:
+        schedule = step_time.order_for(cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg))
+    shape = batch_shape(cfg, dims.dp)
+    # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's)
+    dtype = param_dtype(cfg.training.mixed_precision_param, target)
+    peak = hardware.peak_tflops.get(dtype, hardware.peak_tflops.get("bfloat16", 0.0)) * 1e12
+    step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,
+                                     model.flops_per_token(cfg.training.seq_len), peak, shape.accum_steps)
+    for role, rt in zip(roles, step_time.role_times([(r.role, r.ranks, r.pp_rank) for r in roles], times, schedule,
+                                                    step_shape)):
+        role.time = rt
