@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 NGPU   ?= 2
 DUMP   ?= outputs/llama3_debug
 
-.PHONY: train test test-slow venv clean
+.PHONY: train test test-slow lint format venv clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,16 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --durations=10 $(PYTEST_ARGS)
+
+# ruff format --check and ruff check over the whole repository (config: pyproject.toml [tool.ruff])
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+# rewrite the tree as `make lint` wants it (format, then the safe automatic lint fixes)
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -35,21 +35,62 @@ NO_BUDGET = ["--planning.memory_budget_gib=none"]
 
 # name -> (ngpu, config, overrides)
 JOBS: dict[str, tuple[int, str, list[str]]] = {
-    "fsdp2_validation": (2, "llama3_debug.toml", [
-        "--validation.enable=true", "--validation.freq=2", "--validation.steps=2"]),
-    "pp2_tp2": (4, "llama3_debug.toml", [
-        "--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",
-        "--training.local_batch_size=4"]),
-    "deepseek_v3_ep2_mtp": (2, "deepseek_v3_debug.toml", [
-        "--parallelism.expert_parallel_degree=2", "--model.mtp_depth=1", "--training.local_batch_size=2"]),
-    "simple_fsdp_op_sac": (2, "llama3_debug.toml", [
-        "--parallelism.fsdp_implementation=simple_fsdp", "--activation_checkpoint.mode=selective",
-        "--activation_checkpoint.selective_ac_option=op"]),
-    "qwen3_pp2_tied": (2, "qwen3_debug.toml", [
-        "--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"]),
+    "fsdp2_validation": (
+        2,
+        "llama3_debug.toml",
+        ["--validation.enable=true", "--validation.freq=2", "--validation.steps=2"],
+    ),
+    "pp2_tp2": (
+        4,
+        "llama3_debug.toml",
+        [
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.tensor_parallel_degree=2",
+            "--training.local_batch_size=4",
+        ],
+    ),
+    "deepseek_v3_ep2_mtp": (
+        2,
+        "deepseek_v3_debug.toml",
+        [
+            "--parallelism.expert_parallel_degree=2",
+            "--model.mtp_depth=1",
+            "--training.local_batch_size=2",
+        ],
+    ),
+    "simple_fsdp_op_sac": (
+        2,
+        "llama3_debug.toml",
+        [
+            "--parallelism.fsdp_implementation=simple_fsdp",
+            "--activation_checkpoint.mode=selective",
+            "--activation_checkpoint.selective_ac_option=op",
+        ],
+    ),
+    "qwen3_pp2_tied": (
+        2,
+        "qwen3_debug.toml",
+        ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4"],
+    ),
 }
-SKIP_KEYS = ("time", "tps", "tflops", "mfu", "memory", "mem", "eta", "wall", "elapsed", "seconds", "_s",
-             "rss", "throughput", "tokens_per", "peak", "predicted")
+SKIP_KEYS = (
+    "time",
+    "tps",
+    "tflops",
+    "mfu",
+    "memory",
+    "mem",
+    "eta",
+    "wall",
+    "elapsed",
+    "seconds",
+    "_s",
+    "rss",
+    "throughput",
+    "tokens_per",
+    "peak",
+    "predicted",
+)
 
 
 def _kept(key: str) -> bool:
@@ -65,19 +106,31 @@ def _numbers(metrics_path: str) -> dict[str, float]:
             rec = json.loads(line)
             step = rec.get("step")
             for k, v in rec.items():
-                if k == "step" or not isinstance(v, (int, float)) or isinstance(v, bool) or not _kept(k):
+                if (
+                    k == "step"
+                    or not isinstance(v, (int, float))
+                    or isinstance(v, bool)
+                    or not _kept(k)
+                ):
                     continue
                 out[f"{step}:{k}"] = v
     return out
 
 
 def _run(tree: str, ngpu: int, config: str, overrides: list[str], dump: str) -> None:
-    env = dict(os.environ, NGPU=str(ngpu), CONFIG_FILE=os.path.join(tree, "train_configs", config),
-               PYTHONPATH=tree, LOG_RANK="0")
+    env = dict(
+        os.environ,
+        NGPU=str(ngpu),
+        CONFIG_FILE=os.path.join(tree, "train_configs", config),
+        PYTHONPATH=tree,
+        LOG_RANK="0",
+    )
     cmd = [os.path.join(tree, "run_train.sh"), f"--job.dump_folder={dump}", *overrides]
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        sys.exit(
+            f"job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
 
 
 def record(tree: str, out: str, only: list[str] | None) -> None:
@@ -93,11 +146,22 @@ def record(tree: str, out: str, only: list[str] | None) -> None:
             print(f"{name}: {len(result[name])} numbers", flush=True)
         if not only or "deepseek_v3_dry_run_plan" in only:
             dump = os.path.join(work, "dry")
-            _run(tree, 8, "deepseek_v3_debug.toml", ["--job.dry_run=true", "--parallelism.expert_parallel_degree=2",
-                                                     "--planning.memory_budget_gib=8"], dump)
+            _run(
+                tree,
+                8,
+                "deepseek_v3_debug.toml",
+                [
+                    "--job.dry_run=true",
+                    "--parallelism.expert_parallel_degree=2",
+                    "--planning.memory_budget_gib=8",
+                ],
+                dump,
+            )
             with open(os.path.join(dump, "plan.json")) as f:
                 plan = json.load(f)
-            result["deepseek_v3_dry_run_plan"] = {"plan.json": json.dumps(_without_times(plan), sort_keys=True)}
+            result["deepseek_v3_dry_run_plan"] = {
+                "plan.json": json.dumps(_without_times(plan), sort_keys=True)
+            }
             print("deepseek_v3_dry_run_plan: recorded", flush=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
@@ -106,8 +170,11 @@ def record(tree: str, out: str, only: list[str] | None) -> None:
 def _without_times(obj):
     """plan.json less what measures this machine or the wall clock (none of it is a decision)."""
     if isinstance(obj, dict):
-        return {k: _without_times(v) for k, v in obj.items() if k not in ("created", "wall_seconds", "host",
-                                                                            "simulation_seconds")}
+        return {
+            k: _without_times(v)
+            for k, v in obj.items()
+            if k not in ("created", "wall_seconds", "host", "simulation_seconds")
+        }
     if isinstance(obj, list):
         return [_without_times(v) for v in obj]
     return obj
@@ -126,7 +193,9 @@ def compare(before: str, after: str) -> int:
         diff = [k for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
         bad += not same
         kinds = sorted({k.split(":", 1)[-1] for k in x})
-        print(f"{name:<28} {len(x):>8}  {'yes' if same else 'NO: ' + ', '.join(diff[:5])}   ({', '.join(kinds)})")
+        print(
+            f"{name:<28} {len(x):>8}  {'yes' if same else 'NO: ' + ', '.join(diff[:5])}   ({', '.join(kinds)})"
+        )
     return 1 if bad else 0
 
 

@@ -40,7 +40,9 @@ def rss_mb() -> float:
 def encode_rate(corpus: str, tok, seconds: float) -> tuple[float, float]:
     """(tokens/s, bytes per token) of Tokenizer.encode over the corpus's documents, one core."""
     with open(corpus) as f:
-        docs = [json.loads(line)["text"] for i, line in enumerate(f) if i % 50 == 0]  # a sample of the whole file
+        docs = [
+            json.loads(line)["text"] for i, line in enumerate(f) if i % 50 == 0
+        ]  # a sample of the whole file
     tokens = nbytes = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -51,13 +53,26 @@ def encode_rate(corpus: str, tok, seconds: float) -> tuple[float, float]:
     return tokens / elapsed, nbytes / tokens
 
 
-def measure(dataset: str, tok, slots: int, local_batch: int, seq: int, workers: int, seconds: float,
-            bytes_per_token: float) -> dict:
+def measure(
+    dataset: str,
+    tok,
+    slots: int,
+    local_batch: int,
+    seq: int,
+    workers: int,
+    seconds: float,
+    bytes_per_token: float,
+) -> dict:
     from torchtitan.config import build_config
     from torchtitan.data.dataloader import build_dataloader
 
-    cfg = build_config([f"--training.dataset={dataset}", f"--training.local_batch_size={local_batch}",
-                        f"--training.seq_len={seq}"])[0].training
+    cfg = build_config(
+        [
+            f"--training.dataset={dataset}",
+            f"--training.local_batch_size={local_batch}",
+            f"--training.seq_len={seq}",
+        ]
+    )[0].training
     dp = slots // local_batch
     start = time.perf_counter()
     loader = build_dataloader(cfg, tok, 0, dp, 1, workers=workers)
@@ -85,13 +100,21 @@ def measure(dataset: str, tok, slots: int, local_batch: int, seq: int, workers: 
     delivered = tokens * bytes_per_token
     distinct = sum(first.values())
     del it
-    return {"tokens_s": tokens / elapsed, "build_s": build, "read_x": (loader.bytes_read - read0) / delivered,
-            "once_x": loader.bytes_read / distinct if distinct else float("nan"),
-            "scan_mb": scanned / 1e6, "rss_mb": rss_mb(), "kind": loader.sources[0].kind}
+    return {
+        "tokens_s": tokens / elapsed,
+        "build_s": build,
+        "read_x": (loader.bytes_read - read0) / delivered,
+        "once_x": loader.bytes_read / distinct if distinct else float("nan"),
+        "scan_mb": scanned / 1e6,
+        "rss_mb": rss_mb(),
+        "kind": loader.sources[0].kind,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--tokenized", default="")
     ap.add_argument("--tokenizer", required=True)
@@ -106,37 +129,53 @@ def main() -> None:
 
     tok = Tokenizer(args.tokenizer)
     rate, raw_bpt = encode_rate(args.corpus, tok, args.seconds)
-    print(f"tokenizer {args.tokenizer}: vocabulary {tok.vocab_size:,}, encode rate on one core {rate:,.0f} tokens/s"
-          f" ({raw_bpt:.2f} bytes per token)", flush=True)
+    print(
+        f"tokenizer {args.tokenizer}: vocabulary {tok.vocab_size:,}, encode rate on one core {rate:,.0f} tokens/s"
+        f" ({raw_bpt:.2f} bytes per token)",
+        flush=True,
+    )
     sources = [("raw", args.corpus)] + ([("tokenized", args.tokenized)] if args.tokenized else [])
     bpt = {"raw": raw_bpt}  # the source's bytes per token: what a delivered token stands for
     if args.tokenized:
         with open(os.path.join(args.tokenized, "manifest.json")) as f:
             m = json.load(f)
         bpt["raw"] = os.path.getsize(args.corpus) / m["tokens"]
-        folder_bytes = sum(os.path.getsize(os.path.join(args.tokenized, n)) for n in os.listdir(args.tokenized))
+        folder_bytes = sum(
+            os.path.getsize(os.path.join(args.tokenized, n)) for n in os.listdir(args.tokenized)
+        )
         bpt["tokenized"] = folder_bytes / m["tokens"]
     rows = []
     for slots in map(int, args.slots.split(",")):
         for kind, path in sources:
             for workers in map(int, args.workers.split(",")):
-                r = measure(path, tok, slots, args.local_batch, args.seq, workers, args.seconds, bpt[kind])
+                r = measure(
+                    path, tok, slots, args.local_batch, args.seq, workers, args.seconds, bpt[kind]
+                )
                 rows.append((slots, kind, workers, args.local_batch, args.seq, r))
-                print(f"G {slots:>5} {kind:>9} workers {workers}: {r['tokens_s']:>12,.0f} tokens/s, build {r['build_s']:.2f}s,"
-                      f" read/delivered x{r['read_x']:.3f}, read/distinct documents x{r['once_x']:.3f} (+ line scan"
-                      f" {r['scan_mb']:.0f} MB), peak RSS"
-                      f" {r['rss_mb']:,.0f} MB", flush=True)
+                print(
+                    f"G {slots:>5} {kind:>9} workers {workers}: {r['tokens_s']:>12,.0f} tokens/s, build {r['build_s']:.2f}s,"
+                    f" read/delivered x{r['read_x']:.3f}, read/distinct documents x{r['once_x']:.3f} (+ line scan"
+                    f" {r['scan_mb']:.0f} MB), peak RSS"
+                    f" {r['rss_mb']:,.0f} MB",
+                    flush=True,
+                )
     r = measure(args.corpus, tok, 1024, 1024, 64, 0, args.seconds, bpt["raw"])
     rows.append((1024, "raw", 0, 1024, 64, r))
-    print("\n| G | source | workers | rows on the rank x seq | tokens/s per rank | build s | read / delivered"
-          " | read / distinct documents | line scan MB | peak RSS MB |")
+    print(
+        "\n| G | source | workers | rows on the rank x seq | tokens/s per rank | build s | read / delivered"
+        " | read / distinct documents | line scan MB | peak RSS MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for slots, kind, workers, lbs, seq, r in rows:
         once = "-" if r["once_x"] != r["once_x"] else f"{r['once_x']:.3f}"
-        print(f"| {slots:,} | {kind} | {workers} | {lbs} x {seq} | {r['tokens_s']:,.0f} | {r['build_s']:.2f} |"
-              f" {r['read_x']:.3f} | {once} | {r['scan_mb']:.0f} | {r['rss_mb']:,.0f} |")
-    print(f"\ngoals: raw >= 80% of encode rate x workers ({0.8 * rate:,.0f} tokens/s per worker, or on the"
-          " training thread with 0 workers); pre-tokenized >= 2,000,000 tokens/s; random access read / delivered <= 1.05")
+        print(
+            f"| {slots:,} | {kind} | {workers} | {lbs} x {seq} | {r['tokens_s']:,.0f} | {r['build_s']:.2f} |"
+            f" {r['read_x']:.3f} | {once} | {r['scan_mb']:.0f} | {r['rss_mb']:,.0f} |"
+        )
+    print(
+        f"\ngoals: raw >= 80% of encode rate x workers ({0.8 * rate:,.0f} tokens/s per worker, or on the"
+        " training thread with 0 workers); pre-tokenized >= 2,000,000 tokens/s; random access read / delivered <= 1.05"
+    )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ def handwritten_worker(args) -> None:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
     vocab = Tokenizer("").vocab_size
     with torch.device("meta"):
-        model = get_train_spec("llama3").model_cls(model_args("llama3", args.flavor, vocab, args.seq_len))
+        model = get_train_spec("llama3").model_cls(
+            model_args("llama3", args.flavor, vocab, args.seq_len)
+        )
     for name, block in list(model.layers.items()):
         if args.ac == "full":
             block = checkpoint_wrapper(block, preserve_rng_state=False)
@@ -83,7 +85,10 @@ def handwritten_worker(args) -> None:
         opt.zero_grad(set_to_none=True)
     starts.append(time.perf_counter())
     if rank == 0:
-        print("STEPS " + json.dumps({"step_s": [b - a for a, b in zip(starts, starts[1:])]}), flush=True)
+        print(
+            "STEPS " + json.dumps({"step_s": [b - a for a, b in zip(starts, starts[1:])]}),
+            flush=True,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -106,6 +111,7 @@ def trainer_worker(argv: list[str]) -> None:
                 return fn(*a, **kw)
             finally:
                 inside[-1] += time.perf_counter() - t0
+
         return run
 
     begin = trainer.clock.begin
@@ -123,8 +129,13 @@ def trainer_worker(argv: list[str]) -> None:
     starts.append(time.perf_counter())
     if dist.get_rank() == 0:
         step_s = [b - a for a, b in zip(starts, starts[1:])]
-        print("STEPS " + json.dumps({"step_s": step_s, "framework_s": [s - i for s, i in zip(step_s, inside)]}),
-              flush=True)
+        print(
+            "STEPS "
+            + json.dumps(
+                {"step_s": step_s, "framework_s": [s - i for s, i in zip(step_s, inside)]}
+            ),
+            flush=True,
+        )
     train.shutdown_distributed()
 
 
@@ -134,36 +145,70 @@ def _env(ngpu: int) -> dict:
 
 
 def _run(args, worker_args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ngpu}",
-           os.path.abspath(__file__), *worker_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.ngpu}",
+        os.path.abspath(__file__),
+        *worker_args,
+    ]
     proc = subprocess.run(cmd, env=_env(args.ngpu), capture_output=True, text=True)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("STEPS ")), None)
     if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"{' '.join(worker_args[:2])} failed (exit {proc.returncode}):\n"
-                           f"{(proc.stdout + proc.stderr)[-3000:]}")
-    return {k: v[args.warmup:] for k, v in json.loads(line.split(" ", 1)[1]).items()}
+        raise RuntimeError(
+            f"{' '.join(worker_args[:2])} failed (exit {proc.returncode}):\n"
+            f"{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    return {k: v[args.warmup :] for k, v in json.loads(line.split(" ", 1)[1]).items()}
 
 
 def handwritten(args, compile_: bool) -> dict:
-    return _run(args, ["--handwritten-worker", f"--steps={args.steps}", f"--flavor={args.flavor}",
-                       f"--seq-len={args.seq_len}", f"--local-batch-size={args.local_batch_size}", f"--ac={args.ac}"]
-                + (["--compile"] if compile_ else []))
+    return _run(
+        args,
+        [
+            "--handwritten-worker",
+            f"--steps={args.steps}",
+            f"--flavor={args.flavor}",
+            f"--seq-len={args.seq_len}",
+            f"--local-batch-size={args.local_batch_size}",
+            f"--ac={args.ac}",
+        ]
+        + (["--compile"] if compile_ else []),
+    )
 
 
 def trainer(args, impl: str, compile_: bool, out: str) -> dict:
     ac = {"none": [], "full": ["--activation_checkpoint.mode=full"]}[args.ac]
-    return _run(args, ["--trainer-worker", "--", f"--job.config_file={LLAMA}", f"--model.flavor={args.flavor}",
-                       f"--training.steps={args.steps}", f"--training.seq_len={args.seq_len}",
-                       f"--training.local_batch_size={args.local_batch_size}",
-                       f"--training.global_batch_size={args.local_batch_size * args.ngpu}",
-                       "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false",
-                       f"--metrics.log_freq={args.log_freq}", "--checkpoint.enable=false",
-                       f"--parallelism.fsdp_implementation={impl}", f"--compile.enable={str(compile_).lower()}",
-                       f"--job.dump_folder={os.path.join(out, impl)}", *ac, *args.extra])
+    return _run(
+        args,
+        [
+            "--trainer-worker",
+            "--",
+            f"--job.config_file={LLAMA}",
+            f"--model.flavor={args.flavor}",
+            f"--training.steps={args.steps}",
+            f"--training.seq_len={args.seq_len}",
+            f"--training.local_batch_size={args.local_batch_size}",
+            f"--training.global_batch_size={args.local_batch_size * args.ngpu}",
+            "--training.mixed_precision_param=float32",
+            "--metrics.enable_tensorboard=false",
+            f"--metrics.log_freq={args.log_freq}",
+            "--checkpoint.enable=false",
+            f"--parallelism.fsdp_implementation={impl}",
+            f"--compile.enable={str(compile_).lower()}",
+            f"--job.dump_folder={os.path.join(out, impl)}",
+            *ac,
+            *args.extra,
+        ],
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ngpu", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
@@ -196,11 +241,14 @@ def main(argv=None) -> int:
     out = tempfile.mkdtemp(prefix="bench_step_")
     modes = [False] if args.no_compile else [False, True]
     impls = ["fsdp2", "simple_fsdp"] if args.simple_fsdp else ["fsdp2"]
-    print(f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {platform.machine()} {os.cpu_count()} cores;"
-          f" {args.flavor} Llama3, {args.ngpu} ranks x {max(1, (os.cpu_count() or 1) // args.ngpu)} threads,"
-          f" {args.local_batch_size} x {args.seq_len} tokens per rank, fp32, AC {args.ac}; median of steps"
-          f" {args.warmup + 1}-{args.steps}, {args.rounds} interleaved rounds"
-          + (f"; trainer overrides {' '.join(args.extra)}" if args.extra else ""), flush=True)
+    print(
+        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {platform.machine()} {os.cpu_count()} cores;"
+        f" {args.flavor} Llama3, {args.ngpu} ranks x {max(1, (os.cpu_count() or 1) // args.ngpu)} threads,"
+        f" {args.local_batch_size} x {args.seq_len} tokens per rank, fp32, AC {args.ac}; median of steps"
+        f" {args.warmup + 1}-{args.steps}, {args.rounds} interleaved rounds"
+        + (f"; trainer overrides {' '.join(args.extra)}" if args.extra else ""),
+        flush=True,
+    )
     ratios = {(m, i): [] for m in modes for i in impls}
     shares = {(m, i): [] for m in modes for i in impls}
     for r in range(1, args.rounds + 1):
@@ -214,13 +262,20 @@ def main(argv=None) -> int:
                 share = statistics.median(run["framework_s"]) / step
                 ratios[(compile_, impl)].append(step / base)
                 shares[(compile_, impl)].append(share)
-                line += f" | {impl} {step:.3f}s = {step / base:.3f}x, framework host time {share:.1%}"
+                line += (
+                    f" | {impl} {step:.3f}s = {step / base:.3f}x, framework host time {share:.1%}"
+                )
             print(line, flush=True)
-    print(f"{'trainer row':22s} {'vs hand-written (median of rounds)':>36s} {'framework host time':>20s}  rounds")
+    print(
+        f"{'trainer row':22s} {'vs hand-written (median of rounds)':>36s} {'framework host time':>20s}  rounds"
+    )
     for (compile_, impl), values in ratios.items():
         name = f"{impl}, {'compiled' if compile_ else 'eager'}"
-        print(f"{name:22s} {statistics.median(values):>35.3f}x {statistics.median(shares[(compile_, impl)]):>19.1%}"
-              f"  {', '.join(f'{v:.3f}' for v in values)}", flush=True)
+        print(
+            f"{name:22s} {statistics.median(values):>35.3f}x {statistics.median(shares[(compile_, impl)]):>19.1%}"
+            f"  {', '.join(f'{v:.3f}' for v in values)}",
+            flush=True,
+        )
     return 0
 
 

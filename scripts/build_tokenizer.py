@@ -20,7 +20,9 @@ from torchtitan.data.tokenizer import BUNDLED_TOKENIZER  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--out", default=BUNDLED_TOKENIZER)
     args = ap.parse_args()

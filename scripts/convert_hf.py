@@ -38,47 +38,80 @@ def _fail(message: str) -> int:
 
 def _import_hf(args) -> int:
     """Hugging Face folder -> model-only DCP step folder."""
-    from torchtitan.models.hf.folder import HFFolderError
-    from torchtitan.hf_convert import import_folder
     from torchtitan.data.tokenizer import TokenizerError
+    from torchtitan.hf_convert import import_folder
     from torchtitan.models.flavors import flavors_of
     from torchtitan.models.hf.converters import hf_converter
+    from torchtitan.models.hf.folder import HFFolderError
     from torchtitan.models.registry import MODELS
 
     if not args.model or not args.flavor:
-        return _fail(f"'{args.checkpoint}' is a Hugging Face folder: converting it needs --model and --flavor"
-                     f" (e.g. --model deepseek_v3 --flavor 16B)")
+        return _fail(
+            f"'{args.checkpoint}' is a Hugging Face folder: converting it needs --model and --flavor"
+            f" (e.g. --model deepseek_v3 --flavor 16B)"
+        )
     if args.model not in MODELS:
         return _fail(f"--model {args.model!r}: one of {', '.join(sorted(MODELS))}")
     if args.flavor not in flavors_of(args.model):
-        return _fail(f"--flavor {args.flavor!r}: {args.model} has {', '.join(flavors_of(args.model))}")
+        return _fail(
+            f"--flavor {args.flavor!r}: {args.model} has {', '.join(flavors_of(args.model))}"
+        )
     try:
         hf_converter(args.model)
     except ValueError as e:
         return _fail(str(e))
     try:
-        out, done = import_folder(args.checkpoint, args.out, args.model, args.flavor, args.tokenizer_path,
-                                  args.dtype or "float32")
+        out, done = import_folder(
+            args.checkpoint,
+            args.out,
+            args.model,
+            args.flavor,
+            args.tokenizer_path,
+            args.dtype or "float32",
+        )
     except (HFFolderError, TokenizerError, ValueError) as e:
         return _fail(str(e).strip().splitlines()[0])
     note = f"; {done.note}" if done.note else ""
-    print(f"wrote {out}: {args.model} {args.flavor}, {done.tensors} tensors from {args.checkpoint}{note};"
-          f" start a run with --checkpoint.initial_load_path={out}")
+    print(
+        f"wrote {out}: {args.model} {args.flavor}, {done.tensors} tensors from {args.checkpoint}{note};"
+        f" start a run with --checkpoint.initial_load_path={out}"
+    )
     return 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", help="a checkpoint step folder (<dump_folder>/checkpoint/step-N) or a Hugging Face"
-                                       " model folder")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "checkpoint",
+        help="a checkpoint step folder (<dump_folder>/checkpoint/step-N) or a Hugging Face"
+        " model folder",
+    )
     ap.add_argument("out", help="the folder to create (must not exist)")
-    ap.add_argument("--model", default="", help="Hugging Face folder in: the model name (llama3, deepseek_v3)")
-    ap.add_argument("--flavor", default="", help="Hugging Face folder in: the flavor whose shapes the folder has")
-    ap.add_argument("--tokenizer_path", default="", help="tokenizer.json the model was trained with (default: bundled)")
-    ap.add_argument("--dtype", default="", choices=["", "float32", "bfloat16", "float16"],
-                    help="dtype of the written weights (default: the checkpoint's; float32 from a Hugging Face"
-                         " folder)")
-    ap.add_argument("--shard_gib", type=float, default=4.0, help="largest safetensors file, GiB (default 4)")
+    ap.add_argument(
+        "--model", default="", help="Hugging Face folder in: the model name (llama3, deepseek_v3)"
+    )
+    ap.add_argument(
+        "--flavor",
+        default="",
+        help="Hugging Face folder in: the flavor whose shapes the folder has",
+    )
+    ap.add_argument(
+        "--tokenizer_path",
+        default="",
+        help="tokenizer.json the model was trained with (default: bundled)",
+    )
+    ap.add_argument(
+        "--dtype",
+        default="",
+        choices=["", "float32", "bfloat16", "float16"],
+        help="dtype of the written weights (default: the checkpoint's; float32 from a Hugging Face"
+        " folder)",
+    )
+    ap.add_argument(
+        "--shard_gib", type=float, default=4.0, help="largest safetensors file, GiB (default 4)"
+    )
     args = ap.parse_args(argv)
 
     from torchtitan.checkpoint.files import DCP_METADATA
@@ -91,15 +124,24 @@ def main(argv=None) -> int:
     if is_hf_folder(args.checkpoint):
         return _import_hf(args)
     if not os.path.isfile(os.path.join(args.checkpoint, DCP_METADATA)):
-        return _fail(f"'{args.checkpoint}' holds no checkpoint ({DCP_METADATA} missing) and is no Hugging Face folder"
-                     " (config.json + safetensors); give a step-N folder or a Hugging Face model folder")
+        return _fail(
+            f"'{args.checkpoint}' holds no checkpoint ({DCP_METADATA} missing) and is no Hugging Face folder"
+            " (config.json + safetensors); give a step-N folder or a Hugging Face model folder"
+        )
     if args.model or args.flavor:
-        return _fail("--model/--flavor are for a Hugging Face folder in; a checkpoint's marker names its model")
+        return _fail(
+            "--model/--flavor are for a Hugging Face folder in; a checkpoint's marker names its model"
+        )
     from torchtitan.hf_convert import export_checkpoint
 
     try:
-        out = export_checkpoint(args.checkpoint, args.out, args.tokenizer_path, args.dtype,
-                                shard_bytes=int(args.shard_gib * 2**30))
+        out = export_checkpoint(
+            args.checkpoint,
+            args.out,
+            args.tokenizer_path,
+            args.dtype,
+            shard_bytes=int(args.shard_gib * 2**30),
+        )
     except ValueError as e:
         return _fail(str(e))
     print(f"wrote {out}: " + ", ".join(sorted(os.listdir(out))))

@@ -26,7 +26,9 @@ sys.path.insert(0, ROOT)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--config", default=os.path.join(ROOT, "train_configs", "llama3_debug.toml"))
     ap.add_argument("--flavor", default="debugmodel")
     ap.add_argument("--steps", type=int, default=12)
@@ -39,17 +41,27 @@ def main(argv=None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA device here; run it on a GPU machine (or --device cpu to check the wiring)",
-              file=sys.stderr)
+        print(
+            "error: no CUDA device here; run it on a GPU machine (or --device cpu to check the wiring)",
+            file=sys.stderr,
+        )
         return 2
     from torchtitan.checks import load_config_or_exit
     from torchtitan.train import Trainer
 
-    overrides = [f"--job.config_file={args.config}", f"--model.flavor={args.flavor}", f"--training.steps={args.steps}",
-                 f"--metrics.log_freq={args.log_freq}", f"--training.device={args.device}",
-                 "--training.mixed_precision_param=bfloat16", "--compile.enable=true",
-                 "--checkpoint.enable=false", "--metrics.enable_tensorboard=false", f"--job.dump_folder={args.dump}",
-                 *args.extra]
+    overrides = [
+        f"--job.config_file={args.config}",
+        f"--model.flavor={args.flavor}",
+        f"--training.steps={args.steps}",
+        f"--metrics.log_freq={args.log_freq}",
+        f"--training.device={args.device}",
+        "--training.mixed_precision_param=bfloat16",
+        "--compile.enable=true",
+        "--checkpoint.enable=false",
+        "--metrics.enable_tensorboard=false",
+        f"--job.dump_folder={args.dump}",
+        *args.extra,
+    ]
     if "RANK" not in os.environ:  # one process: a 1-rank job
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29573")
@@ -102,13 +114,21 @@ def _report(dump: str, checked: list[int], on_cuda: bool) -> None:
     for r in (r for r in records if "loss" in r):
         mfu = "n/a" if r.get("mfu") is None else f"{r['mfu']:.1%}"
         peak = r.get("memory_peak_allocated_gib")
-        print(f"gpu smoke: step {r['step']}: loss {r['loss']:.4f}, {r['tokens_per_sec_per_device']:,.0f} tokens/s"
-              f" per device, MFU {mfu}, step {r['step_time']:.3f}s"
-              + (f", peak allocated {peak:.2f} GiB" if peak is not None else ""), flush=True)
-    what = (f"steps {checked} ran without a host sync (sync debug mode 'error')" if on_cuda
-            else f"wiring only: steps {checked} would be checked on CUDA")
-    print(f"gpu smoke: ok: {what}; the predicted vs measured peak is the trainer's '[torchtitan] memory' line",
-          flush=True)
+        print(
+            f"gpu smoke: step {r['step']}: loss {r['loss']:.4f}, {r['tokens_per_sec_per_device']:,.0f} tokens/s"
+            f" per device, MFU {mfu}, step {r['step_time']:.3f}s"
+            + (f", peak allocated {peak:.2f} GiB" if peak is not None else ""),
+            flush=True,
+        )
+    what = (
+        f"steps {checked} ran without a host sync (sync debug mode 'error')"
+        if on_cuda
+        else f"wiring only: steps {checked} would be checked on CUDA"
+    )
+    print(
+        f"gpu smoke: ok: {what}; the predicted vs measured peak is the trainer's '[torchtitan] memory' line",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main() -> int:
     fp8 = "--fp8" in sys.argv
-    argv = [a for a in sys.argv[1:] if a != "--fp8"] + ["--job.dry_run=true"]  # the dry run's checks: no tokenizer file needed
+    argv = [a for a in sys.argv[1:] if a != "--fp8"] + [
+        "--job.dry_run=true"
+    ]  # the dry run's checks: no tokenizer file needed
     from torchtitan.checks import load_config_or_exit
     from torchtitan.models.hf.read_plan import folder_bytes, planned_bytes
     from torchtitan.training.build import build_parts, fake_world, model_on_meta
@@ -28,8 +30,10 @@ def main() -> int:
         meta = model_on_meta(cfg)
         total = folder_bytes(cfg.model.name, meta.args, 2, fp8)
         fmt = "fp8 (128 x 128 block scales)" if fp8 else "bfloat16"
-        print(f"{cfg.model.name} {cfg.model.flavor}, world {world}, mesh {dims.mesh_shape}, folder {fmt}:"
-              f" {total / 2**30:,.1f} GiB of weights")
+        print(
+            f"{cfg.model.name} {cfg.model.flavor}, world {world}, mesh {dims.mesh_shape}, folder {fmt}:"
+            f" {total / 2**30:,.1f} GiB of weights"
+        )
         print(f"{'pp rank':>8} {'GiB read per rank':>18} {'% of folder':>12}")
         for pp_rank in range(dims.pp):
             parts = build_parts(meta.spec, meta.model, dims, cfg, "cuda", pp_rank)

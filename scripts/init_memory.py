@@ -20,12 +20,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-
 def peak_rss_kib() -> int:
     """This process's peak resident set (VmHWM). Not ru_maxrss: Linux keeps that across
     execve, so a child of a large process (pytest) would start from its parent's peak."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
 
 def worker(args) -> None:
     import dataclasses
@@ -49,7 +49,9 @@ def worker(args) -> None:
     dims = ParallelDims.from_config(cfg, world)
     dims.build_mesh("cpu")
     flavor = flavors_of("llama3")[args.flavor]
-    flavor = dataclasses.replace(flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers)
+    flavor = dataclasses.replace(
+        flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers
+    )
     meta = model_on_meta(cfg, flavor)
     (model,) = build_parts(meta.spec, meta.model, dims, cfg, "cpu", dims.pp_rank()).modules
     model.to_empty(device="cpu")
@@ -67,12 +69,18 @@ def worker(args) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ngpu", type=int, default=8, help="CPU ranks (default 8)")
-    ap.add_argument("--flavor", default="1B", help="llama3 flavor with a fixed vocabulary (default 1B)")
+    ap.add_argument(
+        "--flavor", default="1B", help="llama3 flavor with a fixed vocabulary (default 1B)"
+    )
     ap.add_argument("--dim", type=int, default=0, help="override the flavor's model width")
     ap.add_argument("--layers", type=int, default=0, help="override the flavor's number of blocks")
-    ap.add_argument("--whole", action="store_true", help="draw every tensor whole (the former init)")
+    ap.add_argument(
+        "--whole", action="store_true", help="draw every tensor whole (the former init)"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -83,15 +91,29 @@ def main(argv=None) -> int:
 
     fixed = [f for f, a in flavors_of("llama3").items() if a.vocab_size]
     if args.flavor not in fixed:
-        print(f"error: --flavor={args.flavor!r}: pick a llama3 flavor with a fixed vocabulary: {', '.join(fixed)}",
-              file=sys.stderr)
+        print(
+            f"error: --flavor={args.flavor!r}: pick a llama3 flavor with a fixed vocabulary: {', '.join(fixed)}",
+            file=sys.stderr,
+        )
         return 2
     if args.ngpu < 1 or args.dim < 0 or args.layers < 0:
-        print("error: --ngpu must be >= 1, --dim and --layers >= 0 (0 = the flavor's)", file=sys.stderr)
+        print(
+            "error: --ngpu must be >= 1, --dim and --layers >= 0 (0 = the flavor's)",
+            file=sys.stderr,
+        )
         return 2
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ngpu}",
-           os.path.abspath(__file__), "--worker", f"--flavor={args.flavor}", f"--dim={args.dim}",
-           f"--layers={args.layers}"] + (["--whole"] if args.whole else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.ngpu}",
+        os.path.abspath(__file__),
+        "--worker",
+        f"--flavor={args.flavor}",
+        f"--dim={args.dim}",
+        f"--layers={args.layers}",
+    ] + (["--whole"] if args.whole else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -99,12 +121,20 @@ def main(argv=None) -> int:
         return 1
     rows = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("[")][-1])
     mib = 2**20
-    shape = f" (dim {args.dim or 'as flavor'}, {args.layers or 'all'} blocks)" if args.dim or args.layers else ""
-    print(f"llama3 {args.flavor}{shape}, FSDP over {args.ngpu} CPU ranks, init {'whole tensors' if args.whole else 'in row blocks'}"
-          f" (largest tensor {rows[0][3] / mib:,.0f} MiB)")
+    shape = (
+        f" (dim {args.dim or 'as flavor'}, {args.layers or 'all'} blocks)"
+        if args.dim or args.layers
+        else ""
+    )
+    print(
+        f"llama3 {args.flavor}{shape}, FSDP over {args.ngpu} CPU ranks, init {'whole tensors' if args.whole else 'in row blocks'}"
+        f" (largest tensor {rows[0][3] / mib:,.0f} MiB)"
+    )
     print(f"{'rank':>4} {'shards MiB':>11} {'peak growth MiB':>16} {'growth - shards':>16}")
     for rank, shard, grown, _ in rows:
-        print(f"{rank:>4} {shard / mib:>11,.0f} {grown / mib:>16,.0f} {(grown - shard) / mib:>16,.0f}")
+        print(
+            f"{rank:>4} {shard / mib:>11,.0f} {grown / mib:>16,.0f} {(grown - shard) / mib:>16,.0f}"
+        )
     return 0
 
 

@@ -35,7 +35,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANKS = 4
 STEPS = 8
 WITHIN = 0.10
-BASE = ["--training.device=cpu", "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false"]
+BASE = [
+    "--training.device=cpu",
+    "--training.mixed_precision_param=float32",
+    "--metrics.enable_tensorboard=false",
+]
 
 
 def _settings(overrides: list[str]) -> tuple[tuple[str, str], ...]:
@@ -43,8 +47,12 @@ def _settings(overrides: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--candidates", type=int, default=8, help="layouts the search simulates in full")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--candidates", type=int, default=8, help="layouts the search simulates in full"
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="")
     ap.add_argument("--keep-profile", action="store_true", help="use the cached local profile")
@@ -62,10 +70,23 @@ def main(argv=None) -> int:
     search = Job("llama_layout_search", RANKS, "llama3", ())
     dump = os.path.join(out, "search")
     start = time.monotonic()
-    rc, log = launcher.run(search, [*BASE, "--job.dry_run=true", "--planning.fit=layout", "--hardware.profile=local",
-                                    f"--planning.layout_candidates={args.candidates}", f"--job.dump_folder={dump}"],
-                           os.path.join(dump, "logs"), dry_run=True)
-    print(log if rc else "\n".join(line for line in log.splitlines() if "Warning" not in line), flush=True)
+    rc, log = launcher.run(
+        search,
+        [
+            *BASE,
+            "--job.dry_run=true",
+            "--planning.fit=layout",
+            "--hardware.profile=local",
+            f"--planning.layout_candidates={args.candidates}",
+            f"--job.dump_folder={dump}",
+        ],
+        os.path.join(dump, "logs"),
+        dry_run=True,
+    )
+    print(
+        log if rc else "\n".join(line for line in log.splitlines() if "Warning" not in line),
+        flush=True,
+    )
     if rc != 0:
         print(f"error: the layout search exited {rc}", file=sys.stderr)
         return 1
@@ -79,8 +100,13 @@ def main(argv=None) -> int:
         for i, cand in enumerate(ranked):
             job = Job(f"llama_pick_{i + 1}", RANKS, "llama3", _settings(cand["overrides"]))
             run_dump = os.path.join(out, f"pick{i + 1}", f"round{rnd}")
-            flags = [*BASE, *cand["overrides"], f"--training.steps={STEPS}", "--metrics.log_freq=1",
-                     f"--job.dump_folder={run_dump}"]
+            flags = [
+                *BASE,
+                *cand["overrides"],
+                f"--training.steps={STEPS}",
+                "--metrics.log_freq=1",
+                f"--job.dump_folder={run_dump}",
+            ]
             rc, log = launcher.run(job, flags, os.path.join(run_dump, "logs"), dry_run=False)
             if rc != 0:
                 print(f"#{i + 1} round {rnd} FAILED (exit {rc}):\n{log}", flush=True)
@@ -99,14 +125,20 @@ def main(argv=None) -> int:
         return 1
     fastest = max(r[2] for r in rows)
     order = sorted(rows, key=lambda r: -r[2])
-    print(f"\n{'#':>3}  {'predicted tok/s/dev':>19}  {'measured tok/s/dev':>18}  {'measured #':>10}  {'vs fastest':>10}  layout")
+    print(
+        f"\n{'#':>3}  {'predicted tok/s/dev':>19}  {'measured tok/s/dev':>18}  {'measured #':>10}  {'vs fastest':>10}  layout"
+    )
     for rank, cand, tps, _ in rows:
-        print(f"{rank:>3}  {cand['tokens_per_second_per_device']:>19,.0f}  {tps:>18,.0f}  {order.index((rank, cand, tps, _)) + 1:>10}"
-              f"  {100 * (tps - fastest) / fastest:>+9.1f}%  {cand['layout']}")
+        print(
+            f"{rank:>3}  {cand['tokens_per_second_per_device']:>19,.0f}  {tps:>18,.0f}  {order.index((rank, cand, tps, _)) + 1:>10}"
+            f"  {100 * (tps - fastest) / fastest:>+9.1f}%  {cand['layout']}"
+        )
     first = rows[0]
     ok = first[0] == 1 and first[2] >= (1 - WITHIN) * fastest
-    print(f"\nthe search's first pick measured {100 * (first[2] - fastest) / fastest:+.1f}% vs the fastest listed"
-          f" ({'within' if ok else 'NOT within'} {100 * WITHIN:.0f}%)")
+    print(
+        f"\nthe search's first pick measured {100 * (first[2] - fastest) / fastest:+.1f}% vs the fastest listed"
+        f" ({'within' if ok else 'NOT within'} {100 * WITHIN:.0f}%)"
+    )
     return 0 if ok else 1
 
 
@@ -115,7 +147,9 @@ def _seq_len(dump: str) -> int:
     sys.path.insert(0, ROOT)
     from torchtitan.checks import load_config
 
-    cfg, _ = load_config(["--job.config_file=" + os.path.join(ROOT, "train_configs/llama3_debug.toml"), *BASE], RANKS)
+    cfg, _ = load_config(
+        ["--job.config_file=" + os.path.join(ROOT, "train_configs/llama3_debug.toml"), *BASE], RANKS
+    )
     return cfg.training.seq_len
 
 

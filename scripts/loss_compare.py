@@ -31,7 +31,9 @@ def read_losses(path: str) -> dict[int, float]:
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"metrics file '{path}' not found; pass a metrics.jsonl, a dump folder or a .toml config")
+        raise FileNotFoundError(
+            f"metrics file '{path}' not found; pass a metrics.jsonl, a dump folder or a .toml config"
+        )
     losses = {}
     with open(path) as f:
         for line in f:
@@ -50,15 +52,21 @@ def train(config: str, ngpu: int, overrides: list[str], dump: str) -> str:
     result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-        raise RuntimeError(f"training {config} (NGPU={ngpu}) failed with exit code {result.returncode}:\n{tail}")
+        raise RuntimeError(
+            f"training {config} (NGPU={ngpu}) failed with exit code {result.returncode}:\n{tail}"
+        )
     return dump
 
 
-def side(source: str, name: str, ngpu: int, overrides: list[str], work_dir: str) -> dict[int, float]:
+def side(
+    source: str, name: str, ngpu: int, overrides: list[str], work_dir: str
+) -> dict[int, float]:
     if source.endswith(".toml"):
         if not os.path.isfile(source):
             raise FileNotFoundError(f"config '{source}' not found")
-        return read_losses(train(os.path.abspath(source), ngpu, overrides, os.path.join(work_dir, name)))
+        return read_losses(
+            train(os.path.abspath(source), ngpu, overrides, os.path.join(work_dir, name))
+        )
     return read_losses(source)
 
 
@@ -85,7 +93,9 @@ def plot(a: dict[int, float], b: dict[int, float], labels: list[str], out: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
     for losses, label, style in ((a, labels[0], "-"), (b, labels[1], "--")):
         steps = sorted(losses)
         top.plot(steps, [losses[s] for s in steps], style, label=label)
@@ -102,7 +112,9 @@ def plot(a: dict[int, float], b: dict[int, float], labels: list[str], out: str) 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("a", help="metrics.jsonl, dump folder or .toml config")
     ap.add_argument("b", help="metrics.jsonl, dump folder or .toml config")
     ap.add_argument("--ngpu", type=int, default=1, help="ranks for a config side (default 1)")
@@ -113,9 +125,20 @@ def main(argv=None) -> int:
     ap.add_argument("--args-b", default="", help="extra overrides for side b")
     ap.add_argument("--work-dir", help="where config sides train (default: a new temporary folder)")
     ap.add_argument("--labels", help="two comma-separated names for the table and plot")
-    ap.add_argument("--assert-equal", action="store_true", help="exit 1 unless the losses are equal (see --rtol)")
-    ap.add_argument("--rtol", type=float, default=0.0, help="relative tolerance for --assert-equal (default 0: bitwise)")
-    ap.add_argument("--steps", help="compare only steps FIRST:LAST (inclusive), e.g. 6:10 for a resumed run")
+    ap.add_argument(
+        "--assert-equal",
+        action="store_true",
+        help="exit 1 unless the losses are equal (see --rtol)",
+    )
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=0.0,
+        help="relative tolerance for --assert-equal (default 0: bitwise)",
+    )
+    ap.add_argument(
+        "--steps", help="compare only steps FIRST:LAST (inclusive), e.g. 6:10 for a resumed run"
+    )
     ap.add_argument("--png", help="write the two curves and their difference to this PNG")
     args = ap.parse_args(argv)
 
@@ -156,9 +179,15 @@ def main(argv=None) -> int:
             return 1
         if problems:
             what = "bitwise" if args.rtol == 0 else f"within rtol {args.rtol}"
-            print(f"FAIL: losses not equal {what}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+            print(
+                f"FAIL: losses not equal {what}: {problems[0]}"
+                + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+            )
             return 1
-        print(f"OK: {len(rows)} steps equal" + (" bitwise" if args.rtol == 0 else f" within rtol {args.rtol}"))
+        print(
+            f"OK: {len(rows)} steps equal"
+            + (" bitwise" if args.rtol == 0 else f" within rtol {args.rtol}")
+        )
     return 0
 
 

@@ -35,7 +35,9 @@ def stdlib_text() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--mb", type=float, default=150)
     ap.add_argument("--vocab-size", type=int, default=32768)
@@ -54,7 +56,9 @@ def main() -> None:
                 f.write(line)
                 size, n = size + len(line), n + 1
         os.replace(corpus + ".tmp", corpus)
-        print(f"wrote {corpus}: {n:,} documents, {size / 1e6:.1f} MB, {time.perf_counter() - start:.1f}s")
+        print(
+            f"wrote {corpus}: {n:,} documents, {size / 1e6:.1f} MB, {time.perf_counter() - start:.1f}s"
+        )
     tok_path = os.path.join(args.out, "tokenizer.json")
     if not os.path.exists(tok_path):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -63,13 +67,21 @@ def main() -> None:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=args.vocab_size, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator((text[i : i + 100_000] for i in range(0, min(len(text), 40_000_000), 100_000)),
-                                trainer=trainer)
+        trainer = trainers.BpeTrainer(
+            vocab_size=args.vocab_size,
+            special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(
+            (text[i : i + 100_000] for i in range(0, min(len(text), 40_000_000), 100_000)),
+            trainer=trainer,
+        )
         tok.save(tok_path)
-        print(f"wrote {tok_path}: vocabulary {tok.get_vocab_size():,}, trained on"
-              f" {min(len(text), 40_000_000) / 1e6:.0f} MB in {time.perf_counter() - start:.1f}s")
+        print(
+            f"wrote {tok_path}: vocabulary {tok.get_vocab_size():,}, trained on"
+            f" {min(len(text), 40_000_000) / 1e6:.0f} MB in {time.perf_counter() - start:.1f}s"
+        )
 
 
 if __name__ == "__main__":

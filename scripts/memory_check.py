@@ -78,15 +78,28 @@ MIB = 2**20
 
 MOE_MODELS = {"deepseek_v3", "qwen3_moe"}  # a worst-routing bound beside the balanced prediction
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memory_check_matrix import (  # noqa: E402  (the matrix: its own module)
-    CONFIGS, MODEL_OF_PREFIX, BASE, DEFAULTS, KEYS, AC_PRESETS, MATRIX, REQUIRED_TAGS,
-    Job, parse_settings, parse_matrix, Shape, shape, tags,
+from memory_check_matrix import (  # noqa: E402, F401  (the matrix: its own module, re-exported here)
+    AC_PRESETS,
+    BASE,
+    CONFIGS,
+    DEFAULTS,
+    KEYS,
+    MATRIX,
+    MODEL_OF_PREFIX,
+    REQUIRED_TAGS,
+    Job,
+    Shape,
+    parse_matrix,
+    parse_settings,
+    shape,
+    tags,
 )
 
 MEASURE = "--metrics.cpu_memory_peak=true"
 DRY_RUN = "--job.dry_run=true"
 FIRST_MEASURED_STEP = 2  # step 1 builds lazily
 WITHIN = 0.10  # the summary counts roles whose |error| is at most this
+
 
 class CheckError(Exception):
     """A job's outputs cannot be read as this check needs them; the text says what and where."""
@@ -105,16 +118,24 @@ class Role:
     breakdown: dict[str, int] = field(default_factory=dict)
 
 
-ROLE_FIELDS = {"role": str, "ranks": list, "predicted_peak_bytes": int, "worst_case_peak_bytes": int,
-               "peak_at": str, "breakdown": dict}
+ROLE_FIELDS = {
+    "role": str,
+    "ranks": list,
+    "predicted_peak_bytes": int,
+    "worst_case_peak_bytes": int,
+    "peak_at": str,
+    "breakdown": dict,
+}
 
 
 def parse_roles(plan: dict, world: int, where: str = "plan.json") -> list[Role]:
     """plan.json's memory_per_rank_role records; every rank 0..world-1 in exactly one."""
     records = plan.get("memory_per_rank_role")
     if records is None:
-        raise CheckError(f"{where} has no 'memory_per_rank_role' (keys: {', '.join(sorted(plan)) or 'none'}):"
-                         " this checkout's dry run predates the per-role memory prediction")
+        raise CheckError(
+            f"{where} has no 'memory_per_rank_role' (keys: {', '.join(sorted(plan)) or 'none'}):"
+            " this checkout's dry run predates the per-role memory prediction"
+        )
     if not isinstance(records, list) or not records:
         raise CheckError(f"{where}: 'memory_per_rank_role' must be a non-empty list of records")
     roles, owner = [], {}
@@ -125,20 +146,35 @@ def parse_roles(plan: dict, world: int, where: str = "plan.json") -> list[Role]:
         for key, kind in ROLE_FIELDS.items():
             value = rec.get(key)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise CheckError(f"{label} ({rec.get('role', '?')}): '{key}' missing or not {kind.__name__}")
+                raise CheckError(
+                    f"{label} ({rec.get('role', '?')}): '{key}' missing or not {kind.__name__}"
+                )
         for r in rec["ranks"]:
             if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world:
-                raise CheckError(f"{label} ({rec['role']}): rank {r!r} outside 0..{world - 1} (world {world})")
+                raise CheckError(
+                    f"{label} ({rec['role']}): rank {r!r} outside 0..{world - 1} (world {world})"
+                )
             if r in owner:
-                raise CheckError(f"{where}: rank {r} is in two role records, '{owner[r]}' and '{rec['role']}'")
+                raise CheckError(
+                    f"{where}: rank {r} is in two role records, '{owner[r]}' and '{rec['role']}'"
+                )
             owner[r] = rec["role"]
-        roles.append(Role(rec["role"], sorted(rec["ranks"]), rec["predicted_peak_bytes"],
-                          rec["worst_case_peak_bytes"], rec["peak_at"],
-                          {str(k): int(v) for k, v in rec["breakdown"].items()}))
+        roles.append(
+            Role(
+                rec["role"],
+                sorted(rec["ranks"]),
+                rec["predicted_peak_bytes"],
+                rec["worst_case_peak_bytes"],
+                rec["peak_at"],
+                {str(k): int(v) for k, v in rec["breakdown"].items()},
+            )
+        )
     missing = [r for r in range(world) if r not in owner]
     if missing:
-        raise CheckError(f"{where}: rank(s) {', '.join(map(str, missing))} in no memory_per_rank_role record"
-                         f" (world {world})")
+        raise CheckError(
+            f"{where}: rank(s) {', '.join(map(str, missing))} in no memory_per_rank_role record"
+            f" (world {world})"
+        )
     return roles
 
 
@@ -173,18 +209,24 @@ def rank_peak(path: str, first_step: int = FIRST_MEASURED_STEP) -> int:
         with open(path) as f:
             lines = [ln for ln in f if ln.strip()]
     except FileNotFoundError:
-        raise CheckError(f"{path} was not written (was --metrics.cpu_memory_peak honoured?)") from None
+        raise CheckError(
+            f"{path} was not written (was --metrics.cpu_memory_peak honoured?)"
+        ) from None
     peaks = []
     for n, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
             step, peak = int(rec["step"]), int(rec["peak_allocated_bytes"])
         except (ValueError, KeyError, TypeError) as e:
-            raise CheckError(f"{path} line {n}: not a {{step, peak_allocated_bytes}} record ({e})") from None
+            raise CheckError(
+                f"{path} line {n}: not a {{step, peak_allocated_bytes}} record ({e})"
+            ) from None
         if step >= first_step:
             peaks.append(peak)
     if not peaks:
-        raise CheckError(f"{path}: no step >= {first_step} (the first step builds lazily and is not counted)")
+        raise CheckError(
+            f"{path}: no step >= {first_step} (the first step builds lazily and is not counted)"
+        )
     return max(peaks)
 
 
@@ -196,8 +238,11 @@ def busiest_expert(metrics_path: str, first_step: int = FIRST_MEASURED_STEP) -> 
             records = [json.loads(ln) for ln in f if ln.strip()]
     except (OSError, ValueError):
         return None
-    loads = [r["expert_load_max"] for r in records
-             if isinstance(r.get("expert_load_max"), (int, float)) and r.get("step", 0) >= first_step]
+    loads = [
+        r["expert_load_max"]
+        for r in records
+        if isinstance(r.get("expert_load_max"), (int, float)) and r.get("step", 0) >= first_step
+    ]
     return max(loads) if loads else None
 
 
@@ -251,12 +296,24 @@ def rank_rows(job: str, runs: list[list[int]], roles: list[Role] | None) -> list
         values = [run[r] for run in runs]
         med = statistics.median(values)
         role = role_of.get(r)
-        rows.append(RankRow(job, r, role.role if role else "?", values, med, max(values) - min(values),
-                            role.predicted if role else None, rel_error(role.predicted, med) if role else None))
+        rows.append(
+            RankRow(
+                job,
+                r,
+                role.role if role else "?",
+                values,
+                med,
+                max(values) - min(values),
+                role.predicted if role else None,
+                rel_error(role.predicted, med) if role else None,
+            )
+        )
     return rows
 
 
-def role_rows(job: str, ranks: list[RankRow], roles: list[Role], moe: bool = False) -> list[RoleRow]:
+def role_rows(
+    job: str, ranks: list[RankRow], roles: list[Role], moe: bool = False
+) -> list[RoleRow]:
     """A role's measured peak is the max over its ranks of their medians; with experts (moe)
     a measured peak above the worst-routing bound is flagged where there is such a bound (the
     worst case above the balanced figure: expert parallelism, whose routing moves tokens
@@ -265,9 +322,21 @@ def role_rows(job: str, ranks: list[RankRow], roles: list[Role], moe: bool = Fal
     for role in roles:
         mine = [ranks[r] for r in role.ranks]
         measured = max(row.measured for row in mine)
-        out.append(RoleRow(job, role.role, role.ranks, role.predicted, role.worst_case, measured,
-                           max(row.spread for row in mine), rel_error(role.predicted, measured), role.peak_at,
-                           role.breakdown, above_worst_case=moe and role.predicted < role.worst_case < measured))
+        out.append(
+            RoleRow(
+                job,
+                role.role,
+                role.ranks,
+                role.predicted,
+                role.worst_case,
+                measured,
+                max(row.spread for row in mine),
+                rel_error(role.predicted, measured),
+                role.peak_at,
+                role.breakdown,
+                above_worst_case=moe and role.predicted < role.worst_case < measured,
+            )
+        )
     return out
 
 
@@ -292,9 +361,11 @@ def summary_line(s: dict) -> str:
     if not s["roles"]:
         text = "summary: no role compared"
     else:
-        text = (f"summary: worst |error| {100 * s['worst_abs_error']:.1f}% ({s['worst_role']}),"
-                f" median |error| {100 * s['median_abs_error']:.1f}% over {s['roles']} roles,"
-                f" {s['roles_within']}/{s['roles']} roles within +/-{100 * s['within']:.0f}%")
+        text = (
+            f"summary: worst |error| {100 * s['worst_abs_error']:.1f}% ({s['worst_role']}),"
+            f" median |error| {100 * s['median_abs_error']:.1f}% over {s['roles']} roles,"
+            f" {s['roles_within']}/{s['roles']} roles within +/-{100 * s['within']:.0f}%"
+        )
     text += f"; {s['jobs'] - len(s['failed'])}/{s['jobs']} jobs ok"
     if s["failed"]:
         text += f", {len(s['failed'])} failed: {', '.join(s['failed'])}"
@@ -325,22 +396,32 @@ def ranks_text(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-HEADER = (f"{'job':44s} {'rank':>4s} {'role':18s} {'predicted':>10s} {'worst':>10s} {'measured':>10s}"
-          f" {'error':>8s} {'spread':>7s}")
+HEADER = (
+    f"{'job':44s} {'rank':>4s} {'role':18s} {'predicted':>10s} {'worst':>10s} {'measured':>10s}"
+    f" {'error':>8s} {'spread':>7s}"
+)
 
 
 def rank_line(job: Job, row: RankRow, worst: int | None) -> str:
     wc = mib(worst) if job.model in MOE_MODELS else "-"
-    return (f"{job.name:44s} {row.rank:>4d} {row.role[:18]:18s} {mib(row.predicted):>10s} {wc:>10s}"
-            f" {mib(row.measured):>10s} {pct(row.error):>8s} {mib(row.spread):>7s}")
+    return (
+        f"{job.name:44s} {row.rank:>4d} {row.role[:18]:18s} {mib(row.predicted):>10s} {wc:>10s}"
+        f" {mib(row.measured):>10s} {pct(row.error):>8s} {mib(row.spread):>7s}"
+    )
 
 
 def role_line(job: Job, row: RoleRow, breakdown: bool = False) -> str:
-    text = (f"  role {row.role} (ranks {ranks_text(row.ranks)}): predicted {mib(row.predicted)} MiB"
-            + (f" (worst case {mib(row.worst_case)})" if job.model in MOE_MODELS else "")
-            + f" vs measured {mib(row.measured)} MiB: error {pct(row.error)}"
-            + (f" ({(row.predicted - row.measured) / 2**10:+,.1f} KiB)" if row.predicted is not None else "")
-            + f", spread {mib(row.spread)} MiB")
+    text = (
+        f"  role {row.role} (ranks {ranks_text(row.ranks)}): predicted {mib(row.predicted)} MiB"
+        + (f" (worst case {mib(row.worst_case)})" if job.model in MOE_MODELS else "")
+        + f" vs measured {mib(row.measured)} MiB: error {pct(row.error)}"
+        + (
+            f" ({(row.predicted - row.measured) / 2**10:+,.1f} KiB)"
+            if row.predicted is not None
+            else ""
+        )
+        + f", spread {mib(row.spread)} MiB"
+    )
     if row.peak_at:
         text += f", predicted peak at {row.peak_at}"
     if row.above_worst_case:
@@ -366,7 +447,9 @@ def rank_log_tails(log_dir: str, n: int = 8) -> str:
             with open(os.path.join(root, name), errors="replace") as f:
                 text = f.read()
             if text.strip():
-                out.append(f"  --- {os.path.relpath(os.path.join(root, name), log_dir)}:\n{tail_lines(text, n)}")
+                out.append(
+                    f"  --- {os.path.relpath(os.path.join(root, name), log_dir)}:\n{tail_lines(text, n)}"
+                )
     return "\n".join(out)
 
 
@@ -393,8 +476,14 @@ class Launcher:
         else:
             if not dry_run:
                 env["TORCHRUN_LOG_DIR"] = log_dir
-            proc = subprocess.Popen([RUN_TRAIN, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                [RUN_TRAIN, *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
             try:
                 out, _ = proc.communicate(timeout=self.timeout)
                 rc = proc.returncode
@@ -432,8 +521,12 @@ class JobResult:
 def predict(job: Job, launcher: Launcher, out: str) -> tuple[list[Role] | None, dict, str, int]:
     """The dry run: (roles or None, plan, error text, exit code)."""
     dump = os.path.join(out, job.name, "dry_run")
-    rc, log = launcher.run(job, [*job.overrides(), DRY_RUN, f"--job.dump_folder={dump}"], os.path.join(dump, "logs"),
-                           dry_run=True)
+    rc, log = launcher.run(
+        job,
+        [*job.overrides(), DRY_RUN, f"--job.dump_folder={dump}"],
+        os.path.join(dump, "logs"),
+        dry_run=True,
+    )
     if rc != 0:
         return None, {}, f"dry run exit {rc}:\n{log}", rc
     try:
@@ -446,8 +539,12 @@ def predict(job: Job, launcher: Launcher, out: str) -> tuple[list[Role] | None, 
 def measure(job: Job, launcher: Launcher, out: str, run: int) -> tuple[list[int] | None, dict, str]:
     """One real run: (peak per rank or None, its plan.json or {}, error text)."""
     dump = os.path.join(out, job.name, f"run{run}")
-    rc, log = launcher.run(job, [*job.overrides(), MEASURE, f"--job.dump_folder={dump}"], os.path.join(dump, "logs"),
-                           dry_run=False)
+    rc, log = launcher.run(
+        job,
+        [*job.overrides(), MEASURE, f"--job.dump_folder={dump}"],
+        os.path.join(dump, "logs"),
+        dry_run=False,
+    )
     if rc != 0:
         return None, {}, f"run {run} exit {rc}:\n{log}"
     try:
@@ -464,7 +561,9 @@ def measure(job: Job, launcher: Launcher, out: str, run: int) -> tuple[list[int]
 def check_job(job: Job, launcher: Launcher, out: str, runs: int, predict_only: bool) -> JobResult:
     res = JobResult(job.name, job.ngpu, job.model, job.overrides())
     start = time.monotonic()
-    shutil.rmtree(os.path.join(out, job.name), ignore_errors=True)  # fresh dump folders (rank files append)
+    shutil.rmtree(
+        os.path.join(out, job.name), ignore_errors=True
+    )  # fresh dump folders (rank files append)
     roles, dry_plan, err, rc = predict(job, launcher, out)
     if err:
         res.errors.append(err)
@@ -508,9 +607,11 @@ def print_result(job: Job, res: JobResult, breakdown: bool = False) -> None:
     elif res.predicted_roles:  # predictions only
         for role in res.predicted_roles:
             wc = f" (worst case {mib(role.worst_case)})" if job.model in MOE_MODELS else ""
-            print(f"{job.name:44s} role {role.role} (ranks {ranks_text(role.ranks)}): predicted"
-                  f" {mib(role.predicted)} MiB{wc} at {role.peak_at}; "
-                  + breakdown_text(role.breakdown))
+            print(
+                f"{job.name:44s} role {role.role} (ranks {ranks_text(role.ranks)}): predicted"
+                f" {mib(role.predicted)} MiB{wc} at {role.peak_at}; "
+                + breakdown_text(role.breakdown)
+            )
     for note in res.notes:
         print(f"  note: {note}")
     if res.errors:
@@ -520,8 +621,10 @@ def print_result(job: Job, res: JobResult, breakdown: bool = False) -> None:
     else:
         routing = ""
         if res.busiest_expert:
-            routing = (f"; routing: busiest expert {statistics.median(res.busiest_expert):.2f}x the mean load"
-                       " (steps >= 2, median of the runs)")
+            routing = (
+                f"; routing: busiest expert {statistics.median(res.busiest_expert):.2f}x the mean load"
+                " (steps >= 2, median of the runs)"
+            )
         print(f"  ({job.name}: {res.wall_s:.0f}s{routing})")
     sys.stdout.flush()
 
@@ -531,20 +634,35 @@ def results_from_json(data: dict) -> list[tuple[Job, JobResult]]:
     out = []
     for j in data["jobs"]:
         job = Job(j["name"], j["ngpu"], j["model"], ())
-        res = JobResult(j["name"], j["ngpu"], j["model"], j["overrides"], j["ok"], j["errors"], j["wall_s"],
-                        [RankRow(**r) for r in j["ranks"]], [], [Role(**r) for r in j["predicted_roles"]], j["notes"],
-                        j.get("busiest_expert", []))
+        res = JobResult(
+            j["name"],
+            j["ngpu"],
+            j["model"],
+            j["overrides"],
+            j["ok"],
+            j["errors"],
+            j["wall_s"],
+            [RankRow(**r) for r in j["ranks"]],
+            [],
+            [Role(**r) for r in j["predicted_roles"]],
+            j["notes"],
+            j.get("busiest_expert", []),
+        )
         if res.ranks and res.predicted_roles:
-            res.roles = role_rows(job.name, res.ranks, res.predicted_roles, moe=job.model in MOE_MODELS)
+            res.roles = role_rows(
+                job.name, res.ranks, res.predicted_roles, moe=job.model in MOE_MODELS
+            )
         out.append((job, res))
     return out
 
 
 def print_header(n_jobs: int, runs: int, launcher: str, where: str) -> None:
     print(f"{n_jobs} jobs, {runs} run(s) each, launcher {launcher}, {where}")
-    print("sizes in MiB. predicted: the dry run's peak of the rank's role; worst: MoE worst-routing bound (printed,"
-          " not compared); measured: median over the runs of max over steps >= 2; error = (predicted - measured) /"
-          " measured; spread = max - min over the runs. Role lines: measured = max over the role's ranks.")
+    print(
+        "sizes in MiB. predicted: the dry run's peak of the rank's role; worst: MoE worst-routing bound (printed,"
+        " not compared); measured: median over the runs of max over steps >= 2; error = (predicted - measured) /"
+        " measured; spread = max - min over the runs. Role lines: measured = max over the role's ranks."
+    )
     print(HEADER, flush=True)
 
 
@@ -564,21 +682,46 @@ def report(path: str, breakdown: bool) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--filter", default="", help="only jobs whose name contains this")
-    ap.add_argument("--runs", type=int, default=3, help="real runs per job (median per rank; default 3)")
-    ap.add_argument("--json", default="", help="write every row (ranks, roles, failures, summary) to this file")
-    ap.add_argument("--launcher", choices=("fast", "torchrun"), default="fast",
-                    help="fast: ranks forked from one preloaded process (default); torchrun: run_train.sh")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take (default 600)")
-    ap.add_argument("--out", default="",
-                    help="folder for the runs' dump folders, <out>/<job>/{dry_run,run1,...}, each job's replaced"
-                         " (default: a new temporary folder)")
-    ap.add_argument("--list", action="store_true", help="print the matrix (overrides expanded) and exit")
-    ap.add_argument("--predict-only", action="store_true", help="dry runs only: print the predictions")
-    ap.add_argument("--breakdown", action="store_true", help="print each role's predicted bytes by category")
-    ap.add_argument("--from-json", default="", metavar="FILE",
-                    help="print the table and summary of an earlier --json file (no runs)")
+    ap.add_argument(
+        "--runs", type=int, default=3, help="real runs per job (median per rank; default 3)"
+    )
+    ap.add_argument(
+        "--json", default="", help="write every row (ranks, roles, failures, summary) to this file"
+    )
+    ap.add_argument(
+        "--launcher",
+        choices=("fast", "torchrun"),
+        default="fast",
+        help="fast: ranks forked from one preloaded process (default); torchrun: run_train.sh",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one run may take (default 600)"
+    )
+    ap.add_argument(
+        "--out",
+        default="",
+        help="folder for the runs' dump folders, <out>/<job>/{dry_run,run1,...}, each job's replaced"
+        " (default: a new temporary folder)",
+    )
+    ap.add_argument(
+        "--list", action="store_true", help="print the matrix (overrides expanded) and exit"
+    )
+    ap.add_argument(
+        "--predict-only", action="store_true", help="dry runs only: print the predictions"
+    )
+    ap.add_argument(
+        "--breakdown", action="store_true", help="print each role's predicted bytes by category"
+    )
+    ap.add_argument(
+        "--from-json",
+        default="",
+        metavar="FILE",
+        help="print the table and summary of an earlier --json file (no runs)",
+    )
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
@@ -590,7 +733,9 @@ def main(argv=None) -> int:
         return 2
     if args.list:
         for j in jobs:
-            print(f"{j.name:44s} {j.ngpu}  CONFIG_FILE={CONFIGS[j.model]}  {shlex.join(j.overrides())}")
+            print(
+                f"{j.name:44s} {j.ngpu}  CONFIG_FILE={CONFIGS[j.model]}  {shlex.join(j.overrides())}"
+            )
         return 0
     out = args.out or tempfile.mkdtemp(prefix="memory_check_")
     launcher = Launcher(args.launcher, args.timeout)
@@ -606,8 +751,16 @@ def main(argv=None) -> int:
     print(summary_line(summary) + f"  ({summary['wall_s']:.0f}s)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"runs_per_job": args.runs, "launcher": args.launcher, "jobs": [asdict(r) for r in results],
-                       "summary": summary}, f, indent=1)
+            json.dump(
+                {
+                    "runs_per_job": args.runs,
+                    "launcher": args.launcher,
+                    "jobs": [asdict(r) for r in results],
+                    "summary": summary,
+                },
+                f,
+                indent=1,
+            )
     return 1 if failed else 0
 
 

@@ -9,16 +9,25 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CONFIGS = {"llama3": "train_configs/llama3_debug.toml", "deepseek_v3": "train_configs/deepseek_v3_debug.toml",
-           "qwen3": "train_configs/qwen3_debug.toml", "qwen3_moe": "train_configs/qwen3_moe_debug.toml"}
+CONFIGS = {
+    "llama3": "train_configs/llama3_debug.toml",
+    "deepseek_v3": "train_configs/deepseek_v3_debug.toml",
+    "qwen3": "train_configs/qwen3_debug.toml",
+    "qwen3_moe": "train_configs/qwen3_moe_debug.toml",
+}
 MODEL_OF_PREFIX = {"llama": "llama3", "ds": "deepseek_v3", "qwen": "qwen3", "qmoe": "qwen3_moe"}
 # Every run of every job (dry and real): CPU, 3 steps, seq 128, no TensorBoard, and no memory
 # budget: the reshard plan then cannot depend on the memory free on this shared machine at
 # the time, and the trainer's start-up prediction (the dry run's simulation again, in a child
 # of rank 0, as long as the run itself) is skipped; the budget changes nothing predicted.
 # fp32 parameters and local batch 2 unless the job says otherwise.
-BASE = ("--training.device=cpu", "--training.steps=3", "--training.seq_len=128", "--metrics.enable_tensorboard=false",
-        "--planning.memory_budget_gib=none")
+BASE = (
+    "--training.device=cpu",
+    "--training.steps=3",
+    "--training.seq_len=128",
+    "--metrics.enable_tensorboard=false",
+    "--planning.memory_budget_gib=none",
+)
 DEFAULTS = {"training.mixed_precision_param": "float32", "training.local_batch_size": "2"}
 # Short names of the config keys the matrix sets (a full key `section.key=value` works too).
 KEYS = {
@@ -40,12 +49,24 @@ KEYS = {
     "fsdp_ac": "activation_checkpoint.fsdp_ac_policy",
 }
 # ckpt=async: a checkpoint every step, saved asynchronously (its staged copy is memory)
-CKPT_PRESETS = {"async": {"checkpoint.enable": "true", "checkpoint.interval": "1", "checkpoint.async_mode": "async"}}
+CKPT_PRESETS = {
+    "async": {
+        "checkpoint.enable": "true",
+        "checkpoint.interval": "1",
+        "checkpoint.async_mode": "async",
+    }
+}
 # ac=<preset>: the activation-checkpointing modes by their usual names
 AC_PRESETS = {
     "none": {"activation_checkpoint.mode": "none"},
-    "op": {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "op"},
-    "layer": {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "2"},
+    "op": {
+        "activation_checkpoint.mode": "selective",
+        "activation_checkpoint.selective_ac_option": "op",
+    },
+    "layer": {
+        "activation_checkpoint.mode": "selective",
+        "activation_checkpoint.selective_ac_option": "2",
+    },
     "full": {"activation_checkpoint.mode": "full"},
 }
 
@@ -119,15 +140,38 @@ ds_fsdp2_ep_ckpt_async                  4      ep=2 ckpt=async
 
 # The dimensions the matrix must cover (tests/unit/test_memory_check.py), as tags().
 REQUIRED_TAGS = {
-    "model:llama3", "model:deepseek_v3", "model:qwen3", "model:qwen3_moe",
-    "dp:fsdp2", "dp:simple_fsdp", "dp:hsdp", "dp:ddp",
-    "ac:none", "ac:op", "ac:layer", "ac:full",
-    "fsdp_ac:save", "fsdp_ac:recompute",
-    "pp:1F1B", "pp:Interleaved1F1B", "pp:ZBVZeroBubble", "pp_mb:2", "pp_mb:4", "pp_mb:8",
-    "tp", "ep:part_of_dp_shard", "ep:all_of_dp_shard", "grad_accum",
-    "dtype:float32", "dtype:bfloat16",
-    "reshard:auto", "reshard:always", "reshard:never",
-    "cp", "mask:block_causal", "checkpoint:async",
+    "model:llama3",
+    "model:deepseek_v3",
+    "model:qwen3",
+    "model:qwen3_moe",
+    "dp:fsdp2",
+    "dp:simple_fsdp",
+    "dp:hsdp",
+    "dp:ddp",
+    "ac:none",
+    "ac:op",
+    "ac:layer",
+    "ac:full",
+    "fsdp_ac:save",
+    "fsdp_ac:recompute",
+    "pp:1F1B",
+    "pp:Interleaved1F1B",
+    "pp:ZBVZeroBubble",
+    "pp_mb:2",
+    "pp_mb:4",
+    "pp_mb:8",
+    "tp",
+    "ep:part_of_dp_shard",
+    "ep:all_of_dp_shard",
+    "grad_accum",
+    "dtype:float32",
+    "dtype:bfloat16",
+    "reshard:auto",
+    "reshard:always",
+    "reshard:never",
+    "cp",
+    "mask:block_causal",
+    "checkpoint:async",
 }
 
 
@@ -172,7 +216,9 @@ def parse_settings(tokens: list[str], where: str) -> tuple[tuple[str, str], ...]
         elif "." in key:
             pairs = [(key, value)]
         else:
-            raise ValueError(f"{where}: unknown short key '{key}' (one of ac, ckpt, {', '.join(KEYS)}, or section.key)")
+            raise ValueError(
+                f"{where}: unknown short key '{key}' (one of ac, ckpt, {', '.join(KEYS)}, or section.key)"
+            )
         for k, v in pairs:
             if k in out:
                 raise ValueError(f"{where}: {k} set twice")
@@ -191,7 +237,9 @@ def parse_matrix(text: str | None = None) -> list[Job]:
         where = f"matrix line {n} ({name})"
         model = next((m for p, m in MODEL_OF_PREFIX.items() if name.startswith(p + "_")), None)
         if model is None:
-            raise ValueError(f"{where}: a job name starts with one of {', '.join(p + '_' for p in MODEL_OF_PREFIX)}")
+            raise ValueError(
+                f"{where}: a job name starts with one of {', '.join(p + '_' for p in MODEL_OF_PREFIX)}"
+            )
         if not ngpu.isdigit() or not 1 <= int(ngpu) <= 8:
             raise ValueError(f"{where}: ranks '{ngpu}' must be 1..8")
         jobs.append(Job(name, int(ngpu), model, parse_settings(tokens, where)))
@@ -221,27 +269,48 @@ class Shape:
 
 def shape(job: Job) -> Shape:
     """The job's degrees (dp_shard "auto" resolved as the trainer does) and batch sizes."""
+
     def num(key: str, default: int | str) -> int | str:
         value = job.value(key, str(default))
         return "auto" if value in ("auto", "-1") else int(value)  # -1: the older spelling of auto
 
-    rep, tp, pp, cp = num(KEYS["rep"], 1), num(KEYS["tp"], 1), num(KEYS["pp"], 1), num(KEYS["cp"], 1)
+    rep, tp, pp, cp = (
+        num(KEYS["rep"], 1),
+        num(KEYS["tp"], 1),
+        num(KEYS["pp"], 1),
+        num(KEYS["cp"], 1),
+    )
     shard = num(KEYS["shard"], "auto")
     if shard == "auto":
         shard = job.ngpu // (rep * tp * pp * cp)
     if rep * shard * tp * pp * cp != job.ngpu:
-        raise ValueError(f"{job.name}: degrees rep {rep} x shard {shard} x cp {cp} x tp {tp} x pp {pp}"
-                         f" != {job.ngpu} ranks")
+        raise ValueError(
+            f"{job.name}: degrees rep {rep} x shard {shard} x cp {cp} x tp {tp} x pp {pp}"
+            f" != {job.ngpu} ranks"
+        )
     lbs = num(KEYS["lbs"], int(DEFAULTS["training.local_batch_size"]))
-    return Shape(rep, shard, tp, pp, num(KEYS["ep"], 1), cp, lbs, num(KEYS["gbs"], "auto"), num(KEYS["mbs"], 1))
+    return Shape(
+        rep,
+        shard,
+        tp,
+        pp,
+        num(KEYS["ep"], 1),
+        cp,
+        lbs,
+        num(KEYS["gbs"], "auto"),
+        num(KEYS["mbs"], 1),
+    )
 
 
 def tags(job: Job) -> set[str]:
     """The matrix dimensions a job covers (REQUIRED_TAGS), from its settings."""
     s = shape(job)
     impl = job.value(KEYS["impl"], "fsdp2")
-    out = {f"model:{job.model}", f"dtype:{job.value(KEYS['dtype'], DEFAULTS[KEYS['dtype']])}",
-           f"reshard:{job.value(KEYS['reshard'], 'auto')}"}
+    out = {
+        f"model:{job.model}",
+        f"dtype:{job.value(KEYS['dtype'], DEFAULTS[KEYS['dtype']])}",
+        f"reshard:{job.value(KEYS['reshard'], 'auto')}",
+    }
     if s.rep > 1 and s.shard > 1:
         out.add("dp:hsdp")
     elif s.rep > 1:

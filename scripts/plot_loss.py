@@ -31,7 +31,9 @@ def read_losses(path: str, key: str = "loss") -> tuple[list[int], list[float]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("metrics", nargs="+", help="metrics.jsonl files or dump folders")
     ap.add_argument("--out", default="loss.png", help="PNG to write (default loss.png)")
     ap.add_argument("--labels", help="comma-separated legend labels, one per input")
@@ -40,12 +42,18 @@ def main(argv=None) -> int:
 
     labels = args.labels.split(",") if args.labels else args.metrics
     if len(labels) != len(args.metrics):
-        print(f"error: --labels has {len(labels)} entries for {len(args.metrics)} inputs", file=sys.stderr)
+        print(
+            f"error: --labels has {len(labels)} entries for {len(args.metrics)} inputs",
+            file=sys.stderr,
+        )
         return 2
     for path in args.metrics:
         full = os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path
         if not os.path.isfile(full):
-            print(f"error: metrics file '{full}' not found; pass a run's metrics.jsonl or dump folder", file=sys.stderr)
+            print(
+                f"error: metrics file '{full}' not found; pass a run's metrics.jsonl or dump folder",
+                file=sys.stderr,
+            )
             return 2
 
     import matplotlib
@@ -59,8 +67,15 @@ def main(argv=None) -> int:
         (line,) = ax.plot(steps, losses, label=label, linewidth=1.5)
         val_steps, val_losses = read_losses(path, "validation_loss")
         if val_steps:
-            ax.plot(val_steps, val_losses, "--o", color=line.get_color(), markersize=4, linewidth=1.2,
-                    label=f"{label} (validation)")
+            ax.plot(
+                val_steps,
+                val_losses,
+                "--o",
+                color=line.get_color(),
+                markersize=4,
+                linewidth=1.2,
+                label=f"{label} (validation)",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(args.title)

@@ -36,58 +36,169 @@ TT_PERF = "torchtitan docs/performance.md (Llama 3.1 on Grand Teton H100s, 2024-
 TT_PERF_A100 = "torchtitan docs/performance.md (Llama 3 on 64 A100 80GB, 2024-05)"
 TT_PERF_405 = "torchtitan docs/performance.md (Llama 3.1 405B on 128 H100, 2024-07)"
 TT_ASYNC_TP = "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (vanilla TP, bf16; figure as quoted in issue 34)"
-SAC_OP = ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"]
-SAC_LAYER = ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"]
+SAC_OP = [
+    "--activation_checkpoint.mode=selective",
+    "--activation_checkpoint.selective_ac_option=op",
+]
+SAC_LAYER = [
+    "--activation_checkpoint.mode=selective",
+    "--activation_checkpoint.selective_ac_option=2",
+]
 FULL = ["--activation_checkpoint.mode=full"]
 EAGER, COMPILED = ["--compile.enable=false"], ["--compile.enable=true"]
 
 # id, source, hardware profile, config, ranks, overrides, published tokens/s/GPU, published GiB
 ROWS = [
-    ("8b_8_eager", TT_PERF + ", table 1", "h100_grand_teton", "llama3_8b.toml", 8,
-     ["--training.local_batch_size=2", *SAC_OP, *EAGER], 5762, 82.4),
-    ("8b_8_compiled", TT_PERF + ", table 1", "h100_grand_teton", "llama3_8b.toml", 8,
-     ["--training.local_batch_size=2", *SAC_OP, *COMPILED], 6667, 77.0),
-    ("8b_128_eager", TT_PERF + ", table 3", "h100_grand_teton", "llama3_8b.toml", 128,
-     ["--training.local_batch_size=2", *SAC_OP, *EAGER], 5605, 67.0),
-    ("8b_128_compiled", TT_PERF + ", table 3", "h100_grand_teton", "llama3_8b.toml", 128,
-     ["--training.local_batch_size=2", *SAC_OP, *COMPILED], 6514, 62.0),
-    ("70b_256_fsdp32_tp8_compiled", TT_ASYNC_TP, "h100_grand_teton", "llama3_70b.toml", 256,
-     ["--training.local_batch_size=16", "--parallelism.tensor_parallel_degree=8", *FULL, *COMPILED], 597.3, None),
-    ("405b_128_fsdp16_tp8_eager", TT_PERF_405, "h100_grand_teton", "llama3_405b.toml", 128,
-     ["--training.local_batch_size=2", "--parallelism.tensor_parallel_degree=8",
-      "--parallelism.pipeline_parallel_degree=1", "--parallelism.pipeline_parallel_split_points=[]", *FULL, *EAGER],
-     109, None),
-    ("a100_8b_64_op_eager", TT_PERF_A100, "a100_80gb", "llama3_8b.toml", 64,
-     ["--training.local_batch_size=1", *SAC_OP, *EAGER], 2973, None),
-    ("a100_8b_64_layer_eager", TT_PERF_A100, "a100_80gb", "llama3_8b.toml", 64,
-     ["--training.local_batch_size=1", *SAC_LAYER, *EAGER], 2904, None),
-    ("a100_70b_64_full_eager", TT_PERF_A100, "a100_80gb", "llama3_70b.toml", 64,
-     ["--training.local_batch_size=1", "--parallelism.tensor_parallel_degree=1", *FULL, *EAGER], 331, None),
+    (
+        "8b_8_eager",
+        TT_PERF + ", table 1",
+        "h100_grand_teton",
+        "llama3_8b.toml",
+        8,
+        ["--training.local_batch_size=2", *SAC_OP, *EAGER],
+        5762,
+        82.4,
+    ),
+    (
+        "8b_8_compiled",
+        TT_PERF + ", table 1",
+        "h100_grand_teton",
+        "llama3_8b.toml",
+        8,
+        ["--training.local_batch_size=2", *SAC_OP, *COMPILED],
+        6667,
+        77.0,
+    ),
+    (
+        "8b_128_eager",
+        TT_PERF + ", table 3",
+        "h100_grand_teton",
+        "llama3_8b.toml",
+        128,
+        ["--training.local_batch_size=2", *SAC_OP, *EAGER],
+        5605,
+        67.0,
+    ),
+    (
+        "8b_128_compiled",
+        TT_PERF + ", table 3",
+        "h100_grand_teton",
+        "llama3_8b.toml",
+        128,
+        ["--training.local_batch_size=2", *SAC_OP, *COMPILED],
+        6514,
+        62.0,
+    ),
+    (
+        "70b_256_fsdp32_tp8_compiled",
+        TT_ASYNC_TP,
+        "h100_grand_teton",
+        "llama3_70b.toml",
+        256,
+        [
+            "--training.local_batch_size=16",
+            "--parallelism.tensor_parallel_degree=8",
+            *FULL,
+            *COMPILED,
+        ],
+        597.3,
+        None,
+    ),
+    (
+        "405b_128_fsdp16_tp8_eager",
+        TT_PERF_405,
+        "h100_grand_teton",
+        "llama3_405b.toml",
+        128,
+        [
+            "--training.local_batch_size=2",
+            "--parallelism.tensor_parallel_degree=8",
+            "--parallelism.pipeline_parallel_degree=1",
+            "--parallelism.pipeline_parallel_split_points=[]",
+            *FULL,
+            *EAGER,
+        ],
+        109,
+        None,
+    ),
+    (
+        "a100_8b_64_op_eager",
+        TT_PERF_A100,
+        "a100_80gb",
+        "llama3_8b.toml",
+        64,
+        ["--training.local_batch_size=1", *SAC_OP, *EAGER],
+        2973,
+        None,
+    ),
+    (
+        "a100_8b_64_layer_eager",
+        TT_PERF_A100,
+        "a100_80gb",
+        "llama3_8b.toml",
+        64,
+        ["--training.local_batch_size=1", *SAC_LAYER, *EAGER],
+        2904,
+        None,
+    ),
+    (
+        "a100_70b_64_full_eager",
+        TT_PERF_A100,
+        "a100_80gb",
+        "llama3_70b.toml",
+        64,
+        ["--training.local_batch_size=1", "--parallelism.tensor_parallel_degree=1", *FULL, *EAGER],
+        331,
+        None,
+    ),
 ]
 CALIBRATION = "8b_8_eager"
-BASE = ["--job.dry_run=true", "--planning.memory_budget_gib=none", "--training.seq_len=8192",
-        "--training.mixed_precision_param=bfloat16", "--parallelism.data_parallel_shard_degree=auto",
-        "--parallelism.data_parallel_replicate_degree=1", "--checkpoint.enable=false"]
+BASE = [
+    "--job.dry_run=true",
+    "--planning.memory_budget_gib=none",
+    "--training.seq_len=8192",
+    "--training.mixed_precision_param=bfloat16",
+    "--parallelism.data_parallel_shard_degree=auto",
+    "--parallelism.data_parallel_replicate_degree=1",
+    "--checkpoint.enable=false",
+]
 
 
 def predict(row, out: str, extra: list[str] = ()) -> dict:
     rid, _, profile, config, ngpu, overrides, *_ = row
     dump = os.path.join(out, rid)
-    env = {**os.environ, "NGPU": str(ngpu), "CONFIG_FILE": os.path.join(ROOT, "train_configs", config)}
-    args = [os.path.join(ROOT, "run_train.sh"), *BASE, f"--hardware.profile={profile}", *overrides, *extra,
-            f"--job.dump_folder={dump}"]
+    env = {
+        **os.environ,
+        "NGPU": str(ngpu),
+        "CONFIG_FILE": os.path.join(ROOT, "train_configs", config),
+    }
+    args = [
+        os.path.join(ROOT, "run_train.sh"),
+        *BASE,
+        f"--hardware.profile={profile}",
+        *overrides,
+        *extra,
+        f"--job.dump_folder={dump}",
+    ]
     start = time.monotonic()
     proc = subprocess.run(args, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{rid}: dry run failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{rid}: dry run failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     with open(os.path.join(dump, "plan.json")) as f:
         plan = json.load(f)
     times = plan["step_time_per_rank_role"]
     slowest = max(times, key=lambda r: r["predicted_step_seconds"])
     peak = max(r["predicted_peak_bytes"] for r in plan["memory_per_rank_role"])
-    return {"tps": slowest["tokens_per_second_per_device"], "step_s": slowest["predicted_step_seconds"],
-            "mfu": slowest["mfu"], "breakdown": slowest["breakdown"], "peak_gib": peak / 2**30,
-            "wall_s": time.monotonic() - start}
+    return {
+        "tps": slowest["tokens_per_second_per_device"],
+        "step_s": slowest["predicted_step_seconds"],
+        "mfu": slowest["mfu"],
+        "breakdown": slowest["breakdown"],
+        "peak_gib": peak / 2**30,
+        "wall_s": time.monotonic() - start,
+    }
 
 
 def calibrate(out: str) -> float:
@@ -101,13 +212,17 @@ def calibrate(out: str) -> float:
     tokens = 2 * 8192  # per GPU per step: local batch 2 x seq 8192
     want = tokens / target
     clock = k / (want - fixed)
-    print(f"calibration on {CALIBRATION}: step {sa:.3f}s at clock 1.0, {sb:.3f}s at 0.8 -> clock_factor {clock:.4f}"
-          f" gives {tokens / (fixed + k / clock):,.0f} tokens/s/GPU (published {target:,})")
+    print(
+        f"calibration on {CALIBRATION}: step {sa:.3f}s at clock 1.0, {sb:.3f}s at 0.8 -> clock_factor {clock:.4f}"
+        f" gives {tokens / (fixed + k / clock):,.0f} tokens/s/GPU (published {target:,})"
+    )
     return clock
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--filter", default="")
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--json", default="")
@@ -117,24 +232,44 @@ def main(argv=None) -> int:
         calibrate(out)
         return 0
     rows = [r for r in ROWS if args.filter in r[0]]
-    print(f"{'row':30s} {'profile':17s} {'GPUs':>5s} {'published':>10s} {'predicted':>10s} {'error':>7s}"
-          f" {'MFU':>6s} {'pub GiB':>8s} {'pred GiB':>8s}  breakdown (s)")
+    print(
+        f"{'row':30s} {'profile':17s} {'GPUs':>5s} {'published':>10s} {'predicted':>10s} {'error':>7s}"
+        f" {'MFU':>6s} {'pub GiB':>8s} {'pred GiB':>8s}  breakdown (s)"
+    )
     results = []
     for row in rows:
         rid, source, profile, _, ngpu, _, published, pub_gib = row
         p = predict(row, out)
         err = (p["tps"] - published) / published
-        results.append({"row": rid, "source": source, "profile": profile, "gpus": ngpu, "published_tps": published,
-                        "published_gib": pub_gib, **p, "error": err, "calibration": rid == CALIBRATION})
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]))
-        print(f"{rid + (' *' if rid == CALIBRATION else ''):30s} {profile:17s} {ngpu:>5d} {published:>10,.1f}"
-              f" {p['tps']:>10,.1f} {100 * err:>+6.1f}% {100 * (p['mfu'] or 0):>5.1f}%"
-              f" {pub_gib if pub_gib else '-':>8} {p['peak_gib']:>8.1f}  {parts}", flush=True)
+        results.append(
+            {
+                "row": rid,
+                "source": source,
+                "profile": profile,
+                "gpus": ngpu,
+                "published_tps": published,
+                "published_gib": pub_gib,
+                **p,
+                "error": err,
+                "calibration": rid == CALIBRATION,
+            }
+        )
+        parts = ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(p["breakdown"].items(), key=lambda kv: -kv[1])
+        )
+        print(
+            f"{rid + (' *' if rid == CALIBRATION else ''):30s} {profile:17s} {ngpu:>5d} {published:>10,.1f}"
+            f" {p['tps']:>10,.1f} {100 * err:>+6.1f}% {100 * (p['mfu'] or 0):>5.1f}%"
+            f" {pub_gib if pub_gib else '-':>8} {p['peak_gib']:>8.1f}  {parts}",
+            flush=True,
+        )
     checks = [r for r in results if not r["calibration"]]
     if checks:
         worst = max(checks, key=lambda r: abs(r["error"]))
-        print(f"\n* calibration row. Checks: {sum(abs(r['error']) <= 0.15 for r in checks)}/{len(checks)} within"
-              f" +/-15%, worst {100 * worst['error']:+.1f}% ({worst['row']})")
+        print(
+            f"\n* calibration row. Checks: {sum(abs(r['error']) <= 0.15 for r in checks)}/{len(checks)} within"
+            f" +/-15%, worst {100 * worst['error']:+.1f}% ({worst['row']})"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

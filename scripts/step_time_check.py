@@ -38,16 +38,21 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memory_check import Launcher, load_json, CheckError  # noqa: E402
+from memory_check import CheckError, Launcher, load_json  # noqa: E402
 from memory_check_matrix import CONFIGS, parse_matrix  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 10
 FIRST_MEASURED = 3
 WITHIN = 0.35
-BASE = ["--training.device=cpu", f"--training.steps={STEPS}", "--metrics.log_freq=1",
-        "--metrics.enable_tensorboard=false", "--planning.memory_budget_gib=none",
-        "--training.mixed_precision_param=float32"]
+BASE = [
+    "--training.device=cpu",
+    f"--training.steps={STEPS}",
+    "--metrics.log_freq=1",
+    "--metrics.enable_tensorboard=false",
+    "--planning.memory_budget_gib=none",
+    "--training.mixed_precision_param=float32",
+]
 
 JOBS = """
 # name                         ranks  overrides
@@ -85,7 +90,9 @@ def overrides(job) -> list[str]:
 def measured_step(metrics_path: str) -> float:
     with open(metrics_path) as f:
         records = [json.loads(line) for line in f if line.strip()]
-    times = [r["step_time"] for r in records if r.get("step", 0) >= FIRST_MEASURED and "step_time" in r]
+    times = [
+        r["step_time"] for r in records if r.get("step", 0) >= FIRST_MEASURED and "step_time" in r
+    ]
     if not times:
         raise CheckError(f"{metrics_path}: no step_time at steps >= {FIRST_MEASURED}")
     return statistics.median(times)
@@ -101,8 +108,12 @@ def predicted_step(plan_path: str) -> tuple[float, dict]:
 
 def run_once(job, launcher: Launcher, out: str, rnd: int) -> tuple[float, float, dict, str]:
     dump = os.path.join(out, job.name, f"round{rnd}")
-    rc, log = launcher.run(job, [*overrides(job), f"--job.dump_folder={dump}"], os.path.join(dump, "logs"),
-                           dry_run=False)
+    rc, log = launcher.run(
+        job,
+        [*overrides(job), f"--job.dump_folder={dump}"],
+        os.path.join(dump, "logs"),
+        dry_run=False,
+    )
     if rc != 0:
         return 0.0, 0.0, {}, f"round {rnd} exit {rc}:\n{log}"
     try:
@@ -113,14 +124,20 @@ def run_once(job, launcher: Launcher, out: str, rnd: int) -> tuple[float, float,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--filter", default="", help="only jobs whose name contains this")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default="", help="write the rows and the summary to this file")
     ap.add_argument("--launcher", choices=("fast", "torchrun"), default="fast")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--out", default="", help="dump folders (default: a new temporary folder)")
-    ap.add_argument("--keep-profile", action="store_true", help="use the cached local profile instead of measuring")
+    ap.add_argument(
+        "--keep-profile",
+        action="store_true",
+        help="use the cached local profile instead of measuring",
+    )
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     jobs = [j for j in parse_matrix(JOBS) if args.filter in j.name]
@@ -129,7 +146,9 @@ def main(argv=None) -> int:
         return 2
     if args.list:
         for j in jobs:
-            print(f"{j.name:32s} {j.ngpu}  CONFIG_FILE={CONFIGS[j.model]}  {shlex.join(overrides(j))}")
+            print(
+                f"{j.name:32s} {j.ngpu}  CONFIG_FILE={CONFIGS[j.model]}  {shlex.join(overrides(j))}"
+            )
         return 0
     out = args.out or tempfile.mkdtemp(prefix="step_time_check_")
     if not args.keep_profile:
@@ -138,12 +157,23 @@ def main(argv=None) -> int:
 
         start = time.monotonic()
         profile = local_profile.load()
-        print(f"local profile measured in {time.monotonic() - start:.1f}s: GEMM {profile.peak_tflops['float32'] * 1e3:.0f}"
-              f" GFLOP/s fp32, memory-bound ops {profile.hbm_gbps:.1f} GB/s, host {profile.host_us_per_op:.1f} us/op,"
-              f" gloo {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores")
+        print(
+            f"local profile measured in {time.monotonic() - start:.1f}s: GEMM {profile.peak_tflops['float32'] * 1e3:.0f}"
+            f" GFLOP/s fp32, memory-bound ops {profile.hbm_gbps:.1f} GB/s, host {profile.host_us_per_op:.1f} us/op,"
+            f" gloo {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores"
+        )
     launcher = Launcher(args.launcher, args.timeout)
-    rows = {j.name: {"job": j.name, "ranks": j.ngpu, "predicted": None, "measured": [], "breakdown": {}, "errors": []}
-            for j in jobs}
+    rows = {
+        j.name: {
+            "job": j.name,
+            "ranks": j.ngpu,
+            "predicted": None,
+            "measured": [],
+            "breakdown": {},
+            "errors": [],
+        }
+        for j in jobs
+    }
     start = time.monotonic()
     for rnd in range(1, args.rounds + 1):
         for job in jobs:
@@ -157,8 +187,13 @@ def main(argv=None) -> int:
                 continue
             row["predicted"], row["breakdown"] = predicted, breakdown
             row["measured"].append(measured)
-            print(f"round {rnd} {job.name:32s} predicted {predicted:.3f}s measured {measured:.3f}s", flush=True)
-    print(f"\n{'job':32s} {'ranks':>5s} {'predicted s':>11s} {'measured s':>10s} {'error':>8s}  rounds (s)  predicted breakdown (ms)")
+            print(
+                f"round {rnd} {job.name:32s} predicted {predicted:.3f}s measured {measured:.3f}s",
+                flush=True,
+            )
+    print(
+        f"\n{'job':32s} {'ranks':>5s} {'predicted s':>11s} {'measured s':>10s} {'error':>8s}  rounds (s)  predicted breakdown (ms)"
+    )
     errors = []
     for row in rows.values():
         if row["errors"] or not row["measured"]:
@@ -168,19 +203,31 @@ def main(argv=None) -> int:
         e = (row["predicted"] - m) / m
         row["error"], row["measured_median"] = e, m
         errors.append((abs(e), row["job"]))
-        parts = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in sorted(row["breakdown"].items(), key=lambda kv: -kv[1]))
-        print(f"{row['job']:32s} {row['ranks']:>5d} {row['predicted']:>11.3f} {m:>10.3f} {100 * e:>+7.1f}%  "
-              f"{', '.join(f'{x:.3f}' for x in row['measured'])}  {parts}")
+        parts = ", ".join(
+            f"{k} {v * 1e3:.0f}" for k, v in sorted(row["breakdown"].items(), key=lambda kv: -kv[1])
+        )
+        print(
+            f"{row['job']:32s} {row['ranks']:>5d} {row['predicted']:>11.3f} {m:>10.3f} {100 * e:>+7.1f}%  "
+            f"{', '.join(f'{x:.3f}' for x in row['measured'])}  {parts}"
+        )
     failed = [r["job"] for r in rows.values() if r["errors"]]
     summary = {"jobs": len(rows), "failed": failed, "wall_s": time.monotonic() - start}
     if errors:
         worst = max(errors)
-        summary.update(median_abs_error=statistics.median(e for e, _ in errors), worst_abs_error=worst[0],
-                       worst_job=worst[1], within=sum(e <= WITHIN for e, _ in errors), compared=len(errors))
-        print(f"\nsummary: median |error| {100 * summary['median_abs_error']:.1f}% over {len(errors)} jobs, worst"
-              f" {100 * worst[0]:.1f}% ({worst[1]}), {summary['within']}/{len(errors)} within +/-{100 * WITHIN:.0f}%;"
-              f" {len(errors)}/{len(rows)} jobs ran" + (f", failed: {', '.join(failed)}" if failed else "")
-              + f" ({summary['wall_s']:.0f}s)")
+        summary.update(
+            median_abs_error=statistics.median(e for e, _ in errors),
+            worst_abs_error=worst[0],
+            worst_job=worst[1],
+            within=sum(e <= WITHIN for e, _ in errors),
+            compared=len(errors),
+        )
+        print(
+            f"\nsummary: median |error| {100 * summary['median_abs_error']:.1f}% over {len(errors)} jobs, worst"
+            f" {100 * worst[0]:.1f}% ({worst[1]}), {summary['within']}/{len(errors)} within +/-{100 * WITHIN:.0f}%;"
+            f" {len(errors)}/{len(rows)} jobs ran"
+            + (f", failed: {', '.join(failed)}" if failed else "")
+            + f" ({summary['wall_s']:.0f}s)"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": list(rows.values()), "summary": summary}, f, indent=1)

@@ -18,10 +18,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dataset", required=True, help="any form --training.dataset takes")
     ap.add_argument("--out", required=True, help="the folder to create")
-    ap.add_argument("--tokenizer", default="", help="tokenizer.json (or its folder); empty: the bundled one")
+    ap.add_argument(
+        "--tokenizer", default="", help="tokenizer.json (or its folder); empty: the bundled one"
+    )
     ap.add_argument("--num-proc", type=int, default=1, help="worker processes")
     ap.add_argument("--split", default="train")
     ap.add_argument("--text-field", default="text")
@@ -47,12 +51,23 @@ def main(argv: list[str] | None = None) -> int:
     except TokenizerError as e:
         return fail(f"--tokenizer: {one_line(e, 300)}")
     try:
-        tokenize_dataset(args.dataset, args.out, tokenizer, args.num_proc, args.split, args.text_field,
-                         args.config_name, log=lambda line: print(line, flush=True))
+        tokenize_dataset(
+            args.dataset,
+            args.out,
+            tokenizer,
+            args.num_proc,
+            args.split,
+            args.text_field,
+            args.config_name,
+            log=lambda line: print(line, flush=True),
+        )
     except WriteError as e:
         return fail(str(e))
     except DataError as e:  # a bad record: finished units stay for the re-run
-        return fail(f"{e} (finished units are kept in {os.path.abspath(args.out)}.partial; re-run to resume)", 1)
+        return fail(
+            f"{e} (finished units are kept in {os.path.abspath(args.out)}.partial; re-run to resume)",
+            1,
+        )
     return 0
 
 

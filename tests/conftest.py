@@ -33,11 +33,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     totals: Counter = Counter()
     for reports in terminalreporter.stats.values():
         for report in reports:
-            if getattr(report, "when", None) in ("setup", "call", "teardown") and hasattr(report, "duration"):
+            if getattr(report, "when", None) in ("setup", "call", "teardown") and hasattr(
+                report, "duration"
+            ):
                 totals[report.nodeid.split("::")[0]] += report.duration
     if not totals:
         return
-    terminalreporter.write_sep("=", "slowest 10 test files (setup + call + teardown of their tests)")
+    terminalreporter.write_sep(
+        "=", "slowest 10 test files (setup + call + teardown of their tests)"
+    )
     for path, seconds in totals.most_common(10):
         terminalreporter.write_line(f"{seconds:8.2f}s {path}")
     terminalreporter.write_line(f"{sum(totals.values()):8.2f}s in all {len(totals)} files")

@@ -19,10 +19,10 @@ import time
 from torchtitan.checks import load_config_or_exit
 from torchtitan.checks.job import accepts
 from torchtitan.planning.memory.budget import memory_budget, ranks_on_this_node
-from torchtitan.planning.step_time.local_profile import job_hardware
 from torchtitan.planning.memory.fit import fit_report
-from torchtitan.planning.search.nearby import nearby_report
 from torchtitan.planning.memory.predict import predict, role_table
+from torchtitan.planning.search.nearby import nearby_report
+from torchtitan.planning.step_time.local_profile import job_hardware
 from torchtitan.planning.step_time.model import time_table
 from torchtitan.training.build import fake_world, model_on_meta
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
@@ -45,40 +45,67 @@ def main(argv: list[str] | None = None) -> int:
         meta = model_on_meta(cfg)
         spec, model, args = meta.spec, meta.model, meta.args
         n_params = sum(p.numel() for p in model.parameters())
-        prediction = predict(spec, model, dims, cfg, target, args, None if budget is None else budget.bytes, hardware)
+        prediction = predict(
+            spec, model, dims, cfg, target, args, None if budget is None else budget.bytes, hardware
+        )
         roles, records = prediction.roles, prediction.plan_records
         p = cfg.parallelism
-        print(f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
-              f" mesh {dims.mesh_shape}, reshard_after_forward {p.reshard_after_forward},"
-              f" memory budget {'none' if budget is None else f'{budget.bytes / GIB:.2f} GiB ({budget.origin})'}")
+        print(
+            f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
+            f" mesh {dims.mesh_shape}, reshard_after_forward {p.reshard_after_forward},"
+            f" memory budget {'none' if budget is None else f'{budget.bytes / GIB:.2f} GiB ({budget.origin})'}"
+        )
         print(compress_table(plan_table(records)))
         print("\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):")
         print(role_table(roles, None if budget is None else budget.bytes))
         times = [r.time for r in roles if r.time is not None]
         if times:
-            print(f"\npredicted step time per rank role (hardware {hardware.name}: {hardware.source}):")
+            print(
+                f"\npredicted step time per rank role (hardware {hardware.name}: {hardware.source}):"
+            )
             print(time_table(times))
         c = cfg.checkpoint
-        if c.enable and c.async_mode == "async" and c.interval < cfg.training.steps and target == "cuda":
-            host = max(r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0) for r in roles)
-            print(f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
-                  f" memory: up to {host / GIB:.3f} GiB per rank (times the ranks of a node)")
+        if (
+            c.enable
+            and c.async_mode == "async"
+            and c.interval < cfg.training.steps
+            and target == "cuda"
+        ):
+            host = max(
+                r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0)
+                for r in roles
+            )
+            print(
+                f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
+                f" memory: up to {host / GIB:.3f} GiB per rank (times the ranks of a node)"
+            )
         extra = {}
         if times and cfg.planning.nearby:
-            text, nearby = nearby_report(spec, model, dims, cfg, target, args, accepts(world), hardware, roles)
+            text, nearby = nearby_report(
+                spec, model, dims, cfg, target, args, accepts(world), hardware, roles
+            )
             print("\n" + text)
             extra["nearby_choices"] = nearby
         if cfg.planning.fit:
-            text, extra = fit_report(spec, model, dims, cfg, target, args, budget, cfg.planning.fit, accepts(world))
+            text, extra = fit_report(
+                spec, model, dims, cfg, target, args, budget, cfg.planning.fit, accepts(world)
+            )
             print("\n" + text)
         path = write_plan_json(
-            cfg.job.dump_folder, world, dims.mesh_shape, records,
-            {"dry_run": True, "model": f"{cfg.model.name} {cfg.model.flavor}",
-             "reshard_after_forward": p.reshard_after_forward,
-             "memory_budget_bytes": None if budget is None else budget.bytes,
-             "memory_per_rank_role": [r.record() for r in roles],
-             "step_time_per_rank_role": [t.record() for t in times],
-             "hardware": None if hardware is None else hardware.record(), **extra},
+            cfg.job.dump_folder,
+            world,
+            dims.mesh_shape,
+            records,
+            {
+                "dry_run": True,
+                "model": f"{cfg.model.name} {cfg.model.flavor}",
+                "reshard_after_forward": p.reshard_after_forward,
+                "memory_budget_bytes": None if budget is None else budget.bytes,
+                "memory_per_rank_role": [r.record() for r in roles],
+                "step_time_per_rank_role": [t.record() for t in times],
+                "hardware": None if hardware is None else hardware.record(),
+                **extra,
+            },
         )
     print(f"\nwrote {path} ({time.perf_counter() - start:.1f}s)")
     return 0
@@ -89,9 +116,9 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
     import json
 
     from torchtitan.distributed.job_shape import batch_shape, degrees
+    from torchtitan.planning.memory.budget import CUDA_MARGIN
     from torchtitan.planning.search import search as layout_search
     from torchtitan.planning.search import space as layout_space
-    from torchtitan.planning.memory.budget import CUDA_MARGIN
 
     if hardware is None:
         print("fit=layout: no hardware profile to predict step times with (--hardware.profile)")
@@ -104,25 +131,51 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
     meta = model_on_meta(cfg)
     global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
     configured = layout_space.layout_of(cfg, world, global_batch, meta.args.n_layers)
-    print(f"[dry run] layout search: {cfg.model.name} {cfg.model.flavor}, {world} devices"
-          f" ({hardware.gpus_per_node} per node), hardware {hardware.name}, global batch {global_batch} x"
-          f" {cfg.training.seq_len} tokens, compile {'on' if cfg.compile.enable else 'off'},"
-          f" budget {budget_bytes / GIB:.2f} GiB ({origin})")
-    result = layout_search.search(meta.spec, meta.model, cfg, world, target, meta.args, hardware, budget_bytes,
-                                  accepts(world), cfg.planning.layout_candidates, configured,
-                                  max_seconds=cfg.planning.layout_seconds)
+    print(
+        f"[dry run] layout search: {cfg.model.name} {cfg.model.flavor}, {world} devices"
+        f" ({hardware.gpus_per_node} per node), hardware {hardware.name}, global batch {global_batch} x"
+        f" {cfg.training.seq_len} tokens, compile {'on' if cfg.compile.enable else 'off'},"
+        f" budget {budget_bytes / GIB:.2f} GiB ({origin})"
+    )
+    result = layout_search.search(
+        meta.spec,
+        meta.model,
+        cfg,
+        world,
+        target,
+        meta.args,
+        hardware,
+        budget_bytes,
+        accepts(world),
+        cfg.planning.layout_candidates,
+        configured,
+        max_seconds=cfg.planning.layout_seconds,
+    )
     print("\n" + layout_search.report(result, global_batch))
     os.makedirs(cfg.job.dump_folder, exist_ok=True)
     if result.ranked:
-        path = layout_search.write_snippet(cfg.job.dump_folder, result.ranked[0].layout, global_batch)
+        path = layout_search.write_snippet(
+            cfg.job.dump_folder, result.ranked[0].layout, global_batch
+        )
         print(f"\nwrote {path}")
     out = os.path.join(cfg.job.dump_folder, "layout_search.json")
     with open(out, "w") as f:
-        json.dump({"model": f"{cfg.model.name} {cfg.model.flavor}", "world": world, "hardware": hardware.name,
-                   "global_batch": global_batch, "budget_bytes": budget_bytes, "seconds": result.seconds,
-                   "enumerated": result.enumerated, "disagreement": result.disagreement,
-                   "ranked": [c.record(global_batch) for c in result.ranked],
-                   "simulated": [c.record(global_batch) for c in result.simulated]}, f, indent=1)
+        json.dump(
+            {
+                "model": f"{cfg.model.name} {cfg.model.flavor}",
+                "world": world,
+                "hardware": hardware.name,
+                "global_batch": global_batch,
+                "budget_bytes": budget_bytes,
+                "seconds": result.seconds,
+                "enumerated": result.enumerated,
+                "disagreement": result.disagreement,
+                "ranked": [c.record(global_batch) for c in result.ranked],
+                "simulated": [c.record(global_batch) for c in result.simulated],
+            },
+            f,
+            indent=1,
+        )
     print(f"wrote {out} ({time.perf_counter() - start:.1f}s)")
     return 0 if result.ranked else 1
 

@@ -43,11 +43,17 @@ class HardwareProfile:
     gemm_half_gflop: float
     grouped_gemm_efficiency: float  # routed experts' grouped GEMM, as a fraction of peak
     attention_efficiency: float  # fused attention (flash / memory-efficient kernels)
-    attention_block: int  # query/key block of the causal kernel: blocks above the diagonal are skipped
+    attention_block: (
+        int  # query/key block of the causal kernel: blocks above the diagonal are skipped
+    )
     memory_efficiency: float  # fraction of hbm_gbps that memory-bound kernels reach
     host_us_per_op: float  # eager: host time to dispatch one op (Python, autograd, launch)
-    dtensor_us_per_op: float  # host time DTensor adds to an op on DTensors (sharding propagation, Python)
-    host_us_per_collective: float  # host time around an eager process-group collective (FSDP2's hooks, copies)
+    dtensor_us_per_op: (
+        float  # host time DTensor adds to an op on DTensors (sharding propagation, Python)
+    )
+    host_us_per_collective: (
+        float  # host time around an eager process-group collective (FSDP2's hooks, copies)
+    )
     # compiled blocks: memory-bound ops fuse (fewer bytes move, fewer launches)
     compiled_memory_fraction: float  # bytes a compiled block's memory-bound ops still move
     compiled_ops_per_kernel: float  # eager ops per launched kernel in a compiled block
@@ -56,7 +62,9 @@ class HardwareProfile:
     host_async: bool = True
     cores: int = 0  # CPU: cores the node's ranks share (ranks beyond it slow compute down)
     thread_speedup: float = 1.0  # CPU: a rank with every core's thread vs one thread
-    sharing: dict = field(default_factory=dict)  # CPU: {processes: slowdown of each} when they compute at once
+    sharing: dict = field(
+        default_factory=dict
+    )  # CPU: {processes: slowdown of each} when they compute at once
     # host time activation checkpointing adds per op of a checkpointed region (forward and
     # recomputation): whole-region checkpointing (saved-tensor hooks) and an op-level policy
     # (SAC's dispatch modes); measured on a CPU, 0 where not measured
@@ -79,7 +87,10 @@ class HardwareProfile:
             if head_dim <= d1:
                 return e0 + (e1 - e0) * math.log(head_dim / d0) / math.log(d1 / d0)
         return table[-1][1]
-    collective_us: dict[str, float] = field(default_factory=dict)  # CPU (gloo): fixed cost per collective kind
+
+    collective_us: dict[str, float] = field(
+        default_factory=dict
+    )  # CPU (gloo): fixed cost per collective kind
 
     def peak_flops(self, dtype: str) -> float:
         return self.peak_tflops.get(dtype, self.peak_tflops["bfloat16"]) * 1e12 * self.clock_factor
@@ -108,60 +119,129 @@ class HardwareProfile:
 # (sharding propagation) and FSDP2 ~150 us around each collective (its hooks and copies) on
 # a server CPU (about 2.5x faster than this project's CPU machines, where they measure ~95
 # and ~250-400 us: memory/local_profile.py).
-_GPU_COMMON = dict(intra_latency_us=5.0, inter_latency_us=15.0, gemm_half_gflop=2.0, attention_block=128,
-                   memory_efficiency=0.8, host_us_per_op=10.0, dtensor_us_per_op=40.0, host_us_per_collective=150.0,
-                   compiled_memory_fraction=0.5,
-                   compiled_ops_per_kernel=4.0, host_async=True)
+_GPU_COMMON = dict(
+    intra_latency_us=5.0,
+    inter_latency_us=15.0,
+    gemm_half_gflop=2.0,
+    attention_block=128,
+    memory_efficiency=0.8,
+    host_us_per_op=10.0,
+    dtensor_us_per_op=40.0,
+    host_us_per_collective=150.0,
+    compiled_memory_fraction=0.5,
+    compiled_ops_per_kernel=4.0,
+    host_async=True,
+)
 
 PROFILES: dict[str, HardwareProfile] = {
     "h100_sxm": HardwareProfile(
-        "h100_sxm", "NVIDIA H100 SXM5 80GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
-        {"bfloat16": 989.4, "float32": 66.9}, hbm_gbps=3350, memory_gib=80 * 1e9 / 2**30, gpus_per_node=8,
-        intra_node_gbps=360, inter_node_gbps=42.5, gemm_efficiency=0.70, grouped_gemm_efficiency=0.55,
-        attention_efficiency=0.40, **_GPU_COMMON),
+        "h100_sxm",
+        "NVIDIA H100 SXM5 80GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
+        {"bfloat16": 989.4, "float32": 66.9},
+        hbm_gbps=3350,
+        memory_gib=80 * 1e9 / 2**30,
+        gpus_per_node=8,
+        intra_node_gbps=360,
+        inter_node_gbps=42.5,
+        gemm_efficiency=0.70,
+        grouped_gemm_efficiency=0.55,
+        attention_efficiency=0.40,
+        **_GPU_COMMON,
+    ),
     "h200": HardwareProfile(
-        "h200", "NVIDIA H200 SXM 141GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
-        {"bfloat16": 989.4, "float32": 66.9}, hbm_gbps=4800, memory_gib=141 * 1e9 / 2**30, gpus_per_node=8,
-        intra_node_gbps=360, inter_node_gbps=42.5, gemm_efficiency=0.72, grouped_gemm_efficiency=0.57,
-        attention_efficiency=0.42, **_GPU_COMMON),
+        "h200",
+        "NVIDIA H200 SXM 141GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
+        {"bfloat16": 989.4, "float32": 66.9},
+        hbm_gbps=4800,
+        memory_gib=141 * 1e9 / 2**30,
+        gpus_per_node=8,
+        intra_node_gbps=360,
+        inter_node_gbps=42.5,
+        gemm_efficiency=0.72,
+        grouped_gemm_efficiency=0.57,
+        attention_efficiency=0.42,
+        **_GPU_COMMON,
+    ),
     "a100_80gb": HardwareProfile(
-        "a100_80gb", "NVIDIA A100 SXM4 80GB datasheet; 8 per HGX node, 200 Gb/s NIC per GPU",
-        {"bfloat16": 312.0, "float32": 19.5}, hbm_gbps=2039, memory_gib=80 * 1e9 / 2**30, gpus_per_node=8,
-        intra_node_gbps=240, inter_node_gbps=21.25, gemm_efficiency=0.75, grouped_gemm_efficiency=0.60,
-        attention_efficiency=0.55, **_GPU_COMMON),
+        "a100_80gb",
+        "NVIDIA A100 SXM4 80GB datasheet; 8 per HGX node, 200 Gb/s NIC per GPU",
+        {"bfloat16": 312.0, "float32": 19.5},
+        hbm_gbps=2039,
+        memory_gib=80 * 1e9 / 2**30,
+        gpus_per_node=8,
+        intra_node_gbps=240,
+        inter_node_gbps=21.25,
+        gemm_efficiency=0.75,
+        grouped_gemm_efficiency=0.60,
+        attention_efficiency=0.55,
+        **_GPU_COMMON,
+    ),
     "b200": HardwareProfile(
-        "b200", "NVIDIA HGX B200 180GB datasheet; 8 per node, 400 Gb/s NIC per GPU",
-        {"bfloat16": 2250.0, "float32": 80.0}, hbm_gbps=8000, memory_gib=180 * 1e9 / 2**30, gpus_per_node=8,
-        intra_node_gbps=720, inter_node_gbps=42.5, gemm_efficiency=0.65, grouped_gemm_efficiency=0.50,
-        attention_efficiency=0.35, **_GPU_COMMON),
+        "b200",
+        "NVIDIA HGX B200 180GB datasheet; 8 per node, 400 Gb/s NIC per GPU",
+        {"bfloat16": 2250.0, "float32": 80.0},
+        hbm_gbps=8000,
+        memory_gib=180 * 1e9 / 2**30,
+        gpus_per_node=8,
+        intra_node_gbps=720,
+        inter_node_gbps=42.5,
+        gemm_efficiency=0.65,
+        grouped_gemm_efficiency=0.50,
+        attention_efficiency=0.35,
+        **_GPU_COMMON,
+    ),
     # The hardware of torchtitan's published Llama 3.1 benchmarks (Grand Teton: H100 SXM with
     # 96 GB HBM2e at 2.4 TB/s and a 500 W power limit, 8 per host over NVLink, 400 Gb/s RDMA
     # per GPU). Same silicon and efficiencies as h100_sxm; the 500 W cap lowers the sustained
     # tensor-core clock: `clock_factor` is the one value calibrated on a published run
     # (docs/step_time.md names the run; CALIBRATED_CLOCK below).
     "h100_grand_teton": HardwareProfile(
-        "h100_grand_teton", "H100 SXM 96GB HBM2e 2.4 TB/s, 500 W (torchtitan's published benchmarks' hardware)",
-        {"bfloat16": 989.4, "float32": 66.9}, hbm_gbps=2400, memory_gib=96 * 1e9 / 2**30, gpus_per_node=8,
-        intra_node_gbps=360, inter_node_gbps=42.5, gemm_efficiency=0.70, grouped_gemm_efficiency=0.55,
-        attention_efficiency=0.40, clock_factor=0.762, **_GPU_COMMON),
+        "h100_grand_teton",
+        "H100 SXM 96GB HBM2e 2.4 TB/s, 500 W (torchtitan's published benchmarks' hardware)",
+        {"bfloat16": 989.4, "float32": 66.9},
+        hbm_gbps=2400,
+        memory_gib=96 * 1e9 / 2**30,
+        gpus_per_node=8,
+        intra_node_gbps=360,
+        inter_node_gbps=42.5,
+        gemm_efficiency=0.70,
+        grouped_gemm_efficiency=0.55,
+        attention_efficiency=0.40,
+        clock_factor=0.762,
+        **_GPU_COMMON,
+    ),
 }
 PROFILES["h800"] = dataclasses.replace(  # H100 with NVLink cut to 400 GB/s (export part)
-    PROFILES["h100_sxm"], name="h800", source="NVIDIA H800 SXM: H100 silicon, NVLink 400 GB/s; 8 per node, 400 Gb/s NIC per GPU",
-    intra_node_gbps=160)
+    PROFILES["h100_sxm"],
+    name="h800",
+    source="NVIDIA H800 SXM: H100 silicon, NVLink 400 GB/s; 8 per node, 400 Gb/s NIC per GPU",
+    intra_node_gbps=160,
+)
 
 NAMES = (*PROFILES, "local")
 
 # [hardware] keys that override one value of the chosen profile
-OVERRIDES = {"gpus_per_node": "gpus_per_node", "peak_tflops": "peak_tflops", "hbm_gbps": "hbm_gbps",
-             "intra_node_gbps": "intra_node_gbps", "inter_node_gbps": "inter_node_gbps",
-             "gemm_efficiency": "gemm_efficiency", "clock_factor": "clock_factor"}
+OVERRIDES = {
+    "gpus_per_node": "gpus_per_node",
+    "peak_tflops": "peak_tflops",
+    "hbm_gbps": "hbm_gbps",
+    "intra_node_gbps": "intra_node_gbps",
+    "inter_node_gbps": "inter_node_gbps",
+    "gemm_efficiency": "gemm_efficiency",
+    "clock_factor": "clock_factor",
+}
 
 
 def gpu_profile_name(device_name: str) -> str | None:
     """The profile of a GPU by its name (torch.cuda.get_device_name / nvidia-smi), None if none fits."""
     upper = device_name.upper()
-    for token, name in (("H200", "h200"), ("H800", "h800"), ("H100", "h100_sxm"), ("A100", "a100_80gb"),
-                        ("B200", "b200")):
+    for token, name in (
+        ("H200", "h200"),
+        ("H800", "h800"),
+        ("H100", "h100_sxm"),
+        ("A100", "a100_80gb"),
+        ("B200", "b200"),
+    ):
         if token in upper:
             return name
     return None
@@ -180,19 +260,25 @@ def with_overrides(profile: HardwareProfile, hw) -> HardwareProfile:
     return dataclasses.replace(profile, **changes) if changes else profile
 
 
-def resolve(hw, target: str, local=None, gpu_names: list[str] | None = None) -> HardwareProfile | None:
+def resolve(
+    hw, target: str, local=None, gpu_names: list[str] | None = None
+) -> HardwareProfile | None:
     """The profile a job is predicted for ([hardware] section `hw`, its target "cpu" / "cuda"):
     `local` comes from `local()` (None: not measured, no prediction); `gpu_names`: the visible
     GPUs' names for "auto" on a GPU job."""
     name = hw.profile
     if name == "auto":
-        name = "local" if target == "cpu" else next(
-            (n for n in map(gpu_profile_name, gpu_names or []) if n), "h100_sxm")
+        name = (
+            "local"
+            if target == "cpu"
+            else next((n for n in map(gpu_profile_name, gpu_names or []) if n), "h100_sxm")
+        )
     profile = (local() if local is not None else None) if name == "local" else PROFILES[name]
     return None if profile is None else with_overrides(profile, hw)
 
 
 # nvidia-smi: the one place the framework asks the driver about its GPUs (torch-free)
+
 
 def _nvidia_smi(query: str) -> list[str] | None:
     """One line per GPU nvidia-smi lists for `query` (CUDA_VISIBLE_DEVICES respected); None

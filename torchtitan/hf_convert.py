@@ -19,24 +19,41 @@ from torchtitan.dtypes import DTYPES
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import export_fields, hf_converter, model_rules
 from torchtitan.models.hf.folder import check_folder
-from torchtitan.models.hf.weights import SHARD_BYTES, HFLoad, ShardWriter, convert_full, load_hf_weights, write_metadata
+from torchtitan.models.hf.weights import (
+    SHARD_BYTES,
+    HFLoad,
+    ShardWriter,
+    convert_full,
+    load_hf_weights,
+    write_metadata,
+)
 from torchtitan.training.build import model_on_meta
 from torchtitan.training.model_args import run_model_args
 
 
-def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dtype: str = "",
-                      shard_bytes: int = SHARD_BYTES) -> str:
+def export_checkpoint(
+    checkpoint: str,
+    folder: str,
+    tokenizer_path: str = "",
+    dtype: str = "",
+    shard_bytes: int = SHARD_BYTES,
+) -> str:
     """A saved checkpoint folder (step-N: full, model-only or seed) -> the Hugging Face folder
     `folder`, in one process without a process group. The model comes from the checkpoint's
     marker, the vocabulary from its embedding; dtype "" = the checkpoint's own."""
     marker = read_marker(checkpoint) or {}
     if "/" not in marker.get("model", ""):
-        raise ValueError(f"checkpoint '{checkpoint}' has no .complete marker naming its model; give a step-N folder"
-                         " that a finished save wrote")
+        raise ValueError(
+            f"checkpoint '{checkpoint}' has no .complete marker naming its model; give a step-N folder"
+            " that a finished save wrote"
+        )
     model_name, flavor = marker["model"].split("/", 1)
     meta = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
-    state = {k[len("model."):]: torch.empty(v.size, dtype=v.properties.dtype)
-             for k, v in meta.items() if k.startswith("model.") and hasattr(v, "size")}
+    state = {
+        k[len("model.") :]: torch.empty(v.size, dtype=v.properties.dtype)
+        for k, v in meta.items()
+        if k.startswith("model.") and hasattr(v, "size")
+    }
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.load({"model": state}, checkpoint_id=checkpoint, no_dist=True)
@@ -50,8 +67,10 @@ def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dt
         tokenizer_path = marker["tokenizer"]
     tokenizer = load_tokenizer(tokenizer_path)
     if tokenizer.vocab_size > vocab or (not tokenizer_path and tokenizer.vocab_size != vocab):
-        raise ValueError(f"--tokenizer_path: '{tokenizer.path}' has {tokenizer.vocab_size} tokens, the checkpoint's"
-                         f" embedding {vocab} rows; give the tokenizer the model was trained with")
+        raise ValueError(
+            f"--tokenizer_path: '{tokenizer.path}' has {tokenizer.vocab_size} tokens, the checkpoint's"
+            f" embedding {vocab} rows; give the tokenizer the model was trained with"
+        )
     dtype = dtype or marker.get("dtype") or "float32"
     tmp = folder + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -67,8 +86,14 @@ def export_checkpoint(checkpoint: str, folder: str, tokenizer_path: str = "", dt
     return folder
 
 
-def import_folder(folder: str, out: str, model_name: str, flavor: str, tokenizer_path: str = "",
-                  dtype: str = "float32") -> tuple[str, HFLoad]:
+def import_folder(
+    folder: str,
+    out: str,
+    model_name: str,
+    flavor: str,
+    tokenizer_path: str = "",
+    dtype: str = "float32",
+) -> tuple[str, HFLoad]:
     """A Hugging Face folder -> the model-only DCP step folder `out` that a run's
     --checkpoint.initial_load_path accepts (the trainer's own model-only format: "model."
     keys, a `.complete` marker naming model, flavor, dtype, tokenizer and the resolved
@@ -79,24 +104,36 @@ def import_folder(folder: str, out: str, model_name: str, flavor: str, tokenizer
     key = "convert_hf.py"
     tokenizer = load_tokenizer(tokenizer_path)
     # the job a run started from the folder would be: the flavor at its full context, the folder's rules
-    cfg = JobConfig(model=Model(name=model_name, flavor=flavor, tokenizer_path=tokenizer_path),
-                    training=Training(seq_len=flavors_of(model_name)[flavor].max_seq_len),
-                    checkpoint=Checkpoint(initial_load_path=folder))
+    cfg = JobConfig(
+        model=Model(name=model_name, flavor=flavor, tokenizer_path=tokenizer_path),
+        training=Training(seq_len=flavors_of(model_name)[flavor].max_seq_len),
+        checkpoint=Checkpoint(initial_load_path=folder),
+    )
     args = run_model_args(cfg, tokenizer.vocab_size)
     check_folder(folder, model_name, flavor, args, key=key)
     model = model_on_meta(cfg, args).model
     model.to_empty(device="cpu")
-    model.init_weights(0, torch.device("cpu"))  # buffers and caches; every checkpointed tensor is read below
+    model.init_weights(
+        0, torch.device("cpu")
+    )  # buffers and caches; every checkpointed tensor is read below
     done = load_hf_weights([model], folder, model_name, args, key=key)
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        with (
+            warnings.catch_warnings()
+        ):  # "assuming the intent is to save in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
             dcp.save({"model": ModelState([model], DTYPES[dtype])}, checkpoint_id=tmp, no_dist=True)
-        run = run_record(f"{model_name}/{flavor}", 1, {}, tokenizer.path, export_fields(model_name, args),
-                         model_rules(model_name, args))
+        run = run_record(
+            f"{model_name}/{flavor}",
+            1,
+            {},
+            tokenizer.path,
+            export_fields(model_name, args),
+            model_rules(model_name, args),
+        )
         write_marker(tmp, marker_record(0, True, dtype, run, hf_source=os.path.abspath(folder)))
         os.replace(tmp, out)
     except BaseException:

@@ -31,10 +31,14 @@ from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tied_copies import TiedCopies
 from torchtitan.distributed.utils import (
-    DeviceError, clip_grad_norm_, comm_failure_summary, init_distributed, is_comm_failure, pick_device,
+    DeviceError,
+    clip_grad_norm_,
+    comm_failure_summary,
+    init_distributed,
+    is_comm_failure,
+    pick_device,
     shutdown_distributed,
 )
-from torchtitan.planning.startup import MemoryBudgetError, share, start_prediction, wanted
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import export_args, export_fields, model_rules
 from torchtitan.models.hf.weights import HFExportError, HFSpec
@@ -42,17 +46,24 @@ from torchtitan.observe.comm_stats import CommStats
 from torchtitan.observe.metrics import MetricsLogger, StepMemoryLog, peak_tflops
 from torchtitan.observe.profiling import Profiler
 from torchtitan.observe.step_clock import StepClock, StepTimeCheck
+from torchtitan.planning.startup import MemoryBudgetError, share, start_prediction, wanted
 from torchtitan.resilience import exit_status, faults
 from torchtitan.resilience.hang_watchdog import HangWatchdog
 from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_line
 from torchtitan.resilience.timeouts import hang_timeout
-from torchtitan.training.build import ModelParts, build_parts, model_on_meta, plan_records, step_runner
+from torchtitan.training.build import (
+    ModelParts,
+    build_parts,
+    model_on_meta,
+    plan_records,
+    step_runner,
+)
 from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.loss import global_sum
 from torchtitan.training.nonfinite import NonFiniteLossError, NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
-from torchtitan.training.step import StepResult
 from torchtitan.training.plan_report import report_plan
+from torchtitan.training.step import StepResult
 from torchtitan.units import GIB
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -90,17 +101,34 @@ def job_mesh(cfg: JobConfig, device: torch.device) -> ParallelDims:
     return dims
 
 
-def materialised_parts(meta, dims: ParallelDims, cfg: JobConfig, device: torch.device, predicted=None,
-                       log=print) -> ModelParts:
+def materialised_parts(
+    meta, dims: ParallelDims, cfg: JobConfig, device: torch.device, predicted=None, log=print
+) -> ModelParts:
     """This rank's parts, planned (with what the memory budget frees) and parallelized on meta,
     the plan reported, then given memory and their layout-independent initial weights."""
     pp_rank = dims.pp_rank()
     free = predicted.free_bytes.get(pp_rank, 0) if predicted is not None else 0
-    parts = build_parts(meta.spec, meta.model, dims, cfg, device.type, pp_rank, free,
-                        predicted.budget_note if predicted is not None else "")
-    report_plan(plan_records(parts), dims, cfg, predicted.budget_bytes if predicted is not None else None,
-                [r.record() for r in predicted.roles] if predicted is not None else None, log,
-                [r.time.record() for r in predicted.roles if r.time is not None] if predicted is not None else None)
+    parts = build_parts(
+        meta.spec,
+        meta.model,
+        dims,
+        cfg,
+        device.type,
+        pp_rank,
+        free,
+        predicted.budget_note if predicted is not None else "",
+    )
+    report_plan(
+        plan_records(parts),
+        dims,
+        cfg,
+        predicted.budget_bytes if predicted is not None else None,
+        [r.record() for r in predicted.roles] if predicted is not None else None,
+        log,
+        [r.time.record() for r in predicted.roles if r.time is not None]
+        if predicted is not None
+        else None,
+    )
     for part in parts.modules:
         part.to_empty(device=device)
         part.init_weights(cfg.training.seed, device)
@@ -111,16 +139,30 @@ def materialised_parts(meta, dims: ParallelDims, cfg: JobConfig, device: torch.d
 def run_info(cfg: JobConfig, dims: ParallelDims, tokenizer, args, global_batch: int | None) -> dict:
     """What this run's checkpoint markers record (checkpoint/files.run_record)."""
     m = cfg.model
-    return run_record(f"{m.name}/{m.flavor}", dims.world_size, dict(dims.mesh_shape), tokenizer.path,
-                      export_fields(m.name, args), model_rules(m.name, args), global_batch)
+    return run_record(
+        f"{m.name}/{m.flavor}",
+        dims.world_size,
+        dict(dims.mesh_shape),
+        tokenizer.path,
+        export_fields(m.name, args),
+        model_rules(m.name, args),
+        global_batch,
+    )
 
 
 def hf_spec(cfg: JobConfig, dims: ParallelDims, tokenizer, args) -> HFSpec:
     """Hugging Face import/export facts; the first rank of each pipeline stage writes."""
     m = cfg.model
     export = export_args(m.name, args, flavors_of(m.name)[m.flavor].max_seq_len)
-    return HFSpec(m.name, export, tokenizer.bos_id, tokenizer.eos_id, tokenizer.path, dims.leads_stage(),
-                  dims.pp_rank())
+    return HFSpec(
+        m.name,
+        export,
+        tokenizer.bos_id,
+        tokenizer.eos_id,
+        tokenizer.path,
+        dims.leads_stage(),
+        dims.pp_rank(),
+    )
 
 
 def write_seed_checkpoint(cfg: JobConfig) -> str:
@@ -134,9 +176,14 @@ def write_seed_checkpoint(cfg: JobConfig) -> str:
     tokenizer = load_tokenizer(cfg.model.tokenizer_path)
     meta = model_on_meta(cfg)
     parts = materialised_parts(meta, dims, cfg, device)
-    manager = CheckpointManager(cfg.checkpoint, cfg.job.dump_folder, parts.modules,
-                                run_info(cfg, dims, tokenizer, meta.args, batch_shape(cfg, dims.dp).global_batch),
-                                io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds, device_type=device.type)
+    manager = CheckpointManager(
+        cfg.checkpoint,
+        cfg.job.dump_folder,
+        parts.modules,
+        run_info(cfg, dims, tokenizer, meta.args, batch_shape(cfg, dims.dp).global_batch),
+        io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
+        device_type=device.type,
+    )
     return manager.save_seed()
 
 
@@ -151,7 +198,9 @@ class Trainer:
         self.rank = dist.get_rank()
         self.log_ranks = {int(r) for r in os.environ.get("LOG_RANK", "0").split(",") if r.strip()}
         # early: the CPU peak meter counts the frees of the blocks allocated after it
-        self.memory = StepMemoryLog(self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank)
+        self.memory = StepMemoryLog(
+            self.device, cfg.metrics.cpu_memory_peak, cfg.job.dump_folder, self.rank
+        )
         seed_and_determinism(cfg, self.device)
         self.dims = job_mesh(cfg, self.device)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
@@ -161,42 +210,85 @@ class Trainer:
         self.flops_per_token = self.meta.model.flops_per_token(t.seq_len)
         self.shape = batch_shape(cfg, self.dims.dp)
         self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
-        self.parts = materialised_parts(self.meta, self.dims, cfg, self.device, self.predicted, self.log)
+        self.parts = materialised_parts(
+            self.meta, self.dims, cfg, self.device, self.predicted, self.log
+        )
         self.model_parts = self.parts.modules
-        self.runner = step_runner(self.parts, self.dims, cfg, self.device, doc_delimiter=self.tokenizer.doc_delimiter,
-                                  held_for_backward=cfg.metrics.held_for_backward,
-                                  backward_phase=(lambda: self.comm.phase("backward")) if self.comm else None)
+        self.runner = step_runner(
+            self.parts,
+            self.dims,
+            cfg,
+            self.device,
+            doc_delimiter=self.tokenizer.doc_delimiter,
+            held_for_backward=cfg.metrics.held_for_backward,
+            backward_phase=(lambda: self.comm.phase("backward")) if self.comm else None,
+        )
         self.balancer = self._expert_balancer()
         # a tied weight's copies on the first and last pipeline stage (distributed/tied_copies.py)
-        self.tied = (TiedCopies(self.model_parts, self.dims.pp_ends_group())
-                     if self.dims.pp > 1 and getattr(self.model_parts[0], "tied_weights", None) else None)
-        self.dataloader = build_dataloader(t, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps,
-                                           workers=loader_workers(t.dataloader_workers, self.device), log=self.log)
-        self.validator = (Validator(cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps)
-                          if cfg.validation.enable else None)
-        self.optimizers = PartOptimizers(self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler, self.device.type)
+        self.tied = (
+            TiedCopies(self.model_parts, self.dims.pp_ends_group())
+            if self.dims.pp > 1 and getattr(self.model_parts[0], "tied_weights", None)
+            else None
+        )
+        self.dataloader = build_dataloader(
+            t,
+            self.tokenizer,
+            self.dims.dp_rank(),
+            self.dims.dp,
+            self.shape.accum_steps,
+            workers=loader_workers(t.dataloader_workers, self.device),
+            log=self.log,
+        )
+        self.validator = (
+            Validator(
+                cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps
+            )
+            if cfg.validation.enable
+            else None
+        )
+        self.optimizers = PartOptimizers(
+            self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler, self.device.type
+        )
         self.train_state = TrainState(self.rank)
-        self.watchdog = HangWatchdog(hang_timeout(cfg.comm), cfg.job.dump_folder, self.rank, self.dims.world_size,
-                                     self.device, watch_compile=cfg.compile.enable)
+        self.watchdog = HangWatchdog(
+            hang_timeout(cfg.comm),
+            cfg.job.dump_folder,
+            self.rank,
+            self.dims.world_size,
+            self.device,
+            watch_compile=cfg.compile.enable,
+        )
         self.preemption = Preemption(self.device)
         self.preempted = None  # the closing line of a preempted run
         self.kill_wait_noted, self.held_bytes = False, 0
         self.clock = StepClock(self.watchdog.paused_seconds)  # step time, defined once
         role = self.predicted.role_of(self.rank) if self.predicted is not None else None
-        self.time_check = StepTimeCheck(role.time.predicted_step_seconds if role is not None and role.time else None)
+        self.time_check = StepTimeCheck(
+            role.time.predicted_step_seconds if role is not None and role.time else None
+        )
         self.nonfinite = NonFiniteWatch(self.device)
         self.checkpoint = CheckpointManager(
-            cfg.checkpoint, cfg.job.dump_folder, self.model_parts,
+            cfg.checkpoint,
+            cfg.job.dump_folder,
+            self.model_parts,
             run_info(cfg, self.dims, self.tokenizer, self.meta.args, self.shape.global_batch),
-            optimizers=self.optimizers, dataloader=self.dataloader, train_state=self.train_state,
+            optimizers=self.optimizers,
+            dataloader=self.dataloader,
+            train_state=self.train_state,
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
-            hf=hf_spec(cfg, self.dims, self.tokenizer, self.meta.args), device_type=self.device.type, log=self.log,
+            hf=hf_spec(cfg, self.dims, self.tokenizer, self.meta.args),
+            device_type=self.device.type,
+            log=self.log,
         )
         load_note = self.checkpoint.load()
         self.metrics = MetricsLogger(
-            cfg.job.dump_folder, enabled=self.rank == 0, tensorboard=cfg.metrics.enable_tensorboard,
-            total_steps=t.steps, resume_step=self.train_state.step,
-            wandb_config=dataclasses.asdict(cfg) if cfg.metrics.enable_wandb else None, run_name=cfg.job.description,
+            cfg.job.dump_folder,
+            enabled=self.rank == 0,
+            tensorboard=cfg.metrics.enable_tensorboard,
+            total_steps=t.steps,
+            resume_step=self.train_state.step,
+            wandb_config=dataclasses.asdict(cfg) if cfg.metrics.enable_wandb else None,
+            run_name=cfg.job.description,
         )
         self.peak_flops = self._peak_flops()
         self._log_header(load_note)
@@ -206,13 +298,17 @@ class Trainer:
     def _expert_balancer(self) -> ExpertBalancer | None:
         if not getattr(self.meta.args, "n_routed_experts", 0):
             return None
-        return ExpertBalancer(self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group())
+        return ExpertBalancer(
+            self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group()
+        )
 
     def _peak_flops(self) -> float | None:
         peak = peak_tflops(self.device, self.cfg.hardware.peak_tflops)
         if self.device.type == "cuda" and peak is None:
-            self.log(f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
-                     " set --hardware.peak_tflops (dense bf16) to get it")
+            self.log(
+                f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
+                " set --hardware.peak_tflops (dense bf16) to get it"
+            )
         return peak
 
     # ------------------------------------------------------------------ log lines
@@ -252,10 +348,15 @@ class Trainer:
 
     def _pipeline_note(self) -> str:
         layout, parts = self.parts.layout, self.parts
-        held = ", ".join(f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}" for sid in parts.stage_ids)
-        return (f"pipeline {self.cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
-                f" ({layout.stages_per_rank} per rank), {parts.microbatches} microbatches; rank {self.rank} holds"
-                f" stage {held}")
+        held = ", ".join(
+            f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}"
+            for sid in parts.stage_ids
+        )
+        return (
+            f"pipeline {self.cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
+            f" ({layout.stages_per_rank} per rank), {parts.microbatches} microbatches; rank {self.rank} holds"
+            f" stage {held}"
+        )
 
     def _log_memory_error(self, memory: dict) -> None:
         """Predicted vs measured peak of this rank, once (after step 2), so every run reports
@@ -265,19 +366,26 @@ class Trainer:
             return
         predicted = role.predicted_peak_bytes / GIB
         measured = memory.get("memory_peak_allocated_gib")
-        text = (f"measured {measured:.3f} GiB, error {100 * (predicted - measured) / measured:+.1f}%" if measured
-                else "measured n/a (on CPU: --metrics.cpu_memory_peak=true)")
-        self.log(f"[torchtitan] memory, rank {self.rank} (role {role.role}): predicted peak {predicted:.3f} GiB"
-                 f" (at {role.peak_at}), {text}")
+        text = (
+            f"measured {measured:.3f} GiB, error {100 * (predicted - measured) / measured:+.1f}%"
+            if measured
+            else "measured n/a (on CPU: --metrics.cpu_memory_peak=true)"
+        )
+        self.log(
+            f"[torchtitan] memory, rank {self.rank} (role {role.role}): predicted peak {predicted:.3f} GiB"
+            f" (at {role.peak_at}), {text}"
+        )
 
     def _log_step_time_error(self, step: int, measured: float) -> None:
         """Predicted vs measured step time of this rank's role, once, so every run reports the
         step-time model's error (memory/step_time.py)."""
         role = self.predicted.role_of(self.rank)
         predicted = role.time.predicted_step_seconds
-        self.log(f"[torchtitan] step time, rank {self.rank} (role {role.role}, hardware {self.predicted.hardware}):"
-                 f" predicted {predicted:.3f}s, measured {measured:.3f}s (mean of the steps up to {step} after the"
-                 f" first sync point), error {100 * (predicted - measured) / measured:+.1f}%")
+        self.log(
+            f"[torchtitan] step time, rank {self.rank} (role {role.role}, hardware {self.predicted.hardware}):"
+            f" predicted {predicted:.3f}s, measured {measured:.3f}s (mean of the steps up to {step} after the"
+            f" first sync point), error {100 * (predicted - measured) / measured:+.1f}%"
+        )
 
     # ------------------------------------------------------------------ one step
 
@@ -331,23 +439,39 @@ class Trainer:
             m.eval()  # e.g. MoE layers do not count tokens for load balancing
         try:
             with self.watchdog.paused(f"validation after step {step}"):
-                values = self.validator.measure(lambda batches: self._mean(self.runner.evaluate(batches)))
+                values = self.validator.measure(
+                    lambda batches: self._mean(self.runner.evaluate(batches))
+                )
         finally:
             for m in self.model_parts:
                 m.train()
                 m.zero_grad(set_to_none=True)  # V schedules validate with a backward
             reshard_after_eval(self.model_parts)
-        self.metrics.log_validation(step, values, self.cfg.validation.steps, time.perf_counter() - start)
+        self.metrics.log_validation(
+            step, values, self.cfg.validation.steps, time.perf_counter() - start
+        )
 
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> None:
-        profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.rank, self.device,
-                            self.train_state.step, self.cfg.training.steps, self.log)
+        profiler = Profiler(
+            self.cfg.profiling,
+            self.cfg.job.dump_folder,
+            self.rank,
+            self.device,
+            self.train_state.step,
+            self.cfg.training.steps,
+            self.log,
+        )
         # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises;
         # the preemption handlers are on for the loop only (preemption.py)
-        with self.comm if self.comm is not None else contextlib.nullcontext(), profiler, self.memory, self.metrics, \
-                self.preemption:
+        with (
+            self.comm if self.comm is not None else contextlib.nullcontext(),
+            profiler,
+            self.memory,
+            self.metrics,
+            self.preemption,
+        ):
             self.watchdog.start()
             try:
                 self._train_loop(profiler)
@@ -413,8 +537,11 @@ class Trainer:
         """Where the host waits for the device: the steps that log, and those after which a
         checkpoint is saved or the model validated (which must not see a non-finite step)."""
         t = self.cfg.training
-        return (self._logs(step) or self.checkpoint.due(step, last=step == t.steps)
-                or (self.validator is not None and self.validator.due(step, t.steps, start_step)))
+        return (
+            self._logs(step)
+            or self.checkpoint.due(step, last=step == t.steps)
+            or (self.validator is not None and self.validator.due(step, t.steps, start_step))
+        )
 
     def _comm_figures(self) -> dict:
         if self.comm is None:
@@ -422,19 +549,46 @@ class Trainer:
         counts, nbytes = self.comm.reset()
         return {"comm": counts, "comm_bytes": nbytes}
 
-    def _log_step(self, step: int, step_time: float, loss: float, grad_norm: float, lr: float, memory: dict,
-                  figures: dict) -> None:
+    def _log_step(
+        self,
+        step: int,
+        step_time: float,
+        loss: float,
+        grad_norm: float,
+        lr: float,
+        memory: dict,
+        figures: dict,
+    ) -> None:
         """step_time: observe/step_clock.py's (the mean over the steps since the last sync point)."""
         t = self.cfg.training
         tps = self.shape.global_batch * t.seq_len / step_time
         per_device = tps / self.dims.world_size
-        mfu = per_device * self.flops_per_token / (self.peak_flops * 1e12) if self.peak_flops else None
-        self.metrics.log(step, {
-            "loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens_per_sec": tps,
-            "tokens_per_sec_per_device": per_device, "mfu": mfu, **memory, "step_time": step_time,
-            "tokens_seen": self.train_state.tokens_seen, **self._tokens_by_source(step), **figures,
-            **({"held_for_backward_bytes": self.held_bytes} if self.cfg.metrics.held_for_backward else {}),
-        })
+        mfu = (
+            per_device * self.flops_per_token / (self.peak_flops * 1e12)
+            if self.peak_flops
+            else None
+        )
+        self.metrics.log(
+            step,
+            {
+                "loss": loss,
+                "grad_norm": grad_norm,
+                "lr": lr,
+                "tokens_per_sec": tps,
+                "tokens_per_sec_per_device": per_device,
+                "mfu": mfu,
+                **memory,
+                "step_time": step_time,
+                "tokens_seen": self.train_state.tokens_seen,
+                **self._tokens_by_source(step),
+                **figures,
+                **(
+                    {"held_for_backward_bytes": self.held_bytes}
+                    if self.cfg.metrics.held_for_backward
+                    else {}
+                ),
+            },
+        )
 
     def _tokens_by_source(self, step: int) -> dict:
         """tokens_seen/<source> of a mixture: the job's, from the mixture's pattern (no communication)."""
@@ -451,8 +605,11 @@ class Trainer:
             self.checkpoint.maybe_save(step, last=step == t.steps)
         if step == t.steps:
             return False  # finished: a late signal has nothing left to stop
-        note = (kill_wait_note(self.checkpoint.save_estimate(), self.clock.last_step_s)
-                if self.cfg.checkpoint.enable else None)
+        note = (
+            kill_wait_note(self.checkpoint.save_estimate(), self.clock.last_step_s)
+            if self.cfg.checkpoint.enable
+            else None
+        )
         if note is not None and not self.kill_wait_noted:  # once
             self.kill_wait_noted = True
             self.log(f"[torchtitan] {note}")
@@ -464,8 +621,13 @@ class Trainer:
         with self.watchdog.paused(f"the preemption save after step {step}"):
             saved = self.checkpoint.save_now(step)
         save_s = saved[1] if saved is not None else 0.0
-        self.preempted = stop_line(stop, step, saved[0] if saved is not None else None, save_s,
-                                   stop.since_signal_s + save_s)
+        self.preempted = stop_line(
+            stop,
+            step,
+            saved[0] if saved is not None else None,
+            save_s,
+            stop.since_signal_s + save_s,
+        )
         self.log(f"[torchtitan] {self.preempted}")
         return True
 
@@ -495,7 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.checkpoint.create_seed_checkpoint:
             path = write_seed_checkpoint(cfg)
             if dist.get_rank() == 0:
-                print(f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder", flush=True)
+                print(
+                    f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder",
+                    flush=True,
+                )
         else:
             trainer = Trainer(cfg)
             trainer.train()
@@ -514,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer.checkpoint.settle()
         shutdown_distributed()
         return 1
-    except DataError as e:  # a bad document on this rank's rows only: the others wait in a collective
+    except (
+        DataError
+    ) as e:  # a bad document on this rank's rows only: the others wait in a collective
         _error_line(f"error: rank {os.environ.get('RANK')}: {e}")
         os._exit(1)  # torchrun then stops the other ranks
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
@@ -525,9 +692,11 @@ def main(argv: list[str] | None = None) -> int:
         if watchdog is not None:
             watchdog.wait_for_report()  # a hang report in progress ends the process itself
         activity = watchdog.activity if watchdog is not None else "start-up"
-        _error_line(f"error: rank {os.environ.get('RANK')}: communication failed during {activity}"
-                    f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
-                    f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint")
+        _error_line(
+            f"error: rank {os.environ.get('RANK')}: communication failed during {activity}"
+            f" ({comm_failure_summary(e)}); another rank died or stalled past --comm.timeout_seconds="
+            f"{cfg.comm.timeout_seconds}; rerun the same command to resume from the last checkpoint"
+        )
         os._exit(1)
     shutdown_distributed()
     if trainer is not None and trainer.preempted is not None:

@@ -23,7 +23,9 @@ def subprocess_env() -> dict:
     """Environment for `python -m torchtitan...` children: the repo importable, the Hugging
     Face hub offline (as in tests/unit: an accidental hub access fails fast), nothing else set."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = REPO_ROOT + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
     for key in ("NGPU", "WORLD_SIZE", "RANK"):

@@ -56,8 +56,19 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CONFIG = os.path.join(ROOT, "train_configs", "llama3_debug.toml")
 # Variables torch, datasets, tokenizers & co. may read while being imported (TORCHRUN_LOG_DIR is
 # run_train.sh's, read by no import).
-IMPORT_TIME_PREFIXES = ("HF_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "TRANSFORMERS_", "TOKENIZERS_",
-                        "DATASETS_", "KMP_", "MKL_", "LD_")
+IMPORT_TIME_PREFIXES = (
+    "HF_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "TORCHDYNAMO_",
+    "PYTORCH_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "DATASETS_",
+    "KMP_",
+    "MKL_",
+    "LD_",
+)
 
 SERVER_LOG = os.path.join(tempfile.gettempdir(), f"titan_fork_server_{os.getpid()}.log")
 _zygote_env: dict | None = None  # the environment the fork server imported with
@@ -74,7 +85,9 @@ def _context():
     # given) and skips a preload it cannot import: PYTHONPATH makes zygote_imports importable.
     # Its own output (say, why it stopped) goes to SERVER_LOG (zygote_imports.py).
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TITAN_FORK_SERVER_LOG")}
-    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, ROOT, *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [HERE, ROOT, *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])]
+    )
     os.environ["TITAN_FORK_SERVER_LOG"] = SERVER_LOG
     try:
         multiprocessing.forkserver.ensure_running()
@@ -116,7 +129,9 @@ def needs_torchrun(env: dict) -> list[str]:
     """The variables of `env` read at import time that differ from the fork server's."""
     base = _zygote_env if _zygote_env is not None else os.environ
     keys = set(env) | set(base)
-    return sorted(k for k in keys if k.startswith(IMPORT_TIME_PREFIXES) and env.get(k) != base.get(k))
+    return sorted(
+        k for k in keys if k.startswith(IMPORT_TIME_PREFIXES) and env.get(k) != base.get(k)
+    )
 
 
 def config_file(env: dict) -> str:
@@ -167,17 +182,23 @@ def _worker(entry: str, argv: list[str], env: dict, cwd: str, rank_dir: str, thr
     for stream in inherited:  # they write to the files now too: line by line
         stream.reconfigure(line_buffering=True)
     # As python -u (PYTHONUNBUFFERED, which run_train.sh sets): every write reaches the file.
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                                  write_through=True)
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
     sys.argv = [entry, *argv]
     rc = 1
     try:
-        import zygote_imports  # noqa: F401  (else now: this checkout's torchtitan, never another one)
         import torch
+        import zygote_imports  # noqa: F401  (else now: this checkout's torchtitan, never another one)
 
         torch.set_num_threads(threads)
         rc = _exit_code(importlib.import_module(entry).main())
@@ -239,8 +260,16 @@ def _signal_group(pid: int, sig: int) -> None:
             pass
 
 
-def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
-           entry: str = "torchtitan.train", with_config: bool = True, dry_run: bool = False) -> tuple[int, str]:
+def launch(
+    ngpu: int,
+    argv: list[str],
+    log_dir: str,
+    env: dict,
+    timeout: float,
+    entry: str = "torchtitan.train",
+    with_config: bool = True,
+    dry_run: bool = False,
+) -> tuple[int, str]:
     """Run `entry`'s main() on `ngpu` forked ranks; (exit code, console output).
 
     argv: the overrides run_train.sh is given; with_config puts `--job.config_file <config>`
@@ -257,13 +286,20 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         env = {**env, "WORLD_SIZE": str(ngpu)}
         entry, ngpu = "torchtitan.dry_run", 1
     threads = threads_per_rank(env, ngpu)
-    base = {**env, "PYTHONPATH": ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-            "PYTHONUNBUFFERED": "1"}
+    base = {
+        **env,
+        "PYTHONPATH": ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        "PYTHONUNBUFFERED": "1",
+    }
     if not dry_run:
         base["OMP_NUM_THREADS"] = str(threads)
     if with_config:
         argv = ["--job.config_file", config_file(env), *argv]
-    if not dry_run and entry == "torchtitan.train" and not any("memory_budget_gib" in a for a in argv):
+    if (
+        not dry_run
+        and entry == "torchtitan.train"
+        and not any("memory_budget_gib" in a for a in argv)
+    ):
         # The start-up memory prediction (a child process per run) is tested by the runs that
         # set a budget; the others skip it to keep the suite fast.
         argv = [*argv, "--planning.memory_budget_gib=none"]
@@ -272,8 +308,14 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         for name in ("stdout.log", "stderr.log"):
             if os.path.exists(os.path.join(log_dir, str(rank), name)):
                 os.remove(os.path.join(log_dir, str(rank), name))
-    tail = _Tail([os.path.join(log_dir, str(r), name) for r in log_ranks if r < ngpu
-                  for name in ("stdout.log", "stderr.log")])
+    tail = _Tail(
+        [
+            os.path.join(log_dir, str(r), name)
+            for r in log_ranks
+            if r < ngpu
+            for name in ("stdout.log", "stderr.log")
+        ]
+    )
     # torchrun's agent hosts the rendezvous store and the ranks connect to it
     # (TORCHELASTIC_USE_AGENT_STORE): a port taken by the store itself, nothing to race for.
     store = None if dry_run else TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -292,23 +334,46 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:
         for rank in range(ngpu):
-            renv = base if dry_run else {
-                **base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                "ROLE_NAME": "default", "WORLD_SIZE": str(ngpu), "LOCAL_WORLD_SIZE": str(ngpu),
-                "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(ngpu), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(store.port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
-                "TORCHTITAN_STATUS_FILE": status_path,
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
-            p = ctx.Process(target=_worker, args=(entry, argv, renv, os.getcwd(), os.path.join(log_dir, str(rank)),
-                                                  threads), name=f"rank{rank}")
+            renv = (
+                base
+                if dry_run
+                else {
+                    **base,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "GROUP_RANK": "0",
+                    "ROLE_RANK": str(rank),
+                    "ROLE_NAME": "default",
+                    "WORLD_SIZE": str(ngpu),
+                    "LOCAL_WORLD_SIZE": str(ngpu),
+                    "GROUP_WORLD_SIZE": "1",
+                    "ROLE_WORLD_SIZE": str(ngpu),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(store.port),
+                    "TORCHELASTIC_RESTART_COUNT": "0",
+                    "TORCHELASTIC_MAX_RESTARTS": "0",
+                    "TORCHELASTIC_RUN_ID": run_id,
+                    "TORCHELASTIC_USE_AGENT_STORE": "True",
+                    "TORCHTITAN_STATUS_FILE": status_path,
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get(
+                        "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+                    ),
+                }
+            )
+            p = ctx.Process(
+                target=_worker,
+                args=(entry, argv, renv, os.getcwd(), os.path.join(log_dir, str(rank)), threads),
+                name=f"rank{rank}",
+            )
             try:
                 p.start()
             except (EOFError, OSError) as e:
                 if _alive(server):
                     raise
-                raise RuntimeError(f"the fork server (pid {server}) died while starting rank {rank} (killed from"
-                                   " outside?); the next run starts a new one") from e
+                raise RuntimeError(
+                    f"the fork server (pid {server}) died while starting rank {rank} (killed from"
+                    " outside?); the next run starts a new one"
+                ) from e
             procs.append(p)
         sys.modules["__main__"] = main_module
         while any(p.exitcode is None for p in procs):
@@ -316,8 +381,12 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
             console.append(tail.read())
             now = time.monotonic()
             if first_failure is None:
-                failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if failed:  # as run_train.sh's launcher (torchtitan/launcher.py): SIGKILL to the rest
+                failed = [
+                    (r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                ]
+                if (
+                    failed
+                ):  # as run_train.sh's launcher (torchtitan/launcher.py): SIGKILL to the rest
                     first_failure = failed[0]
                     for p in procs:
                         if p.exitcode is None:
@@ -343,7 +412,9 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
     os.remove(status_path)
     if timed_out:
         rc = 124
-    elif status is not None:  # as run_train.sh: the rank's code, its line when the console does not show it
+    elif (
+        status is not None
+    ):  # as run_train.sh: the rank's code, its line when the console does not show it
         rc = status[0]
         if status[1] not in log_ranks:
             console.append(("[torchtitan] " if rc in (0, 75) else "error: ") + status[2] + "\n")
@@ -361,13 +432,17 @@ def launch(ngpu: int, argv: list[str], log_dir: str, env: dict, timeout: float,
         deadline = time.monotonic() + 10
         while any(map(_alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        console.append(f"[fast_launch] the fork server (pid {server}) died during this run, its ranks with it"
-                       f" (killed from outside?); the next run starts a new one. The end of its log {SERVER_LOG}:\n"
-                       + "".join(_last_lines(SERVER_LOG)))
+        console.append(
+            f"[fast_launch] the fork server (pid {server}) died during this run, its ranks with it"
+            f" (killed from outside?); the next run starts a new one. The end of its log {SERVER_LOG}:\n"
+            + "".join(_last_lines(SERVER_LOG))
+        )
     if rc not in (0, 124) and first_failure is not None:
         # torchrun's failure summary, in the lines checkpoint_checks.rank_exit_codes reads
-        console.append(f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "
-                       f"(exit code {first_failure[1]}); ranks still running then got SIGKILL\n")
+        console.append(
+            f"[fast_launch] {entry} failed: rank {first_failure[0]} exited first "
+            f"(exit code {first_failure[1]}); ranks still running then got SIGKILL\n"
+        )
         for r, c in enumerate(codes):
             if c != 0:
                 console.append(f"  rank      : {r} (local_rank: {r})\n  exitcode  : {c}\n")

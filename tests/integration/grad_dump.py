@@ -29,7 +29,9 @@ def main() -> None:
     for part in trainer.model_parts:
         for name, p in part.named_parameters():
             if p.grad is not None:
-                grads[clean_fqn(name)] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                grads[clean_fqn(name)] = (
+                    p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                )
     if trainer.runner.pipeline is not None:  # every stage's gradients, gathered on rank 0
         parts = [None] * trainer.dims.pp
         dist.all_gather_object(parts, grads, group=trainer.dims.pp_group())

@@ -31,14 +31,20 @@ from torchtitan.train import Trainer
 
 _STEP = re.compile(r"step (\d+)")
 _HOST_TENSOR_READERS = ("torchtitan/resilience/preemption.py:",)
-_COPY_METHODS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu", torch.Tensor.numpy: "numpy"}
+_COPY_METHODS = {
+    torch.Tensor.tolist: "tolist",
+    torch.Tensor.cpu: "cpu",
+    torch.Tensor.numpy: "numpy",
+}
 
 
 def _to_host(args, kwargs) -> bool:
     """Whether a Tensor.to(...) call names the CPU as a string ("cpu"): a host copy on every
     device. A torch.device target is the run's device in this code (torch's own included),
     which on a CPU run is the CPU without being a host copy on a GPU run: not counted."""
-    return any(isinstance(a, str) and a.split(":")[0] == "cpu" for a in (*args[1:], kwargs.get("device")))
+    return any(
+        isinstance(a, str) and a.split(":")[0] == "cpu" for a in (*args[1:], kwargs.get("device"))
+    )
 
 
 def _caller() -> str:
@@ -57,8 +63,12 @@ class Reads:
 
     def optimizer_counters(self) -> set[int]:
         if self._counters is None or not self._counters:
-            self._counters = {id(s["step"]) for o in self.trainer.optimizers.optimizers
-                              for s in o.state.values() if "step" in s}
+            self._counters = {
+                id(s["step"])
+                for o in self.trainer.optimizers.optimizers
+                for s in o.state.values()
+                if "step" in s
+            }
         return self._counters
 
     def note(self, what: str) -> None:
@@ -78,7 +88,10 @@ class ScalarReads(TorchDispatchMode):
         self.reads = reads
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and id(args[0]) not in self.reads.optimizer_counters():
+        if (
+            func is torch.ops.aten._local_scalar_dense.default
+            and id(args[0]) not in self.reads.optimizer_counters()
+        ):
             self.reads.note("item")
         return func(*args, **(kwargs or {}))
 
@@ -109,7 +122,10 @@ def main() -> None:
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:
         with open(out, "w") as f:
-            json.dump({"reads": {r: e for r, e in enumerate(everyone)}, "log_freq": cfg.metrics.log_freq}, f)
+            json.dump(
+                {"reads": {r: e for r, e in enumerate(everyone)}, "log_freq": cfg.metrics.log_freq},
+                f,
+            )
     dist.barrier()
     dist.destroy_process_group()
 

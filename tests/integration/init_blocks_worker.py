@@ -14,7 +14,6 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchtitan.models.common.init import _generator, init_in_blocks, normal, trunc_normal
 
 
-
 def peak_rss_kib() -> int:
     """This process's peak resident set (VmHWM). Not ru_maxrss: Linux keeps that across
     execve, so a child of a large process (pytest) would start from its parent's peak."""
@@ -43,7 +42,9 @@ def equality() -> dict:
             mesh = init_device_mesh("cpu", mesh_shape)
             for chunk in (16, 48, 1 << 30):
                 whole = torch.empty(shape)
-                init_in_blocks(whole, init, "w", 0, "cpu", chunk_elements=chunk)  # one rank: a plain tensor
+                init_in_blocks(
+                    whole, init, "w", 0, "cpu", chunk_elements=chunk
+                )  # one rank: a plain tensor
                 if chunk == 1 << 30:  # one block is exactly one draw of the whole tensor
                     one_draw = torch.empty(shape)
                     init(one_draw, _generator("w", 0, "cpu"))
@@ -51,7 +52,12 @@ def equality() -> dict:
                 expected = distribute_tensor(whole, mesh, placements, src_data_rank=None)
                 param = distribute_tensor(torch.zeros(shape), mesh, placements, src_data_rank=None)
                 init_in_blocks(param, init, "w", 0, "cpu", chunk_elements=chunk)
-                assert torch.equal(param.to_local(), expected.to_local()), (rank, shape, placements, chunk)
+                assert torch.equal(param.to_local(), expected.to_local()), (
+                    rank,
+                    shape,
+                    placements,
+                    chunk,
+                )
                 checked += 1
     return {"checked": checked}
 

@@ -20,9 +20,17 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     import torch
 
-    seen = {"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "threads": torch.get_num_threads(), "cwd": os.getcwd(),
-            "preloaded": sys.modules["fast_launch"].PRELOADED,
-            "torchtitan": sys.modules["torchtitan.train"].__file__ if "torchtitan.train" in sys.modules else None}
+    seen = {
+        "pid": os.getpid(),
+        "argv": sys.argv[1:],
+        "env": dict(os.environ),
+        "threads": torch.get_num_threads(),
+        "cwd": os.getcwd(),
+        "preloaded": sys.modules["fast_launch"].PRELOADED,
+        "torchtitan": sys.modules["torchtitan.train"].__file__
+        if "torchtitan.train" in sys.modules
+        else None,
+    }
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(seen, f)
     code = 0
@@ -40,7 +48,9 @@ def main() -> int:
             if who in (rank, -1):
                 code = value
                 break
-        elif what == "thread_pool":  # a pool worker waits for work until the interpreter's exit hooks
+        elif (
+            what == "thread_pool"
+        ):  # a pool worker waits for work until the interpreter's exit hooks
             from concurrent.futures import ThreadPoolExecutor
 
             POOLS.append(ThreadPoolExecutor(1))  # kept, as inductor keeps its pool

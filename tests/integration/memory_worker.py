@@ -12,8 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from torchtitan.checks import load_config  # noqa: E402
-from torchtitan.planning.simulate.step import simulate_pp_rank  # noqa: E402
 from torchtitan.planning.simulate.patches import PipelineStartup  # noqa: E402
+from torchtitan.planning.simulate.step import simulate_pp_rank  # noqa: E402
 from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
 
 
@@ -26,9 +26,21 @@ def main() -> None:
         fake_startup, real_startup = PipelineStartup(), PipelineStartup()
         for pp_rank in range(dims.pp):
             fake = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, fake_startup)
-            real = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, real_startup, profile=True)
-            print(json.dumps({"pp_rank": pp_rank, "predicted": fake.peak_bytes, "tracked_real": real.peak_bytes,
-                              "allocator": real.allocator_peak_bytes, "breakdown": fake.breakdown}), flush=True)
+            real = simulate_pp_rank(
+                spec, model, dims, cfg, "cpu", pp_rank, args, real_startup, profile=True
+            )
+            print(
+                json.dumps(
+                    {
+                        "pp_rank": pp_rank,
+                        "predicted": fake.peak_bytes,
+                        "tracked_real": real.peak_bytes,
+                        "allocator": real.allocator_peak_bytes,
+                        "breakdown": fake.breakdown,
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,13 @@ def held_per_pp_rank(world: int, argv: list[str]) -> list[int]:
         for pp_rank in range(dims.pp):
             meta = model_on_meta(cfg, args)  # fresh: without PP the model itself is parallelized
             parts = build_parts(meta.spec, meta.model, dims, cfg, "cpu", pp_rank)
-            held.append(sum((p.to_local() if isinstance(p, DTensor) else p).numel()
-                            for m in parts.modules for p in m.parameters()))
+            held.append(
+                sum(
+                    (p.to_local() if isinstance(p, DTensor) else p).numel()
+                    for m in parts.modules
+                    for p in m.parameters()
+                )
+            )
         return held
 
 

@@ -23,20 +23,56 @@ PP = "--parallelism.pipeline_parallel_degree=2"
 LAYOUTS = {  # name -> (ranks, overrides)
     "fsdp2+ep2": (2, [EP, "--training.local_batch_size=2"]),
     "tp2+ep2": (2, [TP, EP, "--training.local_batch_size=4"]),
-    "simple_fsdp+tp2+ep2": (4, [TP, EP, "--parallelism.fsdp_implementation=simple_fsdp",
-                                "--training.local_batch_size=2"]),
-    "cp2+ep2": (2, ["--parallelism.context_parallel_degree=2", EP, "--training.local_batch_size=4"]),
-    "pp2_ZBVZeroBubble": (2, [PP, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-                              "--training.local_batch_size=8"]),
-    "pp2_DualPipeV+ep2": (4, [PP, EP, "--parallelism.pipeline_parallel_schedule=DualPipeV",
-                              "--training.local_batch_size=4"]),
-    "pp2_1F1B+fsdp2": (4, [PP, "--parallelism.pipeline_parallel_schedule=1F1B", "--training.local_batch_size=4"]),
+    "simple_fsdp+tp2+ep2": (
+        4,
+        [TP, EP, "--parallelism.fsdp_implementation=simple_fsdp", "--training.local_batch_size=2"],
+    ),
+    "cp2+ep2": (
+        2,
+        ["--parallelism.context_parallel_degree=2", EP, "--training.local_batch_size=4"],
+    ),
+    "pp2_ZBVZeroBubble": (
+        2,
+        [
+            PP,
+            "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+            "--training.local_batch_size=8",
+        ],
+    ),
+    "pp2_DualPipeV+ep2": (
+        4,
+        [
+            PP,
+            EP,
+            "--parallelism.pipeline_parallel_schedule=DualPipeV",
+            "--training.local_batch_size=4",
+        ],
+    ),
+    "pp2_1F1B+fsdp2": (
+        4,
+        [PP, "--parallelism.pipeline_parallel_schedule=1F1B", "--training.local_batch_size=4"],
+    ),
     # compiled TP + EP with MTP: the first block's input is a strided slice of the embedding
     # (a second input layout for dynamo: symbolic shapes DTensor could not hash, before dynamic=False)
-    "tp2+ep2_compile": (2, [TP, EP, "--compile.enable=true", "--compile.backend=aot_eager",
-                            "--training.local_batch_size=4"]),
-    "fsdp2+ep2_ac_op_compile": (2, [EP, "--activation_checkpoint.mode=selective", "--compile.enable=true",
-                                    "--training.local_batch_size=2"]),
+    "tp2+ep2_compile": (
+        2,
+        [
+            TP,
+            EP,
+            "--compile.enable=true",
+            "--compile.backend=aot_eager",
+            "--training.local_batch_size=4",
+        ],
+    ),
+    "fsdp2+ep2_ac_op_compile": (
+        2,
+        [
+            EP,
+            "--activation_checkpoint.mode=selective",
+            "--compile.enable=true",
+            "--training.local_batch_size=2",
+        ],
+    ),
 }
 
 
@@ -61,14 +97,25 @@ def parity(layouts: list[str], steps: int, workdir: str) -> list[tuple]:
     rows, the 1-rank run first."""
     common = [f"--training.steps={steps}"]
     ref = metrics(1, [*common, "--training.local_batch_size=8"], os.path.join(workdir, "1rank"))
-    rows = [("1 rank", s + 1, ref["loss"][s], ref["mtp_loss"][s], 0.0, 0.0, 0.0) for s in range(steps)]
+    rows = [
+        ("1 rank", s + 1, ref["loss"][s], ref["mtp_loss"][s], 0.0, 0.0, 0.0) for s in range(steps)
+    ]
     for name in layouts:
         ngpu, overrides = LAYOUTS[name]
         got = metrics(ngpu, [*common, *overrides], os.path.join(workdir, name))
         assert len(got["loss"]) == len(got["mtp_loss"]) == steps, got
-        rows += [(name, s + 1, got["loss"][s], got["mtp_loss"][s], rel(got["loss"][s], ref["loss"][s]),
-                  rel(got["mtp_loss"][s], ref["mtp_loss"][s]), rel(got["grad_norm"][s], ref["grad_norm"][s]))
-                 for s in range(steps)]
+        rows += [
+            (
+                name,
+                s + 1,
+                got["loss"][s],
+                got["mtp_loss"][s],
+                rel(got["loss"][s], ref["loss"][s]),
+                rel(got["mtp_loss"][s], ref["mtp_loss"][s]),
+                rel(got["grad_norm"][s], ref["grad_norm"][s]),
+            )
+            for s in range(steps)
+        ]
     return rows
 
 
@@ -84,12 +131,16 @@ def main(argv=None) -> int:
         except RunFailed as e:
             print(e, file=sys.stderr)
             return 1
-    print("| layout | step | loss | mtp_loss | loss diff vs 1 rank (rel) | mtp_loss diff vs 1 rank (rel) |")
+    print(
+        "| layout | step | loss | mtp_loss | loss diff vs 1 rank (rel) | mtp_loss diff vs 1 rank (rel) |"
+    )
     print("|---|---|---|---|---|---|")
     for name, step, loss, mtp, dl, dm, _ in rows:
         print(f"| {name} | {step} | {loss:.6f} | {mtp:.6f} | {dl:.1e} | {dm:.1e} |")
     worst = max(max(r[4:]) for r in rows)
-    print(f"largest relative difference (loss, mtp_loss, grad_norm) {worst:.1e} (tolerance {args.rtol:g})")
+    print(
+        f"largest relative difference (loss, mtp_loss, grad_norm) {worst:.1e} (tolerance {args.rtol:g})"
+    )
     return 0 if worst <= args.rtol else 1
 
 

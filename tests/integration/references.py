@@ -9,8 +9,10 @@ import json
 import run_tests
 
 CASES = {c.name: c for c in run_tests.CASES}
-REFERENCES = {run_tests.reference_name(c.model, c.dtype, c.attn_mask): (c.model, c.dtype, c.attn_mask)
-              for c in run_tests.CASES}
+REFERENCES = {
+    run_tests.reference_name(c.model, c.dtype, c.attn_mask): (c.model, c.dtype, c.attn_mask)
+    for c in run_tests.CASES
+}
 
 LOSSES: dict[str, list[float]] = {}
 GRAD_NORMS: dict[str, list[float]] = {}
@@ -27,9 +29,17 @@ def losses(name: str, tmp_path_factory) -> list[float]:
             overrides = [f"--model.attn_mask={mask}"] if mask != "causal" else []
         else:
             c = CASES[name]
-            ngpu, overrides, model, dtype, launcher = c.ngpu, c.overrides, c.model, c.dtype, c.launcher
+            ngpu, overrides, model, dtype, launcher = (
+                c.ngpu,
+                c.overrides,
+                c.model,
+                c.dtype,
+                c.launcher,
+            )
         dump = str(tmp_path_factory.mktemp(name.replace("+", "_")))
-        rc, _, log = run_tests.run(ngpu, overrides, dump, model=model, dtype=dtype, launcher=launcher)
+        rc, _, log = run_tests.run(
+            ngpu, overrides, dump, model=model, dtype=dtype, launcher=launcher
+        )
         assert rc == 0, log[-3000:]
         LOSSES[name] = run_tests.read_losses(dump)
         GRAD_NORMS[name] = run_tests.read_grad_norms(dump)

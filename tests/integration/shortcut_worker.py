@@ -13,27 +13,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from torchtitan.checks import load_config  # noqa: E402
-from torchtitan.planning.simulate import roles as derived_roles  # noqa: E402
-from torchtitan.planning.memory import predict  # noqa: E402
 from torchtitan.models.flavors import model_args  # noqa: E402
+from torchtitan.planning.memory import predict  # noqa: E402
+from torchtitan.planning.simulate import roles as derived_roles  # noqa: E402
 from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
 
 
 def main() -> None:
     world, flavor, n_layers, argv = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
     cfg, _ = load_config(["--training.device=cpu", "--job.dry_run=true", *argv], world)
-    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, pipeline_parallel_split_points=[]))
+    cfg = dataclasses.replace(
+        cfg, parallelism=dataclasses.replace(cfg.parallelism, pipeline_parallel_split_points=[])
+    )
     with fake_world(cfg, world) as dims:
         meta = model_on_meta(cfg)
-        args = dataclasses.replace(model_args(cfg.model.name, flavor, meta.args.vocab_size, cfg.training.seq_len,
-                                              cfg.moe), n_layers=n_layers)
+        args = dataclasses.replace(
+            model_args(cfg.model.name, flavor, meta.args.vocab_size, cfg.training.seq_len, cfg.moe),
+            n_layers=n_layers,
+        )
         spec, model = meta.spec, model_on_meta(cfg, args).model
         derived_roles.EXACT_LIMIT = 0
         fast, _ = predict.predict_roles(spec, model, dims, cfg, "cpu", args)
         derived_roles.EXACT_LIMIT = 10**9
-        derived_roles.rank_plan = lambda cfg, dims, args, freeing: derived_roles.RankPlan(list(range(dims.pp)), [], {})
+        derived_roles.rank_plan = lambda cfg, dims, args, freeing: derived_roles.RankPlan(
+            list(range(dims.pp)), [], {}
+        )
         full, _ = predict.predict_roles(spec, model, dims, cfg, "cpu", args)
-        print(json.dumps({"fast": [r.record() for r in fast], "full": [r.record() for r in full]}), flush=True)
+        print(
+            json.dumps({"fast": [r.record() for r in fast], "full": [r.record() for r in full]}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ import sys
 import textwrap
 import time
 
-from torchtitan.planning.memory import budget as memory_budget
-
 from check_data_helpers import ROOT, docs, write_jsonl
 from config_helpers import write_toml
+
+from torchtitan.planning.memory import budget as memory_budget
 
 V3_DEBUG = "train_configs/deepseek_v3_debug.toml"
 
@@ -24,10 +24,13 @@ V3_DEBUG = "train_configs/deepseek_v3_debug.toml"
 
 
 def test_config_check_never_imports_torch(subprocess_env, repo_root, tmp_path):
-    toml = write_toml(tmp_path, """
+    toml = write_toml(
+        tmp_path,
+        """
         [training]
         steps = 5
-    """)
+    """,
+    )
     script = textwrap.dedent(f"""
         import sys
         from torchtitan.config import build_config
@@ -51,8 +54,12 @@ def test_config_check_never_imports_torch(subprocess_env, repo_root, tmp_path):
         print("TORCH_MODULES", bad)
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=repo_root, env=subprocess_env,
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", script],
+        cwd=repo_root,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "TORCH_MODULES []"
@@ -93,13 +100,21 @@ def test_the_check_and_its_modules_import_no_torch(repo_root, subprocess_env):
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
         "assert not bad, bad[:5]\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, env=subprocess_env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=repo_root,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
 
 
 def test_args_import_without_torch(repo_root):
-    code = "import sys; import torchtitan.models.deepseek_v3.args; assert 'torch' not in sys.modules"
+    code = (
+        "import sys; import torchtitan.models.deepseek_v3.args; assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=repo_root, check=True)
 
 
@@ -112,7 +127,11 @@ def _run_check(args, env, repo_root, ngpu=None):
         env["NGPU"] = str(ngpu)
     return subprocess.run(
         [sys.executable, "-m", "torchtitan.checks", *args],
-        cwd=repo_root, env=env, capture_output=True, text=True, timeout=60,
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -129,7 +148,9 @@ def test_check_module_bad_key_exits_2_with_one_error_line(subprocess_env, repo_r
 def test_check_module_good_config_and_world_size_from_ngpu(subprocess_env, repo_root):
     proc = _run_check(["--training.steps=3"], subprocess_env, repo_root)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
-    proc = _run_check(["--parallelism.data_parallel_shard_degree=2"], subprocess_env, repo_root, ngpu=4)
+    proc = _run_check(
+        ["--parallelism.data_parallel_shard_degree=2"], subprocess_env, repo_root, ngpu=4
+    )
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "error: parallel degrees multiply to 2 (replicate 1 x shard 2 x tp 1 x pp 1) but the world size is 4;"
@@ -150,13 +171,20 @@ def test_run_train_refuses_671b_on_two_ranks_in_seconds_without_torch(repo_root,
     """The issue's command: before, 100 s of building ended by the OOM killer; now one line, exit 2."""
     env = dict(subprocess_env, NGPU="2", CONFIG_FILE=V3_DEBUG)
     start = time.perf_counter()
-    out = subprocess.run([os.path.join(repo_root, "run_train.sh"), "--model.flavor=671B"], cwd=repo_root, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [os.path.join(repo_root, "run_train.sh"), "--model.flavor=671B"],
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     elapsed = time.perf_counter() - start
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        "error: --model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9,"), lines
+        "error: --model.flavor=671B: model states alone need 4,999.5 GiB per rank (parameters 1,249.9,"
+    ), lines
     assert "2 ranks) but the memory budget is" in lines[0]
     assert elapsed < 30, elapsed  # about 0.4 s here; no worker starts
 
@@ -171,9 +199,13 @@ def test_real_hub_lookup_offline_fails_at_once():
         "except ConfigError as e:\n    print(e)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.stdout.startswith("--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode"
-                                  " is on (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"), proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.startswith(
+        "--training.dataset='allenai/c4': cannot reach the Hugging Face hub: offline mode"
+        " is on (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"
+    ), proc.stdout + proc.stderr
     assert proc.stderr == ""
 
 
@@ -182,12 +214,15 @@ def test_real_hub_lookup_offline_fails_at_once():
 
 def test_nvidia_smi_is_read_torch_free(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\nprintf '81559\\n81559\\n'\n")
+    smi.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf \'81559\\n81559\\n\'\n')
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert memory_budget.gpu_memory_bytes() == [81559 * 2**20] * 2
     assert (tmp_path / "args").read_text().split() == [
-        "--query-gpu=memory.total", "--format=csv,noheader,nounits", "--id=0,1"]
+        "--query-gpu=memory.total",
+        "--format=csv,noheader,nounits",
+        "--id=0,1",
+    ]
     smi.write_text("#!/bin/sh\nexit 9\n")
     assert memory_budget.gpu_memory_bytes() is None

@@ -22,7 +22,9 @@ SIMPLE = "--parallelism.fsdp_implementation=simple_fsdp"
 DISPATCH = "_dispatch_outside_graph"  # the one function MoE blocks leave the graph for
 
 
-def _compiled_run(tmp_path_factory, name: str, ngpu: int, overrides: list[str], model: str) -> tuple[list, list, dict]:
+def _compiled_run(
+    tmp_path_factory, name: str, ngpu: int, overrides: list[str], model: str
+) -> tuple[list, list, dict]:
     """(losses, per-rank compile figures, the last step's collective counts)."""
     dump = str(tmp_path_factory.mktemp(name))
     env = {"TORCHTITAN_COMPILE_STATS": os.path.join(dump, "compile_")}
@@ -42,13 +44,17 @@ def _no_recompiles(stats: list[dict], whole: bool = True) -> None:
     for s in stats:
         assert s["late_compiles"] == 0, s["events"]  # nothing compiled after a block's first call
         if whole:
-            assert s["compiles"] == s["graphs"] and s["graph_breaks"] == 0 and not s["not_fullgraph"], s
+            assert (
+                s["compiles"] == s["graphs"] and s["graph_breaks"] == 0 and not s["not_fullgraph"]
+            ), s
 
 
 def _moe_blocks_break_once_at_the_dispatch(stats: list[dict], moe_blocks: list[str]) -> None:
     for s in stats:
         assert s["not_fullgraph"] == moe_blocks, s
-        assert s["graph_breaks"] > 0 and all(DISPATCH in reason for reason in s["break_reasons"]), s["break_reasons"]
+        assert s["graph_breaks"] > 0 and all(DISPATCH in reason for reason in s["break_reasons"]), (
+            s["break_reasons"]
+        )
 
 
 def test_deepseek_ep_op_sac_compiled_equals_eager(tmp_path_factory):
@@ -57,10 +63,14 @@ def test_deepseek_ep_op_sac_compiled_equals_eager(tmp_path_factory):
     eager op SAC, and the recompute sends nothing: the same all-to-alls in backward (the
     reverse of dispatch and combine) as eager."""
     case = refs.CASES["deepseek_ep_ac_op"]
-    losses, stats, comm = _compiled_run(tmp_path_factory, "ds_ep_op_compile", 2, [*case.overrides, *AOT], run_tests.DS)
+    losses, stats, comm = _compiled_run(
+        tmp_path_factory, "ds_ep_op_compile", 2, [*case.overrides, *AOT], run_tests.DS
+    )
     _no_recompiles(stats, whole=False)
     _moe_blocks_break_once_at_the_dispatch(stats, ["layers.1", "layers.2", "layers.3"])
-    assert all(s["blocks"]["layers.0"]["compiles"] == 1 for s in stats)  # the dense block: one graph
+    assert all(
+        s["blocks"]["layers.0"]["compiles"] == 1 for s in stats
+    )  # the dense block: one graph
     assert losses == refs.losses("deepseek_ep_ac_op", tmp_path_factory)
     eager = refs.comm("deepseek_ep_ac_op", tmp_path_factory)
     assert comm["backward/all_to_all/ep"] == eager["backward/all_to_all/ep"] == 12, (comm, eager)
@@ -73,12 +83,20 @@ def test_deepseek_simple_fsdp_ep_compiles_whole_blocks(ac, tmp_path_factory):
     """SimpleFSDP + EP 2, compiled under full AC / op SAC: with SimpleFSDP's unit hook
     traced, every block is one graph (dense, MoE, the last MoE block kept gathered: 3
     kinds), 0 graph breaks. Losses bitwise those of the eager run of the same layout."""
-    mode = ["--activation_checkpoint.mode=full"] if ac == "full" else ["--activation_checkpoint.mode=selective"]
+    mode = (
+        ["--activation_checkpoint.mode=full"]
+        if ac == "full"
+        else ["--activation_checkpoint.mode=selective"]
+    )
     overrides = [run_tests.EP, SIMPLE, *mode]
-    losses, stats, _ = _compiled_run(tmp_path_factory, f"ds_simple_ep_{ac}", 2, [*overrides, *AOT], run_tests.DS)
+    losses, stats, _ = _compiled_run(
+        tmp_path_factory, f"ds_simple_ep_{ac}", 2, [*overrides, *AOT], run_tests.DS
+    )
     _no_recompiles(stats)
     assert all(s["graphs"] == 3 for s in stats), stats
-    reference = _eager_losses(tmp_path_factory, f"ds_simple_ep_{ac}_eager", 2, overrides, run_tests.DS)
+    reference = _eager_losses(
+        tmp_path_factory, f"ds_simple_ep_{ac}_eager", 2, overrides, run_tests.DS
+    )
     assert losses == reference
 
 
@@ -88,7 +106,9 @@ def test_llama_tp_full_ac_compiles_whole_blocks(tmp_path_factory):
     state of SDPA's recompute saved beside their DeviceMesh: compile.py's partitioner fix).
     Every block one graph, no break; losses bitwise those of eager full AC."""
     overrides = [run_tests.TP, "--training.local_batch_size=8", "--activation_checkpoint.mode=full"]
-    losses, stats, _ = _compiled_run(tmp_path_factory, "llama_tp_full_compile", 2, [*overrides, *AOT], "llama3")
+    losses, stats, _ = _compiled_run(
+        tmp_path_factory, "llama_tp_full_compile", 2, [*overrides, *AOT], "llama3"
+    )
     _no_recompiles(stats)
     assert losses == _eager_losses(tmp_path_factory, "llama_tp_full_eager", 2, overrides, "llama3")
 
@@ -98,8 +118,13 @@ def test_deepseek_ep_inductor_compile_seconds(tmp_path_factory):
     """The default backend (inductor) on DeepSeek-V3 EP 2 (FSDP2): the same graphs, no
     recompile, losses within fp32 noise of eager; every block's compile seconds reported."""
     case = refs.CASES["deepseek_ep_all_of_dp_shard"]
-    losses, stats, _ = _compiled_run(tmp_path_factory, "ds_ep_inductor", 2, [*case.overrides, "--compile.enable=true"],
-                                     run_tests.DS)
+    losses, stats, _ = _compiled_run(
+        tmp_path_factory,
+        "ds_ep_inductor",
+        2,
+        [*case.overrides, "--compile.enable=true"],
+        run_tests.DS,
+    )
     _no_recompiles(stats, whole=False)
     _moe_blocks_break_once_at_the_dispatch(stats, ["layers.1", "layers.2", "layers.3"])
     assert all(v["seconds"] > 0 for s in stats for v in s["blocks"].values())
@@ -107,7 +132,9 @@ def test_deepseek_ep_inductor_compile_seconds(tmp_path_factory):
     assert run_tests.max_rel_diff(losses, eager) <= 1e-5, (losses, eager)
 
 
-def _eager_losses(tmp_path_factory, name: str, ngpu: int, overrides: list[str], model: str) -> list[float]:
+def _eager_losses(
+    tmp_path_factory, name: str, ngpu: int, overrides: list[str], model: str
+) -> list[float]:
     dump = str(tmp_path_factory.mktemp(name))
     rc, _, log = run_tests.run(ngpu, overrides, dump, model=model)
     assert rc == 0, log[-3000:]

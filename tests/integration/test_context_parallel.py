@@ -3,13 +3,22 @@ degrees, and what it saves for backward. Parity with one rank: run_tests.py's cp
 
 import json
 
-import pytest
 import checkpoint_checks as cc
+import pytest
 import run_tests
 
-TINY = ["--model.flavor=tiny", "--training.steps=2", "--training.seq_len=64", "--training.local_batch_size=4",
-        "--metrics.comm_stats=true", "--training.mixed_precision_param=float32", "--training.deterministic=true",
-        "--metrics.enable_tensorboard=false", "--planning.memory_budget_gib=none", run_tests.CP2]
+TINY = [
+    "--model.flavor=tiny",
+    "--training.steps=2",
+    "--training.seq_len=64",
+    "--training.local_batch_size=4",
+    "--metrics.comm_stats=true",
+    "--training.mixed_precision_param=float32",
+    "--training.deterministic=true",
+    "--metrics.enable_tensorboard=false",
+    "--planning.memory_budget_gib=none",
+    run_tests.CP2,
+]
 LAYERS = 4  # both tiny flavors
 
 
@@ -18,8 +27,9 @@ def _last(dump) -> dict:
 
 
 def _run(args, dump, model="llama3") -> dict:
-    rc, _, out = run_tests.launch(2, [f"--model.name={model}", *TINY, *args, f"--job.dump_folder={dump}"],
-                                  str(dump / "ranks"))
+    rc, _, out = run_tests.launch(
+        2, [f"--model.name={model}", *TINY, *args, f"--job.dump_folder={dump}"], str(dump / "ranks")
+    )
     assert rc == 0, out[-3000:]
     return _last(dump)
 
@@ -31,8 +41,16 @@ def _cp(record: dict) -> dict[str, int]:
 SIMPLE = "--parallelism.fsdp_implementation=simple_fsdp"
 
 
-@pytest.mark.parametrize("ac,backward_gathers,fsdp", [("none", 0, ""), ("selective", 0, ""), ("full", 2 * LAYERS, ""),
-                                                      ("selective", 0, SIMPLE), ("full", 2 * LAYERS, SIMPLE)])
+@pytest.mark.parametrize(
+    "ac,backward_gathers,fsdp",
+    [
+        ("none", 0, ""),
+        ("selective", 0, ""),
+        ("full", 2 * LAYERS, ""),
+        ("selective", 0, SIMPLE),
+        ("full", 2 * LAYERS, SIMPLE),
+    ],
+)
 def test_cp2_gathers_per_step_by_ac_mode(ac, backward_gathers, fsdp, tmp_path):
     # Llama3: K and V gathered per layer; their gradients reduce-scattered in backward. Op SAC
     # keeps the gathered K/V (recompute would send them again); full AC re-gathers them. With
@@ -51,7 +69,11 @@ def test_cp2_bytes_llama_kv_vs_deepseek_latent(tmp_path):
     from torchtitan.models.flavors import model_args
 
     llama = _run([], tmp_path / "llama")
-    deepseek = _run(["--job.config_file=train_configs/deepseek_v3_debug.toml"], tmp_path / "ds", model="deepseek_v3")
+    deepseek = _run(
+        ["--job.config_file=train_configs/deepseek_v3_debug.toml"],
+        tmp_path / "ds",
+        model="deepseek_v3",
+    )
     tokens = 4 * 64  # a gather's output: the local batch's whole sequences, fp32
     la = model_args("llama3", "tiny", 0, 64)
     da = model_args("deepseek_v3", "tiny", 0, 64)
@@ -73,4 +95,8 @@ def test_cp2_resumes_bitwise_and_loads_under_cp1(tmp_path):
     got, log = cc.layout_change(dump, "cp1", str(tmp_path / "cp1"))
     assert "checkpoint: resumed from step 5" in log and sorted(got) == list(range(6, 11))
     for step in range(6, 11):
-        assert abs(got[step] - straight[step]) <= 1e-5 * straight[step], (step, got[step], straight[step])
+        assert abs(got[step] - straight[step]) <= 1e-5 * straight[step], (
+            step,
+            got[step],
+            straight[step],
+        )

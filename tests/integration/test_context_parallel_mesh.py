@@ -42,8 +42,13 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def meshes(subprocess_env):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=subprocess_env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -52,7 +57,11 @@ def test_mesh_dp_shard_cp_tp(meshes):
     got = meshes["cp2_tp2"]
     assert got["shape"] == {"dp_shard": 2, "cp": 2, "tp": 2}
     # dense FSDP shards over dp_shard x cp; losses average over the same 4 token-holding ranks
-    assert (got["dense_dims"], got["dense_shard"], got["dense_size"]) == (["dp_shard_cp"], "dp_shard_cp", 4)
+    assert (got["dense_dims"], got["dense_shard"], got["dense_size"]) == (
+        ["dp_shard_cp"],
+        "dp_shard_cp",
+        4,
+    )
     assert got["loss"] == [["dp_cp"], 4]
     # the cp ranks read the same batch: data is split over dp_shard only
     assert got["data"] == [["dp_shard"], 2] and got["dp_rank"] == 0 and got["cp_rank"] == 0
@@ -74,7 +83,11 @@ def test_mesh_cp_without_dp_shard_keeps_its_own_group(meshes):
     # dp_shard 1 x cp 2: flattening gives back the mesh's cp group, which FSDP then uses
     got = meshes["cp_only"]
     assert got["shape"] == {"dp_shard": 1, "cp": 2}
-    assert got["dense_size"] == 2 and got["loss"] == [["dp_cp"], 2] and got["data"] == [["dp_shard"], 1]
+    assert (
+        got["dense_size"] == 2
+        and got["loss"] == [["dp_cp"], 2]
+        and got["data"] == [["dp_shard"], 1]
+    )
     assert got["cp_ranks"] == got["mesh_cp_ranks"] == [0, 1]
     assert got["cp_is_mesh_cp"] is False and got["cp_in_fsdp"] is False and got["cp_named"] == "cp"
 
@@ -92,5 +105,9 @@ def test_mesh_ep_takes_all_of_cp_then_dp_shard(meshes):
     got = meshes["ep4_cp2"]
     assert got["shape"] == {"dp_shard_mod_ep": 2, "dp_shard_in_ep": 2, "cp": 2}
     assert got["ep_ranks"] == [0, 1, 2, 3] and got["experts"] == [[2], 8]
-    assert got["dense_dims"] == ["dp_shard_cp"] and got["dense_size"] == 8 and got["loss"] == [["dp_cp"], 8]
+    assert (
+        got["dense_dims"] == ["dp_shard_cp"]
+        and got["dense_size"] == 8
+        and got["loss"] == [["dp_cp"], 8]
+    )
     assert got["cp_ranks"] == [0, 1] and got["cp_in_fsdp"] is False

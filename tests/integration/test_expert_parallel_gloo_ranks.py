@@ -22,7 +22,11 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
-from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, AllToAllDispatcher, apply_expert_parallel
+from torchtitan.distributed.expert_parallel import (
+    SAC_SAVE_OPS,
+    AllToAllDispatcher,
+    apply_expert_parallel,
+)
 from torchtitan.models.common.moe import LocalDispatcher
 
 WORLD = 2
@@ -47,7 +51,9 @@ class StandInExperts(nn.Module):
         self.grouped_mm = grouped_mm
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w1, w2, w3 = (w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w2, self.w3))
+        w1, w2, w3 = (
+            w.to_local() if hasattr(w, "to_local") else w for w in (self.w1, self.w2, self.w3)
+        )
         assert counts.shape == (w1.shape[0],)
         if self.grouped_mm:
             offs = torch.cumsum(counts, 0).to(torch.int32)
@@ -116,18 +122,36 @@ def _routing(rank, mesh, counts_all):
     lo, hi = rank * 4, rank * 4 + 4
     ep = ep.experts
     return {
-        "y": _max_diff(y, y_refs[rank]), "x_grad": _max_diff(x.grad, x_refs[rank].grad), "y_plain": type(y) is torch.Tensor,
-        "w_grad": max(_max_diff(getattr(ep, n).grad.to_local(), getattr(full, n).grad[lo:hi]) for n in ("w1", "w2", "w3")),
-        "w_local": max(_max_diff(getattr(ep, n).to_local(), getattr(full, n).detach()[lo:hi]) for n in ("w1", "w2", "w3")),
-        "grad_shard0": all(getattr(ep, n).grad.placements == (Shard(0),) for n in ("w1", "w2", "w3")),
+        "y": _max_diff(y, y_refs[rank]),
+        "x_grad": _max_diff(x.grad, x_refs[rank].grad),
+        "y_plain": type(y) is torch.Tensor,
+        "w_grad": max(
+            _max_diff(getattr(ep, n).grad.to_local(), getattr(full, n).grad[lo:hi])
+            for n in ("w1", "w2", "w3")
+        ),
+        "w_local": max(
+            _max_diff(getattr(ep, n).to_local(), getattr(full, n).detach()[lo:hi])
+            for n in ("w1", "w2", "w3")
+        ),
+        "grad_shard0": all(
+            getattr(ep, n).grad.placements == (Shard(0),) for n in ("w1", "w2", "w3")
+        ),
     }
 
 
 def _params(rank, mesh):
     def describe(m):
-        return {n: (isinstance(p, nn.Parameter) and isinstance(p, DTensor), p.placements == (Shard(0),),
-                    p.device_mesh is mesh, tuple(p.shape), tuple(p.to_local().shape), p.to_local().device.type)
-                for n, p in m.named_parameters()}
+        return {
+            n: (
+                isinstance(p, nn.Parameter) and isinstance(p, DTensor),
+                p.placements == (Shard(0),),
+                p.device_mesh is mesh,
+                tuple(p.shape),
+                tuple(p.to_local().shape),
+                p.to_local().device.type,
+            )
+            for n, p in m.named_parameters()
+        }
 
     with torch.device("meta"):
         owner = Owner(StandInExperts(4))
@@ -164,7 +188,9 @@ def _sac(rank, mesh, mode):
     seen = []
 
     # the production policy of a region holding the experts (op SAC keeps EP's collectives)
-    decide = region_policy(RegionSpec("op" if mode == "save" else "full", None), frozenset(), frozenset(SAC_SAVE_OPS))
+    decide = region_policy(
+        RegionSpec("op" if mode == "save" else "full", None), frozenset(), frozenset(SAC_SAVE_OPS)
+    )
 
     def policy(ctx, func, *args, **kwargs):
         decision = decide(ctx, func, *args, **kwargs)
@@ -184,13 +210,23 @@ def _sac(rank, mesh, mode):
     counter = _CountAllToAll()
     with counter:
         (y * gs[rank]).sum().backward()
-    return {"seen": seen, "backward_all_to_all": counter.n, "y": y.detach(), "x_grad": x.grad,
-            "w_grad": [w.grad.to_local() for w in (ep.experts.w1, ep.experts.w2, ep.experts.w3)]}
+    return {
+        "seen": seen,
+        "backward_all_to_all": counter.n,
+        "y": y.detach(),
+        "x_grad": x.grad,
+        "w_grad": [w.grad.to_local() for w in (ep.experts.w1, ep.experts.w2, ep.experts.w3)],
+    }
 
 
 def _worker(rank, port, out_dir):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=30),
+    )
     results = {}
     try:
         mesh = init_device_mesh("cpu", (WORLD,))
@@ -219,7 +255,9 @@ def ranks(tmp_path_factory):
         pytest.skip("torch.distributed is not available in this build")
     out_dir = str(tmp_path_factory.mktemp("ep"))
     mp.spawn(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True)
-    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+    return [
+        torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)
+    ]
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
@@ -256,7 +294,9 @@ def test_sac_policy_saves_the_collectives_and_recompute_stays_correct(ranks):
         fwd = [f for is_re, f, _ in save["seen"] if not is_re]
         # op SAC saves all 9 (3 x all-to-all, wrap, its paired wait); full AC recomputes them
         assert [d for _, _, d in save["seen"]] == [CheckpointPolicy.MUST_SAVE] * 9, save["seen"]
-        assert [d for _, _, d in full["seen"]] == [CheckpointPolicy.PREFER_RECOMPUTE] * 9, full["seen"]
+        assert [d for _, _, d in full["seen"]] == [CheckpointPolicy.PREFER_RECOMPUTE] * 9, full[
+            "seen"
+        ]
         assert fwd.count("_c10d_functional.all_to_all_single.default") == 3
         assert fwd.count("_c10d_functional.wait_tensor.default") == 3
         assert {str(op) for op in SAC_SAVE_OPS} >= set(fwd)

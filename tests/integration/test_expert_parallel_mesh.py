@@ -41,20 +41,33 @@ print(json.dumps(out))
 
 
 def test_expert_parallel_borrows_dp_shard_and_tp(subprocess_env):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=subprocess_env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=subprocess_env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.splitlines()[-1])
-    mesh = {name: {k: v[k] for k in ("shape", "sub", "dp_shard", "batch")} for name, v in got.items()}
+    mesh = {
+        name: {k: v[k] for k in ("shape", "sub", "dp_shard", "batch")} for name, v in got.items()
+    }
     # 8 data-parallel x 2 TP, EP 4 = 2 of dp_shard x both TP ranks; experts' FSDP over the other 4.
     assert mesh["ep4_tp2"] == {
         "shape": {"dp_shard_mod_ep": 4, "dp_shard_in_ep": 2, "tp": 2},
         "sub": {"dp": [8], "fsdp": [8], "ep": [4], "experts_fsdp": [4], "tp": [2], "pp": None},
-        "dp_shard": 8, "batch": 16,
+        "dp_shard": 8,
+        "batch": 16,
     }
     assert mesh["hsdp_ep4_tp2"] == {
         "shape": {"dp_replicate": 2, "dp_shard_mod_ep": 2, "dp_shard_in_ep": 2, "tp": 2},
-        "sub": {"dp": [8], "fsdp": [2, 4], "ep": [4], "experts_fsdp": [2, 2], "tp": [2], "pp": None},
-        "dp_shard": 4, "batch": 16,
+        "sub": {
+            "dp": [8],
+            "fsdp": [2, 4],
+            "ep": [4],
+            "experts_fsdp": [2, 2],
+            "tp": [2],
+            "pp": None,
+        },
+        "dp_shard": 4,
+        "batch": 16,
     }
     # EP = all of dp_shard: the experts' FSDP mesh has size 1.
     assert got["ep_all"]["shape"] == {"dp_shard_mod_ep": 1, "dp_shard_in_ep": 16}
@@ -64,11 +77,18 @@ def test_expert_parallel_borrows_dp_shard_and_tp(subprocess_env):
     assert got["no_ep"]["sub"]["experts_fsdp"] == got["no_ep"]["sub"]["fsdp"] == [2, 4]
     assert got["no_ep"]["sub"]["ep"] is None
     # Roles, not dim names: experts shard over what EP left, averaged over every dp rank.
-    assert got["hsdp_ep4_tp2"]["roles"] == {"dense": ["dp_replicate", "dp_shard"],
-                                            "experts": ["dp_replicate", "dp_shard_mod_ep"],
-                                            "experts_divide": 8, "dense_divide": None}
-    assert got["no_ep"]["roles"] == {"dense": ["dp_replicate", "dp_shard"], "experts": ["dp_replicate", "dp_shard"],
-                                     "experts_divide": None, "dense_divide": None}
+    assert got["hsdp_ep4_tp2"]["roles"] == {
+        "dense": ["dp_replicate", "dp_shard"],
+        "experts": ["dp_replicate", "dp_shard_mod_ep"],
+        "experts_divide": 8,
+        "dense_divide": None,
+    }
+    assert got["no_ep"]["roles"] == {
+        "dense": ["dp_replicate", "dp_shard"],
+        "experts": ["dp_replicate", "dp_shard"],
+        "experts_divide": None,
+        "dense_divide": None,
+    }
     assert got["ddp"]["roles"]["dense"] == got["ddp"]["roles"]["experts"] == ["dp_replicate"]
     assert got["ddp"]["sub"]["fsdp"] == [2]
     # FSDP's groups: dense (replicate, shard) + the experts' shard group under EP
@@ -76,5 +96,6 @@ def test_expert_parallel_borrows_dp_shard_and_tp(subprocess_env):
     # Asking for a dimension the job does not have raises; a mistyped name too.
     assert got["ep4_tp2"]["missing"] == (
         "\"this job's mesh has no 'pp' dimension (mesh {'dp_shard_mod_ep': 4, 'dp_shard_in_ep': 2, 'tp': 2});"
-        " its degree is 1: check the degree before asking for it\"")
+        ' its degree is 1: check the degree before asking for it"'
+    )
     assert got["ep4_tp2"]["typo"] == "'tpp' is not a valid MeshDim"

@@ -16,14 +16,26 @@ import run_tests
 ROOT = fast_launch.ROOT
 
 
-def _launch(tmp_path, ngpu: int, actions: list[str], extra_env: dict | None = None, timeout: float = 120):
+def _launch(
+    tmp_path, ngpu: int, actions: list[str], extra_env: dict | None = None, timeout: float = 120
+):
     tmp_path.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOG_RANK")}
     env.update({"NGPU": str(ngpu), **(extra_env or {})})
-    rc, console = fast_launch.launch(ngpu, [str(tmp_path), *actions], str(tmp_path / "ranks"), env, timeout,
-                                     entry="launch_probe", with_config=False)
-    seen = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ngpu)
-            if (tmp_path / f"rank{r}.json").exists()}
+    rc, console = fast_launch.launch(
+        ngpu,
+        [str(tmp_path), *actions],
+        str(tmp_path / "ranks"),
+        env,
+        timeout,
+        entry="launch_probe",
+        with_config=False,
+    )
+    seen = {
+        r: json.loads((tmp_path / f"rank{r}.json").read_text())
+        for r in range(ngpu)
+        if (tmp_path / f"rank{r}.json").exists()
+    }
     return rc, console, seen
 
 
@@ -52,17 +64,22 @@ def test_ranks_get_the_environment_threads_and_argv_of_run_train_sh(tmp_path):
 
 @pytest.mark.parametrize("log_rank, shown", [("1", [1]), ("0,1", [0, 1])])
 def test_log_rank_picks_the_console_and_omp_num_threads_is_kept(tmp_path, log_rank, shown):
-    rc, console, seen = _launch(tmp_path, 2, ["print"], {"LOG_RANK": log_rank, "OMP_NUM_THREADS": "1"})
+    rc, console, seen = _launch(
+        tmp_path, 2, ["print"], {"LOG_RANK": log_rank, "OMP_NUM_THREADS": "1"}
+    )
     assert rc == 0, console
-    assert sorted(console.splitlines()) == sorted(f"{k} {r}{s}" for r in shown
-                                                  for k, s in (("out", " a"), ("out", " b"), ("err", "")))
+    assert sorted(console.splitlines()) == sorted(
+        f"{k} {r}{s}" for r in shown for k, s in (("out", " a"), ("out", " b"), ("err", ""))
+    )
     assert all(s["threads"] == 1 and s["env"]["LOG_RANK"] == log_rank for s in seen.values())
 
 
 def test_a_failed_rank_stops_the_others_like_torchrun(tmp_path):
     # rank 1 fails at once; the others then get SIGKILL, as torchtitan/launcher.py has torchrun
     # stop them (rank 2 would ignore a SIGTERM); the summary has torchrun's "rank : / exitcode :" lines.
-    rc, console, seen = _launch(tmp_path, 3, ["ignore_sigterm", "2", "exit", "1", "3", "sleep", "60"])
+    rc, console, seen = _launch(
+        tmp_path, 3, ["ignore_sigterm", "2", "exit", "1", "3", "sleep", "60"]
+    )
     assert rc == 1, console
     assert checkpoint_checks.rank_exit_codes(console) == {0: -9, 1: 3, 2: -9}, console
     assert "rank 1 exited first (exit code 3)" in console
@@ -86,7 +103,9 @@ def test_a_config_error_exits_2_as_run_train_sh_does(tmp_path):
 def test_timeout_kills_every_rank_and_exits_124(tmp_path):
     rc, console, seen = _launch(tmp_path, 2, ["ignore_sigterm", "-1", "sleep", "60"], timeout=3)
     assert rc == 124, console
-    assert sorted(seen) == [0, 1] and not any(checkpoint_checks._running(s["pid"]) for s in seen.values())
+    assert sorted(seen) == [0, 1] and not any(
+        checkpoint_checks._running(s["pid"]) for s in seen.values()
+    )
 
 
 def test_runs_use_the_fast_launcher_unless_an_import_time_variable_changes(monkeypatch):
@@ -95,7 +114,9 @@ def test_runs_use_the_fast_launcher_unless_an_import_time_variable_changes(monke
     env = run_tests.run_env(2, "/x/ranks", {"LOG_RANK": "0,1"})  # what run() launches with
     assert run_tests.chosen_launcher(env) == "fast" and fast_launch.needs_torchrun(env) == []
     assert run_tests.chosen_launcher(env, "torchrun") == "torchrun"
-    changed = run_tests.run_env(2, "/x/ranks", {"HF_TITAN_PROBE": "1", "TORCHINDUCTOR_TITAN_PROBE": "1"})
+    changed = run_tests.run_env(
+        2, "/x/ranks", {"HF_TITAN_PROBE": "1", "TORCHINDUCTOR_TITAN_PROBE": "1"}
+    )
     assert fast_launch.needs_torchrun(changed) == ["HF_TITAN_PROBE", "TORCHINDUCTOR_TITAN_PROBE"]
     assert run_tests.chosen_launcher(changed) == "torchrun"
     monkeypatch.setenv("TITAN_TEST_LAUNCHER", "torchrun")
@@ -114,7 +135,9 @@ def test_a_dead_fork_server_is_reported_and_replaced(tmp_path):
     killer.join()
     assert rc == 1 and f"the fork server (pid {server}) died during this run" in console, console
     assert f"fork server {server}: ready" in console  # the end of its log
-    assert sorted(seen) == [0, 1] and not any(checkpoint_checks._running(s["pid"]) for s in seen.values())
+    assert sorted(seen) == [0, 1] and not any(
+        checkpoint_checks._running(s["pid"]) for s in seen.values()
+    )
     rc, console, seen = _launch(tmp_path / "b", 2, [])  # a new server, which preloads again
     assert rc == 0 and fast_launch._server_pid != server, console
     assert all(s["preloaded"] for s in seen.values())

@@ -9,11 +9,12 @@ import os
 import re
 
 import pytest
+import run_tests
 import torch
 
-import run_tests
-
-LOADED = re.compile(r"weights loaded from Hugging Face folder (\S+) \((\d+) tensors, ([0-9.]+) MiB read on this rank\)")
+LOADED = re.compile(
+    r"weights loaded from Hugging Face folder (\S+) \((\d+) tensors, ([0-9.]+) MiB read on this rank\)"
+)
 
 
 def _hf_folder(folder: str, flavor: str) -> str:
@@ -29,8 +30,11 @@ def _hf_folder(folder: str, flavor: str) -> str:
     tok = Tokenizer("")
     args = model_args("qwen3", flavor, tok.vocab_size, 64)
     args = dataclasses.replace(args, max_seq_len=64)
-    config = {k: v for k, v in hf_convert.hf_config(args, "float32", tok.bos_id, tok.eos_id).items()
-              if k not in ("architectures", "model_type", "torch_dtype")}
+    config = {
+        k: v
+        for k, v in hf_convert.hf_config(args, "float32", tok.bos_id, tok.eos_id).items()
+        if k not in ("architectures", "model_type", "torch_dtype")
+    }
     torch.manual_seed(0)
     if args.moe:
         model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**config))
@@ -54,7 +58,9 @@ def _reads(dump: str, ngpu: int) -> list[float]:
     reads = []
     for rank in range(ngpu):
         # (fast launcher: ranks/<r>/; torchrun: ranks/<run id>/attempt_0/<r>/)
-        path = sorted(glob.glob(os.path.join(dump, "ranks", "**", str(rank), "stdout.log"), recursive=True))[0]
+        path = sorted(
+            glob.glob(os.path.join(dump, "ranks", "**", str(rank), "stdout.log"), recursive=True)
+        )[0]
         with open(path) as f:
             found = LOADED.findall(f.read())
         assert len(found) == 1, (rank, found)
@@ -62,17 +68,32 @@ def _reads(dump: str, ngpu: int) -> list[float]:
     return reads
 
 
-@pytest.mark.parametrize("flavor,ngpu,layout", [
-    ("tiny", 4, [run_tests.TP, "--training.local_batch_size=4"]),
-    ("tiny_moe", 2, [run_tests.EP]),
-], ids=["dense_fsdp2_tp2", "moe_ep2"])
+@pytest.mark.parametrize(
+    "flavor,ngpu,layout",
+    [
+        ("tiny", 4, [run_tests.TP, "--training.local_batch_size=4"]),
+        ("tiny_moe", 2, [run_tests.EP]),
+    ],
+    ids=["dense_fsdp2_tp2", "moe_ep2"],
+)
 def test_transformers_folder_in_and_out_bitwise(tmp_path, flavor, ngpu, layout):
     hf = _hf_folder(str(tmp_path / "hf"), flavor)
     dump = str(tmp_path / "run")
-    rc, _, out = run_tests.run(ngpu, [f"--model.flavor={flavor}", "--training.steps=1", "--optimizer.lr=1e-30",
-                                      f"--checkpoint.initial_load_path={hf}", "--checkpoint.enable=true",
-                                      "--checkpoint.last_save_in_hf=true", *layout], dump, model=run_tests.QWEN,
-                               extra_env={"LOG_RANK": ",".join(map(str, range(ngpu)))})
+    rc, _, out = run_tests.run(
+        ngpu,
+        [
+            f"--model.flavor={flavor}",
+            "--training.steps=1",
+            "--optimizer.lr=1e-30",
+            f"--checkpoint.initial_load_path={hf}",
+            "--checkpoint.enable=true",
+            "--checkpoint.last_save_in_hf=true",
+            *layout,
+        ],
+        dump,
+        model=run_tests.QWEN,
+        extra_env={"LOG_RANK": ",".join(map(str, range(ngpu)))},
+    )
     assert rc == 0, out[-3000:]
     reads = _reads(dump, ngpu)
     stored, written = _tensors(hf), _tensors(os.path.join(dump, "hf", "step-1"))
@@ -87,6 +108,7 @@ def test_transformers_folder_in_and_out_bitwise(tmp_path, flavor, ngpu, layout):
         # every other tensor, except q/k, whose rows RoPE's reordering mixes: read whole
         def mib(pred):
             return sum(t.numel() * t.element_size() for n, t in stored.items() if pred(n)) / 2**20
+
         experts = mib(lambda n: ".mlp.experts." in n)
         qk = mib(lambda n: n.endswith(("q_proj.weight", "k_proj.weight")))
         expected = experts / 2 + qk + (folder_mib - experts - qk) / 2

@@ -14,20 +14,40 @@ import sys
 import run_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=2", "--training.device=cpu",
-        "--training.mixed_precision_param=float32", "--metrics.enable_tensorboard=false",
-        "--hardware.profile=h100_sxm", "--planning.memory_budget_gib=2"]
+TINY = [
+    "--model.flavor=tiny",
+    "--training.seq_len=64",
+    "--training.local_batch_size=2",
+    "--training.device=cpu",
+    "--training.mixed_precision_param=float32",
+    "--metrics.enable_tensorboard=false",
+    "--hardware.profile=h100_sxm",
+    "--planning.memory_budget_gib=2",
+]
 
 
 def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
-    rc, _, out = run_tests.launch(4, [*TINY, "--job.dry_run=true", "--planning.fit=layout", "--planning.layout_candidates=3",
-                                      f"--job.dump_folder={tmp_path}"], str(tmp_path / "ranks"))
+    rc, _, out = run_tests.launch(
+        4,
+        [
+            *TINY,
+            "--job.dry_run=true",
+            "--planning.fit=layout",
+            "--planning.layout_candidates=3",
+            f"--job.dump_folder={tmp_path}",
+        ],
+        str(tmp_path / "ranks"),
+    )
     assert rc == 0, out[-3000:]
-    assert re.search(r"layout search: [\d,]+ layouts enumerated, [\d,]+ within the model-states floor", out), out[-3000:]
+    assert re.search(
+        r"layout search: [\d,]+ layouts enumerated, [\d,]+ within the model-states floor", out
+    ), out[-3000:]
     assert "cheap vs full order:" in out
     result = json.loads((tmp_path / "layout_search.json").read_text())
     ranked, simulated = result["ranked"], result["simulated"]
-    assert result["global_batch"] == 8 and 1 <= len(ranked) <= len(simulated) <= 4  # 3 + the layout as configured
+    assert (
+        result["global_batch"] == 8 and 1 <= len(ranked) <= len(simulated) <= 4
+    )  # 3 + the layout as configured
     assert sum(1 for c in simulated if c["configured"]) == 1
     speeds = [c["tokens_per_second_per_device"] for c in ranked]
     assert speeds == sorted(speeds, reverse=True)
@@ -47,7 +67,7 @@ def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
         name = key.split(".", 1)[1]
         assert re.search(rf"^{name} = ", snippet, re.M), (name, snippet)
     first = out.index(" 1  ")
-    assert ranked[0]["layout"] in out[first:first + 400]
+    assert ranked[0]["layout"] in out[first : first + 400]
 
 
 def _steps(pairs: list[tuple[list[str], list[str] | None]]) -> list[float]:
@@ -68,7 +88,9 @@ for argv, timed_as in {pairs!r}:
     print("STEP", repr(max(r.time.predicted_step_seconds for r in roles)))
 """
     env = {**os.environ, "TITAN_MEMORY_WORKERS": "1", "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("STEP ")]
 
@@ -83,7 +105,7 @@ def test_a_pipeline_is_timed_through_another_microbatch_count_as_its_simulation(
         pairs += [(few, few), (few, None), (few, many), (many, None)]
     steps = _steps(pairs)
     for i in (0, 4):  # 1F1B, Interleaved1F1B
-        few_as_few, few, few_as_many, many = steps[i:i + 4]
+        few_as_few, few, few_as_many, many = steps[i : i + 4]
         # the order generated for the simulated count is the simulated schedule's order
         assert few_as_few == few
         # a simulation of more microbatches is timed like the fewer, run through its order
@@ -113,8 +135,12 @@ for tp, cp in ((2, 1), (2, 2), (2, 1)):
     print("TPS", repr(c.tokens_per_second), dist.is_initialized())
 """
     env = {**os.environ, "TITAN_MEMORY_WORKERS": "1", "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line.split() for line in done.stdout.splitlines() if line.startswith("TPS ")]
-    assert [line[2] for line in lines] == ["False"] * 3  # the search's own process never joins a world
+    assert [line[2] for line in lines] == [
+        "False"
+    ] * 3  # the search's own process never joins a world
     assert float(lines[0][1]) == float(lines[2][1]) > 0

@@ -38,15 +38,33 @@ import run_tests
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = {
-    "debug_fsdp": (8, "llama3_debug.toml", ["--model.flavor=tiny", "--planning.memory_budget_gib=none"]),
-    "debug_pp_tp": (8, "llama3_debug.toml", [
-        "--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",
-        "--parallelism.pipeline_parallel_schedule=Interleaved1F1B", "--training.local_batch_size=4",
-        "--parallelism.fsdp_implementation=simple_fsdp", "--activation_checkpoint.mode=selective",
-        "--planning.memory_budget_gib=none"]),
-    "8b": (64, "llama3_8b.toml", [
-        "--parallelism.tensor_parallel_degree=8", "--planning.memory_budget_gib=none",
-        "--parallelism.data_parallel_replicate_degree=2"]),
+    "debug_fsdp": (
+        8,
+        "llama3_debug.toml",
+        ["--model.flavor=tiny", "--planning.memory_budget_gib=none"],
+    ),
+    "debug_pp_tp": (
+        8,
+        "llama3_debug.toml",
+        [
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+            "--training.local_batch_size=4",
+            "--parallelism.fsdp_implementation=simple_fsdp",
+            "--activation_checkpoint.mode=selective",
+            "--planning.memory_budget_gib=none",
+        ],
+    ),
+    "8b": (
+        64,
+        "llama3_8b.toml",
+        [
+            "--parallelism.tensor_parallel_degree=8",
+            "--planning.memory_budget_gib=none",
+            "--parallelism.data_parallel_replicate_degree=2",
+        ],
+    ),
 }
 
 TOLERANCE = 0.01  # of a role's predicted peak
@@ -54,6 +72,7 @@ TOLERANCE = 0.01  # of a role's predicted peak
 
 def assert_roles_match(got: list[dict], want: list[dict]) -> None:
     """memory_per_rank_role: the same roles over the same ranks and stages, peaks within 1%."""
+
     def shape(roles):
         return [(r["role"], r["ranks"], r["stages"]) for r in roles]
 
@@ -66,17 +85,27 @@ def assert_roles_match(got: list[dict], want: list[dict]) -> None:
             assert abs(g[key] - w[key]) <= TOLERANCE * w[key], (g["role"], key, g[key], w[key])
         for category, want_bytes in w["breakdown"].items():
             got_bytes = g["breakdown"][category]
-            assert abs(got_bytes - want_bytes) <= TOLERANCE * peak, (g["role"], category, got_bytes, want_bytes)
+            assert abs(got_bytes - want_bytes) <= TOLERANCE * peak, (
+                g["role"],
+                category,
+                got_bytes,
+                want_bytes,
+            )
 
 
 # the 8B plan (64 ranks, one training step simulated per pipeline rank) takes ~1 min: slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "8b" else n for n in CASES])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "8b" else n for n in CASES]
+)
 def test_llama3_plan_json_is_unchanged(name, tmp_path):
     ngpu, config, overrides = CASES[name]
     # (run_train.sh's dry-run launch itself: test_reshard_counts.py's 405B dry run)
-    rc, _, out = run_tests.launch(ngpu, ["--job.dry_run=true", f"--job.dump_folder={tmp_path}", *overrides],
-                                  str(tmp_path / "ranks"),
-                                  extra_env={"CONFIG_FILE": os.path.join(ROOT, "train_configs", config)})
+    rc, _, out = run_tests.launch(
+        ngpu,
+        ["--job.dry_run=true", f"--job.dump_folder={tmp_path}", *overrides],
+        str(tmp_path / "ranks"),
+        extra_env={"CONFIG_FILE": os.path.join(ROOT, "train_configs", config)},
+    )
     assert rc == 0, out[-4000:]
     with open(tmp_path / "plan.json") as f:
         got = json.load(f)

@@ -17,13 +17,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     path = tmp_path_factory.mktemp("workers") / "d.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i} " * (2 + i % 23)}) + "\n" for i in range(200)))
+    path.write_text(
+        "".join(json.dumps({"text": f"document {i} " * (2 + i % 23)}) + "\n" for i in range(200))
+    )
     return str(path)
 
 
 def _loader(source, lbs, dp_rank, dp, accum, workers):
-    cfg = build_config([f"--training.dataset={source}", f"--training.local_batch_size={lbs}",
-                        "--training.seq_len=16"])[0].training
+    cfg = build_config(
+        [
+            f"--training.dataset={source}",
+            f"--training.local_batch_size={lbs}",
+            "--training.seq_len=16",
+        ]
+    )[0].training
     return build_dataloader(cfg, Tokenizer(), dp_rank, dp, accum, workers=workers)
 
 
@@ -38,7 +45,9 @@ def _same(a, b):
         assert x.equal(u) and y.equal(v)
 
 
-@pytest.mark.parametrize("lbs, accum, workers, used", [(2, 1, 2, (2, 2)), (1, 3, 3, (3, 1)), (2, 2, 4, (4, 2))])
+@pytest.mark.parametrize(
+    "lbs, accum, workers, used", [(2, 1, 2, (2, 2)), (1, 3, 3, (3, 1)), (2, 2, 4, (4, 2))]
+)
 def test_workers_give_the_batches_and_position_of_no_workers(source, lbs, accum, workers, used):
     plain, many = _loader(source, lbs, 0, 2, accum, 0), _loader(source, lbs, 0, 2, accum, workers)
     assert (many.workers, many.parts_per_step) == used

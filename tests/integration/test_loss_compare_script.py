@@ -7,7 +7,11 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "loss_compare.py")
+SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "scripts",
+    "loss_compare.py",
+)
 
 
 def write(path, losses):
@@ -69,7 +73,10 @@ def test_png_and_dump_folder_input(tmp_path, runs):
 def test_missing_input_is_one_line_error(tmp_path, runs):
     proc = run(runs[0], tmp_path / "nope.jsonl")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: metrics file '{tmp_path / 'nope.jsonl'}' not found; pass a metrics.jsonl, a dump folder or a .toml config"
+    assert (
+        proc.stderr.strip()
+        == f"error: metrics file '{tmp_path / 'nope.jsonl'}' not found; pass a metrics.jsonl, a dump folder or a .toml config"
+    )
 
 
 def test_no_overlapping_steps_fail_assert_equal(runs):

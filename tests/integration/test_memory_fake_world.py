@@ -22,8 +22,8 @@ import sys
 import pytest
 
 from torchtitan.checks import load_config
-from torchtitan.planning.memory import model_states
 from torchtitan.models.flavors import model_args
+from torchtitan.planning.memory import model_states
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = 2048  # the bundled tokenizer's, for the flavors that take the tokenizer's vocabulary
@@ -36,19 +36,61 @@ DSV3_TINY = ["--job.config_file=train_configs/deepseek_v3_debug.toml", *TINY]
 
 PREDICTION_CASES = {
     "fsdp2": (2, [*TINY, "--training.local_batch_size=2"]),
-    "simple_fsdp": (2, [*TINY, "--training.local_batch_size=2", "--parallelism.fsdp_implementation=simple_fsdp"]),
-    "simple_fsdp_op_sac": (2, [*TINY, "--training.local_batch_size=2", "--parallelism.fsdp_implementation=simple_fsdp",
-                               "--activation_checkpoint.mode=selective"]),
-    "tp2_full_ac": (4, [*TINY, "--training.local_batch_size=2", "--parallelism.tensor_parallel_degree=2",
-                        "--activation_checkpoint.mode=full"]),
-    "pp2_1f1b_op_sac": (4, [*TINY, "--training.local_batch_size=4", "--parallelism.pipeline_parallel_degree=2",
-                            "--activation_checkpoint.mode=selective"]),
-    "ddp_accum": (2, [*TINY, "--training.local_batch_size=2", "--parallelism.data_parallel_shard_degree=1",
-                      "--parallelism.data_parallel_replicate_degree=2", "--training.global_batch_size=8"]),
-    "dsv3_ep2": (4, [*DSV3_TINY, "--training.local_batch_size=2", "--parallelism.expert_parallel_degree=2"]),
+    "simple_fsdp": (
+        2,
+        [*TINY, "--training.local_batch_size=2", "--parallelism.fsdp_implementation=simple_fsdp"],
+    ),
+    "simple_fsdp_op_sac": (
+        2,
+        [
+            *TINY,
+            "--training.local_batch_size=2",
+            "--parallelism.fsdp_implementation=simple_fsdp",
+            "--activation_checkpoint.mode=selective",
+        ],
+    ),
+    "tp2_full_ac": (
+        4,
+        [
+            *TINY,
+            "--training.local_batch_size=2",
+            "--parallelism.tensor_parallel_degree=2",
+            "--activation_checkpoint.mode=full",
+        ],
+    ),
+    "pp2_1f1b_op_sac": (
+        4,
+        [
+            *TINY,
+            "--training.local_batch_size=4",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--activation_checkpoint.mode=selective",
+        ],
+    ),
+    "ddp_accum": (
+        2,
+        [
+            *TINY,
+            "--training.local_batch_size=2",
+            "--parallelism.data_parallel_shard_degree=1",
+            "--parallelism.data_parallel_replicate_degree=2",
+            "--training.global_batch_size=8",
+        ],
+    ),
+    "dsv3_ep2": (
+        4,
+        [*DSV3_TINY, "--training.local_batch_size=2", "--parallelism.expert_parallel_degree=2"],
+    ),
     # context parallel (gathered K/V, chunk masks) with the document mask
-    "cp2_block_causal": (2, [*TINY, "--training.local_batch_size=2", "--parallelism.context_parallel_degree=2",
-                             "--model.attn_mask=block_causal"]),
+    "cp2_block_causal": (
+        2,
+        [
+            *TINY,
+            "--training.local_batch_size=2",
+            "--parallelism.context_parallel_degree=2",
+            "--model.attn_mask=block_causal",
+        ],
+    ),
 }
 
 
@@ -60,12 +102,24 @@ PREDICTION_CASES = {
 KNOWN_GAPS = {"simple_fsdp", "simple_fsdp_op_sac"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known gap, see KNOWN_GAPS"))
-                                  if n in KNOWN_GAPS else n for n in PREDICTION_CASES])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known gap, see KNOWN_GAPS"))
+        if n in KNOWN_GAPS
+        else n
+        for n in PREDICTION_CASES
+    ],
+)
 def test_prediction_matches_the_allocator_on_real_tensors(name):
     world, argv = PREDICTION_CASES[name]
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "memory_worker.py"), str(world), *argv],
-                          capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(HERE)), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "memory_worker.py"), str(world), *argv],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(HERE)),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert rows, proc.stdout[-2000:]
@@ -78,25 +132,63 @@ def test_prediction_matches_the_allocator_on_real_tensors(name):
 
 # --------------------------------------------------------------------------- the shortcuts against whole simulations
 
-PP5 = ["--training.seq_len=32", "--training.mixed_precision_param=float32", "--parallelism.pipeline_parallel_degree=5",
-       "--parallelism.pipeline_parallel_split_points=layers.2,layers.3,layers.4,layers.5"]  # (the check's 6 layers)
-PP6 = ["--training.seq_len=64", "--training.mixed_precision_param=float32", "--parallelism.pipeline_parallel_degree=6"]
+PP5 = [
+    "--training.seq_len=32",
+    "--training.mixed_precision_param=float32",
+    "--parallelism.pipeline_parallel_degree=5",
+    "--parallelism.pipeline_parallel_split_points=layers.2,layers.3,layers.4,layers.5",
+]  # (the check's 6 layers)
+PP6 = [
+    "--training.seq_len=64",
+    "--training.mixed_precision_param=float32",
+    "--parallelism.pipeline_parallel_degree=6",
+]
 DSV3_CONFIG = "--job.config_file=train_configs/deepseek_v3_debug.toml"
 
 SHORTCUT_CASES = {  # world, flavor simulated, blocks, overrides
     # Llama3 1F1B: 3 blocks per stage from 1 and 2; pipeline rank 2 interpolated
     "llama_1f1b": (5, "tiny", 15, [*PP5, "--training.local_batch_size=5"]),
     # DeepSeek-V3 with EP 2: the worst case too; a dense first stage; peaks at the last warm-up forward
-    "dsv3_ep2_1f1b": (12, "tiny", 6, [DSV3_CONFIG, *PP6, "--training.local_batch_size=6", "--parallelism.expert_parallel_degree=2"]),
-    "llama_gpipe": (6, "tiny", 12, [*PP6, "--training.local_batch_size=8", "--parallelism.pipeline_parallel_schedule=GPipe"]),
+    "dsv3_ep2_1f1b": (
+        12,
+        "tiny",
+        6,
+        [
+            DSV3_CONFIG,
+            *PP6,
+            "--training.local_batch_size=6",
+            "--parallelism.expert_parallel_degree=2",
+        ],
+    ),
+    "llama_gpipe": (
+        6,
+        "tiny",
+        12,
+        [*PP6, "--training.local_batch_size=8", "--parallelism.pipeline_parallel_schedule=GPipe"],
+    ),
 }
 
 
-@pytest.mark.parametrize("name", [n if n == "llama_1f1b" else pytest.param(n, marks=pytest.mark.slow) for n in SHORTCUT_CASES])
+@pytest.mark.parametrize(
+    "name",
+    [n if n == "llama_1f1b" else pytest.param(n, marks=pytest.mark.slow) for n in SHORTCUT_CASES],
+)
 def test_shortcuts_equal_full_simulation(name):
     world, flavor, blocks, argv = SHORTCUT_CASES[name]
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "shortcut_worker.py"), str(world), flavor, str(blocks),
-                           *argv], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(HERE)), timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "shortcut_worker.py"),
+            str(world),
+            flavor,
+            str(blocks),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(HERE)),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     interpolated = [r["role"] for r in out["fast"] if "interpolated" in r["peak_at"]]
@@ -125,20 +217,49 @@ FAKE_PG_CASES = [
     (1, LLAMA),
     (3, LLAMA),
     (4, LLAMA + ["--parallelism.data_parallel_replicate_degree=2"]),
-    (2, LLAMA + ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.data_parallel_shard_degree=1"]),
+    (
+        2,
+        LLAMA
+        + [
+            "--parallelism.data_parallel_replicate_degree=2",
+            "--parallelism.data_parallel_shard_degree=1",
+        ],
+    ),
     (6, LLAMA + ["--parallelism.tensor_parallel_degree=2"]),
     (4, LLAMA + [PP2]),
-    (4, LLAMA + [PP2, "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-                 "--parallelism.tensor_parallel_degree=2"]),
+    (
+        4,
+        LLAMA
+        + [
+            PP2,
+            "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+            "--parallelism.tensor_parallel_degree=2",
+        ],
+    ),
     (2, LLAMA + [PP2, "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble"]),
     (2, LLAMA + ["--parallelism.fsdp_implementation=simple_fsdp"]),
     (3, DSV3_NAMED),
     (4, DSV3_NAMED + ["--parallelism.expert_parallel_degree=2"]),
     (4, DSV3_NAMED + ["--parallelism.expert_parallel_degree=4"]),
-    (8, DSV3_NAMED + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=4"]),
-    (4, DSV3_NAMED + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=2"]),
+    (
+        8,
+        DSV3_NAMED
+        + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=4"],
+    ),
+    (
+        4,
+        DSV3_NAMED
+        + ["--parallelism.tensor_parallel_degree=2", "--parallelism.expert_parallel_degree=2"],
+    ),
     (16, DSV3_NAMED + ["--parallelism.expert_parallel_degree=2"]),
-    (4, DSV3_NAMED + ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.expert_parallel_degree=2"]),
+    (
+        4,
+        DSV3_NAMED
+        + [
+            "--parallelism.data_parallel_replicate_degree=2",
+            "--parallelism.expert_parallel_degree=2",
+        ],
+    ),
     (4, DSV3_NAMED + [PP2, "--parallelism.expert_parallel_degree=2"]),
 ]
 
@@ -147,11 +268,19 @@ def test_per_rank_states_equal_the_parallelized_model(subprocess_env):
     """The elements each pipeline rank's first data/tensor-parallel rank holds after the real
     build (TP -> EP -> FSDP2 / SimpleFSDP / DDP, on a fake process group) are what
     model_states computes, for every case at once (one child process)."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "model_states_worker.py"), json.dumps(FAKE_PG_CASES)],
-                         env=subprocess_env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "model_states_worker.py"), json.dumps(FAKE_PG_CASES)],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     held = json.loads(out.stdout.strip().splitlines()[-1])
     for (world, argv), real in zip(FAKE_PG_CASES, held):
         cfg, _ = load_config(argv + ["--job.dry_run=true"], world)
         args = model_args(cfg.model.name, cfg.model.flavor, VOCAB, cfg.training.seq_len, cfg.moe)
-        assert [r.numel for r in model_states.job_rank_states(cfg, world, args)] == real, (world, argv)
+        assert [r.numel for r in model_states.job_rank_states(cfg, world, args)] == real, (
+            world,
+            argv,
+        )

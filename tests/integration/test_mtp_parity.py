@@ -1,9 +1,8 @@
 """Multi-token prediction (--model.mtp_depth=1) in multi-rank layouts vs 1 rank: `loss`,
 `mtp_loss` and the gradient norm per step within the suite's fp32 tolerance (mtp_parity.py)."""
 
-import pytest
-
 import mtp_parity
+import pytest
 
 STEPS = 3
 RTOL = 1e-4  # run_tests.Case's default, which every fp32 DeepSeek-V3 case uses
@@ -25,7 +24,17 @@ def test_mtp_fsdp2_ep2_and_zero_bubble_pipeline_match_one_rank(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp2+ep2", "tp2+ep2_compile", "cp2+ep2", "simple_fsdp+tp2+ep2", "fsdp2+ep2_ac_op_compile",
-                                    "pp2_DualPipeV+ep2", "pp2_1F1B+fsdp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "tp2+ep2",
+        "tp2+ep2_compile",
+        "cp2+ep2",
+        "simple_fsdp+tp2+ep2",
+        "fsdp2+ep2_ac_op_compile",
+        "pp2_DualPipeV+ep2",
+        "pp2_1F1B+fsdp2",
+    ],
+)
 def test_mtp_layout_matches_one_rank(layout, tmp_path):
     _check([layout], tmp_path)

@@ -27,31 +27,68 @@ def test_two_nodes_train_like_one(tmp_path):
     port = _free_port()
     nodes = []
     for node in (0, 1):  # each its own dump folder: whichever node gets global rank 0 writes
-        env = {**os.environ, "NGPU": "2", "NNODES": "2", "NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "RDZV_ID": f"test{port}"}
-        nodes.append(subprocess.Popen([run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / f'node{node}'}"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "NGPU": "2",
+            "NNODES": "2",
+            "NODE_RANK": str(node),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RDZV_ID": f"test{port}",
+        }
+        nodes.append(
+            subprocess.Popen(
+                [run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / f'node{node}'}"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=600)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
-    written = [tmp_path / f"node{n}" for n in (0, 1) if (tmp_path / f"node{n}" / "metrics.jsonl").exists()]
+    written = [
+        tmp_path / f"node{n}" for n in (0, 1) if (tmp_path / f"node{n}" / "metrics.jsonl").exists()
+    ]
     assert len(written) == 1
-    proc = subprocess.run([run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / 'one'}"],
-                          env={**os.environ, "NGPU": "4"}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / 'one'}"],
+        env={**os.environ, "NGPU": "4"},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     two, one = _losses(written[0]), _losses(tmp_path / "one")
     assert len(two) == 3 and run_tests.max_rel_diff(two, one) <= 1e-6, (two, one)
 
 
-@pytest.mark.parametrize("env, first_words", [
-    ({}, "error: NNODES=2 needs the rendezvous host"),
-    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"}, "error: rendezvous endpoint '127.0.0.1:70000'"),
-    ({"RDZV_ENDPOINT": "hostonly"}, "error: rendezvous endpoint 'hostonly'"),
-    ({"MASTER_ADDR": "127.0.0.1", "NODE_RANK": "2"}, "error: NODE_RANK=2: must be an integer in 0..1"),
-    ({"NNODES": "two"}, "error: NNODES=two: must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "env, first_words",
+    [
+        ({}, "error: NNODES=2 needs the rendezvous host"),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+            "error: rendezvous endpoint '127.0.0.1:70000'",
+        ),
+        ({"RDZV_ENDPOINT": "hostonly"}, "error: rendezvous endpoint 'hostonly'"),
+        (
+            {"MASTER_ADDR": "127.0.0.1", "NODE_RANK": "2"},
+            "error: NODE_RANK=2: must be an integer in 0..1",
+        ),
+        ({"NNODES": "two"}, "error: NNODES=two: must be a positive integer"),
+    ],
+)
 def test_bad_multinode_settings_are_refused(tmp_path, env, first_words):
-    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RDZV_ENDPOINT", "NODE_RANK")}
-    proc = subprocess.run([run_tests.RUN_TRAIN, f"--job.dump_folder={tmp_path / 'x'}"],
-                          env={**base, "NGPU": "2", "NNODES": "2", **env}, capture_output=True, text=True)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_ADDR", "MASTER_PORT", "RDZV_ENDPOINT", "NODE_RANK")
+    }
+    proc = subprocess.run(
+        [run_tests.RUN_TRAIN, f"--job.dump_folder={tmp_path / 'x'}"],
+        env={**base, "NGPU": "2", "NNODES": "2", **env},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith(first_words), proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "x").exists()

@@ -3,10 +3,8 @@ numerics-neutral features (activation checkpointing) bitwise identical to runnin
 (The runs, once per session: references.py.)"""
 
 import pytest
-
 import references as refs
 import run_tests
-
 
 FAST = [c for c in run_tests.CASES if not c.slow]
 SLOW = [c for c in run_tests.CASES if c.slow]
@@ -17,11 +15,17 @@ def _check(case, tmp_path_factory):
     reference = refs.losses(ref_name, tmp_path_factory)
     losses = refs.losses(case.name, tmp_path_factory)
     assert len(losses) == run_tests.STEPS
-    assert run_tests.max_rel_diff(losses, reference) <= run_tests.tolerance(case), (losses, reference)
+    assert run_tests.max_rel_diff(losses, reference) <= run_tests.tolerance(case), (
+        losses,
+        reference,
+    )
     norms, ref_norms = refs.GRAD_NORMS[case.name], refs.GRAD_NORMS[ref_name]
     assert run_tests.max_rel_diff(norms, ref_norms) <= run_tests.tolerance(case), (norms, ref_norms)
     if case.model != "llama3":  # the same routing and bias updates in every layout
-        assert refs.LOADS[case.name] == refs.LOADS[ref_name], (refs.LOADS[case.name], refs.LOADS[ref_name])
+        assert refs.LOADS[case.name] == refs.LOADS[ref_name], (
+            refs.LOADS[case.name],
+            refs.LOADS[ref_name],
+        )
 
 
 @pytest.mark.parametrize("case", FAST, ids=[c.name for c in FAST])
@@ -56,14 +60,20 @@ def test_compile_matches_eager(tmp_path_factory):
 
 
 @pytest.mark.parametrize("ac_case", ["deepseek_ep_ac_full", "deepseek_ep_ac_op"])
-def test_activation_checkpointing_with_expert_parallel_is_bitwise_neutral(ac_case, tmp_path_factory):
+def test_activation_checkpointing_with_expert_parallel_is_bitwise_neutral(
+    ac_case, tmp_path_factory
+):
     # Recompute must route exactly as forward did (same splits, same experts, counts not
     # doubled): the losses are bitwise those of the same EP layout without AC.
-    assert refs.losses(ac_case, tmp_path_factory) == refs.losses("deepseek_ep_all_of_dp_shard", tmp_path_factory)
+    assert refs.losses(ac_case, tmp_path_factory) == refs.losses(
+        "deepseek_ep_all_of_dp_shard", tmp_path_factory
+    )
 
 
-@pytest.mark.parametrize("ac_case, backward_a2a", [
-    ("deepseek_ep_all_of_dp_shard", 12), ("deepseek_ep_ac_op", 12), ("deepseek_ep_ac_full", 30)])
+@pytest.mark.parametrize(
+    "ac_case, backward_a2a",
+    [("deepseek_ep_all_of_dp_shard", 12), ("deepseek_ep_ac_op", 12), ("deepseek_ep_ac_full", 30)],
+)
 def test_expert_parallel_all_to_alls_per_step(ac_case, backward_a2a, tmp_path_factory):
     # 3 MoE layers x 2 accumulation steps. Forward: counts, dispatch, combine = 3 all-to-alls per
     # layer. Backward: the reverse of dispatch and combine = 2; op SAC keeps the dispatched
@@ -78,9 +88,14 @@ def test_simple_fsdp_with_expert_parallel_gathers_nothing_in_backward(tmp_path_f
     # reshard never + fsdp_ac_policy auto + op SAC: the gathers of the dense units (dp_shard)
     # and of the experts (dp_shard_mod_ep, what EP left) are saved, never redone.
     comm = refs.comm("deepseek_simple_fsdp+ep_op_sac", tmp_path_factory)
-    assert comm["forward/all_gather/dp_shard"] > 0 and comm["forward/all_gather/dp_shard_mod_ep"] > 0, comm
+    assert (
+        comm["forward/all_gather/dp_shard"] > 0 and comm["forward/all_gather/dp_shard_mod_ep"] > 0
+    ), comm
     assert not [key for key in comm if key.startswith("backward/all_gather")], comm
-    assert comm["backward/reduce_scatter/dp_shard_mod_ep"] == comm["forward/all_gather/dp_shard_mod_ep"]
+    assert (
+        comm["backward/reduce_scatter/dp_shard_mod_ep"]
+        == comm["forward/all_gather/dp_shard_mod_ep"]
+    )
     assert comm["backward/all_to_all/ep"] == 3 * 2  # 3 MoE layers, 1 accumulation step
 
 

@@ -4,9 +4,8 @@
 
 import signal
 
-import pytest
-
 import checkpoint_checks as cc
+import pytest
 import resilience_checks as rc
 
 
@@ -15,8 +14,10 @@ def _check_preempted(p: dict, dump: str, who: str) -> int:
     step = p["step"]
     assert step is not None and 6 <= step < rc.STEPS, p["output"][-3000:]
     (line,) = [ln for ln in p["lines"] if "preempted:" in ln]
-    assert line.startswith(f"[torchtitan] preempted: SIGTERM reached {who}; stopped after step {step}, checkpoint"
-                           f" {dump}/checkpoint/step-{step} saved in "), line
+    assert line.startswith(
+        f"[torchtitan] preempted: SIGTERM reached {who}; stopped after step {step}, checkpoint"
+        f" {dump}/checkpoint/step-{step} saved in "
+    ), line
     assert line.endswith("exit 75: rerun the same command to resume"), line
     marker = rc.marker(dump, step)  # the step in progress, complete (off the interval but the 5th)
     assert marker["step"] == step and marker["model_only"] is False
@@ -25,7 +26,9 @@ def _check_preempted(p: dict, dump: str, who: str) -> int:
 
 
 @pytest.mark.parametrize("target", ["launcher", "worker"])
-def test_sigterm_checkpoints_the_step_and_the_resumed_run_matches_bitwise(target, fsdp_run, tmp_path):
+def test_sigterm_checkpoints_the_step_and_the_resumed_run_matches_bitwise(
+    target, fsdp_run, tmp_path
+):
     dump = str(tmp_path / target)
     # the launcher's run also saves asynchronously: its step-5 save is in flight or done when
     # the preemption's synchronous save waits for it
@@ -35,4 +38,6 @@ def test_sigterm_checkpoints_the_step_and_the_resumed_run_matches_bitwise(target
     assert p["exit_s"] < 30, p["exit_s"]  # within Slurm's default KillWait
     resumed, log = rc.resume(dump, extra)
     assert f"checkpoint: resumed from step {step} ({dump}/checkpoint/step-{step})" in log
-    assert resumed == cc.straight_losses(fsdp_run)  # steps 1..step preempted, the rest resumed: bitwise
+    assert resumed == cc.straight_losses(
+        fsdp_run
+    )  # steps 1..step preempted, the rest resumed: bitwise

@@ -7,11 +7,13 @@ import json
 import os
 import shutil
 
-import pytest
 import run_tests
 
 COMM = "--metrics.comm_stats=true"
-PP4 = [run_tests.PP, "--training.local_batch_size=4"]  # 4 ranks: pp 2 x dp_shard 2, 1F1B, 4 microbatches
+PP4 = [
+    run_tests.PP,
+    "--training.local_batch_size=4",
+]  # 4 ranks: pp 2 x dp_shard 2, 1F1B, 4 microbatches
 _RUNS: dict = {}
 
 
@@ -31,33 +33,58 @@ def _run(tmp_path_factory, ngpu: int, *args: str, dump=None) -> tuple[list[dict]
 
 def _counts(record: dict) -> tuple[int, int, int]:
     c = record["comm"]
-    return (c.get("forward/all_gather/dp_shard", 0), c.get("backward/all_gather/dp_shard", 0),
-            c.get("backward/reduce_scatter/dp_shard", 0))
+    return (
+        c.get("forward/all_gather/dp_shard", 0),
+        c.get("backward/all_gather/dp_shard", 0),
+        c.get("backward/reduce_scatter/dp_shard", 0),
+    )
 
 
 def test_pp_auto_gathers_once_per_step_always_per_microbatch(tmp_path_factory):
-    auto, plan, _ = _run(tmp_path_factory, 4, *PP4, COMM, "--parallelism.reshard_after_forward=auto")
-    always, _, _ = _run(tmp_path_factory, 4, *PP4, COMM, "--parallelism.reshard_after_forward=always")
+    auto, plan, _ = _run(
+        tmp_path_factory, 4, *PP4, COMM, "--parallelism.reshard_after_forward=auto"
+    )
+    always, _, _ = _run(
+        tmp_path_factory, 4, *PP4, COMM, "--parallelism.reshard_after_forward=always"
+    )
     # rank 0 holds stage 0: the embedding (its own unit there: the output copy is on stage 1),
     # blocks 0 and 1. auto keeps them all: one gather each per step; always regathers per
     # microbatch in forward (2 x 3 with 1F1B's 2 warm-up forwards) and backward (3 x 3).
-    assert [u["name"] for u in next(p for p in plan["model_parts"] if p["stage"] == 0)["fsdp_units"]] == \
-        ["tok_embeddings", "layers.0", "layers.1"]
+    assert [
+        u["name"] for u in next(p for p in plan["model_parts"] if p["stage"] == 0)["fsdp_units"]
+    ] == ["tok_embeddings", "layers.0", "layers.1"]
     assert _counts(auto[-1]) == (3, 0, 3)
     assert _counts(always[-1]) == (6, 9, 3)
     assert [r["loss"] for r in auto] == [r["loss"] for r in always]  # numerics-neutral: bitwise
 
 
 def test_simple_fsdp_full_ac_auto_regathers_only_the_resharded_blocks(tmp_path_factory):
-    simple = ["--parallelism.fsdp_implementation=simple_fsdp", "--activation_checkpoint.mode=full", COMM]
+    simple = [
+        "--parallelism.fsdp_implementation=simple_fsdp",
+        "--activation_checkpoint.mode=full",
+        COMM,
+    ]
     records, plan, _ = _run(tmp_path_factory, 2, *simple, "--training.local_batch_size=4")
     units = {u["name"]: u["reshard_after_forward"] for u in plan["model_parts"][0]["fsdp_units"]}
     # tied: no embedding unit, the root holds the one embedding/output parameter
-    assert units == {"layers.0": True, "layers.1": True, "layers.2": True, "layers.3": False, "<root>": False}
-    for r in records:  # 5 units, one flat gather each in forward; the 3 resharded blocks again in backward
+    assert units == {
+        "layers.0": True,
+        "layers.1": True,
+        "layers.2": True,
+        "layers.3": False,
+        "<root>": False,
+    }
+    for r in (
+        records
+    ):  # 5 units, one flat gather each in forward; the 3 resharded blocks again in backward
         assert _counts(r) == (5, 3, 5), r["comm"]
-    never, _, _ = _run(tmp_path_factory, 2, *simple, "--training.local_batch_size=4",
-                       "--parallelism.reshard_after_forward=never")
+    never, _, _ = _run(
+        tmp_path_factory,
+        2,
+        *simple,
+        "--training.local_batch_size=4",
+        "--parallelism.reshard_after_forward=never",
+    )
     assert all(_counts(r) == (5, 0, 5) for r in never)
     assert [r["loss"] for r in records] == [r["loss"] for r in never]
 
@@ -77,7 +104,9 @@ def test_tied_copies_checkpoint_under_one_name_resume_bitwise_and_load_without_p
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         straight = {r["step"]: r["loss"] for r in map(json.loads, f)}
     keys = _checkpoint_keys(os.path.join(dump, "checkpoint", "step-5"))
-    assert "model.tok_embeddings.weight" in keys and not any("output.weight" in k for k in keys), sorted(keys)[:8]
+    assert "model.tok_embeddings.weight" in keys and not any("output.weight" in k for k in keys), (
+        sorted(keys)[:8]
+    )
     assert any(k.startswith("optimizer.state.tok_embeddings.weight.") for k in keys)
     # resume in the same layout: bitwise
     shutil.rmtree(os.path.join(dump, "checkpoint", "step-10"))
@@ -89,6 +118,14 @@ def test_tied_copies_checkpoint_under_one_name_resume_bitwise_and_load_without_p
     assert [resumed[s] for s in range(6, 11)] == [straight[s] for s in range(6, 11)]
     # the same checkpoint without PP: one parameter again, from the one name
     other = str(tmp_path / "fsdp")
-    rc, _, log = run_tests.run(2, ["--training.steps=6", f"--checkpoint.initial_load_path={dump}/checkpoint/step-5",
-                                   "--training.local_batch_size=4"], other, model=run_tests.QWEN)
+    rc, _, log = run_tests.run(
+        2,
+        [
+            "--training.steps=6",
+            f"--checkpoint.initial_load_path={dump}/checkpoint/step-5",
+            "--training.local_batch_size=4",
+        ],
+        other,
+        model=run_tests.QWEN,
+    )
     assert rc == 0, log[-3000:]

@@ -13,14 +13,27 @@ import subprocess
 import pytest
 import run_tests
 
-BASE = ["--model.flavor=tiny", "--training.steps=3", "--training.seq_len=64", "--training.local_batch_size=2",
-        "--training.mixed_precision_param=float32", "--training.deterministic=true",
-        "--metrics.enable_tensorboard=false", "--metrics.comm_stats=true"]
+BASE = [
+    "--model.flavor=tiny",
+    "--training.steps=3",
+    "--training.seq_len=64",
+    "--training.local_batch_size=2",
+    "--training.mixed_precision_param=float32",
+    "--training.deterministic=true",
+    "--metrics.enable_tensorboard=false",
+    "--metrics.comm_stats=true",
+]
 SIMPLE = "--parallelism.fsdp_implementation=simple_fsdp"
 NEVER = "--parallelism.reshard_after_forward=never"
 AC = {
-    "op": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"],
-    "layer": ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2"],
+    "op": [
+        "--activation_checkpoint.mode=selective",
+        "--activation_checkpoint.selective_ac_option=op",
+    ],
+    "layer": [
+        "--activation_checkpoint.mode=selective",
+        "--activation_checkpoint.selective_ac_option=2",
+    ],
     "full": ["--activation_checkpoint.mode=full"],
 }
 GATHERS_PER_BLOCK = 1  # one flat gather per unit, not one per parameter (9)
@@ -31,7 +44,9 @@ def run(tmp_path_factory, *args: str, ngpu: int = 2, extra: tuple = ()) -> list[
     key = (ngpu, args, extra)
     if key not in _RUNS:
         dump = tmp_path_factory.mktemp("run")
-        rc, _, out = run_tests.launch(ngpu, [*BASE, *args, *extra, f"--job.dump_folder={dump}"], str(dump / "ranks"))
+        rc, _, out = run_tests.launch(
+            ngpu, [*BASE, *args, *extra, f"--job.dump_folder={dump}"], str(dump / "ranks")
+        )
         assert rc == 0, out[-3000:]
         _RUNS[key] = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
     return _RUNS[key]
@@ -47,19 +62,32 @@ def losses(records) -> list[float]:
     return [r["loss"] for r in records]
 
 
-@pytest.mark.parametrize("ac", ["op", pytest.param("layer", marks=pytest.mark.slow),
-                                pytest.param("full", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "ac",
+    [
+        "op",
+        pytest.param("layer", marks=pytest.mark.slow),
+        pytest.param("full", marks=pytest.mark.slow),
+    ],
+)
 def test_save_keeps_zero2_under_ac_and_recompute_regathers(tmp_path_factory, ac):
     auto = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac])
-    save = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac], "--activation_checkpoint.fsdp_ac_policy=save")
-    recompute = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac], "--activation_checkpoint.fsdp_ac_policy=recompute")
+    save = run(
+        tmp_path_factory, SIMPLE, NEVER, *AC[ac], "--activation_checkpoint.fsdp_ac_policy=save"
+    )
+    recompute = run(
+        tmp_path_factory, SIMPLE, NEVER, *AC[ac], "--activation_checkpoint.fsdp_ac_policy=recompute"
+    )
     regions = 2 if ac == "layer" else 4  # layer SAC every 2nd block checkpoints blocks 0 and 2
     assert bwd_gathers(auto) == bwd_gathers(save) == 0
     assert bwd_gathers(recompute) == regions * GATHERS_PER_BLOCK
     assert losses(auto) == losses(save) == losses(recompute)
     if ac == "op":  # same math as no AC at all, and as FSDP2 with the same AC
         assert losses(auto) == losses(run(tmp_path_factory, SIMPLE, NEVER))
-        assert run_tests.max_rel_diff(losses(auto), losses(run(tmp_path_factory, NEVER, *AC["op"]))) <= 1e-5
+        assert (
+            run_tests.max_rel_diff(losses(auto), losses(run(tmp_path_factory, NEVER, *AC["op"])))
+            <= 1e-5
+        )
 
 
 def test_auto_follows_the_reshard_plan(tmp_path_factory):
@@ -71,20 +99,32 @@ def test_auto_follows_the_reshard_plan(tmp_path_factory):
     # one all-gather in forward and one reduce-scatter per unit (embeddings, 4 blocks, root),
     # however many parameters each holds
     for r in records:
-        assert r["comm"]["forward/all_gather/dp_shard"] == r["comm"]["backward/reduce_scatter/dp_shard"] == 6
+        assert (
+            r["comm"]["forward/all_gather/dp_shard"]
+            == r["comm"]["backward/reduce_scatter/dp_shard"]
+            == 6
+        )
 
 
 @pytest.mark.slow
 def test_ac_modes_and_policies_are_bitwise_identical_and_match_fsdp2(tmp_path_factory):
-    simple = [losses(run(tmp_path_factory, SIMPLE, NEVER, *AC[ac])) for ac in ("op", "layer", "full")]
+    simple = [
+        losses(run(tmp_path_factory, SIMPLE, NEVER, *AC[ac])) for ac in ("op", "layer", "full")
+    ]
     simple.append(losses(run(tmp_path_factory, SIMPLE, NEVER)))
     assert all(x == simple[0] for x in simple)
     fsdp2 = losses(run(tmp_path_factory, NEVER, *AC["op"]))
     assert run_tests.max_rel_diff(simple[0], fsdp2) <= 1e-5
 
 
-@pytest.mark.parametrize("ac", [pytest.param("op", marks=pytest.mark.slow), "full",
-                                pytest.param("layer", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "ac",
+    [
+        pytest.param("op", marks=pytest.mark.slow),
+        "full",
+        pytest.param("layer", marks=pytest.mark.slow),
+    ],
+)
 def test_compiled_policy_is_honoured(tmp_path_factory, ac):
     # Whole-block recompute (full AC, layer SAC) compiles too: no DTensor enters the compiled
     # region (the unit's shards come in as plain tensors), and the gather is one op.
@@ -100,29 +140,53 @@ def test_compiled_policy_is_honoured(tmp_path_factory, ac):
 def test_compiled_recompute_policy_regathers(tmp_path_factory, ac):
     extra = ("--compile.enable=true",)
     auto = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac], extra=extra)
-    recompute = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac], "--activation_checkpoint.fsdp_ac_policy=recompute",
-                    extra=extra)
+    recompute = run(
+        tmp_path_factory,
+        SIMPLE,
+        NEVER,
+        *AC[ac],
+        "--activation_checkpoint.fsdp_ac_policy=recompute",
+        extra=extra,
+    )
     assert bwd_gathers(recompute) == (2 if ac == "layer" else 4) * GATHERS_PER_BLOCK
     assert losses(auto) == losses(recompute)
 
 
 def test_tp_collectives_untouched_by_the_policy(tmp_path_factory):
     tp = ("--parallelism.tensor_parallel_degree=2",)
-    runs = {pol: run(tmp_path_factory, SIMPLE, NEVER, *AC["op"], f"--activation_checkpoint.fsdp_ac_policy={pol}",
-                     extra=tp, ngpu=4) for pol in ("auto", "recompute")}  # (save = auto under never)
+    runs = {
+        pol: run(
+            tmp_path_factory,
+            SIMPLE,
+            NEVER,
+            *AC["op"],
+            f"--activation_checkpoint.fsdp_ac_policy={pol}",
+            extra=tp,
+            ngpu=4,
+        )
+        for pol in ("auto", "recompute")
+    }  # (save = auto under never)
     fsdp2 = run(tmp_path_factory, NEVER, *AC["op"], extra=tp, ngpu=4)
     tp_bwd = {pol: bwd_gathers(r, "tp") for pol, r in runs.items()}
     assert len(set(tp_bwd.values())) == 1 and tp_bwd["auto"] == bwd_gathers(fsdp2, "tp") > 0
     assert bwd_gathers(runs["auto"]) == 0
     assert bwd_gathers(runs["recompute"]) == 4 * GATHERS_PER_BLOCK
     assert losses(runs["auto"]) == losses(runs["recompute"])
-    assert run_tests.max_rel_diff(losses(runs["auto"]), losses(fsdp2)) <= 1e-5  # SimpleFSDP + TP = FSDP2 + TP
+    assert (
+        run_tests.max_rel_diff(losses(runs["auto"]), losses(fsdp2)) <= 1e-5
+    )  # SimpleFSDP + TP = FSDP2 + TP
 
 
 # The debug model with a short sequence: its parameters (the shard degree's share) weigh as
 # much as its activations, so a per-unit copy of the local shards would show at once.
-DEBUG = ("--model.flavor=debugmodel", "--training.steps=1", "--training.seq_len=32", "--training.local_batch_size=1",
-         "--metrics.held_for_backward=true", "--metrics.comm_stats=false")
+DEBUG = (
+    "--model.flavor=debugmodel",
+    "--training.steps=1",
+    "--training.seq_len=32",
+    "--training.local_batch_size=1",
+    "--metrics.held_for_backward=true",
+    "--metrics.comm_stats=false",
+)
 
 
 @pytest.mark.parametrize("ngpu", [2, pytest.param(4, marks=pytest.mark.slow)])  # ~20 s each
@@ -146,15 +210,30 @@ def test_pipeline_auto_gathers_nothing_in_backward(tmp_path_factory):
     assert run_tests.max_rel_diff(losses(records), losses(fsdp2)) <= 1e-5
 
 
-@pytest.mark.parametrize("args, first_words", [
-    ([SIMPLE, "--parallelism.reshard_after_forward=always", "--activation_checkpoint.fsdp_ac_policy=save"],
-     "error: --activation_checkpoint.fsdp_ac_policy=save contradicts --parallelism.reshard_after_forward=always"),
-    (["--activation_checkpoint.fsdp_ac_policy=recompute"],
-     "error: --activation_checkpoint.fsdp_ac_policy=recompute needs --parallelism.fsdp_implementation=simple_fsdp"),
-])
+@pytest.mark.parametrize(
+    "args, first_words",
+    [
+        (
+            [
+                SIMPLE,
+                "--parallelism.reshard_after_forward=always",
+                "--activation_checkpoint.fsdp_ac_policy=save",
+            ],
+            "error: --activation_checkpoint.fsdp_ac_policy=save contradicts --parallelism.reshard_after_forward=always",
+        ),
+        (
+            ["--activation_checkpoint.fsdp_ac_policy=recompute"],
+            "error: --activation_checkpoint.fsdp_ac_policy=recompute needs --parallelism.fsdp_implementation=simple_fsdp",
+        ),
+    ],
+)
 def test_contradictions_are_refused(tmp_path, args, first_words):
     env = {**os.environ, "NGPU": "2"}
-    proc = subprocess.run([run_tests.RUN_TRAIN, *args, f"--job.dump_folder={tmp_path / 'x'}"],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [run_tests.RUN_TRAIN, *args, f"--job.dump_folder={tmp_path / 'x'}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith(first_words), proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "x").exists()

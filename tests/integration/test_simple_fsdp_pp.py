@@ -13,9 +13,17 @@ import json
 import pytest
 import run_tests
 
-BASE = ["--model.flavor=tiny", "--training.steps=3", "--training.seq_len=64", "--training.mixed_precision_param=float32",
-        "--training.deterministic=true", "--metrics.enable_tensorboard=false", "--metrics.comm_stats=true",
-        "--parallelism.pipeline_parallel_degree=2", "--parallelism.pipeline_parallel_microbatch_size=1"]
+BASE = [
+    "--model.flavor=tiny",
+    "--training.steps=3",
+    "--training.seq_len=64",
+    "--training.mixed_precision_param=float32",
+    "--training.deterministic=true",
+    "--metrics.enable_tensorboard=false",
+    "--metrics.comm_stats=true",
+    "--parallelism.pipeline_parallel_degree=2",
+    "--parallelism.pipeline_parallel_microbatch_size=1",
+]
 SIMPLE = "--parallelism.fsdp_implementation=simple_fsdp"
 _RUNS: dict[tuple, list[dict]] = {}
 
@@ -24,8 +32,16 @@ def run(tmp_path_factory, microbatches: int, *args: str) -> list[dict]:
     key = (microbatches, args)
     if key not in _RUNS:
         dump = tmp_path_factory.mktemp("pp")
-        rc, _, out = run_tests.launch(4, [*BASE, f"--training.local_batch_size={microbatches}", *args,
-                                          f"--job.dump_folder={dump}"], str(dump / "ranks"))
+        rc, _, out = run_tests.launch(
+            4,
+            [
+                *BASE,
+                f"--training.local_batch_size={microbatches}",
+                *args,
+                f"--job.dump_folder={dump}",
+            ],
+            str(dump / "ranks"),
+        )
         assert rc == 0, out[-3000:]
         _RUNS[key] = [json.loads(x) for x in (dump / "metrics.jsonl").read_text().splitlines()]
     return _RUNS[key]
@@ -33,8 +49,14 @@ def run(tmp_path_factory, microbatches: int, *args: str) -> list[dict]:
 
 def counts(records) -> set[tuple[int, int, int]]:
     """{(forward all-gathers, backward all-gathers, reduce-scatters) over dp_shard} of steps 2+."""
-    return {(r["comm"].get("forward/all_gather/dp_shard", 0), r["comm"].get("backward/all_gather/dp_shard", 0),
-             r["comm"].get("backward/reduce_scatter/dp_shard", 0)) for r in records[1:]}
+    return {
+        (
+            r["comm"].get("forward/all_gather/dp_shard", 0),
+            r["comm"].get("backward/all_gather/dp_shard", 0),
+            r["comm"].get("backward/reduce_scatter/dp_shard", 0),
+        )
+        for r in records[1:]
+    }
 
 
 def losses(records) -> list[float]:
@@ -46,12 +68,19 @@ def losses(records) -> list[float]:
 @pytest.mark.parametrize("microbatches", [4, 8])
 def test_kept_units_gather_once_per_step_whatever_the_microbatches(tmp_path_factory, microbatches):
     records = run(tmp_path_factory, microbatches, SIMPLE)  # reshard auto under PP: every unit kept
-    assert counts(records) == {(3, 0, 3)}  # 3 units: one gather and one reduce-scatter each per step
+    assert counts(records) == {
+        (3, 0, 3)
+    }  # 3 units: one gather and one reduce-scatter each per step
 
 
 @pytest.mark.slow  # (in `make test` the zero-bubble case below is compared with FSDP2)
 def test_once_per_step_matches_fsdp2(tmp_path_factory):
-    assert run_tests.max_rel_diff(losses(run(tmp_path_factory, 4, SIMPLE)), losses(run(tmp_path_factory, 4))) <= 1e-5
+    assert (
+        run_tests.max_rel_diff(
+            losses(run(tmp_path_factory, 4, SIMPLE)), losses(run(tmp_path_factory, 4))
+        )
+        <= 1e-5
+    )
 
 
 @pytest.mark.slow

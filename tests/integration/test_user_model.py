@@ -12,9 +12,17 @@ import subprocess
 import run_tests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ARGS = ["--model.module=tinylm", "--model.name=tinylm", "--model.flavor=small", "--job.description=tinylm",
-        "--training.steps=2", "--training.seq_len=64", "--training.local_batch_size=2", "--metrics.enable_tensorboard=false",
-        "--training.mixed_precision_param=float32"]
+ARGS = [
+    "--model.module=tinylm",
+    "--model.name=tinylm",
+    "--model.flavor=small",
+    "--job.description=tinylm",
+    "--training.steps=2",
+    "--training.seq_len=64",
+    "--training.local_batch_size=2",
+    "--metrics.enable_tensorboard=false",
+    "--training.mixed_precision_param=float32",
+]
 
 
 def _package(tmp_path) -> dict:
@@ -26,8 +34,9 @@ def _package(tmp_path) -> dict:
 def test_a_model_package_of_ones_own_trains_and_plans(tmp_path):
     env = _package(tmp_path)
     dump = tmp_path / "run"
-    rc, _, out = run_tests.launch(2, [*ARGS, f"--job.dump_folder={dump}"], str(tmp_path / "logs"), env,
-                                  launcher="torchrun")
+    rc, _, out = run_tests.launch(
+        2, [*ARGS, f"--job.dump_folder={dump}"], str(tmp_path / "logs"), env, launcher="torchrun"
+    )
     print(out[-3000:])
     assert rc == 0, out[-3000:]
     assert "tinylm small:" in out and "mesh {'dp_shard': 2}" in out
@@ -36,11 +45,22 @@ def test_a_model_package_of_ones_own_trains_and_plans(tmp_path):
     plan = json.load(open(dump / "plan.json"))
     units = [u["name"] for u in plan["model_parts"][0]["fsdp_units"]]
     assert units == ["tok_embeddings", "layers.0", "layers.1", "<root>"]
-    assert plan["memory_per_rank_role"][0]["predicted_peak_bytes"] > 0  # the start-up prediction ran
+    assert (
+        plan["memory_per_rank_role"][0]["predicted_peak_bytes"] > 0
+    )  # the start-up prediction ran
 
-    rc, _, out = run_tests.launch(4, [*ARGS, "--model.flavor=deeper", "--job.dry_run=true",
-                                      f"--job.dump_folder={tmp_path / 'dry'}"], str(tmp_path / "dry_logs"), env,
-                                  launcher="torchrun")
+    rc, _, out = run_tests.launch(
+        4,
+        [
+            *ARGS,
+            "--model.flavor=deeper",
+            "--job.dry_run=true",
+            f"--job.dump_folder={tmp_path / 'dry'}",
+        ],
+        str(tmp_path / "dry_logs"),
+        env,
+        launcher="torchrun",
+    )
     print(out[-2000:])
     assert rc == 0, out[-3000:]
     assert "[dry run] tinylm deeper:" in out
@@ -49,9 +69,15 @@ def test_a_model_package_of_ones_own_trains_and_plans(tmp_path):
 
 
 def test_a_module_that_cannot_be_imported_is_one_line():
-    proc = subprocess.run([run_tests.RUN_TRAIN, "--model.module=no_such_pkg", "--model.name=x"],
-                          env={**os.environ, "NGPU": "2"}, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [run_tests.RUN_TRAIN, "--model.module=no_such_pkg", "--model.name=x"],
+        env={**os.environ, "NGPU": "2"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --model.module='no_such_pkg': cannot import it (No module named 'no_such_pkg'); give a module that"
-        " registers a model, importable from PYTHONPATH"]
+        " registers a model, importable from PYTHONPATH"
+    ]

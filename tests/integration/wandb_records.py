@@ -24,16 +24,18 @@ def records(path: str):
     with open(path, "rb") as f:
         data = f.read()
     magic, version = struct.unpack("<HB", data[4:HEADER])
-    assert data[:4] == b":W&B" and magic == 0xBEE1 and version == 0, f"{path}: not a W&B log ({data[:HEADER]!r})"
+    assert data[:4] == b":W&B" and magic == 0xBEE1 and version == 0, (
+        f"{path}: not a W&B log ({data[:HEADER]!r})"
+    )
     pos, payload = HEADER, b""
     while pos + HEADER <= len(data):
         if BLOCK - pos % BLOCK < HEADER:
             pos += BLOCK - pos % BLOCK
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
         if kind == 0:  # zero padding: the end of what was written
             break
-        payload += data[pos + HEADER:pos + HEADER + length]
+        payload += data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()

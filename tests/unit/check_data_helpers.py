@@ -4,12 +4,11 @@ import json
 import os
 
 import pytest
-
-from torchtitan.config import ConfigError
-from torchtitan.checks.data import check_data_inputs
-from torchtitan.models.flavors import flavors_of
-
 from config_helpers import cfg_of
+
+from torchtitan.checks.data import check_data_inputs
+from torchtitan.config import ConfigError
+from torchtitan.models.flavors import flavors_of
 
 DEBUG = flavors_of("llama3")["debugmodel"]  # vocab_size 0: takes the tokenizer's
 FIXED = flavors_of("llama3")["8B"]  # vocab_size 128256
@@ -22,7 +21,9 @@ def check_error(argv, args=DEBUG, global_batch=0) -> str:
         check_data_inputs(cfg_of(argv), args, global_batch)
     msg = str(info.value)
     assert "\n" not in msg and "\r" not in msg and msg.strip() == msg, msg
-    assert msg.startswith(("--model.tokenizer_path", "--training.dataset", "--validation.dataset")), msg
+    assert msg.startswith(
+        ("--model.tokenizer_path", "--training.dataset", "--validation.dataset")
+    ), msg
     return msg
 
 

@@ -4,9 +4,10 @@ import textwrap
 
 import pytest
 
+from torchtitan.checks import load_config
 from torchtitan.config import ConfigError, build_config
 
-from torchtitan.checks import load_config
+
 def config_error(argv, world_size=1) -> str:
     """The ConfigError message load_config raises for argv; it must be a single line."""
     with pytest.raises(ConfigError) as info:

@@ -39,16 +39,24 @@ def gloo_world():
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     if dist.is_initialized():
-        pytest.fail("a default process group already exists in this process: an earlier test created it and did"
-                    " not destroy it", pytrace=False)
+        pytest.fail(
+            "a default process group already exists in this process: an earlier test created it and did"
+            " not destroy it",
+            pytrace=False,
+        )
     try:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{_free_port()}",
+            rank=0,
+            world_size=1,
             timeout=datetime.timedelta(seconds=30),
         )
     except Exception as e:  # e.g. no loopback networking
-        pytest.fail(f"cannot create a 1-rank gloo process group on 127.0.0.1: {type(e).__name__}: {e}",
-                    pytrace=False)
+        pytest.fail(
+            f"cannot create a 1-rank gloo process group on 127.0.0.1: {type(e).__name__}: {e}",
+            pytrace=False,
+        )
     try:
         yield dist.group.WORLD
     finally:

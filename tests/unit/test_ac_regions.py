@@ -43,7 +43,13 @@ REDUCE_SCATTER = _fc.reduce_scatter_tensor.default
 
 # Group names as SAC sees them: FSDP's (dense dp_shard, and the experts' data-parallel dims)
 # and three that are not FSDP's. Real names are numbers ("0", "3"); only membership matters.
-DP, EXPERTS_DP, TP, EP, CP = "group_dp_shard", "group_experts_fsdp", "group_tp", "group_ep", "group_cp"
+DP, EXPERTS_DP, TP, EP, CP = (
+    "group_dp_shard",
+    "group_experts_fsdp",
+    "group_tp",
+    "group_ep",
+    "group_cp",
+)
 FSDP_GROUPS = frozenset({DP, EXPERTS_DP})
 EP_OPS = frozenset(SAC_SAVE_OPS)
 
@@ -74,8 +80,10 @@ def wait(of=None):
 
 
 def answers(policy, stream) -> list[CheckpointPolicy]:
-    return [policy(SelectiveCheckpointContext(is_recompute=False, op_output=out), func, *args)
-            for func, args, out in stream]
+    return [
+        policy(SelectiveCheckpointContext(is_recompute=False, op_output=out), func, *args)
+        for func, args, out in stream
+    ]
 
 
 def ep_policy(spec=RegionSpec("op", None)):
@@ -87,9 +95,16 @@ def ep_policy(spec=RegionSpec("op", None)):
 
 
 def test_save_ops_are_the_matmuls_and_the_attention_kernels():
-    attention = {getattr(aten, n).default for n in (
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, n)}
+    attention = {
+        getattr(aten, n).default
+        for n in (
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_flash_attention_for_cpu",
+        )
+        if hasattr(aten, n)
+    }
     assert aten._scaled_dot_product_flash_attention_for_cpu.default in attention  # what CPU runs
     assert SAVE_OPS == {aten.mm.default, aten.addmm.default, aten.bmm.default} | attention
 
@@ -98,18 +113,34 @@ def test_save_ops_are_the_matmuls_and_the_attention_kernels():
 def test_op_sac_saves_each_save_op_and_full_ac_recomputes_it(func):
     assert answers(region_policy(RegionSpec("op", None), frozenset()), [op(func)]) == [SAVE]
     assert answers(region_policy(RegionSpec("full", "save"), FSDP_GROUPS), [op(func)]) == [RE]
-    assert answers(region_policy(RegionSpec("none", "recompute"), FSDP_GROUPS), [op(func)]) == [SAVE]
+    assert answers(region_policy(RegionSpec("none", "recompute"), FSDP_GROUPS), [op(func)]) == [
+        SAVE
+    ]
 
 
 # Cheap ops op SAC recomputes: casts (never saved: a cast of a parameter would keep a copy
 # of it), views, norms, activations, elementwise, routing index math; matmul / linear are
 # composite (SAC only ever sees the mm they decompose to), so not named.
-CHEAP = [aten._to_copy.default, aten.add.Tensor, aten.mul.Tensor, aten.silu.default, aten.view.default,
-         aten.t.default, aten.cat.default, aten.index.Tensor, aten.cumsum.default, aten._unsafe_view.default,
-         aten.rsqrt.default, aten.matmul.default, aten.linear.default]
+CHEAP = [
+    aten._to_copy.default,
+    aten.add.Tensor,
+    aten.mul.Tensor,
+    aten.silu.default,
+    aten.view.default,
+    aten.t.default,
+    aten.cat.default,
+    aten.index.Tensor,
+    aten.cumsum.default,
+    aten._unsafe_view.default,
+    aten.rsqrt.default,
+    aten.matmul.default,
+    aten.linear.default,
+]
 
 
-USER_REGIONS = [RegionSpec(compute, comm) for compute in ("op", "full") for comm in (None, "save", "recompute")]
+USER_REGIONS = [
+    RegionSpec(compute, comm) for compute in ("op", "full") for comm in (None, "save", "recompute")
+]
 
 
 @pytest.mark.parametrize("spec", USER_REGIONS, ids=lambda s: s.label)
@@ -123,15 +154,39 @@ def test_full_ac_recomputes_the_all_to_alls_and_their_waits():
     x, y = a2a(), a2a()
     stream = [x, op(WRAP), wait(x), op(aten.mm.default), y, wait(y)]
     for comm in (None, "save", "recompute"):
-        assert answers(region_policy(RegionSpec("full", comm), FSDP_GROUPS, EP_OPS), stream) == [RE] * 6, comm
+        assert (
+            answers(region_policy(RegionSpec("full", comm), FSDP_GROUPS, EP_OPS), stream)
+            == [RE] * 6
+        ), comm
 
 
 def test_gather_only_region_saves_everything_but_the_fsdp_gather():
     policy = region_policy(RegionSpec("none", "recompute"), FSDP_GROUPS, EP_OPS)
     x = a2a()
-    stream = [gather(DP), op(aten._to_copy.default), op(aten.mm.default), gather(TP), gather(EXPERTS_DP),
-              x, wait(x), wait(x), op(aten.silu.default), gather("")]
-    assert answers(policy, stream) == [MUST_RE, SAVE, SAVE, SAVE, MUST_RE, SAVE, SAVE, SAVE, SAVE, SAVE]
+    stream = [
+        gather(DP),
+        op(aten._to_copy.default),
+        op(aten.mm.default),
+        gather(TP),
+        gather(EXPERTS_DP),
+        x,
+        wait(x),
+        wait(x),
+        op(aten.silu.default),
+        gather(""),
+    ]
+    assert answers(policy, stream) == [
+        MUST_RE,
+        SAVE,
+        SAVE,
+        SAVE,
+        MUST_RE,
+        SAVE,
+        SAVE,
+        SAVE,
+        SAVE,
+        SAVE,
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,23 +194,35 @@ def test_gather_only_region_saves_everything_but_the_fsdp_gather():
 
 GATHER_TABLE = [
     # (compute, fsdp_comm, group) -> policy
-    ("op", "save", DP, SAVE), ("op", "recompute", DP, MUST_RE),
-    ("op", "save", EXPERTS_DP, SAVE), ("op", "recompute", EXPERTS_DP, MUST_RE),
-    ("full", "save", DP, SAVE), ("full", "recompute", DP, MUST_RE),
-    ("none", "recompute", DP, MUST_RE), ("none", "save", DP, SAVE),
+    ("op", "save", DP, SAVE),
+    ("op", "recompute", DP, MUST_RE),
+    ("op", "save", EXPERTS_DP, SAVE),
+    ("op", "recompute", EXPERTS_DP, MUST_RE),
+    ("full", "save", DP, SAVE),
+    ("full", "recompute", DP, MUST_RE),
+    ("none", "recompute", DP, MUST_RE),
+    ("none", "save", DP, SAVE),
     # the same op over a group that is not FSDP's follows the compute decision
-    ("op", "save", TP, RE), ("op", "recompute", EP, RE), ("op", "recompute", "", RE),
-    ("full", "save", TP, RE), ("full", "recompute", EP, RE),
-    ("none", "recompute", TP, SAVE), ("none", "recompute", "", SAVE),
+    ("op", "save", TP, RE),
+    ("op", "recompute", EP, RE),
+    ("op", "recompute", "", RE),
+    ("full", "save", TP, RE),
+    ("full", "recompute", EP, RE),
+    ("none", "recompute", TP, SAVE),
+    ("none", "recompute", "", SAVE),
     # no FSDP comm decision (FSDP2 or no SimpleFSDP): never recognised, even on a dp group
-    ("op", None, DP, RE), ("full", None, DP, RE), ("none", None, DP, SAVE),
+    ("op", None, DP, RE),
+    ("full", None, DP, RE),
+    ("none", None, DP, SAVE),
 ]
 
 
 @pytest.mark.parametrize("compute, comm, group, expected", GATHER_TABLE)
 def test_fsdp_gather_follows_the_comm_decision_only_on_fsdp_groups(compute, comm, group, expected):
     for extra in (frozenset(), EP_OPS):
-        assert answers(region_policy(RegionSpec(compute, comm), FSDP_GROUPS, extra), [gather(group)]) == [expected]
+        assert answers(
+            region_policy(RegionSpec(compute, comm), FSDP_GROUPS, extra), [gather(group)]
+        ) == [expected]
 
 
 def test_without_fsdp_groups_no_gather_is_fsdps():
@@ -182,7 +249,13 @@ def test_all_to_all_then_two_waits_saves_only_the_first_wait():
 
 def test_wrap_tensor_autograd_is_saved_and_does_not_open_a_wait():
     x, w = a2a(), op(WRAP)
-    assert answers(ep_policy(), [x, op(WRAP, x[2]), wait(x), w, wait(w)]) == [SAVE, SAVE, SAVE, SAVE, RE]
+    assert answers(ep_policy(), [x, op(WRAP, x[2]), wait(x), w, wait(w)]) == [
+        SAVE,
+        SAVE,
+        SAVE,
+        SAVE,
+        RE,
+    ]
 
 
 def test_two_all_to_alls_then_their_waits_in_any_order_are_all_saved_and_a_third_wait_is_not():
@@ -216,24 +289,42 @@ def test_one_moe_block_under_op_sac_with_fsdp_gathers_recomputed():
     """The stream of a MoE block (SimpleFSDP + TP + EP), as op SAC sees it in forward; eager
     funcol waits on the AsyncCollectiveTensor that _wrap_tensor_autograd makes of the output."""
     sp, rs, counts, dispatch, combine, shared_rs = (
-        op(ALL_GATHER, T, 2, TP), op(REDUCE_SCATTER, T, "sum", 2, TP), a2a(), a2a(), a2a(),
-        op(REDUCE_SCATTER, T, "sum", 2, TP))
+        op(ALL_GATHER, T, 2, TP),
+        op(REDUCE_SCATTER, T, "sum", 2, TP),
+        a2a(),
+        a2a(),
+        a2a(),
+        op(REDUCE_SCATTER, T, "sum", 2, TP),
+    )
     stream = [
         (gather(DP), MUST_RE),  # the block's dense unit
-        (sp, RE), (wait(sp), RE),  # sequence parallel -> replicate
-        (op(aten.mm.default), SAVE), (op(aten._to_copy.default), RE),
+        (sp, RE),
+        (wait(sp), RE),  # sequence parallel -> replicate
+        (op(aten.mm.default), SAVE),
+        (op(aten._to_copy.default), RE),
         (op(aten._scaled_dot_product_flash_attention_for_cpu.default), SAVE),
-        (rs, RE), (wait(rs), RE),
-        (op(aten.mm.default), SAVE), (op(aten.topk.default), RE),  # router
+        (rs, RE),
+        (wait(rs), RE),
+        (op(aten.mm.default), SAVE),
+        (op(aten.topk.default), RE),  # router
         (gather(EXPERTS_DP), MUST_RE),  # the routed experts' unit
-        (counts, SAVE), (op(WRAP, counts[2]), SAVE), (wait(AsyncCollectiveTensor(counts[2])), SAVE),
-        (op(aten.cat.default), RE), (op(aten.sum.dim_IntList), RE),
-        (dispatch, SAVE), (op(WRAP, dispatch[2]), SAVE),  # dispatch, waited after the regroup index is built
-        (op(aten.cumsum.default), RE), (op(aten.repeat_interleave.Tensor), RE),
+        (counts, SAVE),
+        (op(WRAP, counts[2]), SAVE),
+        (wait(AsyncCollectiveTensor(counts[2])), SAVE),
+        (op(aten.cat.default), RE),
+        (op(aten.sum.dim_IntList), RE),
+        (dispatch, SAVE),
+        (op(WRAP, dispatch[2]), SAVE),  # dispatch, waited after the regroup index is built
+        (op(aten.cumsum.default), RE),
+        (op(aten.repeat_interleave.Tensor), RE),
         (wait(AsyncCollectiveTensor(dispatch[2])), SAVE),
-        (op(aten.index.Tensor), RE), (op(aten.silu.default), RE),
-        (combine, SAVE), (op(WRAP, combine[2]), SAVE),  # combine, with the shared experts' TP
-        (op(aten.mm.default), SAVE), (shared_rs, RE), (wait(shared_rs), RE),  # wait in between
+        (op(aten.index.Tensor), RE),
+        (op(aten.silu.default), RE),
+        (combine, SAVE),
+        (op(WRAP, combine[2]), SAVE),  # combine, with the shared experts' TP
+        (op(aten.mm.default), SAVE),
+        (shared_rs, RE),
+        (wait(shared_rs), RE),  # wait in between
         (wait(AsyncCollectiveTensor(combine[2])), SAVE),
         (op(aten.add.Tensor), RE),
     ]
@@ -243,7 +334,11 @@ def test_one_moe_block_under_op_sac_with_fsdp_gathers_recomputed():
 
 def test_without_extra_save_ops_all_to_alls_and_waits_are_recomputed():
     x = a2a()
-    assert answers(region_policy(RegionSpec("op", None), frozenset()), [x, op(WRAP), wait(x)]) == [RE, RE, RE]
+    assert answers(region_policy(RegionSpec("op", None), frozenset()), [x, op(WRAP), wait(x)]) == [
+        RE,
+        RE,
+        RE,
+    ]
 
 
 def test_only_the_extra_ops_named_are_saved():
@@ -295,15 +390,25 @@ def test_a_tp_wait_inside_an_all_to_all_pair_is_not_saved():
     def ask(func, args, out):
         return policy(SelectiveCheckpointContext(is_recompute=False, op_output=out), func, *args)
 
-    got = [ask(A2A, (T, [1, 1], [1, 1], EP), a2a_out), ask(ALL_GATHER, (T, 2, TP), ag_out),
-           ask(WAIT, (ag_out,), ag_out), ask(WAIT, (a2a_out,), a2a_out)]
+    got = [
+        ask(A2A, (T, [1, 1], [1, 1], EP), a2a_out),
+        ask(ALL_GATHER, (T, 2, TP), ag_out),
+        ask(WAIT, (ag_out,), ag_out),
+        ask(WAIT, (a2a_out,), a2a_out),
+    ]
     assert got == [SAVE, RE, RE, SAVE]
 
 
 def test_a_wait_on_an_async_collective_tensor_is_paired_through_it():
     # eager funcol: the wait gets the AsyncCollectiveTensor wrapping the output (or a view of it)
     x, ag = a2a(), op(ALL_GATHER, T, 2, TP)
-    stream = [x, op(WRAP, x[2]), ag, wait(AsyncCollectiveTensor(ag[2])), wait(AsyncCollectiveTensor(x[2].view(1, 2)))]
+    stream = [
+        x,
+        op(WRAP, x[2]),
+        ag,
+        wait(AsyncCollectiveTensor(ag[2])),
+        wait(AsyncCollectiveTensor(x[2].view(1, 2))),
+    ]
     assert answers(ep_policy(), stream) == [SAVE, SAVE, RE, RE, SAVE]
 
 
@@ -345,7 +450,12 @@ def test_cp_gathers_wait_on_a_view_of_its_output_is_saved():
     # wait; attention then waits again on the (already waited) result
     k = op(ALL_GATHER, T, 2, CP)
     viewed = AsyncCollectiveTensor(k[2].view(1, 2))
-    assert answers(cp_policy(), [k, op(aten.view.default), wait(viewed), wait(viewed.elem)]) == [SAVE, RE, SAVE, RE]
+    assert answers(cp_policy(), [k, op(aten.view.default), wait(viewed), wait(viewed.elem)]) == [
+        SAVE,
+        RE,
+        SAVE,
+        RE,
+    ]
 
 
 def test_cp_and_ep_collectives_in_flight_together_each_keep_their_own_wait():
@@ -355,14 +465,19 @@ def test_cp_and_ep_collectives_in_flight_together_each_keep_their_own_wait():
 
 
 def test_cp_gathers_are_kept_only_under_op_sac_and_only_on_cp_groups():
-    for spec, expected in ((RegionSpec("full", "recompute"), [RE, RE]),
-                           (RegionSpec("none", "recompute"), [SAVE, SAVE])):
+    for spec, expected in (
+        (RegionSpec("full", "recompute"), [RE, RE]),
+        (RegionSpec("none", "recompute"), [SAVE, SAVE]),
+    ):
         k = op(ALL_GATHER, T, 2, CP)
         assert answers(cp_policy(spec), [k, wait(k)]) == expected, spec
     other = op(ALL_GATHER, T, 2, TP)
     assert answers(cp_policy(), [other, wait(other)]) == [RE, RE]
     k = op(ALL_GATHER, T, 2, CP)
-    assert answers(region_policy(RegionSpec("op", None), FSDP_GROUPS), [k, wait(k)]) == [RE, RE]  # no save_groups
+    assert answers(region_policy(RegionSpec("op", None), FSDP_GROUPS), [k, wait(k)]) == [
+        RE,
+        RE,
+    ]  # no save_groups
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,7 +523,9 @@ class CollectivesBlock(nn.Module):
 
 
 def test_recompute_reruns_exactly_the_recomputed_collectives_in_forward_order():
-    block = wrap_region(CollectivesBlock(), RegionSpec("op", "recompute"), FSDP_GROUPS, SAC_SAVE_OPS, {CP})
+    block = wrap_region(
+        CollectivesBlock(), RegionSpec("op", "recompute"), FSDP_GROUPS, SAC_SAVE_OPS, {CP}
+    )
     data = torch.arange(4.0)
     reference = torch.randn(4, requires_grad=True)
     with LocalCollectives():
@@ -420,12 +537,20 @@ def test_recompute_reruns_exactly_the_recomputed_collectives_in_forward_order():
             y = block(x, data)
             forward = list(comm.log)
             y.sum().backward()
-        assert forward == ["all_to_all_single/group_ep", "all_gather_into_tensor/group_tp",
-                           "wait all_gather_into_tensor/group_tp", "wait all_to_all_single/group_ep",
-                           "all_gather_into_tensor/group_cp", "wait all_gather_into_tensor/group_cp"]
+        assert forward == [
+            "all_to_all_single/group_ep",
+            "all_gather_into_tensor/group_tp",
+            "wait all_gather_into_tensor/group_tp",
+            "wait all_to_all_single/group_ep",
+            "all_gather_into_tensor/group_cp",
+            "wait all_gather_into_tensor/group_cp",
+        ]
         # only TP's gather and its own wait run again; the all-to-all, the CP gather and their
         # waits come from the forward's cache (by call index, as the policy answered)
-        assert comm.log[len(forward):] == ["all_gather_into_tensor/group_tp", "wait all_gather_into_tensor/group_tp"]
+        assert comm.log[len(forward) :] == [
+            "all_gather_into_tensor/group_tp",
+            "wait all_gather_into_tensor/group_tp",
+        ]
         torch.testing.assert_close(x.grad, reference.grad, rtol=0, atol=0)
 
 
@@ -433,17 +558,20 @@ def test_recompute_reruns_exactly_the_recomputed_collectives_in_forward_order():
 # RegionSpec
 
 
-@pytest.mark.parametrize("spec, wrapped, label", [
-    (RegionSpec("none", None), False, "no AC"),
-    (RegionSpec("none", "recompute"), True, "no AC, FSDP gathers recomputed"),
-    (RegionSpec("none", "recompute", by_hooks=True), False, "no AC, FSDP gathers recomputed"),
-    (RegionSpec("full", None), True, "full AC"),
-    (RegionSpec("full", "save"), True, "full AC, FSDP gathers saved"),
-    (RegionSpec("full", "recompute"), True, "full AC, FSDP gathers recomputed"),
-    (RegionSpec("op", None), True, "op SAC"),
-    (RegionSpec("op", "save"), True, "op SAC, FSDP gathers saved"),
-    (RegionSpec("op", "recompute"), True, "op SAC, FSDP gathers recomputed"),
-])
+@pytest.mark.parametrize(
+    "spec, wrapped, label",
+    [
+        (RegionSpec("none", None), False, "no AC"),
+        (RegionSpec("none", "recompute"), True, "no AC, FSDP gathers recomputed"),
+        (RegionSpec("none", "recompute", by_hooks=True), False, "no AC, FSDP gathers recomputed"),
+        (RegionSpec("full", None), True, "full AC"),
+        (RegionSpec("full", "save"), True, "full AC, FSDP gathers saved"),
+        (RegionSpec("full", "recompute"), True, "full AC, FSDP gathers recomputed"),
+        (RegionSpec("op", None), True, "op SAC"),
+        (RegionSpec("op", "save"), True, "op SAC, FSDP gathers saved"),
+        (RegionSpec("op", "recompute"), True, "op SAC, FSDP gathers recomputed"),
+    ],
+)
 def test_region_spec_wrapped_and_label(spec, wrapped, label):
     assert (spec.wrapped, spec.label) == (wrapped, label)
 
@@ -468,25 +596,37 @@ BLOCK_COMPUTE = [
 ]
 
 
-@pytest.mark.parametrize("cfg, expected", BLOCK_COMPUTE,
-                         ids=[f"{c.mode}-{c.selective_ac_option}" for c, _ in BLOCK_COMPUTE])
+@pytest.mark.parametrize(
+    "cfg, expected",
+    BLOCK_COMPUTE,
+    ids=[f"{c.mode}-{c.selective_ac_option}" for c, _ in BLOCK_COMPUTE],
+)
 def test_block_compute(cfg, expected):
     assert [block_compute(cfg, position) for position in range(7)] == expected
 
 
 def test_block_compute_takes_a_simple_namespace_too():
     from types import SimpleNamespace
+
     assert block_compute(SimpleNamespace(mode="selective", selective_ac_option="4"), 8) == "full"
     assert block_compute(SimpleNamespace(mode="selective", selective_ac_option="4"), 6) == "none"
 
 
-@pytest.mark.parametrize("policy, reshard, simple, expected", [
-    ("auto", True, True, "recompute"), ("auto", False, True, "save"),
-    ("save", True, True, "save"), ("save", False, True, "save"),
-    ("recompute", True, True, "recompute"), ("recompute", False, True, "recompute"),
-    ("auto", True, False, None), ("auto", False, False, None),
-    ("save", True, False, None), ("recompute", False, False, None),
-])
+@pytest.mark.parametrize(
+    "policy, reshard, simple, expected",
+    [
+        ("auto", True, True, "recompute"),
+        ("auto", False, True, "save"),
+        ("save", True, True, "save"),
+        ("save", False, True, "save"),
+        ("recompute", True, True, "recompute"),
+        ("recompute", False, True, "recompute"),
+        ("auto", True, False, None),
+        ("auto", False, False, None),
+        ("save", True, False, None),
+        ("recompute", False, False, None),
+    ],
+)
 def test_resolve_fsdp_comm(policy, reshard, simple, expected):
     assert resolve_fsdp_comm(policy, reshard, simple) == expected
 
@@ -495,7 +635,11 @@ BLOCKS = ["layers.0", "layers.1", "layers.2", "layers.3"]
 # layers.3 is absent from the plan: it counts as kept (not resharded)
 RESHARD = {"layers.0": False, "layers.1": True, "layers.2": True}
 
-N, HOOKS, SAC_RE = RegionSpec("none", None), RegionSpec("none", "recompute", True), RegionSpec("none", "recompute")
+N, HOOKS, SAC_RE = (
+    RegionSpec("none", None),
+    RegionSpec("none", "recompute", True),
+    RegionSpec("none", "recompute"),
+)
 
 SPECS_TABLE = [
     # (mode, option, fsdp_ac_policy, simple_fsdp, compiled) -> specs of BLOCKS
@@ -506,26 +650,53 @@ SPECS_TABLE = [
     (("none", "op", "save", True, False), [N, HOOKS, HOOKS, N]),  # fsdp_ac_policy: only inside AC
     (("none", "op", "recompute", True, True), [N, SAC_RE, SAC_RE, N]),
     (("full", "op", "auto", False, False), [RegionSpec("full", None)] * 4),
-    (("full", "op", "auto", True, False), [RegionSpec("full", c) for c in ("save", "recompute", "recompute", "save")]),
-    (("full", "op", "auto", True, True), [RegionSpec("full", c) for c in ("save", "recompute", "recompute", "save")]),
+    (
+        ("full", "op", "auto", True, False),
+        [RegionSpec("full", c) for c in ("save", "recompute", "recompute", "save")],
+    ),
+    (
+        ("full", "op", "auto", True, True),
+        [RegionSpec("full", c) for c in ("save", "recompute", "recompute", "save")],
+    ),
     (("full", "op", "save", True, False), [RegionSpec("full", "save")] * 4),
     (("full", "op", "recompute", True, True), [RegionSpec("full", "recompute")] * 4),
     (("selective", "op", "auto", False, True), [RegionSpec("op", None)] * 4),
-    (("selective", "op", "auto", True, False),
-     [RegionSpec("op", c) for c in ("save", "recompute", "recompute", "save")]),
+    (
+        ("selective", "op", "auto", True, False),
+        [RegionSpec("op", c) for c in ("save", "recompute", "recompute", "save")],
+    ),
     (("selective", "op", "save", True, True), [RegionSpec("op", "save")] * 4),
     (("selective", "op", "recompute", True, False), [RegionSpec("op", "recompute")] * 4),
-    (("selective", "2", "auto", False, False), [RegionSpec("full", None), N, RegionSpec("full", None), N]),
-    (("selective", "2", "auto", True, False), [RegionSpec("full", "save"), HOOKS, RegionSpec("full", "recompute"), N]),
-    (("selective", "2", "auto", True, True), [RegionSpec("full", "save"), SAC_RE, RegionSpec("full", "recompute"), N]),
-    (("selective", "2", "save", True, False), [RegionSpec("full", "save"), HOOKS, RegionSpec("full", "save"), N]),
-    (("selective", "2", "recompute", True, True),
-     [RegionSpec("full", "recompute"), SAC_RE, RegionSpec("full", "recompute"), N]),
-    (("selective", "3", "auto", True, False), [RegionSpec("full", "save"), HOOKS, HOOKS, RegionSpec("full", "save")]),
+    (
+        ("selective", "2", "auto", False, False),
+        [RegionSpec("full", None), N, RegionSpec("full", None), N],
+    ),
+    (
+        ("selective", "2", "auto", True, False),
+        [RegionSpec("full", "save"), HOOKS, RegionSpec("full", "recompute"), N],
+    ),
+    (
+        ("selective", "2", "auto", True, True),
+        [RegionSpec("full", "save"), SAC_RE, RegionSpec("full", "recompute"), N],
+    ),
+    (
+        ("selective", "2", "save", True, False),
+        [RegionSpec("full", "save"), HOOKS, RegionSpec("full", "save"), N],
+    ),
+    (
+        ("selective", "2", "recompute", True, True),
+        [RegionSpec("full", "recompute"), SAC_RE, RegionSpec("full", "recompute"), N],
+    ),
+    (
+        ("selective", "3", "auto", True, False),
+        [RegionSpec("full", "save"), HOOKS, HOOKS, RegionSpec("full", "save")],
+    ),
 ]
 
 
-@pytest.mark.parametrize("args, expected", SPECS_TABLE, ids=["-".join(map(str, a)) for a, _ in SPECS_TABLE])
+@pytest.mark.parametrize(
+    "args, expected", SPECS_TABLE, ids=["-".join(map(str, a)) for a, _ in SPECS_TABLE]
+)
 def test_region_specs(args, expected):
     mode, option, policy, simple, compiled = args
     specs = region_specs(ac(mode, option, policy), BLOCKS, RESHARD, simple, compiled)
@@ -545,7 +716,9 @@ def test_region_specs_labels_and_wrapping_of_selective_every_second_block():
 
 def test_region_specs_count_positions_within_the_model_part():
     # a later pipeline stage's first block is position 0 of its part: checkpointed under "2"
-    specs = region_specs(ac("selective", "2"), ["layers.5", "layers.6", "layers.7"], {}, simple_fsdp=False)
+    specs = region_specs(
+        ac("selective", "2"), ["layers.5", "layers.6", "layers.7"], {}, simple_fsdp=False
+    )
     assert [s.compute for s in specs.values()] == ["full", "none", "full"]
 
 

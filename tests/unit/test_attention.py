@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from torchtitan.models.common import attention
 from torchtitan.models.common.attention import (
-    AttentionInputs, ContextParallel, attend, attention_inputs, causal_chunk_mask, document_ids,
+    AttentionInputs,
+    ContextParallel,
+    attend,
+    attention_inputs,
+    causal_chunk_mask,
+    document_ids,
 )
 from torchtitan.models.flavors import model_args
 from torchtitan.models.train_spec import get_train_spec
@@ -52,12 +57,14 @@ def ordinary_tokens(bsz: int, seq: int, seed: int) -> torch.Tensor:
 
 def test_document_ids_count_bos_tokens():
     b = BOS
-    inputs = torch.tensor([
-        [5, 6, b, 7, 8, b, 9, 3],  # BOS in the middle: the tokens before it are document 0
-        [b, 4, 4, 4, b, 4, 4, 4],  # BOS at position 0: the first document is 1
-        [1, 2, 3, 4, 5, 6, 7, 8],  # no BOS: one document, 0
-        [b, b, 2, b, 3, 3, 3, b],  # back-to-back BOS and BOS last
-    ])
+    inputs = torch.tensor(
+        [
+            [5, 6, b, 7, 8, b, 9, 3],  # BOS in the middle: the tokens before it are document 0
+            [b, 4, 4, 4, b, 4, 4, 4],  # BOS at position 0: the first document is 1
+            [1, 2, 3, 4, 5, 6, 7, 8],  # no BOS: one document, 0
+            [b, b, 2, b, 3, 3, 3, b],  # back-to-back BOS and BOS last
+        ]
+    )
     ids = document_ids(inputs, BOS)
     assert ids.dtype == torch.int32 and ids.shape == inputs.shape
     assert ids.tolist() == [
@@ -94,7 +101,7 @@ def test_block_causal_does_not_leak_across_documents(model, lead_bos):
     if lead_bos:
         first[:, 0] = BOS
     second = first.clone()
-    second[:, int(lead_bos):split] = ordinary_tokens(2, split - int(lead_bos), seed=3)
+    second[:, int(lead_bos) : split] = ordinary_tokens(2, split - int(lead_bos), seed=3)
     assert not torch.equal(first[:, :split], second[:, :split])
     assert torch.equal(first[:, split:], second[:, split:])
     with torch.no_grad():
@@ -106,7 +113,9 @@ def test_block_causal_does_not_leak_across_documents(model, lead_bos):
         # expert output differently when other tokens change its expert's group size (~3e-8).
         assert diff_block <= 1e-6, f"doc B changed: max abs diff {diff_block}"
     else:
-        assert torch.equal(block[0][:, split:], block[1][:, split:]), f"doc B changed: max abs diff {diff_block}"
+        assert torch.equal(block[0][:, split:], block[1][:, split:]), (
+            f"doc B changed: max abs diff {diff_block}"
+        )
     # doc A's own logits do change (its tokens did), and under causal doc B sees doc A
     assert not torch.equal(block[0][:, :split], block[1][:, :split])
     diff_causal = (causal[0][:, split:] - causal[1][:, split:]).abs().max().item()
@@ -122,10 +131,12 @@ def test_eos_delimited_documents_do_not_leak(model):
     second = first.clone()
     second[:, :split] = ordinary_tokens(2, split, seed=5).clamp(min=2)
     ids = document_ids(first, eos, starts=False)
-    assert ids[0, :split + 1].unique().tolist() == [0] and ids[0, split + 1:].unique().tolist() == [1]
+    assert ids[0, : split + 1].unique().tolist() == [0] and ids[
+        0, split + 1 :
+    ].unique().tolist() == [1]
     with torch.no_grad():
         block = [model(t, doc_ids=document_ids(t, eos, starts=False)) for t in (first, second)]
-    diff = (block[0][:, split + 1:] - block[1][:, split + 1:]).abs().max().item()
+    diff = (block[0][:, split + 1 :] - block[1][:, split + 1 :]).abs().max().item()
     assert diff <= (1e-6 if model.name in MOE else 0.0), f"doc B changed: max abs diff {diff}"
     # the EOS position itself belongs to doc A: its logits see doc A's changed tokens
     assert not torch.equal(block[0][:, split], block[1][:, split])
@@ -145,7 +156,9 @@ def test_shard_and_positions_cover_the_sequence_once(degree):
         assert cp.chunks == (r, 2 * degree - 1 - r)
         local = cp.shard(whole, dim=1)
         assert local.shape == (2, 2 * n)
-        expected = list(range(r * n, (r + 1) * n)) + list(range((2 * degree - 1 - r) * n, (2 * degree - r) * n))
+        expected = list(range(r * n, (r + 1) * n)) + list(
+            range((2 * degree - 1 - r) * n, (2 * degree - r) * n)
+        )
         assert local[0].tolist() == local[1].tolist() == expected
         assert cp.positions(2 * n, torch.device("cpu")).tolist() == expected
         # another dim: [batch, heads, seq, d] sharded on dim 2
@@ -161,7 +174,9 @@ def test_gather_puts_every_rank_chunks_back_in_global_order(degree, monkeypatch)
     ranks = [ContextParallel(group=None, rank=r, degree=degree) for r in range(degree)]
     locals_ = [cp.shard(whole) for cp in ranks]
 
-    def fake_all_gather(x, gather_dim, group):  # rank-major concatenation, as the collective returns
+    def fake_all_gather(
+        x, gather_dim, group
+    ):  # rank-major concatenation, as the collective returns
         assert gather_dim == 1 and group is None
         return torch.cat(locals_, dim=1)
 
@@ -179,7 +194,12 @@ def test_attention_inputs_without_cp():
     doc_ids = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     block = attention_inputs(4, rope, doc_ids)
     assert block.mask.shape == (2, 1, 4, 4)
-    assert block.mask[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    assert block.mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 0, 1, 0],
+        [0, 0, 1, 1],
+    ]
     assert block.mask[1, 0].int().tolist() == torch.ones(4, 4).tril().int().tolist()
 
 
@@ -207,7 +227,9 @@ def test_cp_attention_equals_whole_sequence_sdpa(degree, mask):
     if doc_ids is None:
         expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
-        allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = (doc_ids[:, :, None] == doc_ids[:, None, :]) & torch.ones(
+            seq, seq, dtype=torch.bool
+        ).tril()
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.unsqueeze(1))
     out = torch.full_like(q, float("nan"))
     for r in range(degree):
@@ -234,5 +256,7 @@ def test_cp_attention_passes_the_scale():
     for r in range(degree):
         cp = ContextParallel(group=None, rank=r, degree=degree)
         inputs = attention_inputs(seq // degree, torch.zeros(seq, 2), None, cp)
-        out[:, :, cp.positions(seq // degree, "cpu")] = attend(cp.shard(q, dim=2), k, v, inputs, scale=0.1)
+        out[:, :, cp.positions(seq // degree, "cpu")] = attend(
+            cp.shard(q, dim=2), k, v, inputs, scale=0.1
+        )
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)

@@ -6,18 +6,19 @@ import dataclasses
 import time
 
 import pytest
+from check_data_helpers import DEBUG, FIXED, check_error, docs, write_jsonl
+from config_helpers import cfg_of, config_error
 
 from torchtitan.checks import data as check_data
 from torchtitan.checks.data import check_data_inputs
 from torchtitan.models.flavors import flavors_of
 
-from check_data_helpers import DEBUG, FIXED, check_error, docs, write_jsonl
-from config_helpers import cfg_of, config_error
-
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 
 # the llama3 flavors that take the tokenizer's vocabulary (vocab_size 0)
-OPEN_VOCABULARY_FLAVORS = ", ".join(name for name, args in flavors_of("llama3").items() if args.vocab_size == 0)
+OPEN_VOCABULARY_FLAVORS = ", ".join(
+    name for name, args in flavors_of("llama3").items() if args.vocab_size == 0
+)
 
 
 def word_tokenizer(path, words) -> str:
@@ -34,14 +35,20 @@ def word_tokenizer(path, words) -> str:
 TOKENIZER_FIX = "give the tokenizer.json of a Hugging Face tokenizer (or its folder), or leave it empty for the bundled tokenizer"
 
 
-@pytest.mark.parametrize("content, reason", [
-    ('{"a": 1}', "JSON, but no tokenizer 'model' in it (its keys: a)"),
-    ("vocab: 32000\n", "not JSON (Expecting value: line 1 column 1 (char 0))"),
-    ("", "the file is empty"),
-    ("  \n", "the file is empty"),
-    ("[1, 2]", "a JSON list, not a tokenizer object"),
-    ('{"version": "1.0", "model": {"type": "Nope"}}', "the tokenizers library cannot load it (data did not match"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ('{"a": 1}', "JSON, but no tokenizer 'model' in it (its keys: a)"),
+        ("vocab: 32000\n", "not JSON (Expecting value: line 1 column 1 (char 0))"),
+        ("", "the file is empty"),
+        ("  \n", "the file is empty"),
+        ("[1, 2]", "a JSON list, not a tokenizer object"),
+        (
+            '{"version": "1.0", "model": {"type": "Nope"}}',
+            "the tokenizers library cannot load it (data did not match",
+        ),
+    ],
+)
 def test_file_that_is_not_a_tokenizer(tmp_path, content, reason):
     path = tmp_path / "tokenizer.json"
     path.write_text(content)
@@ -83,7 +90,9 @@ def test_tokenizer_larger_than_a_fixed_vocabulary(tmp_path):
         " fixed vocab_size); use the flavor's own tokenizer, or a flavor with vocab_size 0, which takes the"
         f" tokenizer's (here: {OPEN_VOCABULARY_FLAVORS})"
     )
-    check_data_inputs(cfg_of([f"--model.tokenizer_path={path}"]), dataclasses.replace(FIXED, vocab_size=5))
+    check_data_inputs(
+        cfg_of([f"--model.tokenizer_path={path}"]), dataclasses.replace(FIXED, vocab_size=5)
+    )
     check_data_inputs(cfg_of([f"--model.tokenizer_path={path}"]), DEBUG)  # vocab_size 0 takes any
 
 
@@ -94,8 +103,10 @@ def test_the_check_catches_what_model_args_would_raise(tmp_path):
     words = ["<s>", "</s>", *(f"w{i}" for i in range(FIXED.vocab_size)), "<unk>"]
     path = word_tokenizer(tmp_path / "big.json", words)
     msg = config_error([f"--model.tokenizer_path={path}", "--model.flavor=8B"])
-    assert msg.startswith(f"--model.tokenizer_path='{path}': the tokenizer has {len(words)} tokens but llama3 8B"
-                          f" has only {FIXED.vocab_size} embeddings")
+    assert msg.startswith(
+        f"--model.tokenizer_path='{path}': the tokenizer has {len(words)} tokens but llama3 8B"
+        f" has only {FIXED.vocab_size} embeddings"
+    )
     with pytest.raises(ValueError):
         model_args("llama3", "8B", len(words), 256)
 
@@ -129,12 +140,18 @@ def test_pydoc_split(section):
 
 
 def test_validation_keys_are_checked_only_when_enabled():
-    check_data_inputs(cfg_of(["--validation.dataset_split=nope", "--validation.dataset=./no/such.jsonl"]), DEBUG)
-    assert check_error(["--validation.enable=true", "--validation.dataset_split=validatoin"]).startswith(
+    check_data_inputs(
+        cfg_of(["--validation.dataset_split=nope", "--validation.dataset=./no/such.jsonl"]), DEBUG
+    )
+    assert check_error(
+        ["--validation.enable=true", "--validation.dataset_split=validatoin"]
+    ).startswith(
         "--validation.dataset_split='validatoin': the embedded 'pydoc' dataset has the splits train, validation"
         " (did you mean 'validation'?)"
     )
-    check_data_inputs(cfg_of(["--validation.enable=true"]), DEBUG)  # the default: pydoc / validation
+    check_data_inputs(
+        cfg_of(["--validation.enable=true"]), DEBUG
+    )  # the default: pydoc / validation
 
 
 def test_pydoc_text_field_and_config_name():
@@ -176,17 +193,22 @@ def test_text_field_missing_lists_the_columns(tmp_path, monkeypatch):
         "--training.dataset_text_field='body': document 0 of 'data.jsonl' has no such column; its columns are: text, id;"
         " set --training.dataset_text_field to the one holding the document text"
     )
-    assert check_error(["--training.dataset=data.jsonl", "--training.dataset_text_field=txt"]).startswith(
+    assert check_error(
+        ["--training.dataset=data.jsonl", "--training.dataset_text_field=txt"]
+    ).startswith(
         "--training.dataset_text_field='txt': document 0 of 'data.jsonl' has no such column (did you mean 'text'?); its columns"
         " are: text, id;"
     )
 
 
-@pytest.mark.parametrize("value, what", [
-    (5, "holds int 5, not a string"),
-    (["a", "b"], "holds list ['a', 'b'], not a string"),
-    (None, "has no text (null or missing)"),
-])
+@pytest.mark.parametrize(
+    "value, what",
+    [
+        (5, "holds int 5, not a string"),
+        (["a", "b"], "holds list ['a', 'b'], not a string"),
+        (None, "has no text (null or missing)"),
+    ],
+)
 def test_text_that_is_not_a_string(tmp_path, value, what):
     path = write_jsonl(tmp_path / "d.jsonl", [*docs(3), {"text": value, "id": 3}, *docs(4)])
     assert check_error([f"--training.dataset={path}"]) == (
@@ -198,21 +220,36 @@ def test_text_that_is_not_a_string(tmp_path, value, what):
 def test_a_record_without_the_field(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [*docs(2), {"id": 2}, *docs(5)])
     # read as the run reads it (its own JSON parse, not Arrow's, which fills a missing column with null)
-    assert f"document 2 of '{path}' has no such column; its columns are: id" in check_error([f"--training.dataset={path}"])
+    assert f"document 2 of '{path}' has no such column; its columns are: id" in check_error(
+        [f"--training.dataset={path}"]
+    )
 
 
-@pytest.mark.parametrize("name, content, reason", [
-    ("d.jsonl", '{"text": "a"}\n{"text": "b"\n', "line 2 is not JSON: Expecting ',' delimiter: line 2 column 1"),
-    ("d.json", "this is not json", "ArrowInvalid: JSON parse error: Invalid value. in row 0"),
-    ("d.parquet", "PAR1 but no parquet", "ArrowInvalid: Parquet magic bytes not found in footer."),
-])
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        (
+            "d.jsonl",
+            '{"text": "a"}\n{"text": "b"\n',
+            "line 2 is not JSON: Expecting ',' delimiter: line 2 column 1",
+        ),
+        ("d.json", "this is not json", "ArrowInvalid: JSON parse error: Invalid value. in row 0"),
+        (
+            "d.parquet",
+            "PAR1 but no parquet",
+            "ArrowInvalid: Parquet magic bytes not found in footer.",
+        ),
+    ],
+)
 def test_unreadable_local_file(tmp_path, capfd, name, content, reason):
     path = tmp_path / name
     path.write_text(content)
     msg = check_error([f"--training.dataset={path}"])
     assert msg.startswith(f"--training.dataset='{path}': cannot read the local file ({reason}")
-    assert msg.endswith("); fix the data (its first records are read as the run reads them) or give another"
-                        " .json/.jsonl/.parquet/.txt/.csv/.arrow file or folder")
+    assert msg.endswith(
+        "); fix the data (its first records are read as the run reads them) or give another"
+        " .json/.jsonl/.parquet/.txt/.csv/.arrow file or folder"
+    )
     assert capfd.readouterr().err == ""  # datasets' own log line is silenced: the error is one line
 
 
@@ -222,12 +259,17 @@ def test_empty_file(tmp_path, name):
     path.write_text("")
     msg = check_error([f"--training.dataset={path}"])
     assert msg.startswith(f"--training.dataset='{path}': ")
-    assert "no documents in split 'train' (the file is empty)" in msg or "cannot read the local file" in msg
+    assert (
+        "no documents in split 'train' (the file is empty)" in msg
+        or "cannot read the local file" in msg
+    )
 
 
 def test_fewer_documents_than_the_global_batch(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", docs(3))
-    assert check_error([f"--training.dataset={path}", "--training.local_batch_size=2"], global_batch=4) == (
+    assert check_error(
+        [f"--training.dataset={path}", "--training.local_batch_size=2"], global_batch=4
+    ) == (
         f"--training.dataset='{path}': split 'train' has 3 documents, fewer than the 4 rows of a global batch"
         " (every row reads its own documents); add documents, or lower --training.local_batch_size (or"
         " --training.global_batch_size)"
@@ -237,9 +279,12 @@ def test_fewer_documents_than_the_global_batch(tmp_path):
 
 def test_validate_passes_the_global_batch_of_the_world(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", docs(6))
-    config_error_msg = config_error([f"--training.dataset={path}", "--training.local_batch_size=2"], world_size=4)
+    config_error_msg = config_error(
+        [f"--training.dataset={path}", "--training.local_batch_size=2"], world_size=4
+    )
     assert "has 6 documents, fewer than the 8 rows of a global batch" in config_error_msg
     from torchtitan.checks import load_config
+
     load_config([f"--training.dataset={path}", "--training.local_batch_size=2"], 3)
 
 
@@ -263,8 +308,16 @@ def test_split_of_a_local_file(tmp_path):
         f"--validation.dataset_split='validation': the local file '{path}' has only the split 'train'; set"
         " --validation.dataset_split=train"
     )
-    check_data_inputs(cfg_of(["--validation.enable=true", f"--validation.dataset={path}",
-                              "--validation.dataset_split=train"]), DEBUG)
+    check_data_inputs(
+        cfg_of(
+            [
+                "--validation.enable=true",
+                f"--validation.dataset={path}",
+                "--validation.dataset_split=train",
+            ]
+        ),
+        DEBUG,
+    )
 
 
 def test_local_folder(tmp_path):
@@ -276,14 +329,27 @@ def test_local_folder(tmp_path):
     )
     write_jsonl(folder / "train.jsonl", docs(8))
     write_jsonl(folder / "validation.jsonl", docs(8))
-    check_data_inputs(cfg_of([f"--training.dataset={folder}", "--validation.enable=true",
-                              f"--validation.dataset={folder}"]), DEBUG)
+    check_data_inputs(
+        cfg_of(
+            [
+                f"--training.dataset={folder}",
+                "--validation.enable=true",
+                f"--validation.dataset={folder}",
+            ]
+        ),
+        DEBUG,
+    )
     assert check_error([f"--training.dataset={folder}", "--training.dataset_split=tests"]) == (
         f"--training.dataset_split='tests': the local folder '{folder}' has only the split(s) train, validation"
         " (one per file name: train.jsonl, validation.jsonl, ...); set --training.dataset_split to one of them"
     )
-    assert check_error(["--validation.enable=true", f"--validation.dataset={folder}",
-                        "--validation.dataset_text_field=body"]).startswith(
+    assert check_error(
+        [
+            "--validation.enable=true",
+            f"--validation.dataset={folder}",
+            "--validation.dataset_text_field=body",
+        ]
+    ).startswith(
         f"--validation.dataset_text_field='body': document 0 of '{folder}' has no such column; its columns are: text, id;"
     )
     # splits whose columns differ: datasets casts every split to the first one's columns
@@ -299,7 +365,9 @@ def test_csv_and_txt_columns(tmp_path):
     assert check_error([f"--training.dataset={csv}"]).startswith(
         f"--training.dataset_text_field='text': document 0 of '{csv}' has no such column; its columns are: title, body;"
     )
-    check_data_inputs(cfg_of([f"--training.dataset={csv}", "--training.dataset_text_field=body"]), DEBUG)
+    check_data_inputs(
+        cfg_of([f"--training.dataset={csv}", "--training.dataset_text_field=body"]), DEBUG
+    )
     txt = tmp_path / "d.txt"
     txt.write_text("".join(f"line {i}\n" for i in range(8)))
     check_data_inputs(cfg_of([f"--training.dataset={txt}"]), DEBUG)
@@ -316,5 +384,7 @@ def test_config_name_has_no_effect_on_a_local_dataset(tmp_path):
 def test_dry_run_reads_no_data(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "d.jsonl", docs(1, field="body"))
     check_data_inputs(cfg_of([f"--training.dataset={path}", "--job.dry_run=true"]), DEBUG)
-    monkeypatch.setattr(check_data, "_read_records", lambda *a: pytest.fail("a dry run reads no hub data"))
+    monkeypatch.setattr(
+        check_data, "_read_records", lambda *a: pytest.fail("a dry run reads no hub data")
+    )
     check_data_inputs(cfg_of(["--training.dataset=allenai/c4", "--job.dry_run=true"]), DEBUG)

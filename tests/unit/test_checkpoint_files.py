@@ -14,15 +14,29 @@ from torchtitan.checkpoint.files import (
 )
 
 
-def make_step(folder, step, complete=True, model_only=False, metadata=True, tmp=False, saved_at=None, suffix=""):
+def make_step(
+    folder,
+    step,
+    complete=True,
+    model_only=False,
+    metadata=True,
+    tmp=False,
+    saved_at=None,
+    suffix="",
+):
     path = folder / (f"step-{step}" + (".tmp" if tmp else suffix))
     path.mkdir(parents=True)
     (path / "__0_0.distcp").write_bytes(b"x")
     if metadata:
         (path / ".metadata").write_bytes(b"m")
     if complete:
-        marker = {"step": step, "model_only": model_only, "global_batch": 8, "model": "llama3/tiny",
-                  "time": float(step if saved_at is None else saved_at)}
+        marker = {
+            "step": step,
+            "model_only": model_only,
+            "global_batch": 8,
+            "model": "llama3/tiny",
+            "time": float(step if saved_at is None else saved_at),
+        }
         (path / ".complete").write_text(json.dumps(marker))
     return path
 
@@ -41,7 +55,13 @@ def test_newest_complete_full_checkpoint_wins(tmp_path):
     info = resolve_resume(str(tmp_path), "auto")
     assert info.step == 10 and not info.model_only
     assert [c.step for c in scan(str(tmp_path)) if c.complete] == [5, 10, 25]
-    assert [(c.step, c.complete) for c in scan(str(tmp_path))] == [(5, True), (10, True), (15, False), (20, False), (25, True)]
+    assert [(c.step, c.complete) for c in scan(str(tmp_path))] == [
+        (5, True),
+        (10, True),
+        (15, False),
+        (20, False),
+        (25, True),
+    ]
 
 
 def test_seed_is_used_only_without_full_checkpoints(tmp_path):
@@ -71,7 +91,10 @@ def test_load_step_missing_names_path_and_choices(tmp_path):
 def test_load_step_incomplete_names_the_temporary(tmp_path):
     make_step(tmp_path, 5)
     make_step(tmp_path, 10, tmp=True, complete=False)
-    with pytest.raises(CheckpointError, match=r"step-10\.tmp' is incomplete \(its save never finished\); pick another step \(complete: 5\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step-10\.tmp' is incomplete \(its save never finished\); pick another step \(complete: 5\)",
+    ):
         resolve_resume(str(tmp_path), 10)
 
 
@@ -128,7 +151,12 @@ def test_checkpoint_of_another_model_or_batch_is_refused():
     marker = {"model": "llama3/tiny", "global_batch": 8}
     check_compatible("/c/step-5", marker, "llama3/tiny", 8)
     check_compatible("/c/step-5", marker, "llama3/tiny", None)  # weights only: any batch
-    with pytest.raises(CheckpointError, match="holds model llama3/tiny, this run trains llama3/8B: set --model.name=llama3 --model.flavor=tiny"):
+    with pytest.raises(
+        CheckpointError,
+        match="holds model llama3/tiny, this run trains llama3/8B: set --model.name=llama3 --model.flavor=tiny",
+    ):
         check_compatible("/c/step-5", marker, "llama3/8B", 8)
-    with pytest.raises(CheckpointError, match="was saved with global batch 8 rows, this run has 16"):
+    with pytest.raises(
+        CheckpointError, match="was saved with global batch 8 rows, this run has 16"
+    ):
         check_compatible("/c/step-5", marker, "llama3/tiny", 16)

@@ -4,15 +4,14 @@ batch sizes, paths."""
 import os
 
 import pytest
+from config_helpers import cfg_of, config_error
 
-from torchtitan.config import ConfigError
 from torchtitan.checks import check_job, load_config
 from torchtitan.checks.layout import resolve_dp_shard
+from torchtitan.config import ConfigError
 from torchtitan.data.tokenizer import BUNDLED_TOKENIZER
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.registry import MODELS
-
-from config_helpers import cfg_of, config_error
 
 LLAMA3_FLAVORS = ", ".join(flavors_of("llama3"))  # every flavor, in the registry's order
 MODEL_NAMES = ", ".join(MODELS)  # every registered model
@@ -28,9 +27,27 @@ MODEL_NAMES = ", ".join(MODELS)  # every registered model
         (8, [], 8),
         (8, ["--parallelism.data_parallel_replicate_degree=2"], 4),
         (6, ["--parallelism.data_parallel_replicate_degree=3"], 2),
-        (8, ["--parallelism.data_parallel_replicate_degree=2", "--parallelism.tensor_parallel_degree=2"], 2),
-        (8, ["--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2"], 2),
-        (8, ["--parallelism.data_parallel_shard_degree=4", "--parallelism.data_parallel_replicate_degree=2"], 4),
+        (
+            8,
+            [
+                "--parallelism.data_parallel_replicate_degree=2",
+                "--parallelism.tensor_parallel_degree=2",
+            ],
+            2,
+        ),
+        (
+            8,
+            ["--parallelism.pipeline_parallel_degree=2", "--parallelism.tensor_parallel_degree=2"],
+            2,
+        ),
+        (
+            8,
+            [
+                "--parallelism.data_parallel_shard_degree=4",
+                "--parallelism.data_parallel_replicate_degree=2",
+            ],
+            4,
+        ),
         # EP borrows its ranks from data parallelism: it does not reduce the shard degree
         (4, ["--parallelism.expert_parallel_degree=2"], 4),
     ],
@@ -47,7 +64,10 @@ def test_world_not_divisible_by_the_other_degrees():
 
 
 def test_degrees_not_multiplying_to_world_size():
-    argv = ["--parallelism.data_parallel_shard_degree=3", "--parallelism.data_parallel_replicate_degree=2"]
+    argv = [
+        "--parallelism.data_parallel_shard_degree=3",
+        "--parallelism.data_parallel_replicate_degree=2",
+    ]
     assert config_error(argv, world_size=4) == (
         "parallel degrees multiply to 6 (replicate 2 x shard 3 x tp 1 x pp 1) but the world size is 4;"
         " make them multiply to 4 or set --parallelism.data_parallel_shard_degree=auto"
@@ -57,15 +77,30 @@ def test_degrees_not_multiplying_to_world_size():
 @pytest.mark.parametrize(
     "arg, expected",
     [
-        ("--parallelism.tensor_parallel_degree=0", "--parallelism.tensor_parallel_degree=0: must be >= 1"),
-        ("--parallelism.data_parallel_replicate_degree=-1",
-         "--parallelism.data_parallel_replicate_degree=-1: must be >= 1"),
-        ("--parallelism.pipeline_parallel_degree=0", "--parallelism.pipeline_parallel_degree=0: must be >= 1"),
-        ("--parallelism.expert_parallel_degree=0", "--parallelism.expert_parallel_degree=0: must be >= 1"),
-        ("--parallelism.data_parallel_shard_degree=0",
-         "--parallelism.data_parallel_shard_degree=0: must be >= 1 or auto (the rest)"),
-        ("--parallelism.data_parallel_shard_degree=-2",
-         "--parallelism.data_parallel_shard_degree=-2: must be >= 1 or auto (the rest)"),
+        (
+            "--parallelism.tensor_parallel_degree=0",
+            "--parallelism.tensor_parallel_degree=0: must be >= 1",
+        ),
+        (
+            "--parallelism.data_parallel_replicate_degree=-1",
+            "--parallelism.data_parallel_replicate_degree=-1: must be >= 1",
+        ),
+        (
+            "--parallelism.pipeline_parallel_degree=0",
+            "--parallelism.pipeline_parallel_degree=0: must be >= 1",
+        ),
+        (
+            "--parallelism.expert_parallel_degree=0",
+            "--parallelism.expert_parallel_degree=0: must be >= 1",
+        ),
+        (
+            "--parallelism.data_parallel_shard_degree=0",
+            "--parallelism.data_parallel_shard_degree=0: must be >= 1 or auto (the rest)",
+        ),
+        (
+            "--parallelism.data_parallel_shard_degree=-2",
+            "--parallelism.data_parallel_shard_degree=-2: must be >= 1 or auto (the rest)",
+        ),
     ],
 )
 def test_degrees_below_one(arg, expected):
@@ -81,7 +116,9 @@ def test_tp_degree_must_divide_the_heads():
 
 def test_tp_degree_must_divide_the_kv_heads():
     # tiny: 8 query heads, 4 KV heads; 8 divides the first only
-    assert config_error(["--model.flavor=tiny", "--parallelism.tensor_parallel_degree=8"], world_size=8) == (
+    assert config_error(
+        ["--model.flavor=tiny", "--parallelism.tensor_parallel_degree=8"], world_size=8
+    ) == (
         "--parallelism.tensor_parallel_degree=8 does not divide llama3 tiny n_kv_heads=4; pick a divisor of 4"
     )
 
@@ -89,8 +126,13 @@ def test_tp_degree_must_divide_the_kv_heads():
 @pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
 def test_compile_with_a_zero_bubble_schedule_is_refused(schedule):
     # torch 2.13 raises when such a schedule is built on compiled stages: refused before launch
-    argv = ["--parallelism.pipeline_parallel_degree=2", f"--parallelism.pipeline_parallel_schedule={schedule}",
-            "--model.flavor=tiny", "--training.local_batch_size=8", "--compile.enable=true"]
+    argv = [
+        "--parallelism.pipeline_parallel_degree=2",
+        f"--parallelism.pipeline_parallel_schedule={schedule}",
+        "--model.flavor=tiny",
+        "--training.local_batch_size=8",
+        "--compile.enable=true",
+    ]
     assert config_error(argv, world_size=2) == (
         f"--compile.enable=true with --parallelism.pipeline_parallel_schedule={schedule}: torch's zero-bubble"
         " schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) refuse compiled stages (they split each"
@@ -98,7 +140,9 @@ def test_compile_with_a_zero_bubble_schedule_is_refused(schedule):
         " --compile.enable=false"
     )
     load_config(argv[:-1], 2)  # the same schedule eager: accepted
-    load_config([*argv[:1], "--parallelism.pipeline_parallel_schedule=1F1B", *argv[2:]], 2)  # compiled 1F1B too
+    load_config(
+        [*argv[:1], "--parallelism.pipeline_parallel_schedule=1F1B", *argv[2:]], 2
+    )  # compiled 1F1B too
 
 
 def test_expert_parallel_needs_experts():
@@ -123,8 +167,11 @@ def test_global_batch_size_must_be_a_multiple():
 
 
 def test_global_batch_size_counts_replicas_too():
-    argv = ["--training.local_batch_size=2", "--parallelism.data_parallel_replicate_degree=2",
-            "--training.global_batch_size=6"]
+    argv = [
+        "--training.local_batch_size=2",
+        "--parallelism.data_parallel_replicate_degree=2",
+        "--training.global_batch_size=6",
+    ]
     assert config_error(argv, world_size=4) == (
         "--training.global_batch_size=6 must be a positive multiple of local_batch_size x data-parallel"
         " degree = 2 x 4 = 8 (or auto)"
@@ -153,9 +200,14 @@ def test_unknown_model_name():
         (["--training.steps=0"], "--training.steps=0: must be >= 1"),
         (["--training.local_batch_size=0"], "--training.local_batch_size=0: must be >= 1"),
         (["--training.seq_len=-5"], "--training.seq_len=-5: must be >= 1"),
-        (["--model.flavor=tiny", "--training.seq_len=131073"],
-         "--training.seq_len=131073 exceeds the model's max_seq_len 131072"),
-        (["--training.max_norm=-1"], "--training.max_norm=-1.0: must be >= 0 (0 disables clipping)"),
+        (
+            ["--model.flavor=tiny", "--training.seq_len=131073"],
+            "--training.seq_len=131073 exceeds the model's max_seq_len 131072",
+        ),
+        (
+            ["--training.max_norm=-1"],
+            "--training.max_norm=-1.0: must be >= 0 (0 disables clipping)",
+        ),
         (["--optimizer.lr=0"], "--optimizer.lr=0.0: must be > 0"),
         (["--lr_scheduler.warmup_steps=-1"], "--lr_scheduler.warmup_steps=-1: must be >= 0"),
         (["--lr_scheduler.decay_ratio=1.5"], "--lr_scheduler.decay_ratio=1.5: must be in [0, 1]"),
@@ -170,8 +222,13 @@ def test_value_ranges(argv, expected):
 
 def test_boundary_values_are_accepted():
     cfg, _ = load_config(
-        ["--training.max_norm=0", "--lr_scheduler.warmup_steps=0", "--lr_scheduler.decay_ratio=0",
-         "--training.seq_len=1", "--training.steps=1"],
+        [
+            "--training.max_norm=0",
+            "--lr_scheduler.warmup_steps=0",
+            "--lr_scheduler.decay_ratio=0",
+            "--training.seq_len=1",
+            "--training.steps=1",
+        ],
         1,
     )
     assert cfg.training.max_norm == 0.0 and cfg.lr_scheduler.decay_ratio == 0.0
@@ -180,28 +237,49 @@ def test_boundary_values_are_accepted():
 @pytest.mark.parametrize(
     "option, expected",
     [
-        ("abc", "--activation_checkpoint.selective_ac_option='abc': use 'op' or a positive integer n"
-                " (checkpoint every n-th block)"),
-        ("0", "--activation_checkpoint.selective_ac_option='0': use 'op' or a positive integer n"
-              " (checkpoint every n-th block)"),
-        ("-1", "--activation_checkpoint.selective_ac_option='-1': use 'op' or a positive integer n"
-               " (checkpoint every n-th block)"),
-        ("OP", "--activation_checkpoint.selective_ac_option='OP': use 'op' or a positive integer n"
-               " (checkpoint every n-th block)"),
+        (
+            "abc",
+            "--activation_checkpoint.selective_ac_option='abc': use 'op' or a positive integer n"
+            " (checkpoint every n-th block)",
+        ),
+        (
+            "0",
+            "--activation_checkpoint.selective_ac_option='0': use 'op' or a positive integer n"
+            " (checkpoint every n-th block)",
+        ),
+        (
+            "-1",
+            "--activation_checkpoint.selective_ac_option='-1': use 'op' or a positive integer n"
+            " (checkpoint every n-th block)",
+        ),
+        (
+            "OP",
+            "--activation_checkpoint.selective_ac_option='OP': use 'op' or a positive integer n"
+            " (checkpoint every n-th block)",
+        ),
     ],
 )
 def test_selective_ac_option_invalid(option, expected):
-    argv = ["--activation_checkpoint.mode=selective", f"--activation_checkpoint.selective_ac_option={option}"]
+    argv = [
+        "--activation_checkpoint.mode=selective",
+        f"--activation_checkpoint.selective_ac_option={option}",
+    ]
     assert config_error(argv) == expected
 
 
 def test_selective_ac_option_valid_and_ignored_outside_selective_mode():
     for option in ("op", "1", "3"):
         cfg, _ = load_config(
-            ["--activation_checkpoint.mode=selective", f"--activation_checkpoint.selective_ac_option={option}"], 1
+            [
+                "--activation_checkpoint.mode=selective",
+                f"--activation_checkpoint.selective_ac_option={option}",
+            ],
+            1,
         )
         assert cfg.activation_checkpoint.selective_ac_option == option
-    cfg, _ = load_config(["--activation_checkpoint.mode=full", "--activation_checkpoint.selective_ac_option=abc"], 1)
+    cfg, _ = load_config(
+        ["--activation_checkpoint.mode=full", "--activation_checkpoint.selective_ac_option=abc"], 1
+    )
     assert cfg.activation_checkpoint.mode == "full"
 
 
@@ -229,7 +307,9 @@ def test_existing_tokenizer_file_and_folder_are_accepted():
     load_config([f"--model.tokenizer_path={os.path.dirname(BUNDLED_TOKENIZER)}"], 1)
 
 
-@pytest.mark.parametrize("name", ["nope.jsonl", "data/train.parquet", "./nope_dir", "/definitely/not/here"])
+@pytest.mark.parametrize(
+    "name", ["nope.jsonl", "data/train.parquet", "./nope_dir", "/definitely/not/here"]
+)
 def test_local_dataset_path_that_does_not_exist(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     assert config_error([f"--training.dataset={name}"]) == (
@@ -243,7 +323,9 @@ def test_existing_local_dataset_and_hub_names_are_accepted(tmp_path, monkeypatch
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "x"}\n' * 8)  # a global batch of rows: local_batch_size 8 on one rank
-    monkeypatch.setattr(check_data, "_check_hub", lambda *a: None)  # no network here; test_check_data.py covers it
+    monkeypatch.setattr(
+        check_data, "_check_hub", lambda *a: None
+    )  # no network here; test_check_data.py covers it
     for name in (str(data), str(tmp_path), "pydoc", "allenai/c4", "HuggingFaceFW/fineweb-edu"):
         cfg, _ = load_config([f"--training.dataset={name}"], 1)
         assert cfg.training.dataset == name
@@ -254,7 +336,10 @@ def test_existing_local_dataset_and_hub_names_are_accepted(tmp_path, monkeypatch
 def test_dump_folder_that_is_a_file(tmp_path):
     path = tmp_path / "afile"
     path.write_text("x")
-    assert config_error([f"--job.dump_folder={path}"]) == f"--job.dump_folder: '{path}' is a file; give a folder path"
+    assert (
+        config_error([f"--job.dump_folder={path}"])
+        == f"--job.dump_folder: '{path}' is a file; give a folder path"
+    )
     # a folder that does not exist yet is fine: the run creates it
     load_config([f"--job.dump_folder={tmp_path / 'new' / 'run'}"], 1)
 
@@ -274,17 +359,19 @@ def test_check_job_reports_the_first_problem_only():
         check_job(cfg, 1)
 
 
-
-
 # --------------------------------------------------------------------------- checks: W&B
 
 WANDB_ON = ["--metrics.enable_wandb=true"]
-NOT_INSTALLED = "--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'"
+NOT_INSTALLED = (
+    "--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'"
+)
 
 
 def _not_logged_in(host="api.wandb.ai"):
-    return (f"--metrics.enable_wandb: not logged in to W&B ({host}): no WANDB_API_KEY and no netrc entry;"
-            " run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline")
+    return (
+        f"--metrics.enable_wandb: not logged in to W&B ({host}): no WANDB_API_KEY and no netrc entry;"
+        " run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline"
+    )
 
 
 @pytest.fixture
@@ -297,7 +384,13 @@ def wandb_env(monkeypatch, tmp_path):
     fake = types.ModuleType("wandb")
     fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    for var in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+    for var in (
+        "WANDB_MODE",
+        "WANDB_DISABLED",
+        "WANDB_API_KEY",
+        "WANDB_IDENTITY_TOKEN_FILE",
+        "WANDB_BASE_URL",
+    ):
         monkeypatch.delenv(var, raising=False)
     netrc = tmp_path / "netrc"
     monkeypatch.setenv("NETRC", str(netrc))
@@ -315,7 +408,9 @@ def test_wandb_off_is_not_checked(monkeypatch):
 def test_wandb_package_missing(monkeypatch, wandb_env):
     import sys
 
-    monkeypatch.setitem(sys.modules, "wandb", None)  # importlib.util.find_spec then says "not there"
+    monkeypatch.setitem(
+        sys.modules, "wandb", None
+    )  # importlib.util.find_spec then says "not there"
     assert config_error(WANDB_ON) == NOT_INSTALLED
     monkeypatch.setenv("WANDB_MODE", "offline")  # missing whatever the mode
     assert config_error(WANDB_ON) == NOT_INSTALLED
@@ -327,7 +422,9 @@ def test_wandb_package_missing_found_by_find_spec(monkeypatch, wandb_env):
 
     monkeypatch.delitem(sys.modules, "wandb")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     assert config_error(WANDB_ON) == NOT_INSTALLED
 
 
@@ -335,19 +432,25 @@ def test_wandb_online_without_login(wandb_env):
     assert config_error(WANDB_ON) == _not_logged_in()
     wandb_env.write_text("machine example.com login user password secret\n")  # another host's entry
     assert config_error(WANDB_ON) == _not_logged_in()
-    wandb_env.write_text("machine api.wandb.ai login user password\n")  # no key: wandb finds none either
+    wandb_env.write_text(
+        "machine api.wandb.ai login user password\n"
+    )  # no key: wandb finds none either
     assert config_error(WANDB_ON) == _not_logged_in()
 
 
 def test_wandb_online_without_login_on_own_server(monkeypatch, wandb_env):
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")
-    wandb_env.write_text("machine api.wandb.ai login user password k\n")  # the key of another server
+    wandb_env.write_text(
+        "machine api.wandb.ai login user password k\n"
+    )  # the key of another server
     assert config_error(WANDB_ON) == _not_logged_in("wandb.example.com")
     wandb_env.write_text("machine wandb.example.com login user password k\n")
     load_config(WANDB_ON, 1)
 
 
-@pytest.mark.parametrize("setup", ["api_key", "netrc", "home_netrc", "offline", "dryrun", "disabled", "wandb_disabled"])
+@pytest.mark.parametrize(
+    "setup", ["api_key", "netrc", "home_netrc", "offline", "dryrun", "disabled", "wandb_disabled"]
+)
 def test_wandb_logged_in_or_not_online(monkeypatch, tmp_path, wandb_env, setup):
     if setup == "api_key":
         monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
@@ -368,11 +471,14 @@ def test_wandb_logged_in_or_not_online(monkeypatch, tmp_path, wandb_env, setup):
 def test_a_model_module_that_fails_while_importing_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "broken_models.py").write_text("def register(:\n")
     (tmp_path / "clashing_models.py").write_text(
-        "from torchtitan.models.registry import ModelEntry, register\nregister('llama3', ModelEntry({}, 'elsewhere'))\n")
+        "from torchtitan.models.registry import ModelEntry, register\nregister('llama3', ModelEntry({}, 'elsewhere'))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert config_error(["--model.module=broken_models"]) == (
         "--model.module='broken_models': cannot import it (SyntaxError: invalid syntax (broken_models.py, line 1));"
-        " give a module that registers a model, importable from PYTHONPATH")
+        " give a module that registers a model, importable from PYTHONPATH"
+    )
     assert config_error(["--model.module=clashing_models"]) == (
         "--model.module='clashing_models': cannot import it (ValueError: model 'llama3' is already registered"
-        " (package torchtitan.models.llama3)); give a module that registers a model, importable from PYTHONPATH")
+        " (package torchtitan.models.llama3)); give a module that registers a model, importable from PYTHONPATH"
+    )

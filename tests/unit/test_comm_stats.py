@@ -9,24 +9,32 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchtitan.observe import comm_stats
 from torchtitan.distributed.parallel_dims import mesh_group_dims
+from torchtitan.observe import comm_stats
 from torchtitan.observe.comm_stats import CommStats, _group_name, _tensor_bytes
-from torchtitan.units import MIB
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
+from torchtitan.units import MIB
 
 # --------------------------------------------------------------------------- plan_table
 
 
 def unit(name, reshard, reason, param_bytes):
-    return {"name": name, "reshard_after_forward": reshard, "reason": reason, "param_bytes": param_bytes}
+    return {
+        "name": name,
+        "reshard_after_forward": reshard,
+        "reason": reason,
+        "param_bytes": param_bytes,
+    }
 
 
 RECORDS = [  # deliberately out of stage order
-    {"stage": 1, "fsdp_units": [
-        unit("layers.1", False, "auto: last", 3 * MIB // 2),
-        unit("<root>", False, "root", 1536 * MIB),
-    ]},
+    {
+        "stage": 1,
+        "fsdp_units": [
+            unit("layers.1", False, "auto: last", 3 * MIB // 2),
+            unit("<root>", False, "root", 1536 * MIB),
+        ],
+    },
     {"stage": 0, "fsdp_units": [unit("tok_embeddings", True, "auto: freed", 100)]},
 ]
 
@@ -45,9 +53,20 @@ def test_plan_table_exact_text():
 
 
 def test_plan_table_shows_the_ac_region_of_a_unit():
-    records = [{"stage": 0, "fsdp_units": [unit("layers.0", True, "r", MIB), unit("<root>", False, "root", MIB)],
-                "ac_regions": [{"name": "layers.0", "mode": "op", "fsdp_ac_policy": "recompute",
-                                "label": "op SAC, FSDP gathers recomputed"}]}]
+    records = [
+        {
+            "stage": 0,
+            "fsdp_units": [unit("layers.0", True, "r", MIB), unit("<root>", False, "root", MIB)],
+            "ac_regions": [
+                {
+                    "name": "layers.0",
+                    "mode": "op",
+                    "fsdp_ac_policy": "recompute",
+                    "label": "op SAC, FSDP gathers recomputed",
+                }
+            ],
+        }
+    ]
     lines = plan_table(records).splitlines()
     assert "op SAC, FSDP gathers recomputed" in lines[2]
     assert lines[3].split()[4] == "-"
@@ -55,28 +74,47 @@ def test_plan_table_shows_the_ac_region_of_a_unit():
 
 def test_plan_table_sorts_stages_numerically_and_keeps_unit_order():
     records = [
-        {"stage": 10, "fsdp_units": [unit("layers.20", True, "a", MIB), unit("layers.21", True, "b", MIB)]},
-        {"stage": 2, "fsdp_units": [unit("layers.9", False, "c", 2 * MIB), unit("layers.4", True, "d", MIB)]},
+        {
+            "stage": 10,
+            "fsdp_units": [unit("layers.20", True, "a", MIB), unit("layers.21", True, "b", MIB)],
+        },
+        {
+            "stage": 2,
+            "fsdp_units": [unit("layers.9", False, "c", 2 * MIB), unit("layers.4", True, "d", MIB)],
+        },
     ]
     lines = plan_table(records).splitlines()
     assert [line.split()[:2] for line in lines[2:]] == [
-        ["2", "layers.9"], ["2", "layers.4"], ["10", "layers.20"], ["10", "layers.21"],
+        ["2", "layers.9"],
+        ["2", "layers.4"],
+        ["10", "layers.20"],
+        ["10", "layers.21"],
     ]
     assert [line.split()[3] for line in lines[2:]] == ["no", "yes", "yes", "yes"]
     assert [line.split()[2] for line in lines[2:]] == ["2.0", "1.0", "1.0", "1.0"]
 
 
 def test_plan_table_mib_has_one_decimal_and_thousands_separators():
-    records = [{"stage": 0, "fsdp_units": [
-        unit("a", True, "r", 0), unit("b", True, "r", 5 * MIB // 4), unit("c", True, "r", 2_000_000 * MIB),
-        unit("d", True, "r", 1023 * MIB + 3 * MIB // 4),
-    ]}]
+    records = [
+        {
+            "stage": 0,
+            "fsdp_units": [
+                unit("a", True, "r", 0),
+                unit("b", True, "r", 5 * MIB // 4),
+                unit("c", True, "r", 2_000_000 * MIB),
+                unit("d", True, "r", 1023 * MIB + 3 * MIB // 4),
+            ],
+        }
+    ]
     values = [line.split()[2] for line in plan_table(records).splitlines()[2:]]
     assert values == ["0.0", "1.2", "2,000,000.0", "1,023.8"]
 
 
 def test_plan_table_with_no_units_is_just_the_header():
-    assert plan_table([]) == "PP stage  FSDP unit  unsharded MiB  reshard  AC region  reason\n" + "-" * 62
+    assert (
+        plan_table([])
+        == "PP stage  FSDP unit  unsharded MiB  reshard  AC region  reason\n" + "-" * 62
+    )
 
 
 # --------------------------------------------------------------------------- compress_table
@@ -96,14 +134,21 @@ def test_compress_table_keeps_head_and_tail():
 
 
 def test_compress_table_of_a_long_plan_with_the_defaults():
-    records = [{"stage": 0, "fsdp_units": [unit(f"layers.{i}", True, f"r{i}", MIB) for i in range(20)]}]
+    records = [
+        {"stage": 0, "fsdp_units": [unit(f"layers.{i}", True, f"r{i}", MIB) for i in range(20)]}
+    ]
     table = plan_table(records)
     assert len(table.splitlines()) == 22
     lines = compress_table(table).splitlines()
     assert len(lines) == 12 + 1 + 4
     assert lines[:12] == table.splitlines()[:12]
     assert lines[12] == "... 6 more rows in plan.json ..."
-    assert [line.split()[1] for line in lines[13:]] == ["layers.16", "layers.17", "layers.18", "layers.19"]
+    assert [line.split()[1] for line in lines[13:]] == [
+        "layers.16",
+        "layers.17",
+        "layers.18",
+        "layers.19",
+    ]
     # 17 lines (header + rule + 15 units) are at the limit and kept whole
     short = plan_table([{"stage": 0, "fsdp_units": records[0]["fsdp_units"][:15]}])
     assert compress_table(short) == short
@@ -114,12 +159,23 @@ def test_compress_table_of_a_long_plan_with_the_defaults():
 
 def test_write_plan_json(tmp_path):
     folder = tmp_path / "dump" / "nested"
-    path = write_plan_json(str(folder), 8, {"pp": 2, "dp_shard": 4}, RECORDS,
-                           {"reshard_after_forward": "auto", "memory_budget_gib": 1.5})
+    path = write_plan_json(
+        str(folder),
+        8,
+        {"pp": 2, "dp_shard": 4},
+        RECORDS,
+        {"reshard_after_forward": "auto", "memory_budget_gib": 1.5},
+    )
     assert path == os.path.join(str(folder), "plan.json")
     with open(path) as f:
         data = json.load(f)
-    assert list(data) == ["world_size", "mesh", "reshard_after_forward", "memory_budget_gib", "model_parts"]
+    assert list(data) == [
+        "world_size",
+        "mesh",
+        "reshard_after_forward",
+        "memory_budget_gib",
+        "model_parts",
+    ]
     assert data == {
         "world_size": 8,
         "mesh": {"pp": 2, "dp_shard": 4},
@@ -146,7 +202,10 @@ def test_tensor_bytes():
     assert _tensor_bytes(torch.zeros(10, dtype=torch.bfloat16)) == 20
     assert _tensor_bytes(torch.zeros(5, dtype=torch.int64)) == 40
     assert _tensor_bytes(torch.zeros(0)) == 0
-    assert _tensor_bytes([torch.zeros(2), (torch.zeros(3), [torch.zeros(1, dtype=torch.float16)])]) == 8 + 12 + 2
+    assert (
+        _tensor_bytes([torch.zeros(2), (torch.zeros(3), [torch.zeros(1, dtype=torch.float16)])])
+        == 8 + 12 + 2
+    )
     assert _tensor_bytes([]) == 0
     for other in (None, 7, "sum", 1.5):
         assert _tensor_bytes(other) == 0
@@ -173,14 +232,25 @@ def test_group_name_of_functional_op_arguments():
 
 
 def test_module_constants():
-    assert comm_stats._NAMESPACES == ("c10d", "_c10d_functional", "_c10d_functional_autograd", "torchtitan")
+    assert comm_stats._NAMESPACES == (
+        "c10d",
+        "_c10d_functional",
+        "_c10d_functional_autograd",
+        "torchtitan",
+    )
     assert comm_stats._KINDS["simple_fsdp_gather"] == "all_gather"
     assert comm_stats._KINDS["_allgather_base_"] == "all_gather"
     assert comm_stats._KINDS["_reduce_scatter_base_"] == "reduce_scatter"
     assert comm_stats._KINDS["allreduce_"] == "all_reduce"
     assert comm_stats._KINDS["all_to_all_single"] == "all_to_all"
     assert set(comm_stats._KINDS.values()) == {
-        "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast", "send", "recv"
+        "all_gather",
+        "reduce_scatter",
+        "all_reduce",
+        "all_to_all",
+        "broadcast",
+        "send",
+        "recv",
     }
     assert CommStats.ignore_compile_internals() is True
 
@@ -196,15 +266,25 @@ def test_record_keys_and_bytes_of_functional_ops():
     t = torch.zeros(4, 8)  # 128 bytes
     cs._record("all_reduce", FUNC.all_reduce.default, (t, "sum", "g1"))
     cs._record("all_reduce", FUNC.all_reduce.default, (t, "sum", "g1"))
-    cs._record("all_gather", FUNC.all_gather_into_tensor.default, (t, 4, "g2"))  # output = 4 x input
+    cs._record(
+        "all_gather", FUNC.all_gather_into_tensor.default, (t, 4, "g2")
+    )  # output = 4 x input
     cs._record("reduce_scatter", FUNC.reduce_scatter_tensor.default, (t, "avg", 4, "g2"))  # input
     cs._record("all_gather", FUNC.all_gather_into_tensor_coalesced.default, ([t, t[:1]], 2, "g2"))
     cs._record("all_reduce", FUNC.all_reduce.default, (t, "sum", "g9"))  # a group nobody named
     assert cs.reset() == (
-        {"other/all_gather/dp_shard": 2, "other/all_reduce/group:g9": 1, "other/all_reduce/tp": 2,
-         "other/reduce_scatter/dp_shard": 1},
-        {"other/all_gather/dp_shard": 4 * 128 + 2 * (128 + 32), "other/all_reduce/group:g9": 128,
-         "other/all_reduce/tp": 256, "other/reduce_scatter/dp_shard": 128},
+        {
+            "other/all_gather/dp_shard": 2,
+            "other/all_reduce/group:g9": 1,
+            "other/all_reduce/tp": 2,
+            "other/reduce_scatter/dp_shard": 1,
+        },
+        {
+            "other/all_gather/dp_shard": 4 * 128 + 2 * (128 + 32),
+            "other/all_reduce/group:g9": 128,
+            "other/all_reduce/tp": 256,
+            "other/reduce_scatter/dp_shard": 128,
+        },
     )
 
 
@@ -212,13 +292,23 @@ def test_record_c10d_ops_count_the_larger_side():
     cs = CommStats({})
     small, big = torch.zeros(2), torch.zeros(8)
     cs._record("all_gather", C10D._allgather_base_.default, (big, small))  # output is larger
-    cs._record("reduce_scatter", C10D._reduce_scatter_base_.default, (small, big))  # input is larger
+    cs._record(
+        "reduce_scatter", C10D._reduce_scatter_base_.default, (small, big)
+    )  # input is larger
     cs._record("all_reduce", C10D.allreduce_.default, ([small, small],))  # no second argument
     cs._record("all_gather", C10D.allgather_.default, ([[small, small, small]], [small]))
     counts, nbytes = cs.reset()
     # no group name anywhere: the mesh dimension is "world"
-    assert counts == {"other/all_gather/world": 2, "other/all_reduce/world": 1, "other/reduce_scatter/world": 1}
-    assert nbytes == {"other/all_gather/world": 32 + 24, "other/all_reduce/world": 16, "other/reduce_scatter/world": 32}
+    assert counts == {
+        "other/all_gather/world": 2,
+        "other/all_reduce/world": 1,
+        "other/reduce_scatter/world": 1,
+    }
+    assert nbytes == {
+        "other/all_gather/world": 32 + 24,
+        "other/all_reduce/world": 16,
+        "other/reduce_scatter/world": 32,
+    }
 
 
 def test_reset_returns_sorted_dicts_and_starts_anew():
@@ -230,10 +320,18 @@ def test_reset_returns_sorted_dicts_and_starts_anew():
         cs._record("broadcast", FUNC.broadcast.default, (t, 0, "a"))
     counts, nbytes = cs.reset()
     assert type(counts) is dict and type(nbytes) is dict
-    assert list(counts) == sorted(counts) == [
-        "backward/all_reduce/tp", "backward/broadcast/tp", "forward/all_reduce/tp", "forward/broadcast/tp",
-        "other/all_reduce/tp", "other/broadcast/tp",
-    ]
+    assert (
+        list(counts)
+        == sorted(counts)
+        == [
+            "backward/all_reduce/tp",
+            "backward/broadcast/tp",
+            "forward/all_reduce/tp",
+            "forward/broadcast/tp",
+            "other/all_reduce/tp",
+            "other/broadcast/tp",
+        ]
+    )
     assert list(nbytes) == list(counts)
     assert set(counts.values()) == {1} and set(nbytes.values()) == {4}
     assert cs.reset() == ({}, {})
@@ -257,7 +355,11 @@ def test_phase_context_manager_nests_and_restores():
         record()
     record()
     assert cs.forced == []
-    assert cs.reset()[0] == {"backward/all_reduce/pp": 2, "other/all_reduce/pp": 1, "forward/all_reduce/pp": 1}
+    assert cs.reset()[0] == {
+        "backward/all_reduce/pp": 2,
+        "other/all_reduce/pp": 1,
+        "forward/all_reduce/pp": 1,
+    }
 
 
 def test_phase_is_restored_after_an_exception():
@@ -281,14 +383,19 @@ def test_autograd_backward_overrides_the_forced_phase():
         @staticmethod
         def backward(ctx, grad):
             with cs.phase("forward"):
-                cs._record("reduce_scatter", FUNC.reduce_scatter_tensor.default, (grad, "sum", 1, "g"))
+                cs._record(
+                    "reduce_scatter", FUNC.reduce_scatter_tensor.default, (grad, "sum", 1, "g")
+                )
             return grad
 
     cs.phase_name = "forward"
     x = torch.ones(5, requires_grad=True)
     with cs.phase("other"):
         RecordInBackward.apply(x).sum().backward()
-    assert cs.reset() == ({"backward/reduce_scatter/dp_shard": 1}, {"backward/reduce_scatter/dp_shard": 20})
+    assert cs.reset() == (
+        {"backward/reduce_scatter/dp_shard": 1},
+        {"backward/reduce_scatter/dp_shard": 20},
+    )
 
 
 def test_mode_ignores_ordinary_ops():
@@ -331,7 +438,11 @@ class FakeMesh:
 def test_mesh_group_dims_without_a_process_group():
     if dist.is_initialized():
         pytest.skip("a default process group exists in this process")
-    assert mesh_group_dims(FakeMesh(), ("dp", "dp_shard_tp")) == {"g1": "pp", "g2": "dp_shard", "g5": "dp"}
+    assert mesh_group_dims(FakeMesh(), ("dp", "dp_shard_tp")) == {
+        "g1": "pp",
+        "g2": "dp_shard",
+        "g5": "dp",
+    }
     assert mesh_group_dims(FakeMesh()) == {"g1": "pp", "g2": "dp_shard"}
 
 
@@ -368,10 +479,16 @@ def test_real_collectives_by_phase(gloo_world):
         x = torch.ones(3, requires_grad=True)  # 12 bytes
         AllReduceInBackward.apply(x).sum().backward()
     counts, nbytes = cs.reset()
-    assert counts == {"backward/all_reduce/world_dim": 1, "other/all_gather/world_dim": 1,
-                      "other/all_reduce/world_dim": 2}
-    assert nbytes == {"backward/all_reduce/world_dim": 12, "other/all_gather/world_dim": 16,
-                      "other/all_reduce/world_dim": 32}
+    assert counts == {
+        "backward/all_reduce/world_dim": 1,
+        "other/all_gather/world_dim": 1,
+        "other/all_reduce/world_dim": 2,
+    }
+    assert nbytes == {
+        "backward/all_reduce/world_dim": 12,
+        "other/all_gather/world_dim": 16,
+        "other/all_reduce/world_dim": 32,
+    }
     # one rank: the collectives ran and returned the input unchanged
     assert out.tolist() == reduced.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert x.grad.tolist() == [1.0, 1.0, 1.0]
@@ -390,10 +507,18 @@ def test_real_collectives_forward_phase_and_forced_backward(gloo_world):
         cs.phase_name = "other"
         dist.all_reduce(t)
     assert cs.reset() == (
-        {"backward/all_reduce/dp_shard": 1, "backward/reduce_scatter/dp_shard": 1,
-         "forward/broadcast/dp_shard": 1, "other/all_reduce/dp_shard": 1},
-        {"backward/all_reduce/dp_shard": 8, "backward/reduce_scatter/dp_shard": 32,
-         "forward/broadcast/dp_shard": 32, "other/all_reduce/dp_shard": 32},
+        {
+            "backward/all_reduce/dp_shard": 1,
+            "backward/reduce_scatter/dp_shard": 1,
+            "forward/broadcast/dp_shard": 1,
+            "other/all_reduce/dp_shard": 1,
+        },
+        {
+            "backward/all_reduce/dp_shard": 8,
+            "backward/reduce_scatter/dp_shard": 32,
+            "forward/broadcast/dp_shard": 32,
+            "other/all_reduce/dp_shard": 32,
+        },
     )
 
 
@@ -405,7 +530,9 @@ def test_real_functional_gathers_and_unknown_groups(gloo_world):
     with CommStats({}) as cs:  # the group is not a named mesh dimension
         t = torch.ones(6)  # 24 bytes
         gathered = funcol.wait_tensor(funcol.all_gather_tensor(t, 0, dist.group.WORLD))
-        scattered = funcol.wait_tensor(funcol.reduce_scatter_tensor(torch.ones(10), "sum", 0, dist.group.WORLD))
+        scattered = funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(torch.ones(10), "sum", 0, dist.group.WORLD)
+        )
         gathered_list = [torch.empty(6)]
         dist.all_gather(gathered_list, t)
     assert gathered.shape == (6,) and scattered.shape == (10,)
@@ -422,8 +549,12 @@ def test_group_name_of_a_boxed_process_group(gloo_world):
 
 def test_mesh_group_dims_adds_the_world_group(gloo_world):
     # A fake mesh whose groups are not the world: the world is added as "world".
-    assert mesh_group_dims(FakeMesh(), ("dp",)) == {"g1": "pp", "g2": "dp_shard", "g5": "dp",
-                                                     gloo_world.group_name: "world"}
+    assert mesh_group_dims(FakeMesh(), ("dp",)) == {
+        "g1": "pp",
+        "g2": "dp_shard",
+        "g5": "dp",
+        gloo_world.group_name: "world",
+    }
 
 
 def test_mesh_group_dims_of_a_real_one_rank_mesh(gloo_world):
@@ -434,14 +565,20 @@ def test_mesh_group_dims_of_a_real_one_rank_mesh(gloo_world):
     dims = mesh_group_dims(mesh)
     assert dims[group.group_name] == "dp_shard"
     # The mesh dimension's own name wins over the generic "world" when they are one group.
-    assert dims == ({group.group_name: "dp_shard"} if group.group_name == gloo_world.group_name
-                    else {group.group_name: "dp_shard", gloo_world.group_name: "world"})
+    assert dims == (
+        {group.group_name: "dp_shard"}
+        if group.group_name == gloo_world.group_name
+        else {group.group_name: "dp_shard", gloo_world.group_name: "world"}
+    )
 
 
 def test_simple_fsdp_unit_gather_is_one_all_gather_in_the_param_dtype(gloo_world):
     from torchtitan.distributed.simple_fsdp import GATHER_OP
 
-    shards = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.arange(6, 10, dtype=torch.float32)]
+    shards = [
+        torch.arange(6, dtype=torch.float32).view(2, 3),
+        torch.arange(6, 10, dtype=torch.float32),
+    ]
     with CommStats({gloo_world.group_name: "dp_shard"}) as cs:
         w, b = GATHER_OP(shards, 1, gloo_world.group_name, torch.bfloat16, [6, 4], [2, 2, 3, 1, 4])
         GATHER_OP(shards, 1, "", torch.float32, [6, 4], [2, 2, 3, 1, 4])  # DDP: nothing to gather

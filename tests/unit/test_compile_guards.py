@@ -24,7 +24,10 @@ def test_equal_regions_share_one_context_function():
 def test_simple_fsdp_subclass_is_one_per_module_class():
     assert _unit_class(nn.Linear) is _unit_class(nn.Linear)
     assert _unit_class(nn.Linear) is not _unit_class(nn.Embedding)
-    assert issubclass(_unit_class(nn.Linear), nn.Linear) and _unit_class(nn.Linear).__name__ == "SimpleFSDPLinear"
+    assert (
+        issubclass(_unit_class(nn.Linear), nn.Linear)
+        and _unit_class(nn.Linear).__name__ == "SimpleFSDPLinear"
+    )
 
 
 def test_gathered_shapes_round_trip_through_the_op_arguments():

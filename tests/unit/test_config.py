@@ -4,15 +4,12 @@ import dataclasses
 import os
 
 import pytest
-
-from torchtitan.config import ConfigError, JobConfig, build_config
+from config_helpers import cfg_of, config_error, write_toml  # noqa: E402
 
 from torchtitan.checks import load_config, load_config_or_exit
+from torchtitan.config import ConfigError, JobConfig, build_config, manager
 from torchtitan.config import job_config as jc
-from torchtitan.config import manager
 from torchtitan.config.manager import field_types, parse_cli, sections
-
-from config_helpers import cfg_of, config_error, write_toml  # noqa: E402
 
 # Every section of a job: JobConfig's fields, in their order.
 SECTION_NAMES = [f.name for f in dataclasses.fields(JobConfig)]
@@ -67,7 +64,9 @@ def test_sections_are_the_jobconfig_fields_in_order():
 
 
 def test_toml_values_override_defaults_and_keep_the_rest(tmp_path):
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
         [job]
         description = "from toml"
         print_config = true
@@ -84,7 +83,8 @@ def test_toml_values_override_defaults_and_keep_the_rest(tmp_path):
         [lr_scheduler]
         decay_type = "cosine"
         min_lr_factor = 0.1
-    """)
+    """,
+    )
     cfg = cfg_of(["--job.config_file", path])
     assert cfg.job.config_file == path
     assert cfg.job.description == "from toml"
@@ -118,11 +118,14 @@ def test_bundled_debug_toml_loads_and_validates(repo_root):
 
 
 def test_cli_overrides_toml_wherever_it_appears(tmp_path):
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
         [training]
         steps = 42
         seq_len = 64
-    """)
+    """,
+    )
     cfg = cfg_of(["--training.steps=7", "--job.config_file", path])
     assert cfg.training.steps == 7  # CLI wins even when written before the config file
     assert cfg.training.seq_len == 64  # TOML wins over the default
@@ -132,14 +135,18 @@ def test_cli_overrides_toml_wherever_it_appears(tmp_path):
 
 def test_cli_space_and_equals_forms_are_equivalent():
     a = cfg_of(["--training.steps=9", "--optimizer.lr=0.5", "--training.dataset=/x y/z.jsonl"])
-    b = cfg_of(["--training.steps", "9", "--optimizer.lr", "0.5", "--training.dataset", "/x y/z.jsonl"])
+    b = cfg_of(
+        ["--training.steps", "9", "--optimizer.lr", "0.5", "--training.dataset", "/x y/z.jsonl"]
+    )
     assert a == b
     assert a.training.steps == 9 and a.optimizer.lr == 0.5
     assert a.training.dataset == "/x y/z.jsonl"
 
 
 def test_cli_value_may_contain_equals_and_start_with_a_single_dash():
-    cfg = cfg_of(["--job.description=a=b", "--training.global_batch_size", "-1", "--training.seed", "-3"])
+    cfg = cfg_of(
+        ["--job.description=a=b", "--training.global_batch_size", "-1", "--training.seed", "-3"]
+    )
     assert cfg.job.description == "a=b"
     assert cfg.training.global_batch_size == "auto"
     assert cfg.training.seed == -3
@@ -158,8 +165,18 @@ def test_last_cli_override_wins():
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("On", True),
-     ("false", False), ("False", False), ("0", False), ("no", False), ("off", False)],
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("On", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+    ],
 )
 def test_bool_spellings(text, expected):
     cfg = cfg_of([f"--metrics.enable_tensorboard={text}"])
@@ -205,7 +222,8 @@ def test_parse_cli_pairs_and_help_flag():
 
 def test_unknown_section_with_suggestion():
     assert config_error(["--trainig.steps=3"]) == (
-        "unknown config section 'trainig' in 'trainig.steps' (did you mean 'training'?); " + SECTIONS_LINE
+        "unknown config section 'trainig' in 'trainig.steps' (did you mean 'training'?); "
+        + SECTIONS_LINE
     )
 
 
@@ -241,10 +259,13 @@ def test_key_of_another_section_is_suggested_exactly():
 
 
 def test_unknown_key_in_toml(tmp_path):
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
         [training]
         stepz = 3
-    """)
+    """,
+    )
     assert config_error(["--job.config_file", path]) == (
         "unknown config key 'training.stepz' (did you mean 'training.steps'?); see --help for all keys"
     )
@@ -271,13 +292,18 @@ def test_wrong_type_on_the_command_line(arg, expected):
     [
         ("[training]\nsteps = true\n", "--training.steps: expected an integer, got True"),
         ("[training]\nsteps = 1.5\n", "--training.steps: expected an integer, got 1.5"),
-        ("[optimizer]\nlr = \"fast\"\n", "--optimizer.lr: expected a number, got 'fast'"),
+        ('[optimizer]\nlr = "fast"\n', "--optimizer.lr: expected a number, got 'fast'"),
         ("[optimizer]\nlr = false\n", "--optimizer.lr: expected a number, got False"),
         ("[job]\nprint_config = 1\n", "--job.print_config: expected true or false, got 1"),
         ("[job]\ndescription = [1, 2]\n", "--job.description: expected a string, got [1, 2]"),
-        ("[training.dataset]\nname = \"x\"\n", "--training.dataset: expected a string, got {'name': 'x'}"),
-        ("[lr_scheduler]\ndecay_type = \"exp\"\n",
-         "--lr_scheduler.decay_type: invalid value 'exp'; choose one of 'linear', 'cosine'"),
+        (
+            '[training.dataset]\nname = "x"\n',
+            "--training.dataset: expected a string, got {'name': 'x'}",
+        ),
+        (
+            '[lr_scheduler]\ndecay_type = "exp"\n',
+            "--lr_scheduler.decay_type: invalid value 'exp'; choose one of 'linear', 'cosine'",
+        ),
     ],
 )
 def test_wrong_type_in_toml(tmp_path, toml, expected):
@@ -306,7 +332,9 @@ def test_enum_values_are_case_sensitive():
 
 def test_missing_toml_file(tmp_path):
     path = str(tmp_path / "nope.toml")
-    assert config_error(["--job.config_file", path]) == f"--job.config_file: file '{path}' not found"
+    assert (
+        config_error(["--job.config_file", path]) == f"--job.config_file: file '{path}' not found"
+    )
 
 
 def test_toml_path_is_a_folder(tmp_path):
@@ -316,21 +344,27 @@ def test_toml_path_is_a_folder(tmp_path):
 
 
 def test_invalid_toml(tmp_path):
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
         [training]
         steps 3
-    """)
+    """,
+    )
     msg = config_error(["--job.config_file", path])
     assert msg.startswith(f"--job.config_file: '{path}' is not valid TOML: ")
     assert "line 3" in msg  # the decoder's position survives on the same line
 
 
 def test_top_level_non_table_key_in_toml(tmp_path):
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
         steps = 3
         [training]
         seq_len = 64
-    """)
+    """,
+    )
     assert config_error(["--job.config_file", path]) == (
         f"{path}: top-level key 'steps' must be a [section] table"
     )
@@ -341,7 +375,10 @@ def test_top_level_non_table_key_in_toml(tmp_path):
     [
         (["steps=3"], "unexpected argument 'steps=3': overrides look like --section.key=value"),
         (["-x"], "unexpected argument '-x': overrides look like --section.key=value"),
-        (["--training.steps=3", "4"], "unexpected argument '4': overrides look like --section.key=value"),
+        (
+            ["--training.steps=3", "4"],
+            "unexpected argument '4': overrides look like --section.key=value",
+        ),
         (["--training"], "config key 'training' (command line) must look like section.key"),
         (["--a.b.c=1"], "config key 'a.b.c' (command line) must look like section.key"),
     ],
@@ -352,11 +389,17 @@ def test_bad_positional_or_malformed_key(argv, expected):
 
 def test_dotted_key_inside_a_toml_table_is_a_wrong_type(tmp_path):
     # a dotted key inside a table becomes a nested table, which is a wrong type for a str field
-    path = write_toml(tmp_path, """
+    path = write_toml(
+        tmp_path,
+        """
         [model]
         flavor.size = "8B"
-    """)
-    assert config_error(["--job.config_file", path]) == "--model.flavor: expected a string, got {'size': '8B'}"
+    """,
+    )
+    assert (
+        config_error(["--job.config_file", path])
+        == "--model.flavor: expected a string, got {'size': '8B'}"
+    )
 
 
 # --------------------------------------------------------------------------- deprecations
@@ -364,10 +407,14 @@ def test_dotted_key_inside_a_toml_table_is_a_wrong_type(tmp_path):
 
 def test_deprecated_key_is_renamed_mapped_and_warned(monkeypatch, capsys):
     monkeypatch.setitem(
-        manager.DEPRECATED_KEYS, ("training", "device_type"), ("device", {"gpu": "cuda"}, "use training.device")
+        manager.DEPRECATED_KEYS,
+        ("training", "device_type"),
+        ("device", {"gpu": "cuda"}, "use training.device"),
     )
     monkeypatch.setitem(
-        manager.DEPRECATED_KEYS, ("training", "batch_size"), ("local_batch_size", None, "use local_batch_size")
+        manager.DEPRECATED_KEYS,
+        ("training", "batch_size"),
+        ("local_batch_size", None, "use local_batch_size"),
     )
     cfg, warnings = build_config(["--training.device_type=gpu", "--training.batch_size=3"])
     assert cfg.training.device == "cuda"
@@ -378,7 +425,10 @@ def test_deprecated_key_is_renamed_mapped_and_warned(monkeypatch, capsys):
     ]
     cfg = load_config_or_exit(["--training.batch_size=3"], 1)
     assert cfg.training.local_batch_size == 3
-    assert capsys.readouterr().err == "warning: 'training.batch_size' is deprecated: use local_batch_size\n"
+    assert (
+        capsys.readouterr().err
+        == "warning: 'training.batch_size' is deprecated: use local_batch_size\n"
+    )
     load_config_or_exit(["--training.batch_size=3"], 1, quiet=True)
     assert capsys.readouterr().err == ""
 
@@ -415,14 +465,19 @@ def test_short_help_after_a_bare_flag_prints_help(capsys):
     assert "[training]" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("arg", ["--optimizer.lr=nan", "--optimizer.lr=inf", "--training.max_norm=nan"])
+@pytest.mark.parametrize(
+    "arg", ["--optimizer.lr=nan", "--optimizer.lr=inf", "--training.max_norm=nan"]
+)
 def test_non_finite_floats_are_rejected(arg):
     config_error([arg])
 
 
 @pytest.mark.parametrize(
     "wrong, right",
-    [("training.warmup_steps", "lr_scheduler.warmup_steps"), ("optimizer.decay_type", "lr_scheduler.decay_type")],
+    [
+        ("training.warmup_steps", "lr_scheduler.warmup_steps"),
+        ("optimizer.decay_type", "lr_scheduler.decay_type"),
+    ],
 )
 def test_key_in_the_wrong_section_suggests_its_real_section(wrong, right):
     assert config_error([f"--{wrong}=1"]) == (

@@ -12,8 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _renderer():
-    spec = importlib.util.spec_from_file_location("render_config_docs", os.path.join(ROOT, "scripts",
-                                                                                     "render_config_docs.py"))
+    spec = importlib.util.spec_from_file_location(
+        "render_config_docs", os.path.join(ROOT, "scripts", "render_config_docs.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -22,7 +23,9 @@ def _renderer():
 def test_docs_config_md_is_up_to_date():
     renderer = _renderer()
     with open(renderer.OUT) as f:
-        assert f.read() == renderer.render(), "docs/config.md is stale: run python scripts/render_config_docs.py"
+        assert f.read() == renderer.render(), (
+            "docs/config.md is stale: run python scripts/render_config_docs.py"
+        )
 
 
 def test_every_key_is_in_the_reference_with_its_docstring():

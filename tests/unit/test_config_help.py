@@ -24,7 +24,11 @@ def _all_fields():
 
 
 def test_every_field_has_a_non_empty_doc():
-    missing = [f"{name}.{f.name}" for name, cls, f in _all_fields() if not field_docs(cls).get(f.name, "").strip()]
+    missing = [
+        f"{name}.{f.name}"
+        for name, cls, f in _all_fields()
+        if not field_docs(cls).get(f.name, "").strip()
+    ]
     assert missing == []
     # field_docs joins multi-line docstrings into one line
     assert field_docs(jc.Model)["tokenizer_path"] == (

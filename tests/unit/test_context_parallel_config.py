@@ -28,7 +28,11 @@ def test_seq_len_must_split_into_two_chunks_per_cp_rank(cp, seq_len):
 
 def test_seq_len_multiple_of_two_cp_is_accepted():
     cfg, warnings = load_config([f"{CP}=4", "--training.seq_len=248"], 8)
-    assert warnings == [] and cfg.parallelism.context_parallel_degree == 4 and cfg.training.seq_len == 248
+    assert (
+        warnings == []
+        and cfg.parallelism.context_parallel_degree == 4
+        and cfg.training.seq_len == 248
+    )
 
 
 def test_a_cp_rank_tokens_must_split_over_tp():
@@ -43,7 +47,10 @@ def test_a_cp_rank_tokens_must_split_over_tp():
         " pick a seq_len that is a multiple of 16"
     )
     cfg, _ = load_config([f"{CP}=2", f"{TP}=4", "--training.seq_len=40"], 8)
-    assert (cfg.parallelism.context_parallel_degree, cfg.parallelism.tensor_parallel_degree) == (2, 4)
+    assert (cfg.parallelism.context_parallel_degree, cfg.parallelism.tensor_parallel_degree) == (
+        2,
+        4,
+    )
 
 
 @pytest.mark.parametrize("cp, tp, ep", [(2, 2, 2), (4, 1, 2), (2, 1, 3)])
@@ -71,7 +78,9 @@ def test_cp_times_the_other_degrees_must_make_the_world_size():
         "world size 8 is not divisible by data_parallel_replicate_degree x tensor_parallel_degree x"
         " pipeline_parallel_degree x context_parallel_degree = 3; change the degrees or NGPU"
     )
-    assert config_error([f"{CP}=2", f"{TP}=2", "--parallelism.data_parallel_shard_degree=4"], world_size=8) == (
+    assert config_error(
+        [f"{CP}=2", f"{TP}=2", "--parallelism.data_parallel_shard_degree=4"], world_size=8
+    ) == (
         "parallel degrees multiply to 16 (replicate 1 x shard 4 x cp 2 x tp 2 x pp 1) but the world size is 8;"
         " make them multiply to 8 or set --parallelism.data_parallel_shard_degree=auto"
     )
@@ -84,7 +93,10 @@ def test_attn_mask_values():
         assert warnings == [] and cfg.model.attn_mask == mask
     assert cfg_of([]).model.attn_mask == "causal"  # the default
     for bad in ("blockcausal", "sliding", "Causal"):
-        assert config_error([f"--model.attn_mask={bad}"]) == f"--model.attn_mask={bad}: choose causal or block_causal"
+        assert (
+            config_error([f"--model.attn_mask={bad}"])
+            == f"--model.attn_mask={bad}: choose causal or block_causal"
+        )
 
 
 # --------------------------------------------------------------------------- the degrees
@@ -94,7 +106,9 @@ def test_degrees_with_cp():
     d = degrees(cfg_of([f"{CP}=2"]), 8)
     assert (d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp) == (1, 4, 2, 1, 1)
     assert (d.dp, d.dp_cp, d.fsdp_shard) == (4, 8, 8)
-    d = degrees(cfg_of([f"{CP}=2", "--parallelism.data_parallel_replicate_degree=2", f"{TP}=2"]), 16)
+    d = degrees(
+        cfg_of([f"{CP}=2", "--parallelism.data_parallel_replicate_degree=2", f"{TP}=2"]), 16
+    )
     assert (d.dp_shard, d.dp, d.dp_cp, d.fsdp_shard) == (2, 4, 8, 4)
     assert degrees(cfg_of([]), 8).cp == 1 and degrees(cfg_of([]), 8).dp_cp == 8
 

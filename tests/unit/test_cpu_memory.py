@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
+from config_helpers import config_error
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from torchtitan.observe.cpu_memory import CpuPeakMeter, _allocator_flag, live_tensor_bytes
 from torchtitan.observe.metrics import StepMemoryLog
-
-from config_helpers import config_error
 
 KB = 1000
 
@@ -105,7 +104,10 @@ def test_every_rank_writes_its_own_peaks_and_a_resume_drops_later_steps(tmp_path
     path = tmp_path / "memory" / "rank3.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(isinstance(r["peak_allocated_bytes"], int) and r["peak_allocated_bytes"] >= 16 * KB for r in records)
+    assert all(
+        isinstance(r["peak_allocated_bytes"], int) and r["peak_allocated_bytes"] >= 16 * KB
+        for r in records
+    )
     assert values["memory_peak_allocated_gib"] == records[-1]["peak_allocated_bytes"] / 2**30
 
     with StepMemoryLog(cpu, True, str(tmp_path), rank=3) as memory:  # resumed after step 2
@@ -135,8 +137,10 @@ def test_without_the_key_cpu_writes_no_peak(tmp_path):
 
 def test_refused_with_the_profiler():
     msg = config_error(["--metrics.cpu_memory_peak=true", "--profiling.enable_profiling=true"])
-    assert msg == ("--metrics.cpu_memory_peak=true and --profiling.enable_profiling=true cannot run together"
-                   " (only one torch profiler runs in a process): set one of them to false")
+    assert msg == (
+        "--metrics.cpu_memory_peak=true and --profiling.enable_profiling=true cannot run together"
+        " (only one torch profiler runs in a process): set one of them to false"
+    )
 
 
 def test_the_meter_will_not_start_beside_another_profiler():
@@ -159,14 +163,26 @@ def test_on_cuda_every_rank_writes_max_memory_allocated(tmp_path, monkeypatch):
         with StepMemoryLog(torch.device("cuda", 0), cpu_peak, str(tmp_path), rank=1) as memory:
             assert memory.meter is None
             memory.begin()
-            assert memory.end(1) == {"memory_peak_allocated_gib": 3.0, "memory_peak_reserved_gib": 4.0}
+            assert memory.end(1) == {
+                "memory_peak_allocated_gib": 3.0,
+                "memory_peak_reserved_gib": 4.0,
+            }
         assert calls == ["reset"] * (1 + cpu_peak)
         lines = (tmp_path / "memory" / "rank1.jsonl").read_text().splitlines()
-        assert [json.loads(line) for line in lines] == [{"step": 1, "peak_allocated_bytes": 3 * 2**30}]
+        assert [json.loads(line) for line in lines] == [
+            {"step": 1, "peak_allocated_bytes": 3 * 2**30}
+        ]
 
 
 def test_not_refused_on_cuda_where_the_key_changes_nothing():
     from torchtitan.checks import load_config
-    cfg, _ = load_config(["--training.device=cuda", "--metrics.cpu_memory_peak=true",
-                          "--profiling.enable_profiling=true"], 1)
+
+    cfg, _ = load_config(
+        [
+            "--training.device=cuda",
+            "--metrics.cpu_memory_peak=true",
+            "--profiling.enable_profiling=true",
+        ],
+        1,
+    )
     assert cfg.metrics.cpu_memory_peak and cfg.profiling.enable_profiling

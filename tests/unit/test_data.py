@@ -6,13 +6,13 @@ import os
 import pytest
 import torch
 
+from torchtitan.checks import load_config
+from torchtitan.config import ConfigError, build_config
 from torchtitan.data import corpus
 from torchtitan.data.corpus import pydoc_documents
 from torchtitan.data.dataloader import build_dataloader
 from torchtitan.data.datasets import DataError
 from torchtitan.data.tokenizer import BUNDLED_TOKENIZER, Tokenizer
-from torchtitan.config import ConfigError, build_config
-from torchtitan.checks import load_config
 
 LBS, SEQ = 2, 32
 
@@ -31,7 +31,9 @@ def docs() -> list[str]:
 
 
 def training_cfg(*extra, lbs=LBS, seq=SEQ):
-    cfg, _ = load_config([f"--training.local_batch_size={lbs}", f"--training.seq_len={seq}", *extra], 1)
+    cfg, _ = load_config(
+        [f"--training.local_batch_size={lbs}", f"--training.seq_len={seq}", *extra], 1
+    )
     return cfg.training
 
 
@@ -101,7 +103,9 @@ def test_tokenizer_finds_other_bos_eos_names(tmp_path):
     gpt = Tokenizer(_word_level_tokenizer(tmp_path / "gpt.json", ["<|endoftext|>", "hi", "<unk>"]))
     assert (gpt.bos_id, gpt.eos_id) == (0, 0)
     both = Tokenizer(
-        _word_level_tokenizer(tmp_path / "both.json", ["<s>", "</s>", "<|end_of_text|>", "<|begin_of_text|>", "?"])
+        _word_level_tokenizer(
+            tmp_path / "both.json", ["<s>", "</s>", "<|end_of_text|>", "<|begin_of_text|>", "?"]
+        )
     )
     assert (both.bos_id, both.eos_id) == (3, 2)  # Llama3 names win
 
@@ -136,7 +140,12 @@ def test_pydoc_documents_grouping(monkeypatch):
     monkeypatch.setattr(
         pydoc_data.topics,
         "topics",
-        {"b": "p1\n\np2\n\np3", "a": "xxxxxxxxxxxx\n\ny", "c": "abcdefg\n\n  ", "d": "q\n\n\n\nrstuv"},
+        {
+            "b": "p1\n\np2\n\np3",
+            "a": "xxxxxxxxxxxx\n\ny",
+            "c": "abcdefg\n\n  ",
+            "d": "q\n\n\n\nrstuv",
+        },
     )
     monkeypatch.setattr(corpus, "MIN_DOC_CHARS", 6)
     assert pydoc_documents() == ["xxxxxxxxxxxx", "y", "p1\n\np2", "p3", "abcdefg", "q\n\n\n\nrstuv"]
@@ -203,7 +212,9 @@ def test_two_ranks_with_two_accumulation_steps_match_too(one_rank_accum4, tok):
     cfg = training_cfg()
     for rank in range(2):
         got = take(iter(build_dataloader(cfg, tok, dp_rank=rank, dp_degree=2, accum_steps=2)), 4)
-        expected = [one_rank_accum4[step * 4 + rank * 2 + micro] for step in range(2) for micro in range(2)]
+        expected = [
+            one_rank_accum4[step * 4 + rank * 2 + micro] for step in range(2) for micro in range(2)
+        ]
         assert_same_batches(got, expected)
 
 
@@ -285,7 +296,9 @@ def test_local_jsonl_dataset(tmp_path, tok):
 
 def test_local_jsonl_with_another_text_field(tmp_path, tok):
     path = write_jsonl(tmp_path / "train.jsonl", LOCAL_DOCS, field="body")
-    cfg = training_cfg(f"--training.dataset={path}", "--training.dataset_text_field=body", lbs=1, seq=8)
+    cfg = training_cfg(
+        f"--training.dataset={path}", "--training.dataset_text_field=body", lbs=1, seq=8
+    )
     inputs, labels = next(iter(build_dataloader(cfg, tok, dp_rank=0, dp_degree=1, accum_steps=1)))
     window = tok.encode(LOCAL_DOCS[0])[:9]
     assert inputs[0].tolist() == window[:-1] and labels[0].tolist() == window[1:]
@@ -305,7 +318,9 @@ def test_local_txt_dataset_has_one_document_per_line(tmp_path, tok):
 def test_dataset_with_fewer_documents_than_rows(tmp_path, tok):
     path = write_jsonl(tmp_path / "one.jsonl", ["only one document"])
     # the config check rejects this dataset (test_check_data.py); the loader's own error is the backstop
-    cfg = build_config([f"--training.dataset={path}", "--training.local_batch_size=2", "--training.seq_len=8"])[0].training
+    cfg = build_config(
+        [f"--training.dataset={path}", "--training.local_batch_size=2", "--training.seq_len=8"]
+    )[0].training
     with pytest.raises(DataError) as info:
         next(iter(build_dataloader(cfg, tok, dp_rank=0, dp_degree=1, accum_steps=1)))
     assert str(info.value) == (

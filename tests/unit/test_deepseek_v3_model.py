@@ -8,22 +8,44 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
-from torchtitan.models.common.init import expert_slices, init_expert_stack, init_parameters, trunc_normal
-from torchtitan.models.common.moe import (
-    GroupedExperts, MoE, TokenChoiceRouter, moe_aux_loss, moe_modules, sequence_balance_loss, update_expert_bias,
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
 )
+
 from torchtitan.models.common.attention import attention_inputs
+from torchtitan.models.common.init import (
+    expert_slices,
+    init_expert_stack,
+    init_parameters,
+    trunc_normal,
+)
+from torchtitan.models.common.moe import (
+    GroupedExperts,
+    MoE,
+    TokenChoiceRouter,
+    moe_aux_loss,
+    moe_modules,
+    sequence_balance_loss,
+    update_expert_bias,
+)
 from torchtitan.models.common.rope import apply_rope
 from torchtitan.models.deepseek_v3.args import FLAVORS, DeepSeekV3Args
-from torchtitan.models.deepseek_v3.model import Attention, Transformer, softmax_scale, yarn_frequencies
+from torchtitan.models.deepseek_v3.model import (
+    Attention,
+    Transformer,
+    softmax_scale,
+    yarn_frequencies,
+)
 
 VOCAB, SEQ = 256, 128
 
 
 def tiny_args(**overrides) -> DeepSeekV3Args:
-    return dataclasses.replace(FLAVORS["tiny"], **{"vocab_size": VOCAB, "max_seq_len": SEQ, **overrides})
+    return dataclasses.replace(
+        FLAVORS["tiny"], **{"vocab_size": VOCAB, "max_seq_len": SEQ, **overrides}
+    )
 
 
 def cpu_model(seed: int = 0, **overrides) -> Transformer:
@@ -48,7 +70,9 @@ def tokens(bsz: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
 def test_flavors_and_derived_fields():
     assert list(FLAVORS) == ["debugmodel", "tiny", "16B", "671B"]
     for a in FLAVORS.values():
-        assert a.qk_head_dim == a.qk_nope_head_dim + a.qk_rope_head_dim and a.n_kv_heads == a.n_heads
+        assert (
+            a.qk_head_dim == a.qk_nope_head_dim + a.qk_rope_head_dim and a.n_kv_heads == a.n_heads
+        )
         assert a.n_routed_experts % a.n_expert_groups == 0
         # grouped_mm: the contraction dims' strides must be multiples of 16 bytes (bf16: 8)
         assert a.dim % 8 == 0 and a.moe_inter_dim % 8 == 0
@@ -57,7 +81,9 @@ def test_flavors_and_derived_fields():
         FLAVORS["tiny"].dim = 1
 
 
-@pytest.mark.parametrize("flavor, published, active", [("16B", 15.7e9, 2.66e9), ("671B", 671e9, 37.6e9)])
+@pytest.mark.parametrize(
+    "flavor, published, active", [("16B", 15.7e9, 2.66e9), ("671B", 671e9, 37.6e9)]
+)
 def test_published_sizes_on_meta(flavor, published, active):
     with torch.device("meta"):
         model = Transformer(dataclasses.replace(FLAVORS[flavor], max_seq_len=64))
@@ -68,7 +94,9 @@ def test_published_sizes_on_meta(flavor, published, active):
 
 def test_exact_small_flavor_sizes_and_names():
     with torch.device("meta"):
-        debug = Transformer(dataclasses.replace(FLAVORS["debugmodel"], vocab_size=2048, max_seq_len=SEQ))
+        debug = Transformer(
+            dataclasses.replace(FLAVORS["debugmodel"], vocab_size=2048, max_seq_len=SEQ)
+        )
         tiny = Transformer(tiny_args(vocab_size=2048))
     assert n_params(debug) == 14_653_440 and n_params(tiny) == 534_720  # as in args.py's comments
     a = tiny.args
@@ -78,14 +106,20 @@ def test_exact_small_flavor_sizes_and_names():
     assert sparse.moe.router.gate.weight.shape == (a.n_routed_experts, a.dim)
     assert sparse.moe.experts.w1.shape == (a.n_routed_experts, a.moe_inter_dim, a.dim)
     assert sparse.moe.experts.w2.shape == (a.n_routed_experts, a.dim, a.moe_inter_dim)
-    assert sparse.moe.shared_experts.w1.weight.shape == (a.moe_inter_dim * a.n_shared_experts, a.dim)
+    assert sparse.moe.shared_experts.w1.weight.shape == (
+        a.moe_inter_dim * a.n_shared_experts,
+        a.dim,
+    )
     keys = tiny.state_dict().keys()
     assert "layers.1.moe.expert_bias" in keys  # checkpointed
     assert "layers.1.moe.tokens_per_expert" not in keys and "rope" not in keys
     assert tiny.rope.shape == (SEQ, a.qk_rope_head_dim)
     units = [(u.name, u.block, u.kind.value) for u in tiny.fsdp_units()]
-    assert units[:3] == [("tok_embeddings", None, "dense"), ("layers.0", "layers.0", "dense"),
-                         ("layers.1", "layers.1", "dense")]
+    assert units[:3] == [
+        ("tok_embeddings", None, "dense"),
+        ("layers.0", "layers.0", "dense"),
+        ("layers.1", "layers.1", "dense"),
+    ]
     assert ("layers.1.moe.experts", "layers.1", "experts") in units
 
 
@@ -100,7 +134,10 @@ def test_mla_shapes(q_lora_rank):
     attn = Attention(a)
     assert hasattr(attn, "wq") == (q_lora_rank == 0) and hasattr(attn, "wq_b") == (q_lora_rank > 0)
     assert attn.wkv_a.weight.shape == (a.kv_lora_rank + a.qk_rope_head_dim, a.dim)
-    assert attn.wkv_b.weight.shape == (a.n_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank)
+    assert attn.wkv_b.weight.shape == (
+        a.n_heads * (a.qk_nope_head_dim + a.v_head_dim),
+        a.kv_lora_rank,
+    )
     assert attn.wo.weight.shape == (a.dim, a.n_heads * a.v_head_dim)
     x = torch.randn(2, 10, a.dim)
     rope = cpu_model().rope
@@ -109,11 +146,13 @@ def test_mla_shapes(q_lora_rank):
     # reference: explicit causal softmax attention, unpadded v, per-head k_pe shared
     q = attn.wq(x) if q_lora_rank == 0 else attn.wq_b(attn.q_norm(attn.wq_a(x)))
     q = q.view(2, 10, a.n_heads, a.qk_head_dim)
-    q = torch.cat([q[..., :a.qk_nope_head_dim], apply_rope(q[..., a.qk_nope_head_dim:], rope)], -1)
+    q = torch.cat(
+        [q[..., : a.qk_nope_head_dim], apply_rope(q[..., a.qk_nope_head_dim :], rope)], -1
+    )
     latent, k_pe = attn.wkv_a(x).split([a.kv_lora_rank, a.qk_rope_head_dim], -1)
     kv = attn.wkv_b(attn.kv_norm(latent)).view(2, 10, a.n_heads, -1)
     k_pe = apply_rope(k_pe.unsqueeze(2), rope).expand(-1, -1, a.n_heads, -1)
-    k, v = torch.cat([kv[..., :a.qk_nope_head_dim], k_pe], -1), kv[..., a.qk_nope_head_dim:]
+    k, v = torch.cat([kv[..., : a.qk_nope_head_dim], k_pe], -1), kv[..., a.qk_nope_head_dim :]
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale(a)
     scores = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
     ref = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(2, 10, -1)
@@ -134,10 +173,14 @@ def test_mla_reads_heads_from_shapes():
         part.load_state_dict(full.state_dict())
         for name, per_head in (("wq", a.qk_head_dim), ("wkv_b", a.qk_nope_head_dim + a.v_head_dim)):
             lin = getattr(part, name)
-            lin.weight = torch.nn.Parameter(lin.weight[r * h * per_head:(r + 1) * h * per_head])
-        part.wo.weight = torch.nn.Parameter(part.wo.weight[:, r * h * a.v_head_dim:(r + 1) * h * a.v_head_dim])
+            lin.weight = torch.nn.Parameter(lin.weight[r * h * per_head : (r + 1) * h * per_head])
+        part.wo.weight = torch.nn.Parameter(
+            part.wo.weight[:, r * h * a.v_head_dim : (r + 1) * h * a.v_head_dim]
+        )
         halves.append(part(x, attention_inputs(12, rope)))
-    torch.testing.assert_close(halves[0] + halves[1], full(x, attention_inputs(12, rope)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        halves[0] + halves[1], full(x, attention_inputs(12, rope)), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_yarn_scale_and_frequencies():
@@ -173,15 +216,24 @@ def test_causal_and_prefix_independent():
 
 
 def make_router(**kw) -> TokenChoiceRouter:
-    args = dict(dim=4, n_experts=8, top_k=2, n_groups=1, n_limited_groups=1, score_func="sigmoid",
-                route_norm=False, route_scale=1.0)
+    args = dict(
+        dim=4,
+        n_experts=8,
+        top_k=2,
+        n_groups=1,
+        n_limited_groups=1,
+        score_func="sigmoid",
+        route_norm=False,
+        route_scale=1.0,
+    )
     args.update(kw)
     return TokenChoiceRouter(**args)
 
 
 def test_router_top_k_norm_scale_and_float32_scores():
-    scores = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 0.0, 0.5, 0.4],
-                           [0.7, 0.1, 0.2, 0.3, 0.95, 0.6, 0.0, 0.1]])
+    scores = torch.tensor(
+        [[0.1, 0.9, 0.3, 0.8, 0.2, 0.0, 0.5, 0.4], [0.7, 0.1, 0.2, 0.3, 0.95, 0.6, 0.0, 0.1]]
+    )
     w, idx = make_router(top_k=3, route_scale=2.0).select(scores)
     assert idx.tolist() == [[1, 3, 6], [4, 0, 5]] and idx.dtype == torch.int64
     torch.testing.assert_close(w, scores.gather(1, idx) * 2.0)
@@ -216,7 +268,9 @@ def test_router_bias_changes_selection_not_weights():
     assert idx.tolist() == [[2, 0]]
     torch.testing.assert_close(w, torch.tensor([[0.1, 0.9]]))
     # the bias also decides which groups survive
-    w, idx = make_router(n_groups=2, n_limited_groups=1).select(scores, torch.tensor([0.0] * 4 + [2.0] * 4))
+    w, idx = make_router(n_groups=2, n_limited_groups=1).select(
+        scores, torch.tensor([0.0] * 4 + [2.0] * 4)
+    )
     assert set(idx[0].tolist()) <= {4, 5, 6, 7}
     assert (w == 0).all()
 
@@ -273,7 +327,7 @@ def test_grouped_experts_match_a_per_expert_loop():
     ge.zero_grad()
     outs, start = [], 0
     for e, n in enumerate(counts.tolist()):
-        xe = x[start:start + n]
+        xe = x[start : start + n]
         outs.append((F.silu(xe @ ge.w1[e].T) * (xe @ ge.w3[e].T)) @ ge.w2[e].T)
         start += n
     ref = torch.cat(outs)
@@ -286,8 +340,18 @@ def test_grouped_experts_match_a_per_expert_loop():
 
 def test_moe_matches_a_per_token_reference():
     torch.manual_seed(0)
-    moe = MoE(8, 4, n_experts=6, top_k=2, n_shared_experts=1, n_groups=3, n_limited_groups=2,
-              score_func="softmax", route_norm=True, route_scale=1.5)
+    moe = MoE(
+        8,
+        4,
+        n_experts=6,
+        top_k=2,
+        n_shared_experts=1,
+        n_groups=3,
+        n_limited_groups=2,
+        score_func="softmax",
+        route_norm=True,
+        route_scale=1.5,
+    )
     with torch.no_grad():
         moe.expert_bias.copy_(torch.randn(6) * 0.1)
     x = torch.randn(2, 5, 8)
@@ -307,7 +371,12 @@ def test_moe_matches_a_per_token_reference():
 
 def _sac_context():
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+        return (
+            CheckpointPolicy.MUST_SAVE
+            if op == torch.ops.aten.mm.default
+            else CheckpointPolicy.PREFER_RECOMPUTE
+        )
+
     return create_selective_checkpoint_contexts(policy)
 
 
@@ -398,7 +467,9 @@ def test_expert_stack_is_the_concatenation_of_per_expert_draws():
     model = cpu_model(seed=7)
     w1 = model.layers["1"].moe.experts.w1
     shape = tuple(w1.shape)
-    assert torch.equal(w1, expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", shape, range(shape[0])))
+    assert torch.equal(
+        w1, expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", shape, range(shape[0]))
+    )
 
 
 def test_llama3_style_init_is_unchanged():
@@ -415,18 +486,22 @@ def test_llama3_style_init_is_unchanged():
 def test_sharded_expert_init_draws_only_local_experts(monkeypatch):
     # one process plays every rank of a fake process group (collectives do nothing)
     import torch.distributed as dist
-    import torchtitan.models.common.init as init_mod
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     from torch.distributed.tensor.placement_types import _StridedShard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    import torchtitan.models.common.init as init_mod
+
     name, shape, fn = "layers.1.moe.experts.w2", (8, 4, 8), trunc_normal(0.01)
     full = expert_slices(name, fn, 11, "cpu", shape, range(shape[0]))
     drawn, real_generator = [], init_mod._generator
-    monkeypatch.setattr(init_mod, "_generator", lambda nm, *a: drawn.append(nm) or real_generator(nm, *a))
+    monkeypatch.setattr(
+        init_mod, "_generator", lambda nm, *a: drawn.append(nm) or real_generator(nm, *a)
+    )
     layouts = [  # (mesh, placements, experts per rank): EP; FSDP over EP on dim 0; EP + TP on dim 1
-        ((4,), [Shard(0)], 2), ((2, 2), [_StridedShard(0, split_factor=2), Shard(0)], 2),
+        ((4,), [Shard(0)], 2),
+        ((2, 2), [_StridedShard(0, split_factor=2), Shard(0)], 2),
         ((2, 2), [Shard(0), Shard(1)], 4),
     ]
     assert not dist.is_initialized()
@@ -439,9 +514,16 @@ def test_sharded_expert_init_draws_only_local_experts(monkeypatch):
                 names = tuple(f"l{n}r{rank}d{i}" for i in range(len(mesh_shape)))
                 mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
                 expected = distribute_tensor(full, mesh, placements, src_data_rank=None).to_local()
-                param = torch.nn.Parameter(DTensor.from_local(
-                    torch.full(expected.shape, float("nan")), mesh, placements, run_check=False,
-                    shape=torch.Size(shape), stride=full.stride()))
+                param = torch.nn.Parameter(
+                    DTensor.from_local(
+                        torch.full(expected.shape, float("nan")),
+                        mesh,
+                        placements,
+                        run_check=False,
+                        shape=torch.Size(shape),
+                        stride=full.stride(),
+                    )
+                )
                 drawn.clear()
                 init_expert_stack(param, name, fn, 11, "cpu")
                 assert torch.equal(param.to_local(), expected), (placements, rank)

@@ -14,8 +14,11 @@ def test_more_ranks_than_gpus_is_refused_on_every_rank(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     for rank in ("0", "5"):
         monkeypatch.setenv("LOCAL_RANK", rank)
-        with pytest.raises(utils.DeviceError, match=r"^8 ranks per node \(NGPU\) but 4 GPU\(s\) visible: one rank per"
-                                                     r" GPU; set NGPU=4 or fewer, or --training.device=cpu$"):
+        with pytest.raises(
+            utils.DeviceError,
+            match=r"^8 ranks per node \(NGPU\) but 4 GPU\(s\) visible: one rank per"
+            r" GPU; set NGPU=4 or fewer, or --training.device=cpu$",
+        ):
             utils.pick_device("auto")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "3")

@@ -36,7 +36,9 @@ def test_record_replaces_the_previous_one_and_defaults_to_local_rank_0(tmp_path,
     assert path.read_text() == "1 0\nsecond\n"
 
 
-@pytest.mark.parametrize("text", ["", "\n", "abc\nline\n", "75\nline\n", "1 2 3\nline\n", "x 0\nline\n"])
+@pytest.mark.parametrize(
+    "text", ["", "\n", "abc\nline\n", "75\nline\n", "1 2 3\nline\n", "x 0\nline\n"]
+)
 def test_read_garbled_is_none(tmp_path, text):
     (tmp_path / "status").write_text(text)
     assert read(str(tmp_path / "status")) is None

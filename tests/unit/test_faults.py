@@ -12,45 +12,58 @@ USAGE = "use stop@<point> or sleep=<seconds>@<point>, point one of data, step, c
 CONDS = "conditions are rank=<r> and step=<n>"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("", []),
-    ("stop@data", [Fault("stop", 0.0, "data", None, None)]),
-    ("stop@data:rank=2:step=4", [Fault("stop", 0.0, "data", 2, 4)]),
-    ("stop@step:step=5:rank=0", [Fault("stop", 0.0, "step", 0, 5)]),
-    ("sleep=600@data:rank=1", [Fault("sleep", 600.0, "data", 1, None)]),
-    ("sleep=2.5@checkpoint_write:step=6", [Fault("sleep", 2.5, "checkpoint_write", None, 6)]),
-    ("  stop@data:rank=3 ; sleep=1@step:step=2;  ;", [Fault("stop", 0.0, "data", 3, None),
-                                                      Fault("sleep", 1.0, "step", None, 2)]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", []),
+        ("stop@data", [Fault("stop", 0.0, "data", None, None)]),
+        ("stop@data:rank=2:step=4", [Fault("stop", 0.0, "data", 2, 4)]),
+        ("stop@step:step=5:rank=0", [Fault("stop", 0.0, "step", 0, 5)]),
+        ("sleep=600@data:rank=1", [Fault("sleep", 600.0, "data", 1, None)]),
+        ("sleep=2.5@checkpoint_write:step=6", [Fault("sleep", 2.5, "checkpoint_write", None, 6)]),
+        (
+            "  stop@data:rank=3 ; sleep=1@step:step=2;  ;",
+            [Fault("stop", 0.0, "data", 3, None), Fault("sleep", 1.0, "step", None, 2)],
+        ),
+    ],
+)
 def test_parse_valid(text, expected):
     assert parse(text) == expected
 
 
-@pytest.mark.parametrize("text, part, why", [
-    ("kill@data", "kill@data", USAGE),  # unknown action
-    ("stop@nowhere", "stop@nowhere", USAGE),  # unknown point
-    ("stop", "stop", USAGE),  # no point at all
-    ("stop=3@data", "stop=3@data", USAGE),  # stop takes no seconds
-    ("sleep@data", "sleep@data", USAGE),  # sleep needs them
-    ("stop @data", "stop @data", USAGE),  # no blanks inside a part
-    ("stop@data;sleep@step", "sleep@step", USAGE),  # the second part is the bad one
-    ("stop@data:host=a", "stop@data:host=a", CONDS),
-    ("stop@data:rank", "stop@data:rank", CONDS),
-    ("stop@data:rank=1:rank=2", "stop@data:rank=1:rank=2", CONDS),
-    ("stop@data:", "stop@data:", CONDS),
-])
+@pytest.mark.parametrize(
+    "text, part, why",
+    [
+        ("kill@data", "kill@data", USAGE),  # unknown action
+        ("stop@nowhere", "stop@nowhere", USAGE),  # unknown point
+        ("stop", "stop", USAGE),  # no point at all
+        ("stop=3@data", "stop=3@data", USAGE),  # stop takes no seconds
+        ("sleep@data", "sleep@data", USAGE),  # sleep needs them
+        ("stop @data", "stop @data", USAGE),  # no blanks inside a part
+        ("stop@data;sleep@step", "sleep@step", USAGE),  # the second part is the bad one
+        ("stop@data:host=a", "stop@data:host=a", CONDS),
+        ("stop@data:rank", "stop@data:rank", CONDS),
+        ("stop@data:rank=1:rank=2", "stop@data:rank=1:rank=2", CONDS),
+        ("stop@data:", "stop@data:", CONDS),
+    ],
+)
 def test_parse_invalid_names_the_part(text, part, why):
     with pytest.raises(ValueError) as info:
         parse(text)
     assert str(info.value) == f"TORCHTITAN_FAULT: '{part}': {why}"
 
 
-@pytest.mark.parametrize("text", ["sleep=abc@data", "stop@data:rank=x", "stop@data:step=4.5", "sleep=-5@data",
-                                  "sleep=inf@data"])
+@pytest.mark.parametrize(
+    "text",
+    ["sleep=abc@data", "stop@data:rank=x", "stop@data:step=4.5", "sleep=-5@data", "sleep=inf@data"],
+)
 def test_parse_non_numbers_name_the_part(text):
     with pytest.raises(ValueError) as info:
         parse(text)
-    assert str(info.value) == f"TORCHTITAN_FAULT: '{text}': seconds are a number, rank and step integers"
+    assert (
+        str(info.value)
+        == f"TORCHTITAN_FAULT: '{text}': seconds are a number, rank and step integers"
+    )
 
 
 @pytest.fixture
@@ -69,10 +82,15 @@ def test_point_sleeps_on_the_matching_rank_and_step(fired, monkeypatch, capsys):
     monkeypatch.setenv("RANK", "1")
     faults.point("data", step=3)
     assert fired == [("sleep", 7.5)]
-    assert capsys.readouterr().out == "[torchtitan] fault injected (TORCHTITAN_FAULT): sleep at data, step 3, rank 1\n"
+    assert (
+        capsys.readouterr().out
+        == "[torchtitan] fault injected (TORCHTITAN_FAULT): sleep at data, step 3, rank 1\n"
+    )
 
 
-@pytest.mark.parametrize("name, step, rank", [("data", 3, "0"), ("data", 4, "1"), ("step", 3, "1"), ("data", None, "1")])
+@pytest.mark.parametrize(
+    "name, step, rank", [("data", 3, "0"), ("data", 4, "1"), ("step", 3, "1"), ("data", None, "1")]
+)
 def test_point_elsewhere_does_nothing(fired, monkeypatch, capsys, name, step, rank):
     monkeypatch.setenv(faults.ENV, "sleep=7.5@data:rank=1:step=3")
     monkeypatch.setenv("RANK", rank)

@@ -10,13 +10,17 @@ from torchtitan.resilience.hang_watchdog import _short, where_waiting
 from torchtitan.resilience.timeouts import heartbeat_interval, longest_hang_timeout
 
 
-@pytest.mark.parametrize("timeout, interval", [(0, 0.5), (3, 0.5), (5, 0.5), (30, 3.0), (99, 9.9), (100, 10.0),
-                                               (180, 10.0), (3600, 10.0)])
+@pytest.mark.parametrize(
+    "timeout, interval",
+    [(0, 0.5), (3, 0.5), (5, 0.5), (30, 3.0), (99, 9.9), (100, 10.0), (180, 10.0), (3600, 10.0)],
+)
 def test_heartbeat_interval(timeout, interval):
     assert heartbeat_interval(timeout) == interval
 
 
-@pytest.mark.parametrize("timeout, longest", [(300, 238), (100, 61), (20, 11), (6, 1), (5, 0), (1, 0)])
+@pytest.mark.parametrize(
+    "timeout, longest", [(300, 238), (100, 61), (20, 11), (6, 1), (5, 0), (1, 0)]
+)
 def test_longest_hang_timeout_leaves_six_intervals_for_the_report(timeout, longest):
     assert longest_hang_timeout(timeout) == longest
     if longest:
@@ -24,24 +28,46 @@ def test_longest_hang_timeout_leaves_six_intervals_for_the_report(timeout, longe
     assert longest + 1 + 6 * heartbeat_interval(longest + 1) + 1 >= timeout
 
 
-@pytest.mark.parametrize("filename, short", [
-    ("/work/main/torchtitan/train.py", "torchtitan/train.py"),
-    ("/home/u/.venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py",
-     "torch/distributed/distributed_c10d.py"),
-    ("/home/u/.venv/lib/python3.12/site-packages/numpy/core/fromnumeric.py", "numpy/core/fromnumeric.py"),
-    ("/home/u/.venv/lib/python3.12/site-packages/torchtitan/train.py", "torchtitan/train.py"),  # installed, not editable
-    ("/usr/lib/python3.12/threading.py", "threading.py"),
-])
+@pytest.mark.parametrize(
+    "filename, short",
+    [
+        ("/work/main/torchtitan/train.py", "torchtitan/train.py"),
+        (
+            "/home/u/.venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py",
+            "torch/distributed/distributed_c10d.py",
+        ),
+        (
+            "/home/u/.venv/lib/python3.12/site-packages/numpy/core/fromnumeric.py",
+            "numpy/core/fromnumeric.py",
+        ),
+        (
+            "/home/u/.venv/lib/python3.12/site-packages/torchtitan/train.py",
+            "torchtitan/train.py",
+        ),  # installed, not editable
+        ("/usr/lib/python3.12/threading.py", "threading.py"),
+    ],
+)
 def test_short(filename, short):
     assert _short(filename) == short
 
 
 def test_short_torch_inside_a_checkout_named_torchtitan():
-    assert _short("/src/torchtitan/.venv/lib/python3.12/site-packages/torch/distributed/x.py") == \
-        "torch/distributed/x.py"
-    frames = [frame("/h/torchtitan/torchtitan/train.py", 5, "step"),
-              frame("/h/torchtitan/.venv/lib/python3.12/site-packages/torch/distributed/x.py", 12, "all_gather")]
-    assert where_waiting(frames) == "torch/distributed/x.py:12 all_gather (from torchtitan/train.py:5 step)"
+    assert (
+        _short("/src/torchtitan/.venv/lib/python3.12/site-packages/torch/distributed/x.py")
+        == "torch/distributed/x.py"
+    )
+    frames = [
+        frame("/h/torchtitan/torchtitan/train.py", 5, "step"),
+        frame(
+            "/h/torchtitan/.venv/lib/python3.12/site-packages/torch/distributed/x.py",
+            12,
+            "all_gather",
+        ),
+    ]
+    assert (
+        where_waiting(frames)
+        == "torch/distributed/x.py:12 all_gather (from torchtitan/train.py:5 step)"
+    )
 
 
 def frame(filename, lineno, name):
@@ -53,17 +79,30 @@ TORCH = frame("/v/lib/python3.12/site-packages/torch/distributed/x.py", 12, "all
 
 
 def test_where_waiting_in_torch_from_torchtitan():
-    frames = [frame("/work/main/torchtitan/launcher.py", 1, "main"), OURS,
-              frame("/v/lib/python3.12/site-packages/torch/nn/module.py", 3, "__call__"), TORCH]
-    assert where_waiting(frames) == "torch/distributed/x.py:12 all_gather (from torchtitan/train.py:5 step)"
+    frames = [
+        frame("/work/main/torchtitan/launcher.py", 1, "main"),
+        OURS,
+        frame("/v/lib/python3.12/site-packages/torch/nn/module.py", 3, "__call__"),
+        TORCH,
+    ]
+    assert (
+        where_waiting(frames)
+        == "torch/distributed/x.py:12 all_gather (from torchtitan/train.py:5 step)"
+    )
 
 
 def test_where_waiting_innermost_is_ours():
-    assert where_waiting([frame("/usr/lib/python3.12/runpy.py", 9, "run"), OURS]) == "torchtitan/train.py:5 step"
+    assert (
+        where_waiting([frame("/usr/lib/python3.12/runpy.py", 9, "run"), OURS])
+        == "torchtitan/train.py:5 step"
+    )
 
 
 def test_where_waiting_without_torchtitan_frames():
-    assert where_waiting([frame("/usr/lib/python3.12/runpy.py", 9, "run"), TORCH]) == "torch/distributed/x.py:12 all_gather"
+    assert (
+        where_waiting([frame("/usr/lib/python3.12/runpy.py", 9, "run"), TORCH])
+        == "torch/distributed/x.py:12 all_gather"
+    )
 
 
 def test_where_waiting_empty():
@@ -125,7 +164,9 @@ def test_the_watchdog_beats_into_the_store_and_closes_at_once(tmp_path, monkeypa
     w.progress("step 1: data")
     store = PrefixStore("torchtitan_hang/unit/0/", master)
     deadline = time.time() + 10
-    while time.time() < deadline and not (store.check(["hb/3"]) and json.loads(store.get("hb/3"))["seq"] == 1):
+    while time.time() < deadline and not (
+        store.check(["hb/3"]) and json.loads(store.get("hb/3"))["seq"] == 1
+    ):
         time.sleep(0.02)
     beat = json.loads(store.get("hb/3"))
     assert (beat["seq"], beat["activity"], beat["paused"]) == (1, "step 1: data", False)

@@ -10,15 +10,17 @@ import pytest
 import torch
 
 from torchtitan import hf_convert as checkpoint_hf
-from torchtitan.models.hf import weights as hf_weights
-from torchtitan.models.hf.folder import HFFolderError, check_folder, weight_map
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.models.deepseek_v3 import hf_convert
 from torchtitan.models.deepseek_v3.model import Transformer, softmax_scale
 from torchtitan.models.flavors import flavors_of, model_args
+from torchtitan.models.hf import weights as hf_weights
+from torchtitan.models.hf.folder import HFFolderError, check_folder, weight_map
 from torchtitan.training.model_args import initial_rules
 
-FLAVOR = flavors_of("deepseek_v3")["tiny"]  # original_seq_len 64, YaRN factor 4, 2 groups of 4 experts
+FLAVOR = flavors_of("deepseek_v3")[
+    "tiny"
+]  # original_seq_len 64, YaRN factor 4, 2 groups of 4 experts
 
 
 def _model(args, seed=0):
@@ -32,7 +34,9 @@ def _model(args, seed=0):
 
 
 def _args(seq, **changes):
-    return dataclasses.replace(model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, seq), **changes)
+    return dataclasses.replace(
+        model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, seq), **changes
+    )
 
 
 def _export(model, args, folder, shard_bytes=1 << 30, dtype="float32"):
@@ -40,10 +44,17 @@ def _export(model, args, folder, shard_bytes=1 << 30, dtype="float32"):
     tok = Tokenizer("")
     export = hf_convert.export_args(args, FLAVOR.max_seq_len)
     writer = hf_weights.ShardWriter(str(folder), "model", shard_bytes)
-    hf_weights.convert_full(hf_weights.checkpointed_tensors(model, hf_convert), "deepseek_v3", export, dtype, writer)
+    hf_weights.convert_full(
+        hf_weights.checkpointed_tensors(model, hf_convert), "deepseek_v3", export, dtype, writer
+    )
     assert not writer.error, writer.error
-    hf_weights.write_metadata(str(folder), hf_convert.hf_config(export, dtype, tok.bos_id, tok.eos_id),
-                              writer.weight_map, writer.total_bytes, None)
+    hf_weights.write_metadata(
+        str(folder),
+        hf_convert.hf_config(export, dtype, tok.bos_id, tok.eos_id),
+        writer.weight_map,
+        writer.total_bytes,
+        None,
+    )
     return str(folder)
 
 
@@ -78,11 +89,15 @@ def test_export_matches_transformers_and_import_is_bitwise(tmp_path, q_lora_rank
     tokens = _tokens(args.vocab_size, 128)
     with torch.no_grad():
         ours = model(tokens)
-    _compare(ours, _hf_logits(folder, tokens), f"tiny DeepSeek-V3 (q_lora_rank={q_lora_rank}) exported")
+    _compare(
+        ours, _hf_logits(folder, tokens), f"tiny DeepSeek-V3 (q_lora_rank={q_lora_rank}) exported"
+    )
     check_folder(folder, "deepseek_v3", "tiny", args)
     fresh = _model(args, seed=3)
     done = hf_weights.load_hf_weights([fresh], folder, "deepseek_v3", args)
-    assert done.tensors == len(list(model.parameters())) + args.n_layers - args.n_dense_layers  # + expert_bias
+    assert (
+        done.tensors == len(list(model.parameters())) + args.n_layers - args.n_dense_layers
+    )  # + expert_bias
     for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b), name
     with torch.no_grad():
@@ -98,7 +113,9 @@ def _transformers_folder(tmp_path, rope: dict | None, name="theirs"):
     config.pop("rope_scaling")
     config["rope_parameters"] = rope
     torch.manual_seed(0)
-    model = DeepseekV3ForCausalLM(DeepseekV3Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    model = DeepseekV3ForCausalLM(
+        DeepseekV3Config(**{k: v for k, v in config.items() if k != "architectures"})
+    )
     with torch.no_grad():
         for name_, p in model.named_parameters():
             p.normal_(0, 0.05 if p.dim() > 1 else 0.02).add_(1.0 if "norm" in name_ else 0.0)
@@ -110,17 +127,39 @@ def _transformers_folder(tmp_path, rope: dict | None, name="theirs"):
     return folder
 
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
-        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+YARN = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "rope_theta": 10000.0,
+}
 
 
-@pytest.mark.parametrize("rope", [YARN, {k: v for k, v in YARN.items() if k != "mscale_all_dim"},
-                                  {"rope_type": "default", "rope_theta": 10000.0}],
-                         ids=["yarn", "yarn_without_mscale_all_dim", "no_yarn"])
-def test_folder_written_by_transformers_computes_the_same_below_and_above_original_seq_len(tmp_path, rope):
+@pytest.mark.parametrize(
+    "rope",
+    [
+        YARN,
+        {k: v for k, v in YARN.items() if k != "mscale_all_dim"},
+        {"rope_type": "default", "rope_theta": 10000.0},
+    ],
+    ids=["yarn", "yarn_without_mscale_all_dim", "no_yarn"],
+)
+def test_folder_written_by_transformers_computes_the_same_below_and_above_original_seq_len(
+    tmp_path, rope
+):
     folder = _transformers_folder(tmp_path, rope)
     for seq in (32, 128):  # below and above the folder's original_max_position_embeddings (64)
-        args = model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, seq, rules=initial_rules("deepseek_v3", folder))
+        args = model_args(
+            "deepseek_v3",
+            "tiny",
+            Tokenizer("").vocab_size,
+            seq,
+            rules=initial_rules("deepseek_v3", folder),
+        )
         check_folder(folder, "deepseek_v3", "tiny", args)
         model = Transformer(args)
         model.init_weights(5, torch.device("cpu"))
@@ -129,8 +168,12 @@ def test_folder_written_by_transformers_computes_the_same_below_and_above_origin
         with torch.no_grad():
             ours = model.eval()(tokens)
         theirs = _hf_logits(folder, tokens)
-        _compare(ours, theirs, f"transformers' own folder, rope {rope.get('rope_type')}"
-                               f"{'' if 'mscale_all_dim' in rope else ' (no mscale_all_dim)'}, seq {seq}")
+        _compare(
+            ours,
+            theirs,
+            f"transformers' own folder, rope {rope.get('rope_type')}"
+            f"{'' if 'mscale_all_dim' in rope else ' (no mscale_all_dim)'}, seq {seq}",
+        )
         if rope["rope_type"] == "yarn" and seq == 32:
             # the reference rule (YaRN only beyond original_seq_len) would compute another model here
             ref = dataclasses.replace(args, yarn="beyond_original")
@@ -143,7 +186,13 @@ def test_folder_written_by_transformers_computes_the_same_below_and_above_origin
 
 def test_mscale_unlike_mscale_all_dim_is_refused_in_one_line(tmp_path):
     folder = _transformers_folder(tmp_path, {**YARN, "mscale": 0.707, "mscale_all_dim": 1.0})
-    args = model_args("deepseek_v3", "tiny", Tokenizer("").vocab_size, 128, rules=initial_rules("deepseek_v3", folder))
+    args = model_args(
+        "deepseek_v3",
+        "tiny",
+        Tokenizer("").vocab_size,
+        128,
+        rules=initial_rules("deepseek_v3", folder),
+    )
     with pytest.raises(HFFolderError) as e:
         check_folder(folder, "deepseek_v3", "tiny", args)
     message = str(e.value)
@@ -159,8 +208,12 @@ def test_mismatched_folder_is_one_line_naming_the_keys(tmp_path):
     config.update(n_routed_experts=16, scoring_func="softmax", num_nextn_predict_layers=0)
     json.dump(config, open(os.path.join(folder, "config.json"), "w"))
     with pytest.raises(HFFolderError) as e:
-        check_folder(folder, "deepseek_v3", "tiny", dataclasses.replace(args, mtp_depth=1)
-                     if hasattr(args, "mtp_depth") else args)
+        check_folder(
+            folder,
+            "deepseek_v3",
+            "tiny",
+            dataclasses.replace(args, mtp_depth=1) if hasattr(args, "mtp_depth") else args,
+        )
     message = str(e.value)
     print(message)
     assert "\n" not in message and "n_routed_experts=16 (ours: 8)" in message
@@ -178,7 +231,12 @@ def test_fused_experts_folder_reads_the_same_weights(tmp_path):
     tensors = load_file(file)
     for i in range(args.n_dense_layers, args.n_layers):
         p = f"model.layers.{i}.mlp.experts."
-        pop = lambda proj: torch.stack([tensors.pop(f"{p}{e}.{proj}.weight") for e in range(args.n_routed_experts)])
+
+        def pop(proj: str, p: str = p) -> torch.Tensor:
+            return torch.stack(
+                [tensors.pop(f"{p}{e}.{proj}.weight") for e in range(args.n_routed_experts)]
+            )
+
         gate, up, down = pop("gate_proj"), pop("up_proj"), pop("down_proj")
         tensors[p + "gate_up_proj"], tensors[p + "down_proj"] = torch.cat([gate, up], dim=1), down
     os.remove(os.path.join(folder, "model.safetensors.index.json"))
@@ -200,11 +258,17 @@ def test_a_rank_reads_only_its_experts_and_rows(tmp_path):
     assert torch.equal(hf_convert.read_local(stack, args, full, None), model.get_parameter(stack))
     all_bytes = full.bytes_read
     half = hf_weights.FolderReader(wmap)
-    index = [torch.arange(4, 8), torch.arange(8, 24), None]  # experts 4..7 (EP rank 1 of 2), rows 8..23
+    index = [
+        torch.arange(4, 8),
+        torch.arange(8, 24),
+        None,
+    ]  # experts 4..7 (EP rank 1 of 2), rows 8..23
     got = hf_convert.read_local(stack, args, half, index)
     assert torch.equal(got, model.get_parameter(stack)[4:8, 8:24])
     assert half.bytes_read * 4 == all_bytes  # half the experts, half their rows
-    print(f"{stack}: all experts {all_bytes} bytes, experts 4..7 rows 8..23: {half.bytes_read} bytes")
+    print(
+        f"{stack}: all experts {all_bytes} bytes, experts 4..7 rows 8..23: {half.bytes_read} bytes"
+    )
 
 
 def _quantize(w: torch.Tensor, block=128):
@@ -214,10 +278,12 @@ def _quantize(w: torch.Tensor, block=128):
     q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
     for i in range(rows):
         for j in range(cols):
-            tile = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            tile = w[i * block : (i + 1) * block, j * block : (j + 1) * block]
             s = tile.abs().max().clamp(min=1e-12) / 448.0
             scale[i, j] = s
-            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = (tile / s).to(torch.float8_e4m3fn)
+            q[i * block : (i + 1) * block, j * block : (j + 1) * block] = (tile / s).to(
+                torch.float8_e4m3fn
+            )
     return q, scale
 
 
@@ -235,7 +301,9 @@ def test_fp8_block_wise_checkpoint_imports_exactly(tmp_path):
     from safetensors.torch import load_file, save_file
 
     # width 320 = 2 full 128-blocks + a partial one; the expert rows (96) are a partial block
-    args = _args(64, dim=320, inter_dim=384, moe_inter_dim=96, n_heads=4, kv_lora_rank=160, q_lora_rank=192)
+    args = _args(
+        64, dim=320, inter_dim=384, moe_inter_dim=96, n_heads=4, kv_lora_rank=160, q_lora_rank=192
+    )
     model = _model(args)
     folder = _export(model, args, tmp_path / "fp8", dtype="bfloat16")
     file = os.path.join(folder, "model-0000.safetensors")
@@ -250,15 +318,22 @@ def test_fp8_block_wise_checkpoint_imports_exactly(tmp_path):
     save_file(tensors, file)
     os.remove(os.path.join(folder, "model.safetensors.index.json"))
     config = json.load(open(os.path.join(folder, "config.json")))
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
     json.dump(config, open(os.path.join(folder, "config.json"), "w"))
     check_folder(folder, "deepseek_v3", "tiny", args)
 
     fresh = _model(args, seed=4)
     hf_weights.load_hf_weights([fresh], folder, "deepseek_v3", args)
-    ours = {n: t for name, p in hf_weights.checkpointed_tensors(fresh, hf_convert)
-            for n, t in hf_convert.export_tensors(name, p.detach(), args)}
+    ours = {
+        n: t
+        for name, p in hf_weights.checkpointed_tensors(fresh, hf_convert)
+        for n, t in hf_convert.export_tensors(name, p.detach(), args)
+    }
     for name, want in expected.items():
         assert torch.equal(ours[name], want), name  # float32 parameters: the dequantization exactly
     # a rank's rows 100..299 of a 320-wide weight: partial tiles at both ends
@@ -271,9 +346,11 @@ def test_fp8_block_wise_checkpoint_imports_exactly(tmp_path):
         exact, fp8 = model(tokens), fresh.eval()(tokens)
     diff = (exact - fp8).abs().max().item()
     scale = exact.abs().max().item()
-    print(f"FP8 import: {quantized} block-wise weights dequantized exactly; logits vs the unquantized model:"
-          f" max |diff| {diff:.3g} (max |logit| {scale:.3g}), same argmax"
-          f" {(exact.argmax(-1) == fp8.argmax(-1)).float().mean().item():.1%}")
+    print(
+        f"FP8 import: {quantized} block-wise weights dequantized exactly; logits vs the unquantized model:"
+        f" max |diff| {diff:.3g} (max |logit| {scale:.3g}), same argmax"
+        f" {(exact.argmax(-1) == fp8.argmax(-1)).float().mean().item():.1%}"
+    )
     # e4m3 keeps 3 mantissa bits: each weight within 2^-4 relative; through 4 blocks a few % of the logits' range
     assert diff < 0.05 * scale
 
@@ -286,13 +363,21 @@ def test_mtp_layer_of_a_folder_is_skipped_with_one_line(tmp_path):
     folder = _export(model, args, tmp_path / "hf")
     n, d = args.n_layers, args.dim
     # the published layout's MTP layer n: its own block tensors plus enorm / hnorm / eh_proj / shared head
-    mtp = {name.replace(f"layers.{n - 1}.", f"layers.{n}."): t.clone()
-           for name, t in _tensors(folder).items() if f"layers.{n - 1}." in name}
-    mtp.update({f"model.layers.{n}.enorm.weight": torch.ones(d), f"model.layers.{n}.hnorm.weight": torch.ones(d),
-                f"model.layers.{n}.eh_proj.weight": torch.zeros(d, 2 * d),
-                f"model.layers.{n}.shared_head.norm.weight": torch.ones(d),
-                f"model.layers.{n}.shared_head.head.weight": torch.zeros(args.vocab_size, d),
-                f"model.layers.{n}.embed_tokens.weight": torch.zeros(args.vocab_size, d)})
+    mtp = {
+        name.replace(f"layers.{n - 1}.", f"layers.{n}."): t.clone()
+        for name, t in _tensors(folder).items()
+        if f"layers.{n - 1}." in name
+    }
+    mtp.update(
+        {
+            f"model.layers.{n}.enorm.weight": torch.ones(d),
+            f"model.layers.{n}.hnorm.weight": torch.ones(d),
+            f"model.layers.{n}.eh_proj.weight": torch.zeros(d, 2 * d),
+            f"model.layers.{n}.shared_head.norm.weight": torch.ones(d),
+            f"model.layers.{n}.shared_head.head.weight": torch.zeros(args.vocab_size, d),
+            f"model.layers.{n}.embed_tokens.weight": torch.zeros(args.vocab_size, d),
+        }
+    )
     save_file(mtp, os.path.join(folder, "mtp.safetensors"))
     index = os.path.join(folder, "model.safetensors.index.json")
     data = json.load(open(index))
@@ -304,8 +389,10 @@ def test_mtp_layer_of_a_folder_is_skipped_with_one_line(tmp_path):
     check_folder(folder, "deepseek_v3", "tiny", args)
     done = hf_weights.load_hf_weights([_model(args, seed=2)], folder, "deepseek_v3", args)
     print(done.note)
-    assert done.note == ("skipping the folder's multi-token-prediction layer(s) 4 (--model.mtp_depth=0; set it to 1"
-                         " to train them)")
+    assert done.note == (
+        "skipping the folder's multi-token-prediction layer(s) 4 (--model.mtp_depth=0; set it to 1"
+        " to train them)"
+    )
 
 
 def _tensors(folder):
@@ -324,8 +411,12 @@ def test_the_folder_rule_survives_conversion_to_a_checkpoint(tmp_path):
     folder = _transformers_folder(tmp_path, YARN)
     out, _ = checkpoint_hf.import_folder(folder, str(tmp_path / "step-0"), "deepseek_v3", "tiny")
     vocab = Tokenizer("").vocab_size
-    from_folder = model_args("deepseek_v3", "tiny", vocab, 32, rules=initial_rules("deepseek_v3", folder))
-    from_checkpoint = model_args("deepseek_v3", "tiny", vocab, 32, rules=initial_rules("deepseek_v3", out))
+    from_folder = model_args(
+        "deepseek_v3", "tiny", vocab, 32, rules=initial_rules("deepseek_v3", folder)
+    )
+    from_checkpoint = model_args(
+        "deepseek_v3", "tiny", vocab, 32, rules=initial_rules("deepseek_v3", out)
+    )
     assert from_folder.yarn == from_checkpoint.yarn == "always"
     assert model_args("deepseek_v3", "tiny", vocab, 32).yarn == "beyond_original"
 
@@ -336,11 +427,20 @@ def test_mtp_module_exports_to_layer_n_layers_and_imports_back(tmp_path):
     folder = _export(model, args, tmp_path / "hf")
     n = args.n_layers
     stored = weight_map(folder, "k")
-    for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
-                 "self_attn.kv_b_proj.weight", "mlp.experts.7.down_proj.weight", "mlp.gate.e_score_correction_bias"):
+    for name in (
+        "enorm.weight",
+        "hnorm.weight",
+        "eh_proj.weight",
+        "shared_head.norm.weight",
+        "self_attn.kv_b_proj.weight",
+        "mlp.experts.7.down_proj.weight",
+        "mlp.gate.e_score_correction_bias",
+    ):
         assert f"model.layers.{n}.{name}" in stored, name
     tensors = _tensors(folder)  # the published layout's copies of the shared embedding and head
-    assert torch.equal(tensors[f"model.layers.{n}.embed_tokens.weight"], model.tok_embeddings.weight)
+    assert torch.equal(
+        tensors[f"model.layers.{n}.embed_tokens.weight"], model.tok_embeddings.weight
+    )
     assert torch.equal(tensors[f"model.layers.{n}.shared_head.head.weight"], model.output.weight)
     assert torch.equal(tensors[f"model.layers.{n}.eh_proj.weight"], model.mtp["0"].eh_proj.weight)
     assert json.load(open(os.path.join(folder, "config.json")))["num_nextn_predict_layers"] == 1
@@ -352,9 +452,13 @@ def test_mtp_module_exports_to_layer_n_layers_and_imports_back(tmp_path):
     # transformers reads the main model of the same folder (the MTP layer is not part of its forward)
     tokens = _tokens(args.vocab_size, 128)
     with torch.no_grad():
-        _compare(model(tokens), _hf_logits(folder, tokens), "tiny DeepSeek-V3 with an MTP layer exported")
+        _compare(
+            model(tokens), _hf_logits(folder, tokens), "tiny DeepSeek-V3 with an MTP layer exported"
+        )
     # a run without MTP skips the layer with one line
     plain = dataclasses.replace(args, mtp_depth=0)
     check_folder(folder, "deepseek_v3", "tiny", plain)
-    assert "skipping the folder's multi-token-prediction layer(s) 4" in hf_weights.load_hf_weights(
-        [_model(plain)], folder, "deepseek_v3", plain).note
+    assert (
+        "skipping the folder's multi-token-prediction layer(s) 4"
+        in hf_weights.load_hf_weights([_model(plain)], folder, "deepseek_v3", plain).note
+    )

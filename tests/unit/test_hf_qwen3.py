@@ -36,7 +36,9 @@ def _hf_model(args, seed=0):
     cls = transformers.Qwen3MoeForCausalLM if args.moe else transformers.Qwen3ForCausalLM
     conf_cls = transformers.Qwen3MoeConfig if args.moe else transformers.Qwen3Config
     torch.manual_seed(seed)
-    model = cls(conf_cls(**{k: v for k, v in config.items() if k not in ("model_type", "torch_dtype")}))
+    model = cls(
+        conf_cls(**{k: v for k, v in config.items() if k not in ("model_type", "torch_dtype")})
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
@@ -67,10 +69,17 @@ def _compare(ours, theirs, what):
 def _export(model, args, folder):
     os.makedirs(folder)
     writer = hf_weights.ShardWriter(str(folder), "model", 1 << 30)
-    hf_weights.convert_full(hf_weights.checkpointed_tensors(model, hf_convert), "qwen3", args, "float32", writer)
+    hf_weights.convert_full(
+        hf_weights.checkpointed_tensors(model, hf_convert), "qwen3", args, "float32", writer
+    )
     assert not writer.error, writer.error
-    hf_weights.write_metadata(str(folder), hf_convert.hf_config(args, "float32", 1, 2), writer.weight_map,
-                              writer.total_bytes, None)
+    hf_weights.write_metadata(
+        str(folder),
+        hf_convert.hf_config(args, "float32", 1, 2),
+        writer.weight_map,
+        writer.total_bytes,
+        None,
+    )
     return str(folder)
 
 
@@ -122,7 +131,10 @@ def test_moe_balance_loss_equals_transformers(tmp_path):
     # only the probabilities carry a gradient: the head and the last layer's experts get none
     ours.backward()
     assert model.layers["3"].moe.router.gate.weight.grad is not None
-    assert model.layers["3"].moe.experts.w1.grad is None and model.tok_embeddings.weight.grad is not None
+    assert (
+        model.layers["3"].moe.experts.w1.grad is None
+        and model.tok_embeddings.weight.grad is not None
+    )
 
 
 def test_fused_expert_folder_reads_the_same_weights(tmp_path):
@@ -131,7 +143,9 @@ def test_fused_expert_folder_reads_the_same_weights(tmp_path):
     args = _args("tiny_moe")
     hf = _hf_model(args)
     hf.save_pretrained(tmp_path / "hub")
-    fused = {n: t.contiguous() for n, t in hf.state_dict().items()}  # transformers 5's in-memory names
+    fused = {
+        n: t.contiguous() for n, t in hf.state_dict().items()
+    }  # transformers 5's in-memory names
     assert any(n.endswith("mlp.experts.gate_up_proj") for n in fused)
     os.makedirs(tmp_path / "fused")
     save_file(fused, str(tmp_path / "fused" / "model.safetensors"))
@@ -150,7 +164,9 @@ def test_expert_parallel_rank_reads_only_its_experts(tmp_path):
     reader = hf_weights.FolderReader(weight_map(str(tmp_path / "hf"), "k"))
     full = hf_convert.read_local("layers.1.moe.experts.w1", args, reader, None)
     before = reader.bytes_read
-    half = hf_convert.read_local("layers.1.moe.experts.w1", args, reader, [torch.arange(4, 8), None, None])
+    half = hf_convert.read_local(
+        "layers.1.moe.experts.w1", args, reader, [torch.arange(4, 8), None, None]
+    )
     assert torch.equal(half, full[4:8])
     assert reader.bytes_read - before == full[4:8].numel() * 4  # 4 of 8 experts' bytes, no more
 
@@ -161,4 +177,8 @@ def test_folder_of_another_shape_is_refused_in_one_line(tmp_path):
     with pytest.raises(HFFolderError) as e:
         check_folder(str(tmp_path / "hf"), "qwen3", "tiny", args)
     msg = str(e.value)
-    assert "\n" not in msg and "head_dim=16 (ours: 32)" in msg and "--checkpoint.initial_load_path" in msg
+    assert (
+        "\n" not in msg
+        and "head_dim=16 (ours: 32)" in msg
+        and "--checkpoint.initial_load_path" in msg
+    )

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from torchtitan import hf_convert as checkpoint_hf
+from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.models.flavors import flavors_of, model_args
 from torchtitan.models.hf import weights as hf_weights
 from torchtitan.models.hf.folder import HFFolderError, check_folder, is_hf_folder
-from torchtitan.data.tokenizer import Tokenizer
-from torchtitan.models.flavors import flavors_of
 from torchtitan.models.llama3 import hf_convert
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.models.flavors import model_args
 
 SEQ = 32
 
@@ -67,8 +66,13 @@ def test_transformers_loads_the_export_with_our_logits_and_import_restores_them(
     from transformers import LlamaForCausalLM
 
     tok, args, export_args, model = tiny
-    folder = _export(model, tmp_path / "hf", export_args, tok, shard_bytes=200_000)  # several files + index
-    assert is_hf_folder(folder) and len([f for f in os.listdir(folder) if f.endswith(".safetensors")]) > 1
+    folder = _export(
+        model, tmp_path / "hf", export_args, tok, shard_bytes=200_000
+    )  # several files + index
+    assert (
+        is_hf_folder(folder)
+        and len([f for f in os.listdir(folder) if f.endswith(".safetensors")]) > 1
+    )
     tokens = _tokens(args.vocab_size)
     hf = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -78,7 +82,9 @@ def test_transformers_loads_the_export_with_our_logits_and_import_restores_them(
     assert diff < 1e-5
     fresh = Transformer(args)
     fresh.init_weights(1, torch.device("cpu"))  # other weights, all overwritten
-    assert hf_weights.load_hf_weights([fresh], folder, "llama3", args).tensors == len(list(model.parameters()))
+    assert hf_weights.load_hf_weights([fresh], folder, "llama3", args).tensors == len(
+        list(model.parameters())
+    )
     with torch.no_grad():
         assert torch.equal(fresh(tokens), ours)
 
@@ -96,19 +102,34 @@ def test_folder_checks_name_the_key_and_the_fix(tiny, tmp_path):
     tok, args, export_args, model = tiny
     folder = _export(model, tmp_path / "hf", export_args, tok)
     check_folder(folder, "llama3", "tiny", args)
-    with pytest.raises(HFFolderError, match=r"holds another model than llama3 debugmodel: hidden_size=64 \(ours: 256\)"):
-        check_folder(folder, "llama3", "debugmodel", dataclasses.replace(flavors_of("llama3")["debugmodel"],
-                                                                          vocab_size=args.vocab_size))
-    ds_args = dataclasses.replace(flavors_of("deepseek_v3")["debugmodel"], vocab_size=args.vocab_size)
-    with pytest.raises(HFFolderError, match=r"holds another model than deepseek_v3 debugmodel: model_type='llama'"
-                                            r" \(ours: 'deepseek_v3'\)"):
+    with pytest.raises(
+        HFFolderError,
+        match=r"holds another model than llama3 debugmodel: hidden_size=64 \(ours: 256\)",
+    ):
+        check_folder(
+            folder,
+            "llama3",
+            "debugmodel",
+            dataclasses.replace(flavors_of("llama3")["debugmodel"], vocab_size=args.vocab_size),
+        )
+    ds_args = dataclasses.replace(
+        flavors_of("deepseek_v3")["debugmodel"], vocab_size=args.vocab_size
+    )
+    with pytest.raises(
+        HFFolderError,
+        match=r"holds another model than deepseek_v3 debugmodel: model_type='llama'"
+        r" \(ours: 'deepseek_v3'\)",
+    ):
         check_folder(folder, "deepseek_v3", "debugmodel", ds_args)
     # config.json agrees but a tensor has another shape (an edited or foreign checkpoint)
     config = json.load(open(os.path.join(folder, "config.json")))
     del config["intermediate_size"]
     json.dump(config, open(os.path.join(folder, "config.json"), "w"))
-    with pytest.raises(HFFolderError, match=r"--checkpoint.initial_load_path: tensor 'model.layers.0.mlp.gate_proj.weight'"
-                                            r" in '.*' has shape \[192, 64\], llama3 tiny needs \[256, 64\]"):
+    with pytest.raises(
+        HFFolderError,
+        match=r"--checkpoint.initial_load_path: tensor 'model.layers.0.mlp.gate_proj.weight'"
+        r" in '.*' has shape \[192, 64\], llama3 tiny needs \[256, 64\]",
+    ):
         check_folder(folder, "llama3", "tiny", dataclasses.replace(args, multiple_of=256))
     config["attention_bias"] = True  # Qwen-like: biases our attention has no place for
     json.dump(config, open(os.path.join(folder, "config.json"), "w"))
@@ -117,24 +138,36 @@ def test_folder_checks_name_the_key_and_the_fix(tiny, tmp_path):
     del config["attention_bias"]
     json.dump(config, open(os.path.join(folder, "config.json"), "w"))
     from safetensors.torch import save_file
-    save_file({"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}, os.path.join(folder, "extra.safetensors"))
+
+    save_file(
+        {"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)},
+        os.path.join(folder, "extra.safetensors"),
+    )
     index = os.path.join(folder, "model.safetensors.index.json")
     data = json.load(open(index))
     data["weight_map"]["model.layers.0.self_attn.q_proj.bias"] = "extra.safetensors"
     json.dump(data, open(index, "w"))
-    with pytest.raises(HFFolderError, match=r"holds 1 tensor\(s\) llama3 tiny has no place for, e.g."
-                                            r" 'model.layers.0.self_attn.q_proj.bias'"):
+    with pytest.raises(
+        HFFolderError,
+        match=r"holds 1 tensor\(s\) llama3 tiny has no place for, e.g."
+        r" 'model.layers.0.self_attn.q_proj.bias'",
+    ):
         check_folder(folder, "llama3", "tiny", args)
     del data["weight_map"]["model.layers.0.self_attn.q_proj.bias"]
     json.dump(data, open(index, "w"))
     data = json.load(open(index))
     data["weight_map"]["model.norm.weight"] = "model-9999.safetensors"
     json.dump(data, open(index, "w"))
-    with pytest.raises(HFFolderError, match="names 1 missing file.*'model-9999.safetensors'; the download is incomplete"):
+    with pytest.raises(
+        HFFolderError,
+        match="names 1 missing file.*'model-9999.safetensors'; the download is incomplete",
+    ):
         check_folder(folder, "llama3", "tiny", args)
     del data["weight_map"]["model.norm.weight"]
     json.dump(data, open(index, "w"))
-    with pytest.raises(HFFolderError, match="has no tensor 'model.norm.weight'; it is not a complete checkpoint"):
+    with pytest.raises(
+        HFFolderError, match="has no tensor 'model.norm.weight'; it is not a complete checkpoint"
+    ):
         check_folder(folder, "llama3", "tiny", args)
 
 
@@ -147,10 +180,13 @@ def test_a_saved_checkpoint_exports_like_the_model(tiny, tmp_path):
     ckpt = tmp_path / "step-0"
     state = {k: v.detach().clone() for k, v in model.named_parameters()}
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.save({"model": state}, checkpoint_id=str(ckpt), no_dist=True)
-    write_marker(str(ckpt), {"step": 0, "model_only": True, "dtype": "float32", "model": "llama3/tiny"})
+    write_marker(
+        str(ckpt), {"step": 0, "model_only": True, "dtype": "float32", "model": "llama3/tiny"}
+    )
     out = checkpoint_hf.export_checkpoint(str(ckpt), str(tmp_path / "out"), dtype="bfloat16")
     assert json.load(open(os.path.join(out, "config.json")))["torch_dtype"] == "bfloat16"
     fresh = Transformer(args)
@@ -159,23 +195,36 @@ def test_a_saved_checkpoint_exports_like_the_model(tiny, tmp_path):
     assert not os.path.exists(out + ".tmp")
 
 
-def test_export_writes_atomically_and_fails_alike_on_every_rank(tiny, tmp_path, gloo_world, monkeypatch):
+def test_export_writes_atomically_and_fails_alike_on_every_rank(
+    tiny, tmp_path, gloo_world, monkeypatch
+):
     tok, args, export_args, model = tiny
-    spec = hf_weights.HFSpec("llama3", export_args, tok.bos_id, tok.eos_id, tok.path, writes=True, stage=0)
+    spec = hf_weights.HFSpec(
+        "llama3", export_args, tok.bos_id, tok.eos_id, tok.path, writes=True, stage=0
+    )
     folder = str(tmp_path / "hf" / "step-3")
     os.makedirs(os.path.dirname(folder))
     assert hf_weights.export_hf([model], folder, spec, "float32") == folder
-    assert sorted(os.listdir(folder)) == ["config.json", "model-pp00-0000.safetensors", "model.safetensors.index.json",
-                                          "tokenizer.json"]
+    assert sorted(os.listdir(folder)) == [
+        "config.json",
+        "model-pp00-0000.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ]
     check_folder(folder, "llama3", "tiny", args)
+
     # A write that fails (here: the disk is full) fails the export on every rank, leaving nothing.
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr("safetensors.torch.save_file", full_disk)
     other = str(tmp_path / "hf" / "step-4")
-    with pytest.raises(hf_weights.HFExportError, match=r"^--checkpoint.last_save_in_hf: the Hugging Face export to"
-                                                       r" '.*step-4' failed \(rank 0: writing model-pp00-0000.safetensors"
-                                                       r" failed \(OSError: \[Errno 28\] No space left on device\)\)"):
+    with pytest.raises(
+        hf_weights.HFExportError,
+        match=r"^--checkpoint.last_save_in_hf: the Hugging Face export to"
+        r" '.*step-4' failed \(rank 0: writing model-pp00-0000.safetensors"
+        r" failed \(OSError: \[Errno 28\] No space left on device\)\)",
+    ):
         hf_weights.export_hf([model], other, spec, "float32")
     assert sorted(os.listdir(tmp_path / "hf")) == ["step-3"]
 
@@ -196,11 +245,17 @@ def test_a_folder_imports_as_a_model_only_checkpoint_and_exports_back_bitwise(ti
     ckpt, done = checkpoint_hf.import_folder(folder, str(tmp_path / "step-0"), "llama3", "tiny")
     assert done.tensors == len(list(model.parameters())) and not os.path.exists(ckpt + ".tmp")
     marker = read_marker(ckpt)
-    assert (marker["model"], marker["model_only"], marker["dtype"]) == ("llama3/tiny", True, "float32"), marker
+    assert (marker["model"], marker["model_only"], marker["dtype"]) == (
+        "llama3/tiny",
+        True,
+        "float32",
+    ), marker
     back = checkpoint_hf.export_checkpoint(ckpt, str(tmp_path / "back"))
     ours, theirs = load_file(os.path.join(folder, "model-0000.safetensors")), {}
     for file in os.listdir(back):
         if file.endswith(".safetensors"):
             theirs.update(load_file(os.path.join(back, file)))
     assert sorted(ours) == sorted(theirs) and all(ours[k].equal(theirs[k]) for k in ours)
-    assert json.load(open(os.path.join(back, "config.json"))) == json.load(open(os.path.join(folder, "config.json")))
+    assert json.load(open(os.path.join(back, "config.json"))) == json.load(
+        open(os.path.join(folder, "config.json"))
+    )

@@ -12,8 +12,6 @@ import ast
 import os
 import sys
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "torchtitan")
 
@@ -22,7 +20,9 @@ PACKAGE = os.path.join(ROOT, "torchtitan")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dtypes", "messages", "units", "hardware"),  # base: names, formats, the GPU table; torch-free
     ("config",),  # job_config.py + manager.py: torch-free, imports nothing of ours
-    ("distributed",),  # mesh, plan, reshard policy, FSDP2 / SimpleFSDP / DDP, AC, TP, PP, CP, EP: no model
+    (
+        "distributed",
+    ),  # mesh, plan, reshard policy, FSDP2 / SimpleFSDP / DDP, AC, TP, PP, CP, EP: no model
     ("models",),  # registry, model protocol + train spec, flavors, shapes, common/, each model, hf/
     ("data",),  # tokenizer, corpus, sources, datasets, dataloader, validation data
     ("resilience",),  # preemption, hang watchdog + report, exit status, fault injection
@@ -31,7 +31,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),  # the build path, the step, the loss, the optimizer, expert balance, plan report
     # planning/: what is decided before launch, one sub-layer per concern, bottom first
     ("planning.simulate",),  # one simulated step of one pipeline rank; which roles are simulated
-    ("planning.step_time",),  # the trace of a simulated step, the step-time model, the local profile
+    (
+        "planning.step_time",
+    ),  # the trace of a simulated step, the step-time model, the local profile
     ("planning.memory",),  # peak per rank role, the budget, the model-states floor, the largest fit
     ("planning.search",),  # the layout space, its cheap estimate, the search, the nearby choices
     ("planning.startup", "planning"),  # the trainer's start-up gate (and the package's docstring)
@@ -119,7 +121,9 @@ def upward_imports(g: dict[str, dict[str, int]]) -> list[str]:
             if low is None or high is None:
                 continue
             if high > low:
-                out.append(f"{module}:{line} imports {target} ({layer_name(low)} -> {layer_name(high)}, up)")
+                out.append(
+                    f"{module}:{line} imports {target} ({layer_name(low)} -> {layer_name(high)}, up)"
+                )
     return out
 
 
@@ -193,11 +197,24 @@ def test_layer_reader_sees_lazy_type_checking_and_relative_imports(tmp_path):
     )
     path = tmp_path / "mod.py"
     path.write_text(code)
-    modules = {m: "" for m in ("torchtitan.training.step", "torchtitan.planning.memory.predict", "torchtitan.config.manager",
-                               "torchtitan.distributed.plan", "torchtitan.distributed.mod", "torchtitan.config")}
+    modules = {
+        m: ""
+        for m in (
+            "torchtitan.training.step",
+            "torchtitan.planning.memory.predict",
+            "torchtitan.config.manager",
+            "torchtitan.distributed.plan",
+            "torchtitan.distributed.mod",
+            "torchtitan.config",
+        )
+    }
     found = imports_of("torchtitan.distributed.mod", str(path), modules)
-    assert set(found) == {"torchtitan.training.step", "torchtitan.planning.memory.predict", "torchtitan.config.manager",
-                          "torchtitan.distributed.plan"}
+    assert set(found) == {
+        "torchtitan.training.step",
+        "torchtitan.planning.memory.predict",
+        "torchtitan.config.manager",
+        "torchtitan.distributed.plan",
+    }
     ups = upward_imports({"torchtitan.distributed.mod": found})
     assert len(ups) == 2 and all("up" in u for u in ups)
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
@@ -206,12 +223,14 @@ def test_layer_reader_sees_lazy_type_checking_and_relative_imports(tmp_path):
 if __name__ == "__main__":
     g = graph()
     print("layers, bottom first:")
-    for i, names in enumerate(LAYERS):
+    for i in range(len(LAYERS)):
         members = sorted(m for m in g if layer_of(m) == i)
         print(f"  {i:2d} {layer_name(i):<30} {len(members):3d} modules")
     ups, cyc, lost = upward_imports(g), cycles(g), unplaced(g)
-    print(f"{sum(len(t) for t in g.values())} imports between {len(g)} modules; {len(ups)} upward, {len(cyc)} cycles,"
-          f" {len(lost)} modules without a layer")
+    print(
+        f"{sum(len(t) for t in g.values())} imports between {len(g)} modules; {len(ups)} upward, {len(cyc)} cycles,"
+        f" {len(lost)} modules without a layer"
+    )
     for line in ups + [" <-> ".join(c) for c in cyc] + [f"no layer: {m}" for m in lost]:
         print("  " + line)
     sys.exit(1 if ups or cyc or lost else 0)

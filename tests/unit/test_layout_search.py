@@ -3,23 +3,27 @@ snippet (round trips through the config loader), the cheap estimate's direction 
 choice, the search's ordering helpers and the schedule orders it times long pipelines with."""
 
 import dataclasses
-import tomllib
 
 import pytest
+import tomllib
 
+from torchtitan import hardware
 from torchtitan.checks import load_config
 from torchtitan.checks.job import accepts
+from torchtitan.planning.memory.model_states import model_shapes
 from torchtitan.planning.search import estimate as cheap_step
-from torchtitan import hardware
 from torchtitan.planning.search import search as layout_search
 from torchtitan.planning.search import space as layout_space
-from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.search.space import Layout
-from torchtitan.planning.memory.model_states import model_shapes
+from torchtitan.planning.step_time import model as step_time
 from torchtitan.training.build import run_model_args
 
 H100 = hardware.PROFILES["h100_sxm"]
-DEBUG = ["--job.config_file=train_configs/llama3_debug.toml", "--job.dry_run=true", "--training.device=cpu"]
+DEBUG = [
+    "--job.config_file=train_configs/llama3_debug.toml",
+    "--job.dry_run=true",
+    "--training.device=cpu",
+]
 
 
 def test_split_points_even_with_the_larger_stages_in_the_middle():
@@ -36,19 +40,30 @@ def test_enumerated_layouts_cover_the_world_and_follow_the_rules():
     for lay in layouts:
         assert lay.dp * lay.tp * lay.pp * lay.cp == 16
         assert lay.tp <= 8 and 8192 // lay.cp >= layout_space.MIN_CP_TOKENS
-        assert 32 % (lay.dp * lay.local_batch) == 0  # the global batch is kept, accumulation makes up the rest
+        assert (
+            32 % (lay.dp * lay.local_batch) == 0
+        )  # the global batch is kept, accumulation makes up the rest
         assert (lay.schedule == "1F1B") == (lay.pp > 1) and lay.local_batch % lay.microbatch == 0
         # auto, and the fixed policy auto does not resolve to
-        assert lay.reshard in (("auto", "always") if lay.pp > 1 else ("auto", "never")) or lay.dp_shard == 1
+        assert (
+            lay.reshard in (("auto", "always") if lay.pp > 1 else ("auto", "never"))
+            or lay.dp_shard == 1
+        )
         assert lay.dp_shard > 1 or lay.reshard == "auto"
-    kinds = {(lay.dp_replicate, lay.dp_shard) for lay in layouts if lay.tp == 1 and lay.pp == 1 and lay.cp == 1}
+    kinds = {
+        (lay.dp_replicate, lay.dp_shard)
+        for lay in layouts
+        if lay.tp == 1 and lay.pp == 1 and lay.cp == 1
+    }
     assert kinds == {(1, 16), (2, 8), (16, 1)}  # FSDP, HSDP with one group per node, DDP
     assert {lay.ac for lay in layouts} == {"none", "op", "layer2", "full"}
     assert max(lay.pp for lay in layouts) == 8  # >= 2 blocks per stage
 
 
 def test_expert_parallel_degrees_divide_the_experts_and_take_tp_first():
-    layouts = layout_space.enumerate_layouts(16, 8, global_batch=16, seq_len=4096, n_layers=8, n_experts=8)
+    layouts = layout_space.enumerate_layouts(
+        16, 8, global_batch=16, seq_len=4096, n_layers=8, n_experts=8
+    )
     eps = {lay.ep for lay in layouts}
     assert eps == {1, 2, 4, 8}
     assert all(lay.ep % (lay.tp * lay.cp) == 0 for lay in layouts)
@@ -56,17 +71,39 @@ def test_expert_parallel_degrees_divide_the_experts_and_take_tp_first():
 
 
 def _layout(**kw) -> Layout:
-    base = dict(dp_replicate=1, dp_shard=2, tp=2, pp=1, cp=1, ep=1, schedule="", microbatch=1, ac="full",
-                reshard="never", local_batch=2)
+    base = dict(
+        dp_replicate=1,
+        dp_shard=2,
+        tp=2,
+        pp=1,
+        cp=1,
+        ep=1,
+        schedule="",
+        microbatch=1,
+        ac="full",
+        reshard="never",
+        local_batch=2,
+    )
     return Layout(**{**base, **kw})
 
 
-@pytest.mark.parametrize("lay", [
-    _layout(),
-    _layout(dp_shard=1, dp_replicate=2, ac="op", reshard="auto", local_batch=1),
-    _layout(tp=1, pp=2, schedule="1F1B", microbatch=1, ac="layer2", reshard="always", local_batch=4,
-            split_points=("layers.3",)),
-])
+@pytest.mark.parametrize(
+    "lay",
+    [
+        _layout(),
+        _layout(dp_shard=1, dp_replicate=2, ac="op", reshard="auto", local_batch=1),
+        _layout(
+            tp=1,
+            pp=2,
+            schedule="1F1B",
+            microbatch=1,
+            ac="layer2",
+            reshard="always",
+            local_batch=4,
+            split_points=("layers.3",),
+        ),
+    ],
+)
 def test_overrides_and_toml_snippet_give_the_layout_back(lay, tmp_path):
     cfg, _ = load_config(DEBUG, 4)
     want = layout_space.apply(cfg, lay, 8)
@@ -78,8 +115,13 @@ def test_overrides_and_toml_snippet_give_the_layout_back(lay, tmp_path):
     path = tmp_path / "best.toml"
     base = open("train_configs/llama3_debug.toml").read()
     path.write_text(_merge(base, snippet))
-    from_file, _ = load_config([f"--job.config_file={path}", "--job.dry_run=true", "--training.device=cpu"], 4)
-    assert from_file.parallelism == want.parallelism and from_file.training.local_batch_size == lay.local_batch
+    from_file, _ = load_config(
+        [f"--job.config_file={path}", "--job.dry_run=true", "--training.device=cpu"], 4
+    )
+    assert (
+        from_file.parallelism == want.parallelism
+        and from_file.training.local_batch_size == lay.local_batch
+    )
     assert from_file.activation_checkpoint == want.activation_checkpoint
 
 
@@ -107,7 +149,9 @@ def _toml(v) -> str:
 
 
 def _facts(flavor="8B", name="llama3", config="train_configs/llama3_8b.toml"):
-    cfg, _ = load_config([f"--job.config_file={config}", "--job.dry_run=true", f"--model.flavor={flavor}"], 8)
+    cfg, _ = load_config(
+        [f"--job.config_file={config}", "--job.dry_run=true", f"--model.flavor={flavor}"], 8
+    )
     args = run_model_args(cfg)
     return cheap_step.model_facts(model_shapes(name, args), args)
 
@@ -116,12 +160,18 @@ def test_cheap_estimate_moves_the_right_way_with_each_choice():
     facts = _facts()
 
     def est(**kw):
-        lay = dataclasses.replace(_layout(dp_shard=8, tp=1, ac="none", reshard="auto", local_batch=1), **kw)
+        lay = dataclasses.replace(
+            _layout(dp_shard=8, tp=1, ac="none", reshard="auto", local_batch=1), **kw
+        )
         return cheap_step.estimate(lay, facts, 10 * 2**30, H100, 8192, 16, compiled=False)
 
     none, op, layer2, full = (est(ac=a) for a in ("none", "op", "layer2", "full"))
-    assert none.step_seconds < op.step_seconds < layer2.step_seconds < full.step_seconds  # recompute
-    assert none.peak_bytes > layer2.peak_bytes > op.peak_bytes > full.peak_bytes  # saved activations
+    assert (
+        none.step_seconds < op.step_seconds < layer2.step_seconds < full.step_seconds
+    )  # recompute
+    assert (
+        none.peak_bytes > layer2.peak_bytes > op.peak_bytes > full.peak_bytes
+    )  # saved activations
     assert est(reshard="never").peak_bytes > none.peak_bytes  # kept gathered parameters
     assert est(local_batch=2).peak_bytes > none.peak_bytes
     tp = est(dp_shard=4, tp=2, local_batch=2)
@@ -130,7 +180,11 @@ def test_cheap_estimate_moves_the_right_way_with_each_choice():
     # a pipeline's bubble shrinks with its microbatches
     few = est(dp_shard=4, pp=2, schedule="1F1B", local_batch=2)
     many = est(dp_shard=4, pp=2, schedule="1F1B", local_batch=4)
-    assert few.parts["bubble"] / few.parts["compute"] > many.parts["bubble"] / many.parts["compute"] > 0
+    assert (
+        few.parts["bubble"] / few.parts["compute"]
+        > many.parts["bubble"] / many.parts["compute"]
+        > 0
+    )
     # the same work spread over the same devices: tokens/s per device from the step
     assert none.tokens_per_second_per_device == pytest.approx(16 * 8192 / none.step_seconds / 8)
     scaled = none.rescaled(2.0)
@@ -144,7 +198,9 @@ def test_cheap_estimate_counts_expert_parallel_all_to_alls():
     lay = _layout(dp_shard=8, tp=1, ep=8, ac="full", reshard="auto", local_batch=1)
     est = cheap_step.estimate(lay, facts, 10 * 2**30, H100, 4096, 8, compiled=True)
     assert est.parts["comm_ep"] > 0
-    no_ep = cheap_step.estimate(dataclasses.replace(lay, ep=1), facts, 10 * 2**30, H100, 4096, 8, compiled=True)
+    no_ep = cheap_step.estimate(
+        dataclasses.replace(lay, ep=1), facts, 10 * 2**30, H100, 4096, 8, compiled=True
+    )
     assert "comm_ep" not in no_ep.parts
 
 
@@ -158,7 +214,9 @@ def _cand(cheap_tps: float, full_tps: float) -> layout_search.Candidate:
 def test_disagreement_counts_pairs_ordered_the_other_way():
     assert layout_search.disagreement([_cand(3, 30), _cand(2, 20), _cand(1, 10)]) == 0
     assert layout_search.disagreement([_cand(3, 10), _cand(2, 20), _cand(1, 30)]) == 1
-    assert layout_search.disagreement([_cand(3, 20), _cand(2, 30), _cand(1, 10)]) == pytest.approx(1 / 3)
+    assert layout_search.disagreement([_cand(3, 20), _cand(2, 30), _cand(1, 10)]) == pytest.approx(
+        1 / 3
+    )
     assert layout_search.disagreement([_cand(1, 1)]) is None
 
 
@@ -166,9 +224,14 @@ def test_orders_for_other_microbatch_counts():
     assert step_time.order_for("1F1B", 4, 8) == (step_time.single_stage_order("1F1B", 4, 8), 4)
     order, stages = step_time.order_for("Interleaved1F1B", 2, 4)
     assert stages == 4
-    for rank, row in order.items():  # every (stage, microbatch) of the rank forward and backward once
+    for (
+        rank,
+        row,
+    ) in order.items():  # every (stage, microbatch) of the rank forward and backward once
         mine = {s for s in range(4) if s % 2 == rank}
-        assert sorted((s, k, m) for s, k, m in row) == sorted((s, k, m) for s in mine for k in "FB" for m in range(4))
+        assert sorted((s, k, m) for s, k, m in row) == sorted(
+            (s, k, m) for s in mine for k in "FB" for m in range(4)
+        )
     assert step_time.order_for("ZBVZeroBubble", 2, 4) is None
 
 
@@ -176,8 +239,14 @@ def test_the_checks_refuse_what_cannot_run_and_bad_search_keys():
     ok = accepts(4)
     cfg, _ = load_config(DEBUG, 4)
     assert ok(layout_space.apply(cfg, _layout(), 8))
-    assert not ok(layout_space.apply(cfg, _layout(tp=3, dp_shard=1), 8))  # 3 does not divide the world
+    assert not ok(
+        layout_space.apply(cfg, _layout(tp=3, dp_shard=1), 8)
+    )  # 3 does not divide the world
     from tests.unit.config_helpers import config_error
 
-    assert "--planning.layout_candidates=0" in config_error(DEBUG + ["--planning.fit=layout", "--planning.layout_candidates=0"], 4)
-    assert "--planning.layout_seconds=0" in config_error(DEBUG + ["--planning.fit=layout", "--planning.layout_seconds=0"], 4)
+    assert "--planning.layout_candidates=0" in config_error(
+        DEBUG + ["--planning.fit=layout", "--planning.layout_candidates=0"], 4
+    )
+    assert "--planning.layout_seconds=0" in config_error(
+        DEBUG + ["--planning.fit=layout", "--planning.layout_seconds=0"], 4
+    )

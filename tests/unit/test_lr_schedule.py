@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from torchtitan.training.optimizer import build_lr_scheduler, build_optimizer, lr_factor
 from torchtitan.config.job_config import LRScheduler, Optimizer
+from torchtitan.training.optimizer import build_lr_scheduler, build_optimizer, lr_factor
 
 
 def sched(**kw) -> LRScheduler:
@@ -125,5 +125,7 @@ def test_adamw_kernels_fused_on_cuda_foreach_elsewhere():
     p = torch.nn.Parameter(torch.zeros(2))
     cpu = build_optimizer([p], auto, "cpu").defaults
     assert cpu["foreach"] is True and not cpu["fused"]
-    fused = build_optimizer([p], Optimizer(implementation="fused"), "cpu").defaults  # fused AdamW runs on CPU too
+    fused = build_optimizer(
+        [p], Optimizer(implementation="fused"), "cpu"
+    ).defaults  # fused AdamW runs on CPU too
     assert fused["fused"] is True and not fused["foreach"]

@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
-                      "memory_check.py")
+SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "scripts",
+    "memory_check.py",
+)
 _spec = importlib.util.spec_from_file_location("memory_check", SCRIPT)
 mc = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("memory_check", mc)  # dataclasses look their module up
@@ -45,7 +48,7 @@ def test_matrix_jobs_are_well_formed():
         s = mc.shape(job)  # degrees multiply to the ranks
         assert s.rep * s.shard * s.tp * s.pp * s.cp == job.ngpu
         args = job.overrides()
-        assert args[:len(mc.BASE)] == list(mc.BASE)
+        assert args[: len(mc.BASE)] == list(mc.BASE)
         assert len({a.split("=")[0] for a in args}) == len(args), job.name  # no key twice
         assert any(a.startswith("--training.mixed_precision_param=") for a in args)
         assert not any("dump_folder" in a or "dry_run" in a or "cpu_memory_peak" in a for a in args)
@@ -61,14 +64,25 @@ def test_matrix_jobs_are_well_formed():
 def test_matrix_models_from_names():
     jobs = {j.name: j for j in mc.parse_matrix()}
     prefixes = {"llama_": "llama3", "ds_": "deepseek_v3", "qwen_": "qwen3", "qmoe_": "qwen3_moe"}
-    assert all(j.model == next(m for p, m in prefixes.items() if n.startswith(p)) for n, j in jobs.items())
+    assert all(
+        j.model == next(m for p, m in prefixes.items() if n.startswith(p)) for n, j in jobs.items()
+    )
 
 
 def test_parse_settings_short_keys_presets_and_errors():
     got = dict(mc.parse_settings(["tp=2", "ac=layer", "training.steps=5"], "t"))
-    assert got == {"parallelism.tensor_parallel_degree": "2", "activation_checkpoint.mode": "selective",
-                   "activation_checkpoint.selective_ac_option": "2", "training.steps": "5"}
-    for bad in (["tp"], ["bogus=1"], ["ac=sometimes"], ["tp=2", "parallelism.tensor_parallel_degree=4"]):
+    assert got == {
+        "parallelism.tensor_parallel_degree": "2",
+        "activation_checkpoint.mode": "selective",
+        "activation_checkpoint.selective_ac_option": "2",
+        "training.steps": "5",
+    }
+    for bad in (
+        ["tp"],
+        ["bogus=1"],
+        ["ac=sometimes"],
+        ["tp=2", "parallelism.tensor_parallel_degree=4"],
+    ):
         with pytest.raises(ValueError):
             mc.parse_settings(bad, "t")
 
@@ -88,12 +102,18 @@ def test_tags_of_layouts():
     def t(line):
         return mc.tags(mc.parse_matrix(line)[0])
 
-    assert {"dp:ddp"} <= t("llama_a 2 rep=2 shard=1") and "dp:fsdp2" not in t("llama_a 2 rep=2 shard=1")
+    assert {"dp:ddp"} <= t("llama_a 2 rep=2 shard=1") and "dp:fsdp2" not in t(
+        "llama_a 2 rep=2 shard=1"
+    )
     assert {"dp:hsdp", "dp:simple_fsdp"} <= t("llama_a 4 impl=simple_fsdp rep=2 shard=2")
     assert "ep:all_of_dp_shard" in t("ds_a 2 ep=2")
     assert "ep:part_of_dp_shard" in t("ds_a 4 ep=2")
-    assert "ep:all_of_dp_shard" in t("ds_a 2 tp=2 ep=2")  # EP takes the TP ranks, none of dp_shard's 1
-    assert {"pp:ZBVZeroBubble", "pp_mb:8", "pp:ZBVZeroBubble:mb8"} <= t("llama_a 2 pp=2 schedule=ZBVZeroBubble lbs=8")
+    assert "ep:all_of_dp_shard" in t(
+        "ds_a 2 tp=2 ep=2"
+    )  # EP takes the TP ranks, none of dp_shard's 1
+    assert {"pp:ZBVZeroBubble", "pp_mb:8", "pp:ZBVZeroBubble:mb8"} <= t(
+        "llama_a 2 pp=2 schedule=ZBVZeroBubble lbs=8"
+    )
     assert "grad_accum" in t("llama_a 2 gbs=8") and "grad_accum" not in t("llama_a 2 gbs=4")
     with pytest.raises(ValueError, match="degrees"):
         mc.shape(mc.parse_matrix("llama_a 4 rep=2 shard=1")[0])
@@ -103,9 +123,14 @@ def test_tags_of_layouts():
 
 
 def record(role, ranks, predicted=100 * MIB, worst=None):
-    return {"role": role, "ranks": ranks, "predicted_peak_bytes": predicted,
-            "worst_case_peak_bytes": predicted if worst is None else worst, "peak_at": "backward layers.0",
-            "breakdown": {"params": 10, "activations": 20}}
+    return {
+        "role": role,
+        "ranks": ranks,
+        "predicted_peak_bytes": predicted,
+        "worst_case_peak_bytes": predicted if worst is None else worst,
+        "peak_at": "backward layers.0",
+        "breakdown": {"params": 10, "activations": 20},
+    }
 
 
 def write_plan(tmp_path, records, **extra):
@@ -118,19 +143,35 @@ def test_parse_roles_from_file(tmp_path):
     path = write_plan(tmp_path, [record("pp0", [1, 0], 90 * MIB, 120 * MIB), record("pp1", [2, 3])])
     roles = mc.parse_roles(mc.load_json(path), 4)
     assert [(r.role, r.ranks, r.predicted, r.worst_case) for r in roles] == [
-        ("pp0", [0, 1], 90 * MIB, 120 * MIB), ("pp1", [2, 3], 100 * MIB, 100 * MIB)]
-    assert roles[0].breakdown == {"params": 10, "activations": 20} and roles[0].peak_at == "backward layers.0"
+        ("pp0", [0, 1], 90 * MIB, 120 * MIB),
+        ("pp1", [2, 3], 100 * MIB, 100 * MIB),
+    ]
+    assert (
+        roles[0].breakdown == {"params": 10, "activations": 20}
+        and roles[0].peak_at == "backward layers.0"
+    )
 
 
-@pytest.mark.parametrize("records, message", [
-    ([record("a", [0, 1]), record("b", [1, 2, 3])], "rank 1 is in two role records, 'a' and 'b'"),
-    ([record("a", [0, 1]), record("b", [3])], r"rank\(s\) 2 in no memory_per_rank_role record"),
-    ([record("a", [0, 1, 2, 3, 4])], "rank 4 outside 0..3"),
-    ([{k: v for k, v in record("a", [0, 1, 2, 3]).items() if k != "worst_case_peak_bytes"}],
-     "'worst_case_peak_bytes' missing"),
-    ([{**record("a", [0, 1, 2, 3]), "predicted_peak_bytes": "big"}], "'predicted_peak_bytes' missing or not int"),
-    ([], "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "records, message",
+    [
+        (
+            [record("a", [0, 1]), record("b", [1, 2, 3])],
+            "rank 1 is in two role records, 'a' and 'b'",
+        ),
+        ([record("a", [0, 1]), record("b", [3])], r"rank\(s\) 2 in no memory_per_rank_role record"),
+        ([record("a", [0, 1, 2, 3, 4])], "rank 4 outside 0..3"),
+        (
+            [{k: v for k, v in record("a", [0, 1, 2, 3]).items() if k != "worst_case_peak_bytes"}],
+            "'worst_case_peak_bytes' missing",
+        ),
+        (
+            [{**record("a", [0, 1, 2, 3]), "predicted_peak_bytes": "big"}],
+            "'predicted_peak_bytes' missing or not int",
+        ),
+        ([], "non-empty list"),
+    ],
+)
 def test_parse_roles_errors(tmp_path, records, message):
     with pytest.raises(mc.CheckError, match=message):
         mc.parse_roles(mc.load_json(write_plan(tmp_path, records)), 4)
@@ -153,8 +194,12 @@ def test_plan_difference():
     dry = {"model_parts": [{"stage": 0, "fsdp_units": units}, {"stage": 1, "fsdp_units": units}]}
     assert mc.plan_difference(dry, {"model_parts": [{"stage": 1, "fsdp_units": units}]}) == ""
     other = [{"name": "layers.0", "reshard_after_forward": False}]
-    assert "stage 0" in mc.plan_difference(dry, {"model_parts": [{"stage": 0, "fsdp_units": other}]})
-    assert "not in the dry run's" in mc.plan_difference(dry, {"model_parts": [{"stage": 2, "fsdp_units": units}]})
+    assert "stage 0" in mc.plan_difference(
+        dry, {"model_parts": [{"stage": 0, "fsdp_units": other}]}
+    )
+    assert "not in the dry run's" in mc.plan_difference(
+        dry, {"model_parts": [{"stage": 2, "fsdp_units": units}]}
+    )
 
 
 # ---------------------------------------------------------------- rank files
@@ -220,7 +265,10 @@ def test_error_sign_and_zero_measured():
 
 def test_rank_rows_without_predictions_and_ragged_runs():
     rows = mc.rank_rows("job", [[5, 6], [7, 8]], None)
-    assert [(r.role, r.predicted, r.error, r.measured) for r in rows] == [("?", None, None, 6), ("?", None, None, 7)]
+    assert [(r.role, r.predicted, r.error, r.measured) for r in rows] == [
+        ("?", None, None, 6),
+        ("?", None, None, 7),
+    ]
     with pytest.raises(mc.CheckError):
         mc.rank_rows("job", [[5, 6], [7]], None)
 
@@ -243,9 +291,18 @@ def test_summary():
 
 def test_busiest_expert(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [
-        {"step": 1, "loss": 8.0, "expert_load_max": 3.0}, {"step": 2, "loss": 7.0, "expert_load_max": 1.25},
-        {"step": 3, "loss": 6.0, "expert_load_max": 1.5}, {"step": 3, "val_loss": 6.5}]) + "\n")
+    path.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"step": 1, "loss": 8.0, "expert_load_max": 3.0},
+                {"step": 2, "loss": 7.0, "expert_load_max": 1.25},
+                {"step": 3, "loss": 6.0, "expert_load_max": 1.5},
+                {"step": 3, "val_loss": 6.5},
+            ]
+        )
+        + "\n"
+    )
     assert mc.busiest_expert(str(path)) == 1.5
     path.write_text(json.dumps({"step": 2, "loss": 7.0}) + "\n")  # a dense model
     assert mc.busiest_expert(str(path)) is None
@@ -255,14 +312,23 @@ def test_busiest_expert(tmp_path):
 def test_from_json_round_trip(tmp_path, capsys):
     roles = [mc.Role("all", [0, 1], 110 * MIB, 130 * MIB, "backward", {"activations": 5})]
     ranks = mc.rank_rows("ds_a", [[100 * MIB, 100 * MIB]] * 3, roles)
-    res = mc.JobResult("ds_a", 2, "deepseek_v3", ["--x=1"], True, [], 3.0, ranks, [], roles, [], [1.3])
+    res = mc.JobResult(
+        "ds_a", 2, "deepseek_v3", ["--x=1"], True, [], 3.0, ranks, [], roles, [], [1.3]
+    )
     bad = mc.JobResult("llama_b", 2, "llama3", [], False, ["run 1 exit 1:\n    boom"], 1.0)
-    data = {"runs_per_job": 3, "launcher": "fast", "summary": {"wall_s": 4.0},
-            "jobs": [mc.asdict(res), mc.asdict(bad)]}
+    data = {
+        "runs_per_job": 3,
+        "launcher": "fast",
+        "summary": {"wall_s": 4.0},
+        "jobs": [mc.asdict(res), mc.asdict(bad)],
+    }
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(data))
     pairs = mc.results_from_json(json.loads(path.read_text()))
-    assert pairs[0][1].roles[0].error == pytest.approx(0.10) and pairs[0][1].roles[0].measured == 100 * MIB
+    assert (
+        pairs[0][1].roles[0].error == pytest.approx(0.10)
+        and pairs[0][1].roles[0].measured == 100 * MIB
+    )
     assert mc.report(str(path), breakdown=True) == 1
     out = capsys.readouterr().out
     assert "error +10.00%" in out and "predicted: activations" in out and "boom" in out

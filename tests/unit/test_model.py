@@ -8,11 +8,9 @@ import torch
 
 from torchtitan.models.common.init import clean_fqn
 from torchtitan.models.common.rope import apply_rope, rope_cache, rope_frequencies
-from torchtitan.models.flavors import flavors_of
+from torchtitan.models.flavors import flavors_of, model_args
 from torchtitan.models.llama3.args import FLAVORS, Llama3Args
 from torchtitan.models.llama3.model import Transformer
-from torchtitan.models import train_spec
-from torchtitan.models.flavors import model_args
 from torchtitan.models.registry import MODELS
 from torchtitan.models.train_spec import get_train_spec
 
@@ -26,7 +24,9 @@ def meta_model(flavor: str, vocab_size: int = VOCAB, seq_len: int = SEQ) -> Tran
 
 
 def cpu_model(flavor: str, seed: int = 0, **overrides) -> Transformer:
-    args = dataclasses.replace(model_args("llama3", flavor, vocab_size=VOCAB, seq_len=SEQ), **overrides)
+    args = dataclasses.replace(
+        model_args("llama3", flavor, vocab_size=VOCAB, seq_len=SEQ), **overrides
+    )
     with torch.device("meta"):
         model = Transformer(args)
     model.to_empty(device="cpu")
@@ -59,7 +59,10 @@ def test_flavor_registry():
 def test_unknown_train_spec():
     with pytest.raises(ValueError) as info:
         get_train_spec("gpt2")
-    assert str(info.value) == f"--model.name: no train spec for 'gpt2'; registered: {', '.join(MODELS)}"
+    assert (
+        str(info.value)
+        == f"--model.name: no train spec for 'gpt2'; registered: {', '.join(MODELS)}"
+    )
 
 
 @pytest.mark.parametrize("flavor", list(FLAVORS))
@@ -110,9 +113,15 @@ def test_exact_small_flavor_sizes():
 
 def test_ffn_hidden_dim_rounding():
     # 2/3 * 4 * dim, times the multiplier, rounded UP to a multiple of multiple_of
-    assert Llama3Args(dim=96, multiple_of=32, ffn_dim_multiplier=None).ffn_hidden_dim == 256  # 256 exactly
-    assert Llama3Args(dim=100, multiple_of=32, ffn_dim_multiplier=None).ffn_hidden_dim == 288  # 266 -> 288
-    assert Llama3Args(dim=100, multiple_of=1, ffn_dim_multiplier=1.5).ffn_hidden_dim == 399  # int(1.5*266)
+    assert (
+        Llama3Args(dim=96, multiple_of=32, ffn_dim_multiplier=None).ffn_hidden_dim == 256
+    )  # 256 exactly
+    assert (
+        Llama3Args(dim=100, multiple_of=32, ffn_dim_multiplier=None).ffn_hidden_dim == 288
+    )  # 266 -> 288
+    assert (
+        Llama3Args(dim=100, multiple_of=1, ffn_dim_multiplier=1.5).ffn_hidden_dim == 399
+    )  # int(1.5*266)
 
 
 def test_model_args_fills_vocab_and_seq_len():
@@ -153,7 +162,9 @@ def test_forward_logits_shape(flavor, debug_model):
 
 def test_rope_buffer_is_rebuilt_by_init_weights(debug_model):
     a = debug_model.args
-    assert torch.equal(debug_model.rope, rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling))
+    assert torch.equal(
+        debug_model.rope, rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling)
+    )
 
 
 def test_init_is_deterministic_per_seed():
@@ -224,7 +235,9 @@ def test_init_ignores_wrapper_segments_in_names():
     name = "layers.1._checkpoint_wrapped_module._orig_mod.attention.wo.weight"
     assert name in params
     assert torch.equal(params[name], plain["layers.1.attention.wo.weight"])
-    assert torch.equal(params["layers.0.attention.wo.weight"], plain["layers.0.attention.wo.weight"])
+    assert torch.equal(
+        params["layers.0.attention.wo.weight"], plain["layers.0.attention.wo.weight"]
+    )
 
 
 def test_causal_later_tokens_do_not_change_earlier_logits(debug_model):
@@ -235,7 +248,9 @@ def test_causal_later_tokens_do_not_change_earlier_logits(debug_model):
     with torch.no_grad():
         a, b = debug_model(tokens), debug_model(changed)
     torch.testing.assert_close(a[:, :20], b[:, :20], rtol=0, atol=1e-6)
-    assert (a[:, 20:] - b[:, 20:]).abs().amax(dim=-1).min().item() > 1e-4  # every later position moves
+    assert (a[:, 20:] - b[:, 20:]).abs().amax(
+        dim=-1
+    ).min().item() > 1e-4  # every later position moves
 
 
 def test_prefix_logits_do_not_depend_on_sequence_length(debug_model):
@@ -314,7 +329,10 @@ def test_apply_rope_preserves_pair_norms_and_position_zero():
     y = apply_rope(x, cache)
     assert y.shape == x.shape and y.dtype == x.dtype
     torch.testing.assert_close(
-        y.unflatten(-1, (8, 2)).norm(dim=-1), x.unflatten(-1, (8, 2)).norm(dim=-1), rtol=1e-5, atol=1e-6
+        y.unflatten(-1, (8, 2)).norm(dim=-1),
+        x.unflatten(-1, (8, 2)).norm(dim=-1),
+        rtol=1e-5,
+        atol=1e-6,
     )
     assert torch.equal(y[:, 0], x[:, 0])  # angle 0: identity
     assert not torch.allclose(y[:, 1:], x[:, 1:])

@@ -10,8 +10,8 @@ from torch import nn
 from torchtitan.distributed.plan import BLOCKS, FsdpUnit, UnitKind
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import hf_converter
-from torchtitan.models.registry import MODELS
 from torchtitan.models.protocol import TrainableModel
+from torchtitan.models.registry import MODELS
 from torchtitan.models.train_spec import get_train_spec
 
 
@@ -42,7 +42,9 @@ def test_model_keeps_the_contract(name):
         without = spec.model_cls(dataclasses.replace(tiny, vocab_size=256, max_seq_len=32))
     assert isinstance(model, TrainableModel)
     blocks = getattr(model, BLOCKS)
-    assert isinstance(blocks, nn.ModuleDict) and list(blocks) == [str(i) for i in range(args.n_layers)]
+    assert isinstance(blocks, nn.ModuleDict) and list(blocks) == [
+        str(i) for i in range(args.n_layers)
+    ]
     for attr in (*model.first_stage_modules, *model.last_stage_modules):
         assert isinstance(getattr(model, attr), nn.Module), attr
         # built without its optional features, a stage module is a module or None (left out)
@@ -54,7 +56,8 @@ def test_model_keeps_the_contract(name):
         assert u.block is None or u.name == u.block or u.name.startswith(u.block + "."), u
         assert not u.is_root  # the framework adds the root
     assert [u.name for u in units if u.name.startswith(BLOCKS + ".") and u.name == u.block] == [
-        f"{BLOCKS}.{i}" for i in range(args.n_layers)]  # blocks in forward order
+        f"{BLOCKS}.{i}" for i in range(args.n_layers)
+    ]  # blocks in forward order
     experts = [u for u in units if u.kind is UnitKind.EXPERTS]
     assert all(u.block is not None for u in experts)
     assert model.flops_per_token(32) > 0

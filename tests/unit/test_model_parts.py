@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import torch
 
 from torchtitan.checks import load_config
-from torchtitan.training.build import plan_records, resolve_parts
 from torchtitan.distributed.plan import FsdpUnit, UnitKind
 from torchtitan.distributed.reshard_policy import resolve
-from torchtitan.units import GIB
 from torchtitan.models.flavors import model_args
 from torchtitan.models.train_spec import get_train_spec
+from torchtitan.training.build import plan_records, resolve_parts
+from torchtitan.units import GIB
 
 
 def _parts(model_name: str, argv: list[str], dims: dict, world: int, pp_rank: int = 0):
@@ -27,8 +27,17 @@ def test_deepseek_experts_are_units_of_their_block_on_the_experts_mesh():
     parts = _parts("deepseek_v3", ["--parallelism.expert_parallel_degree=2"], {"ep": 2}, 2)
     (part,) = parts.plans
     names = [u.name for u in part.units]
-    assert names == ["tok_embeddings", "layers.0", "layers.1", "layers.1.moe.experts", "layers.2",
-                     "layers.2.moe.experts", "layers.3", "layers.3.moe.experts", ""]
+    assert names == [
+        "tok_embeddings",
+        "layers.0",
+        "layers.1",
+        "layers.1.moe.experts",
+        "layers.2",
+        "layers.2.moe.experts",
+        "layers.3",
+        "layers.3.moe.experts",
+        "",
+    ]
     experts = [u for u in part.units if u.kind is UnitKind.EXPERTS]
     assert [u.block for u in experts] == ["layers.1", "layers.2", "layers.3"]
     # EP 2 halves the experts' bytes on a rank: 3 stacks of [8, 32, 64] fp32 / 2
@@ -55,8 +64,12 @@ def test_simple_fsdp_regions_recompute_resharded_units_outside_blocks():
 
 
 def test_pipeline_stage_without_moe_layers_has_no_experts_units():
-    argv = ["--parallelism.pipeline_parallel_degree=2", "--parallelism.pipeline_parallel_split_points=layers.1",
-            "--training.local_batch_size=4", "--parallelism.expert_parallel_degree=2"]
+    argv = [
+        "--parallelism.pipeline_parallel_degree=2",
+        "--parallelism.pipeline_parallel_split_points=layers.1",
+        "--training.local_batch_size=4",
+        "--parallelism.expert_parallel_degree=2",
+    ]
     stage0 = _parts("deepseek_v3", argv, {"pp": 2, "ep": 2, "dp_shard": 2}, 4, pp_rank=0)
     stage1 = _parts("deepseek_v3", argv, {"pp": 2, "ep": 2, "dp_shard": 2}, 4, pp_rank=1)
     assert [u.name for u in stage0.plans[0].units] == ["tok_embeddings", "layers.0"]
@@ -72,16 +85,36 @@ def _flags(plan) -> list[dict[str, bool]]:
 def test_budget_frees_a_block_together_with_its_experts():
     # MoE blocks: the experts are a unit of their own inside the block; the budget frees both.
     experts = UnitKind.EXPERTS
-    parts = [[FsdpUnit("layers.0", GIB, block="layers.0"), FsdpUnit("layers.0.moe.experts", 2 * GIB, "layers.0", experts),
-              FsdpUnit("layers.1", GIB, block="layers.1"), FsdpUnit("layers.1.moe.experts", 2 * GIB, "layers.1", experts),
-              FsdpUnit("", GIB)]]
+    parts = [
+        [
+            FsdpUnit("layers.0", GIB, block="layers.0"),
+            FsdpUnit("layers.0.moe.experts", 2 * GIB, "layers.0", experts),
+            FsdpUnit("layers.1", GIB, block="layers.1"),
+            FsdpUnit("layers.1.moe.experts", 2 * GIB, "layers.1", experts),
+            FsdpUnit("", GIB),
+        ]
+    ]
     plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=1, budget_note="over")
-    assert _flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
-                            "layers.1.moe.experts": False, "": False}]
+    assert _flags(plan) == [
+        {
+            "layers.0": True,
+            "layers.0.moe.experts": True,
+            "layers.1": False,
+            "layers.1.moe.experts": False,
+            "": False,
+        }
+    ]
     # without PP the last block's experts are kept with it ("last" speaks of blocks)
     plan = resolve("auto", False, "1F1B", 1, parts)
-    assert _flags(plan) == [{"layers.0": True, "layers.0.moe.experts": True, "layers.1": False,
-                            "layers.1.moe.experts": False, "": False}]
+    assert _flags(plan) == [
+        {
+            "layers.0": True,
+            "layers.0.moe.experts": True,
+            "layers.1": False,
+            "layers.1.moe.experts": False,
+            "": False,
+        }
+    ]
 
 
 def test_simple_fsdp_gathers_kept_units_once_per_step_only_under_pp():
@@ -99,12 +132,22 @@ def test_simple_fsdp_gathers_kept_units_once_per_step_only_under_pp():
     (stage0,) = _parts("llama3", simple + pp, {"pp": 2, "dp_shard": 2}, 4).plans
     assert stage0.microbatches == 4
     assert list(zip([u.name for u in stage0.units], once(stage0))) == [
-        ("tok_embeddings", True), ("layers.0", True), ("layers.1", True)]
+        ("tok_embeddings", True),
+        ("layers.0", True),
+        ("layers.1", True),
+    ]
     # units the plan reshards, or whose region recomputes FSDP's gathers, gather per microbatch
-    (always,) = _parts("llama3", simple + pp + ["--parallelism.reshard_after_forward=always"],
-                       {"pp": 2, "dp_shard": 2}, 4).plans
+    (always,) = _parts(
+        "llama3",
+        simple + pp + ["--parallelism.reshard_after_forward=always"],
+        {"pp": 2, "dp_shard": 2},
+        4,
+    ).plans
     assert not any(once(always))
-    recompute = ["--activation_checkpoint.mode=full", "--activation_checkpoint.fsdp_ac_policy=recompute"]
+    recompute = [
+        "--activation_checkpoint.mode=full",
+        "--activation_checkpoint.fsdp_ac_policy=recompute",
+    ]
     (regathered,) = _parts("llama3", simple + pp + recompute, {"pp": 2, "dp_shard": 2}, 4).plans
     assert once(regathered) == [True, False, False]
 
@@ -112,8 +155,12 @@ def test_simple_fsdp_gathers_kept_units_once_per_step_only_under_pp():
 def test_units_carry_their_decision_and_region():
     # one record from the model's declaration to the collectives: each unit knows its reshard
     # decision and the region that holds it (its block's; the embeddings' own under SimpleFSDP)
-    (plan,) = _parts("deepseek_v3", ["--parallelism.fsdp_implementation=simple_fsdp",
-                                     "--activation_checkpoint.mode=selective"], {}, 2).plans
+    (plan,) = _parts(
+        "deepseek_v3",
+        ["--parallelism.fsdp_implementation=simple_fsdp", "--activation_checkpoint.mode=selective"],
+        {},
+        2,
+    ).plans
     experts = plan.unit("layers.2.moe.experts")
     assert experts.region is plan.regions["layers.2"] is plan.unit("layers.2").region
     assert experts.decision == plan.unit("layers.2").decision and experts.reshard is True

@@ -7,24 +7,31 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from config_helpers import cfg_of, config_error
 
 from torchtitan.checks import load_config
-from torchtitan.training.loss import IGNORE_INDEX, Loss, cross_entropy_loss, mtp_losses, mtp_shifted_labels
-from torchtitan.training.step import StepRunner
+from torchtitan.distributed.plan import UnitKind
 from torchtitan.models.common.attention import ContextParallel, attention_inputs
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import MTPModule, Transformer
 from torchtitan.models.flavors import model_args
-from torchtitan.distributed.plan import UnitKind
-
-from config_helpers import cfg_of, config_error
+from torchtitan.training.loss import (
+    IGNORE_INDEX,
+    Loss,
+    cross_entropy_loss,
+    mtp_losses,
+    mtp_shifted_labels,
+)
+from torchtitan.training.step import StepRunner
 
 VOCAB, SEQ, BATCH = 97, 32, 2
 DS = ["--model.name=deepseek_v3", "--model.flavor=tiny"]
 
 
 def model_of(depth: int, seed: int = 0, **overrides) -> Transformer:
-    args = dataclasses.replace(FLAVORS["tiny"], vocab_size=VOCAB, max_seq_len=SEQ, mtp_depth=depth, **overrides)
+    args = dataclasses.replace(
+        FLAVORS["tiny"], vocab_size=VOCAB, max_seq_len=SEQ, mtp_depth=depth, **overrides
+    )
     model = Transformer(args)
     model.init_weights(seed, "cpu")
     return model
@@ -32,8 +39,10 @@ def model_of(depth: int, seed: int = 0, **overrides) -> Transformer:
 
 def tokens_and_mtp(depth: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
-            torch.randint(0, VOCAB, (BATCH, depth, SEQ), generator=g))
+    return (
+        torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+        torch.randint(0, VOCAB, (BATCH, depth, SEQ), generator=g),
+    )
 
 
 # --------------------------------------------------------------------------- the model
@@ -48,8 +57,15 @@ def test_mtp_modules_have_the_published_parameter_names():
     assert m.eh_proj.weight.shape == (64, 128)
     # n_layers (4) + k >= n_dense_layers (1): a MoE block, the experts under block.moe
     assert "block.moe.experts.w1" in dict(m.named_parameters())
-    names = [n for n, _ in model.named_parameters() if n.startswith("mtp.1.") and ".block." not in n]
-    assert names == ["mtp.1.enorm.weight", "mtp.1.hnorm.weight", "mtp.1.eh_proj.weight", "mtp.1.norm.weight"]
+    names = [
+        n for n, _ in model.named_parameters() if n.startswith("mtp.1.") and ".block." not in n
+    ]
+    assert names == [
+        "mtp.1.enorm.weight",
+        "mtp.1.hnorm.weight",
+        "mtp.1.eh_proj.weight",
+        "mtp.1.norm.weight",
+    ]
     # shared, not copied: the embeddings and the head exist once
     assert not any("tok_embeddings" in n or "output" in n for n, _ in model.mtp.named_parameters())
 
@@ -78,12 +94,16 @@ def test_mtp_depth_logits_equal_a_recomputation_from_the_pieces():
         for k in range(2):
             m = model.mtp[str(k)]
             e = model.tok_embeddings(mtp_tokens[:, k])
-            h = m.block(m.eh_proj(torch.cat([m.enorm(e), m.hnorm(h)], dim=-1)), attn)  # embedding first
+            h = m.block(
+                m.eh_proj(torch.cat([m.enorm(e), m.hnorm(h)], dim=-1)), attn
+            )  # embedding first
             expected = model.output(m.norm(h))
-            assert torch.equal(out[:, (1 + k) * SEQ:(2 + k) * SEQ], expected), k
+            assert torch.equal(out[:, (1 + k) * SEQ : (2 + k) * SEQ], expected), k
         # and the order matters: hidden state first gives other logits
         m = model.mtp["0"]
-        assert not torch.equal(m.eh_proj(torch.cat([e, e * 2], -1)), m.eh_proj(torch.cat([e * 2, e], -1)))
+        assert not torch.equal(
+            m.eh_proj(torch.cat([e, e * 2], -1)), m.eh_proj(torch.cat([e * 2, e], -1))
+        )
 
 
 def test_mtp_depth_0_leaves_the_model_unchanged():
@@ -99,7 +119,9 @@ def test_mtp_depth_0_leaves_the_model_unchanged():
     with torch.no_grad():
         assert torch.equal(plain(tokens), with_mtp(tokens))
         assert torch.equal(plain(tokens), with_mtp(tokens, mtp_tokens=mtp_tokens)[:, :SEQ])
-    assert [u.name for u in plain.fsdp_units()] == [u.name for u in with_mtp.fsdp_units() if "mtp" not in u.name]
+    assert [u.name for u in plain.fsdp_units()] == [
+        u.name for u in with_mtp.fsdp_units() if "mtp" not in u.name
+    ]
 
 
 def test_mtp_fsdp_units_flops_and_pipeline_stage():
@@ -131,11 +153,15 @@ def test_mtp_loss_reaches_the_shared_embeddings_and_head():
     tokens, mtp_tokens = tokens_and_mtp(1)
     labels = torch.randint(0, VOCAB, (BATCH, 2 * SEQ))
     out = model(tokens, mtp_tokens=mtp_tokens)
-    F.cross_entropy(out[:, SEQ:].flatten(0, 1), labels[:, SEQ:].flatten()).backward()  # the MTP part only
+    F.cross_entropy(
+        out[:, SEQ:].flatten(0, 1), labels[:, SEQ:].flatten()
+    ).backward()  # the MTP part only
     assert model.layers["0"].attention.wo.weight.grad.abs().sum() > 0  # through h_0
     assert model.tok_embeddings.weight.grad[mtp_tokens[:, 0].unique()].abs().sum() > 0
     assert model.output.weight.grad.abs().sum() > 0
-    assert torch.count_nonzero(model.norm.weight.grad) == 0  # the main head's norm: not in this loss
+    assert (
+        torch.count_nonzero(model.norm.weight.grad) == 0
+    )  # the main head's norm: not in this loss
     assert all(p.grad is not None for n, p in model.mtp.named_parameters() if "experts" not in n)
 
 
@@ -145,7 +171,11 @@ def test_mtp_loss_reaches_the_shared_embeddings_and_head():
 def test_shifted_labels_pad_with_the_ignore_index():
     labels = torch.tensor([[1, 2, 3, 4, 5]])
     shifted = mtp_shifted_labels(labels, 2)
-    assert [s.tolist() for s in shifted] == [[[1, 2, 3, 4, 5]], [[2, 3, 4, 5, -100]], [[3, 4, 5, -100, -100]]]
+    assert [s.tolist() for s in shifted] == [
+        [[1, 2, 3, 4, 5]],
+        [[2, 3, 4, 5, -100]],
+        [[3, 4, 5, -100, -100]],
+    ]
 
 
 def test_prepare_builds_mtp_tokens_and_labels():
@@ -187,16 +217,27 @@ def test_prepare_shards_each_part_for_context_parallel():
 def test_mtp_losses_main_part_is_the_plain_loss():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(BATCH, 3 * SEQ, VOCAB, generator=g)
-    labels = torch.cat(mtp_shifted_labels(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), 2), dim=1)
-    valid = [(labels[:, (1 + k) * SEQ:(2 + k) * SEQ] != IGNORE_INDEX).sum() for k in range(2)]
+    labels = torch.cat(
+        mtp_shifted_labels(torch.randint(0, VOCAB, (BATCH, SEQ), generator=g), 2), dim=1
+    )
+    valid = [(labels[:, (1 + k) * SEQ : (2 + k) * SEQ] != IGNORE_INDEX).sum() for k in range(2)]
     main, mtp = mtp_losses(logits, labels, valid, 1)
-    assert torch.equal(main, cross_entropy_loss(logits[:, :SEQ].contiguous(), labels[:, :SEQ].contiguous()))
-    per_depth = [F.cross_entropy(logits[:, (1 + k) * SEQ:(2 + k) * SEQ].flatten(0, 1),
-                                 labels[:, (1 + k) * SEQ:(2 + k) * SEQ].flatten()) for k in range(2)]
+    assert torch.equal(
+        main, cross_entropy_loss(logits[:, :SEQ].contiguous(), labels[:, :SEQ].contiguous())
+    )
+    per_depth = [
+        F.cross_entropy(
+            logits[:, (1 + k) * SEQ : (2 + k) * SEQ].flatten(0, 1),
+            labels[:, (1 + k) * SEQ : (2 + k) * SEQ].flatten(),
+        )
+        for k in range(2)
+    ]
     torch.testing.assert_close(mtp, (per_depth[0] + per_depth[1]) / 2, rtol=1e-6, atol=0)
     # under CP each rank's sum over the whole sequences' count, times the degree: the mean of
     # the two ranks' values is the mean over the whole sequences
-    half = [mtp_losses(logits[:, i::2], labels[:, i::2], valid, 2)[1] for i in range(2)]  # any split of positions
+    half = [
+        mtp_losses(logits[:, i::2], labels[:, i::2], valid, 2)[1] for i in range(2)
+    ]  # any split of positions
     torch.testing.assert_close((half[0] + half[1]) / 2, mtp, rtol=1e-6, atol=0)
 
 
@@ -211,13 +252,24 @@ def test_mtp_depth_reaches_the_model_args():
     assert cfg_of([]).training.mtp_loss_weight == 0.3 and cfg_of([]).model.mtp_depth == 0
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (DS + ["--model.mtp_depth=-1"], "--model.mtp_depth=-1: must be >= 0 (0 = no multi-token prediction)"),
-    (["--model.mtp_depth=1"], "--model.mtp_depth=1: multi-token prediction is implemented for deepseek_v3 only,"
-                              " not llama3; set --model.mtp_depth=0"),
-    (DS + ["--training.mtp_loss_weight=-0.5"],
-     "--training.mtp_loss_weight=-0.5: must be >= 0 (0.3 in the DeepSeek-V3 report)"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            DS + ["--model.mtp_depth=-1"],
+            "--model.mtp_depth=-1: must be >= 0 (0 = no multi-token prediction)",
+        ),
+        (
+            ["--model.mtp_depth=1"],
+            "--model.mtp_depth=1: multi-token prediction is implemented for deepseek_v3 only,"
+            " not llama3; set --model.mtp_depth=0",
+        ),
+        (
+            DS + ["--training.mtp_loss_weight=-0.5"],
+            "--training.mtp_loss_weight=-0.5: must be >= 0 (0.3 in the DeepSeek-V3 report)",
+        ),
+    ],
+)
 def test_mtp_config_errors(argv, expected):
     assert config_error(argv) == expected
 
@@ -235,14 +287,18 @@ def test_pipeline_stages_carry_the_mtp_embeddings_to_the_last_stage():
     model.eval()
     tokens = torch.randint(0, 256, (2, 32))
     mtp_tokens = torch.randint(0, 256, (2, 1, 32))
-    layout = plan_pipeline(args.n_layers, 2, "ZBVZeroBubble", "auto", [], 4)  # 4 stages, 1 block each
+    layout = plan_pipeline(
+        args.n_layers, 2, "ZBVZeroBubble", "auto", [], 4
+    )  # 4 stages, 1 block each
     stages = dict(part for r in range(2) for part in split_model(model, layout, r))
     carried = (tokens,)
     with torch.no_grad():
         for stage_id in range(layout.num_stages):
             out = stages[stage_id](*carried, mtp_tokens=mtp_tokens)
             carried = out if isinstance(out, tuple) else (out,)
-            if stage_id < layout.num_stages - 1:  # (hidden state, MTP embeddings [batch, depth, seq, dim])
+            if (
+                stage_id < layout.num_stages - 1
+            ):  # (hidden state, MTP embeddings [batch, depth, seq, dim])
                 assert len(carried) == 2 and carried[1].shape == (2, 1, 32, args.dim)
         whole = model(tokens, mtp_tokens=mtp_tokens)
     assert stages[0].mtp is None and stages[layout.num_stages - 1].mtp is not None
@@ -250,8 +306,15 @@ def test_pipeline_stages_carry_the_mtp_embeddings_to_the_last_stage():
 
 
 def test_mtp_with_pipeline_parallel_is_allowed():
-    cfg, _ = load_config(DS + ["--model.mtp_depth=1", "--parallelism.pipeline_parallel_degree=2",
-                               "--parallelism.pipeline_parallel_schedule=1F1B"], 2)
+    cfg, _ = load_config(
+        DS
+        + [
+            "--model.mtp_depth=1",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.pipeline_parallel_schedule=1F1B",
+        ],
+        2,
+    )
     assert cfg.model.mtp_depth == 1
 
 

@@ -7,11 +7,11 @@ import typing
 
 import pytest
 
+from torchtitan.checks import check_job as validate
+from torchtitan.checks import load_config
 from torchtitan.config import ConfigError, build_config
 from torchtitan.config import job_config as jc
 from torchtitan.config.manager import field_types
-
-from torchtitan.checks import load_config, check_job as validate
 from torchtitan.distributed.pipeline_layout import (
     SINGLE_STAGE,
     V_SCHEDULES,
@@ -57,24 +57,27 @@ def test_schedule_families():
 # --------------------------------------------------------------------------- default splits
 
 
-@pytest.mark.parametrize("n_layers,pp,schedule,per_rank", [
-    (8, 4, "GPipe", 1),
-    (8, 4, "1F1B", 1),
-    (6, 2, "1F1B", 1),
-    (6, 3, "GPipe", 1),
-    (8, 2, "ZBVZeroBubble", 2),
-    (8, 2, "DualPipeV", 2),
-    (12, 3, "ZBVZeroBubble", 2),
-    (6, 2, "Interleaved1F1B", 3),  # 6 % 4 != 0, 6 % 6 == 0
-    (8, 2, "Interleaved1F1B", 2),
-    (6, 2, "LoopedBFS", 3),
-    (8, 2, "LoopedBFS", 2),
-    (6, 3, "InterleavedZeroBubble", 2),
-    (12, 2, "InterleavedZeroBubble", 2),
-    (10, 2, "Interleaved1F1B", 5),  # 10 % 4, 10 % 6, 10 % 8 != 0
-    (9, 3, "Interleaved1F1B", 3),
-    (16, 4, "Interleaved1F1B", 2),
-])
+@pytest.mark.parametrize(
+    "n_layers,pp,schedule,per_rank",
+    [
+        (8, 4, "GPipe", 1),
+        (8, 4, "1F1B", 1),
+        (6, 2, "1F1B", 1),
+        (6, 3, "GPipe", 1),
+        (8, 2, "ZBVZeroBubble", 2),
+        (8, 2, "DualPipeV", 2),
+        (12, 3, "ZBVZeroBubble", 2),
+        (6, 2, "Interleaved1F1B", 3),  # 6 % 4 != 0, 6 % 6 == 0
+        (8, 2, "Interleaved1F1B", 2),
+        (6, 2, "LoopedBFS", 3),
+        (8, 2, "LoopedBFS", 2),
+        (6, 3, "InterleavedZeroBubble", 2),
+        (12, 2, "InterleavedZeroBubble", 2),
+        (10, 2, "Interleaved1F1B", 5),  # 10 % 4, 10 % 6, 10 % 8 != 0
+        (9, 3, "Interleaved1F1B", 3),
+        (16, 4, "Interleaved1F1B", 2),
+    ],
+)
 def test_default_split(n_layers, pp, schedule, per_rank):
     layout = plan_pipeline(n_layers, pp, schedule, "auto", [], 48)
     assert layout == PipelineLayout(stages=even(n_layers, pp * per_rank), pp=pp, schedule=schedule)
@@ -94,16 +97,19 @@ def test_pp_one_is_a_single_stage():
     assert layout.stage_ids(0) == [0]
 
 
-@pytest.mark.parametrize("n_layers,pp,schedule,stages,per_rank", [
-    (6, 4, "1F1B", 4, 1),
-    (6, 4, "GPipe", 4, 1),
-    (7, 2, "1F1B", 2, 1),
-    (6, 2, "ZBVZeroBubble", 4, 2),
-    (10, 2, "DualPipeV", 4, 2),
-    (7, 2, "Interleaved1F1B", 4, 2),  # no k >= 2 splits 7 blocks: the message uses 2
-    (6, 4, "LoopedBFS", 8, 2),
-    (5, 3, "InterleavedZeroBubble", 6, 2),
-])
+@pytest.mark.parametrize(
+    "n_layers,pp,schedule,stages,per_rank",
+    [
+        (6, 4, "1F1B", 4, 1),
+        (6, 4, "GPipe", 4, 1),
+        (7, 2, "1F1B", 2, 1),
+        (6, 2, "ZBVZeroBubble", 4, 2),
+        (10, 2, "DualPipeV", 4, 2),
+        (7, 2, "Interleaved1F1B", 4, 2),  # no k >= 2 splits 7 blocks: the message uses 2
+        (6, 4, "LoopedBFS", 8, 2),
+        (5, 3, "InterleavedZeroBubble", 6, 2),
+    ],
+)
 def test_default_split_that_does_not_divide(n_layers, pp, schedule, stages, per_rank):
     assert layout_error(n_layers, pp, schedule, "auto", [], 64) == (
         f"{n_layers} layers do not split evenly into {stages} stages ({pp} ranks x {per_rank} per rank"
@@ -122,14 +128,17 @@ def test_the_six_layer_message_verbatim():
 # --------------------------------------------------------------------------- layers_per_stage
 
 
-@pytest.mark.parametrize("n_layers,pp,schedule,lps,n_stages", [
-    (8, 2, "Interleaved1F1B", 1, 8),
-    (8, 2, "Interleaved1F1B", 2, 4),
-    (12, 2, "LoopedBFS", 2, 6),
-    (8, 4, "1F1B", 2, 4),
-    (6, 3, "ZBVZeroBubble", 1, 6),
-    (6, 1, "GPipe", 6, 1),
-])
+@pytest.mark.parametrize(
+    "n_layers,pp,schedule,lps,n_stages",
+    [
+        (8, 2, "Interleaved1F1B", 1, 8),
+        (8, 2, "Interleaved1F1B", 2, 4),
+        (12, 2, "LoopedBFS", 2, 6),
+        (8, 4, "1F1B", 2, 4),
+        (6, 3, "ZBVZeroBubble", 1, 6),
+        (6, 1, "GPipe", 6, 1),
+    ],
+)
 def test_layers_per_stage(n_layers, pp, schedule, lps, n_stages):
     layout = plan_pipeline(n_layers, pp, schedule, lps, [], 64)
     assert layout.stages == even(n_layers, n_stages)
@@ -170,7 +179,10 @@ def test_v_schedule_needs_exactly_two_stages_per_rank(schedule, lps, per_rank):
 # --------------------------------------------------------------------------- microbatches
 
 
-@pytest.mark.parametrize("schedule,n_layers,pp,n_stages", [("1F1B", 8, 4, 4), ("DualPipeV", 8, 2, 4), ("DualPipeV", 12, 3, 6)])
+@pytest.mark.parametrize(
+    "schedule,n_layers,pp,n_stages",
+    [("1F1B", 8, 4, 4), ("DualPipeV", 8, 2, 4), ("DualPipeV", 12, 3, 6)],
+)
 def test_too_few_microbatches(schedule, n_layers, pp, n_stages):
     assert layout_error(n_layers, pp, schedule, "auto", [], n_stages - 1) == (
         f"{KEY}_schedule={schedule} needs at least {n_stages} microbatches (one per stage) but gets"
@@ -226,21 +238,26 @@ def test_split_points_still_checked_against_the_schedule():
     )
 
 
-@pytest.mark.parametrize("points", [
-    ["layers.4", "layers.2"],
-    ["layers.2", "layers.2"],
-    ["layers.0", "layers.3"],
-    ["layers.3", "layers.6"],
-    ["layers.3", "layers.9"],
-    ["layers.-1"],
-])
+@pytest.mark.parametrize(
+    "points",
+    [
+        ["layers.4", "layers.2"],
+        ["layers.2", "layers.2"],
+        ["layers.0", "layers.3"],
+        ["layers.3", "layers.6"],
+        ["layers.3", "layers.9"],
+        ["layers.-1"],
+    ],
+)
 def test_bad_split_points(points):
     assert layout_error(6, 3, "1F1B", "auto", points, 8) == (
         f"{KEY}_split_points={','.join(points)}: boundaries must increase strictly within layers.1 .. layers.5"
     )
 
 
-@pytest.mark.parametrize("points", [["layers.x"], ["layers.2", "layers"], ["layers.2", "layers.4b"], [""]])
+@pytest.mark.parametrize(
+    "points", [["layers.x"], ["layers.2", "layers"], ["layers.2", "layers.4b"], [""]]
+)
 def test_unparseable_split_points(points):
     assert layout_error(6, 3, "1F1B", "auto", points, 8) == (
         f"{KEY}_split_points={','.join(points)}: use block names like layers.2,layers.4"
@@ -300,15 +317,22 @@ def test_config_rejects_six_layers_on_four_pipeline_ranks():
 
 def test_config_accepts_the_same_job_with_split_points_or_another_degree():
     base = ["--model.flavor=debugmodel", "--parallelism.pipeline_parallel_degree=4"]
-    cfg, _ = load_config(base + ["--parallelism.pipeline_parallel_split_points=layers.1,layers.3,layers.5"], 8)
+    cfg, _ = load_config(
+        base + ["--parallelism.pipeline_parallel_split_points=layers.1,layers.3,layers.5"], 8
+    )
     assert cfg.parallelism.pipeline_parallel_split_points == ["layers.1", "layers.3", "layers.5"]
-    cfg, _ = load_config(["--model.flavor=debugmodel", "--parallelism.pipeline_parallel_degree=3"], 6)
+    cfg, _ = load_config(
+        ["--model.flavor=debugmodel", "--parallelism.pipeline_parallel_degree=3"], 6
+    )
     assert cfg.parallelism.pipeline_parallel_degree == 3
 
 
 @pytest.mark.parametrize("mb", [3, 5, 16])
 def test_config_microbatch_size_must_divide_the_local_batch(mb):
-    argv = ["--parallelism.pipeline_parallel_degree=2", f"--parallelism.pipeline_parallel_microbatch_size={mb}"]
+    argv = [
+        "--parallelism.pipeline_parallel_degree=2",
+        f"--parallelism.pipeline_parallel_microbatch_size={mb}",
+    ]
     assert config_error(argv, 2) == (
         f"--training.local_batch_size=8 does not split into microbatches of"
         f" --parallelism.pipeline_parallel_microbatch_size={mb}; make it a multiple"
@@ -316,7 +340,10 @@ def test_config_microbatch_size_must_divide_the_local_batch(mb):
 
 
 def test_config_microbatch_size_zero():
-    argv = ["--parallelism.pipeline_parallel_degree=2", "--parallelism.pipeline_parallel_microbatch_size=0"]
+    argv = [
+        "--parallelism.pipeline_parallel_degree=2",
+        "--parallelism.pipeline_parallel_microbatch_size=0",
+    ]
     assert config_error(argv, 2) == (
         "--training.local_batch_size=8 does not split into microbatches of"
         " --parallelism.pipeline_parallel_microbatch_size=0; make it a multiple"
@@ -330,7 +357,10 @@ def test_config_microbatch_size_ignored_without_pp():
 
 def test_config_passes_the_microbatch_count_to_the_layout():
     # local_batch_size 8 / microbatch 4 = 2 microbatches < 3 stages of 1F1B
-    argv = ["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_microbatch_size=4"]
+    argv = [
+        "--parallelism.pipeline_parallel_degree=3",
+        "--parallelism.pipeline_parallel_microbatch_size=4",
+    ]
     assert config_error(argv, 3) == (
         f"{KEY}_schedule=1F1B needs at least 3 microbatches (one per stage) but gets 2;"
         f" raise local_batch_size or lower {KEY}_microbatch_size"
@@ -342,7 +372,8 @@ def test_config_passes_the_microbatch_count_to_the_layout():
 @pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
 def test_config_rejects_always_with_a_zero_bubble_schedule_under_pp(schedule):
     argv = [
-        "--parallelism.pipeline_parallel_degree=3", f"--parallelism.pipeline_parallel_schedule={schedule}",
+        "--parallelism.pipeline_parallel_degree=3",
+        f"--parallelism.pipeline_parallel_schedule={schedule}",
         "--parallelism.reshard_after_forward=always",
     ]
     assert config_error(argv, 3) == (
@@ -352,18 +383,52 @@ def test_config_rejects_always_with_a_zero_bubble_schedule_under_pp(schedule):
     )
 
 
-@pytest.mark.parametrize("argv,world,policy,budget", [
-    (["--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--parallelism.reshard_after_forward=always"],
-     2, "always", "auto"),
-    (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-      "--parallelism.reshard_after_forward=never"], 3, "never", "auto"),
-    # auto + a zero-bubble schedule + a memory budget: whether the budget makes auto reshard
-    # (which zero bubble cannot do) is decided at start-up by the memory prediction, not here.
-    (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
-      "--planning.memory_budget_gib=1.5"], 3, "auto", 1.5),
-    (["--parallelism.pipeline_parallel_degree=3", "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-      "--parallelism.reshard_after_forward=always"], 3, "always", "auto"),
-])
+@pytest.mark.parametrize(
+    "argv,world,policy,budget",
+    [
+        (
+            [
+                "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                "--parallelism.reshard_after_forward=always",
+            ],
+            2,
+            "always",
+            "auto",
+        ),
+        (
+            [
+                "--parallelism.pipeline_parallel_degree=3",
+                "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                "--parallelism.reshard_after_forward=never",
+            ],
+            3,
+            "never",
+            "auto",
+        ),
+        # auto + a zero-bubble schedule + a memory budget: whether the budget makes auto reshard
+        # (which zero bubble cannot do) is decided at start-up by the memory prediction, not here.
+        (
+            [
+                "--parallelism.pipeline_parallel_degree=3",
+                "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+                "--planning.memory_budget_gib=1.5",
+            ],
+            3,
+            "auto",
+            1.5,
+        ),
+        (
+            [
+                "--parallelism.pipeline_parallel_degree=3",
+                "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                "--parallelism.reshard_after_forward=always",
+            ],
+            3,
+            "always",
+            "auto",
+        ),
+    ],
+)
 def test_config_accepts_other_reshard_and_schedule_combinations(argv, world, policy, budget):
     cfg, warnings = load_config(argv, world)
     assert warnings == []
@@ -392,7 +457,9 @@ def test_deprecated_key_in_toml(tmp_path):
     assert cfg.parallelism.reshard_after_forward == "never"
     assert warnings == [DEPRECATION]
     # the command line still wins over the TOML value
-    cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.fsdp_reshard_after_forward=default"])
+    cfg, warnings = build_config(
+        [f"--job.config_file={path}", "--parallelism.fsdp_reshard_after_forward=default"]
+    )
     assert cfg.parallelism.reshard_after_forward == "auto"
     assert warnings == [DEPRECATION, DEPRECATION]
 
@@ -419,9 +486,13 @@ LEGACY_AUTO = "'planning.memory_budget_gib = 0' is deprecated: write 'auto' (the
 LEGACY_NONE = "'planning.memory_budget_gib = -1' is deprecated: write 'none' (no budget)"
 
 
-@pytest.mark.parametrize("value,budget,legacy", [("1.5", 1.5, []), ("4", 4.0, []), ("0", "auto", [LEGACY_AUTO]),
-                                                 ("-1", "none", [LEGACY_NONE])])
-def test_deprecated_reshard_budget_on_the_command_line_sets_the_memory_budget(value, budget, legacy):
+@pytest.mark.parametrize(
+    "value,budget,legacy",
+    [("1.5", 1.5, []), ("4", 4.0, []), ("0", "auto", [LEGACY_AUTO]), ("-1", "none", [LEGACY_NONE])],
+)
+def test_deprecated_reshard_budget_on_the_command_line_sets_the_memory_budget(
+    value, budget, legacy
+):
     cfg, warnings = build_config([f"--parallelism.reshard_budget_gib={value}"])
     assert cfg.planning.memory_budget_gib == budget
     assert warnings == [BUDGET_DEPRECATION, *legacy]
@@ -440,33 +511,50 @@ def test_deprecated_reshard_budget_in_toml(tmp_path):
     assert warnings == [BUDGET_DEPRECATION]
     path.write_text("[parallelism]\nreshard_budget_gib = 3\n")  # a TOML integer
     cfg, warnings = load_config([f"--job.config_file={path}"], 1)
-    assert cfg.planning.memory_budget_gib == 3.0 and isinstance(cfg.planning.memory_budget_gib, float)
+    assert cfg.planning.memory_budget_gib == 3.0 and isinstance(
+        cfg.planning.memory_budget_gib, float
+    )
     assert warnings == [BUDGET_DEPRECATION]
     # the command line still wins over the TOML value, under either name
     cfg, warnings = build_config([f"--job.config_file={path}", "--planning.memory_budget_gib=none"])
     assert cfg.planning.memory_budget_gib == "none"
     assert warnings == [BUDGET_DEPRECATION]
-    cfg, warnings = build_config([f"--job.config_file={path}", "--parallelism.reshard_budget_gib=7"])
+    cfg, warnings = build_config(
+        [f"--job.config_file={path}", "--parallelism.reshard_budget_gib=7"]
+    )
     assert cfg.planning.memory_budget_gib == 7.0
     assert warnings == [BUDGET_DEPRECATION, BUDGET_DEPRECATION]
 
 
-@pytest.mark.parametrize("value,error", [
-    ("lots", "--planning.memory_budget_gib: expected 'auto' or 'none' or a number, got 'lots'"),
-    ("nan", "--planning.memory_budget_gib: expected 'auto' or 'none' or a finite number, got 'nan'"),
-    ("-0.5", "--planning.memory_budget_gib=-0.5: must be > 0 (GiB per rank), auto (the default budget of the"
-             " device) or none (no budget)"),
-])
+@pytest.mark.parametrize(
+    "value,error",
+    [
+        ("lots", "--planning.memory_budget_gib: expected 'auto' or 'none' or a number, got 'lots'"),
+        (
+            "nan",
+            "--planning.memory_budget_gib: expected 'auto' or 'none' or a finite number, got 'nan'",
+        ),
+        (
+            "-0.5",
+            "--planning.memory_budget_gib=-0.5: must be > 0 (GiB per rank), auto (the default budget of the"
+            " device) or none (no budget)",
+        ),
+    ],
+)
 def test_deprecated_reshard_budget_with_a_bad_value_names_the_new_key(value, error):
     assert config_error([f"--parallelism.reshard_budget_gib={value}"], 1) == error
 
 
 def budget_error(shown: str) -> str:
-    return (f"--planning.memory_budget_gib={shown}: must be > 0 (GiB per rank), auto (the default budget of the"
-            " device) or none (no budget)")
+    return (
+        f"--planning.memory_budget_gib={shown}: must be > 0 (GiB per rank), auto (the default budget of the"
+        " device) or none (no budget)"
+    )
 
 
-@pytest.mark.parametrize("value,shown", [("-0.5", "-0.5"), ("-2", "-2"), ("-1.5", "-1.5"), ("-1e-9", "-1e-09")])
+@pytest.mark.parametrize(
+    "value,shown", [("-0.5", "-0.5"), ("-2", "-2"), ("-1.5", "-1.5"), ("-1e-9", "-1e-09")]
+)
 def test_memory_budget_out_of_range_on_the_command_line(value, shown):
     assert config_error([f"--planning.memory_budget_gib={value}"], 1) == budget_error(shown)
 
@@ -479,8 +567,10 @@ def test_non_finite_memory_budget_on_the_command_line(value):
 
 
 # (only a value set in code gets here: the command line and TOML refuse non-finite numbers)
-@pytest.mark.parametrize("value,shown", [(math.nan, "nan"), (math.inf, "inf"),
-                                         (-math.inf, "-inf"), (-0.5, "-0.5"), (-2.0, "-2")])
+@pytest.mark.parametrize(
+    "value,shown",
+    [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"), (-0.5, "-0.5"), (-2.0, "-2")],
+)
 def test_bad_memory_budget_set_directly(value, shown):
     cfg, _ = build_config([])
     cfg.planning.memory_budget_gib = value
@@ -489,8 +579,16 @@ def test_bad_memory_budget_set_directly(value, shown):
     assert str(info.value) == budget_error(shown)
 
 
-@pytest.mark.parametrize("value,budget,warned", [("auto", "auto", []), ("none", "none", []), ("2.5", 2.5, []),
-                                                 ("0", "auto", [LEGACY_AUTO]), ("-1", "none", [LEGACY_NONE])])
+@pytest.mark.parametrize(
+    "value,budget,warned",
+    [
+        ("auto", "auto", []),
+        ("none", "none", []),
+        ("2.5", 2.5, []),
+        ("0", "auto", [LEGACY_AUTO]),
+        ("-1", "none", [LEGACY_NONE]),
+    ],
+)
 def test_memory_budget_accepted(value, budget, warned):
     cfg, warnings = load_config([f"--planning.memory_budget_gib={value}"], 1)
     assert cfg.planning.memory_budget_gib == budget

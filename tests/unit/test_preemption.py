@@ -8,33 +8,45 @@ import torch
 
 from torchtitan.resilience.preemption import Preemption, Stop, stop_line
 
-TAIL = (" (Slurm sends SIGKILL 30s after SIGTERM unless KillWait says otherwise);"
-        " exit 75: rerun the same command to resume")
+TAIL = (
+    " (Slurm sends SIGKILL 30s after SIGTERM unless KillWait says otherwise);"
+    " exit 75: rerun the same command to resume"
+)
 
 
 def test_who():
     assert Stop({3: "SIGTERM"}, 1.0).who() == "SIGTERM reached rank 3"
-    assert Stop({0: "SIGTERM", 1: "SIGTERM", 2: "SIGTERM", 5: "SIGTERM"}, 1.0).who() == "SIGTERM reached ranks 0-2,5"
+    assert (
+        Stop({0: "SIGTERM", 1: "SIGTERM", 2: "SIGTERM", 5: "SIGTERM"}, 1.0).who()
+        == "SIGTERM reached ranks 0-2,5"
+    )
     assert Stop({4: "SIGUSR1", 1: "SIGTERM"}, 1.0).who() == "SIGTERM/SIGUSR1 reached ranks 1,4"
 
 
 def test_stop_line_with_a_checkpoint():
     line = stop_line(Stop({0: "SIGUSR1", 1: "SIGUSR1"}, 2.0), 12, "step-12", 3.456, 7.04)
-    assert line == ("preempted: SIGUSR1 reached ranks 0-1; stopped after step 12, checkpoint step-12 saved in 3.46s,"
-                    " 7.0s after the signal" + TAIL)
+    assert line == (
+        "preempted: SIGUSR1 reached ranks 0-1; stopped after step 12, checkpoint step-12 saved in 3.46s,"
+        " 7.0s after the signal" + TAIL
+    )
 
 
 def test_stop_line_without_checkpointing():
     line = stop_line(Stop({1: "SIGTERM"}, 0.5), 3, None, 0.0, 0.96)
-    assert line == ("preempted: SIGTERM reached rank 1; stopped after step 3, nothing saved (checkpointing is off:"
-                    " --checkpoint.enable=false), 1.0s after the signal" + TAIL)
+    assert line == (
+        "preempted: SIGTERM reached rank 1; stopped after step 3, nothing saved (checkpointing is off:"
+        " --checkpoint.enable=false), 1.0s after the signal" + TAIL
+    )
 
 
 @pytest.fixture
 def outer_handlers():
     """A harmless recording handler for SIGTERM and SIGUSR1 around the test (the originals restored after)."""
     seen = []
-    saved = {s: signal.signal(s, lambda signum, frame: seen.append(signum)) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    saved = {
+        s: signal.signal(s, lambda signum, frame: seen.append(signum))
+        for s in (signal.SIGTERM, signal.SIGUSR1)
+    }
     yield seen, {s: signal.getsignal(s) for s in saved}
     for s, handler in saved.items():
         signal.signal(s, handler)
@@ -95,4 +107,5 @@ def test_kill_wait_note_only_when_a_preemption_would_not_fit():
     assert kill_wait_note(save_s=25.0, step_s=10.0) == (
         "a preemption needs about 36s (a step 10.0s + a save 25.0s + exit) but Slurm sends SIGKILL 30s after SIGTERM"
         " by default: ask for more (partition GraceTime, KillWait) or signal earlier before the time limit"
-        " (sbatch --signal=USR1@<seconds>)")
+        " (sbatch --signal=USR1@<seconds>)"
+    )

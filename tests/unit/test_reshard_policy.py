@@ -4,10 +4,27 @@ budget: test_reshard_budget.py."""
 
 import pytest
 import torch
+from reshard_cases import (
+    ALL_SCHEDULES,
+    ALWAYS,
+    FREED,
+    LAST,
+    NEVER,
+    NOTE,
+    OTHER_SCHEDULES,
+    ROOT,
+    ZERO_BUBBLE,
+    budget_freed,
+    flags,
+    pp_kept,
+    reasons,
+    whole_model,
+)
 
+from torchtitan.distributed.data_parallel import size_units
 from torchtitan.distributed.pipeline_layout import plan_pipeline
 from torchtitan.distributed.pipeline_parallel import split_model
-from torchtitan.units import GIB
+from torchtitan.distributed.plan import FsdpUnit, UnitKind
 from torchtitan.distributed.reshard_policy import (
     POLICIES,
     Decision,
@@ -15,19 +32,15 @@ from torchtitan.distributed.reshard_policy import (
     kept_bytes,
     resolve,
 )
-from torchtitan.models.llama3.model import Transformer
-from torchtitan.distributed.data_parallel import size_units
-from torchtitan.distributed.plan import FsdpUnit, UnitKind
 from torchtitan.models.flavors import model_args
-from reshard_cases import (
-    ALL_SCHEDULES, ALWAYS, FREED, LAST, NEVER, NOTE, OTHER_SCHEDULES, ROOT, ZERO_BUBBLE,
-    budget_freed, flags, pp_kept, reasons, whole_model,
-)
+from torchtitan.models.llama3.model import Transformer
+from torchtitan.units import GIB
 
 
 def fsdp_units(model, tp: int, dtype_bytes: int) -> list[FsdpUnit]:
     """Llama3's units: the shared sizing with nothing model-specific."""
     return size_units(model, tp, 1, dtype_bytes)
+
 
 # --------------------------------------------------------------------------- policy names
 
@@ -49,7 +62,9 @@ def test_invalid_policy_names_the_key(policy):
 
 def test_invalid_policy_is_reported_before_the_zero_bubble_check():
     with pytest.raises(ReshardPolicyError) as info:
-        resolve("sometimes", True, "ZBVZeroBubble", 4, [whole_model()], free_bytes=1, budget_note=NOTE)
+        resolve(
+            "sometimes", True, "ZBVZeroBubble", 4, [whole_model()], free_bytes=1, budget_note=NOTE
+        )
     assert str(info.value) == (
         "--parallelism.reshard_after_forward='sometimes': choose one of auto, always, never"
     )
@@ -58,16 +73,21 @@ def test_invalid_policy_is_reported_before_the_zero_bubble_check():
 # --------------------------------------------------------------------------- always
 
 
-@pytest.mark.parametrize("pp_enabled,schedule", [(False, s) for s in ALL_SCHEDULES] + [(True, s) for s in OTHER_SCHEDULES])
+@pytest.mark.parametrize(
+    "pp_enabled,schedule",
+    [(False, s) for s in ALL_SCHEDULES] + [(True, s) for s in OTHER_SCHEDULES],
+)
 def test_always_reshards_every_unit_but_the_root(pp_enabled, schedule):
     plan = resolve("always", pp_enabled, schedule, 8, [whole_model()])
-    assert plan == [{
-        "tok_embeddings": Decision(True, ALWAYS),
-        "layers.0": Decision(True, ALWAYS),
-        "layers.1": Decision(True, ALWAYS),
-        "layers.2": Decision(True, ALWAYS),
-        "": Decision(False, ROOT),
-    }]
+    assert plan == [
+        {
+            "tok_embeddings": Decision(True, ALWAYS),
+            "layers.0": Decision(True, ALWAYS),
+            "layers.1": Decision(True, ALWAYS),
+            "layers.2": Decision(True, ALWAYS),
+            "": Decision(False, ROOT),
+        }
+    ]
 
 
 @pytest.mark.parametrize("schedule", ZERO_BUBBLE)
@@ -84,20 +104,34 @@ def test_always_with_a_zero_bubble_schedule_under_pp_is_rejected(schedule):
 
 def test_always_ignores_free_bytes():
     plan = resolve("always", False, "1F1B", 1, [whole_model()], free_bytes=GIB, budget_note=NOTE)
-    assert reasons(plan) == [{
-        "tok_embeddings": ALWAYS, "layers.0": ALWAYS, "layers.1": ALWAYS, "layers.2": ALWAYS, "": ROOT,
-    }]
+    assert reasons(plan) == [
+        {
+            "tok_embeddings": ALWAYS,
+            "layers.0": ALWAYS,
+            "layers.1": ALWAYS,
+            "layers.2": ALWAYS,
+            "": ROOT,
+        }
+    ]
 
 
 # --------------------------------------------------------------------------- never
 
 
-@pytest.mark.parametrize("pp_enabled,schedule", [(False, "1F1B"), (True, "1F1B"), (True, "ZBVZeroBubble"), (True, "DualPipeV")])
+@pytest.mark.parametrize(
+    "pp_enabled,schedule",
+    [(False, "1F1B"), (True, "1F1B"), (True, "ZBVZeroBubble"), (True, "DualPipeV")],
+)
 def test_never_keeps_every_unit_root_included(pp_enabled, schedule):
     parts = [whole_model(), [FsdpUnit("layers.7", GIB), FsdpUnit("", GIB)]]
-    plan = resolve("never", pp_enabled, schedule, 4, parts, free_bytes=GIB, budget_note=NOTE)  # ignored, no raise
+    plan = resolve(
+        "never", pp_enabled, schedule, 4, parts, free_bytes=GIB, budget_note=NOTE
+    )  # ignored, no raise
     assert plan == [
-        {name: Decision(False, NEVER) for name in ["tok_embeddings", "layers.0", "layers.1", "layers.2", ""]},
+        {
+            name: Decision(False, NEVER)
+            for name in ["tok_embeddings", "layers.0", "layers.1", "layers.2", ""]
+        },
         {"layers.7": Decision(False, NEVER), "": Decision(False, NEVER)},
     ]
     assert kept_bytes(plan, parts) == 7 * GIB
@@ -108,14 +142,16 @@ def test_never_keeps_every_unit_root_included(pp_enabled, schedule):
 
 def test_auto_without_pp_keeps_only_the_last_block_and_the_root():
     plan = resolve("auto", False, "1F1B", 1, [whole_model(block_gib=(1, 2, 3, 4))])
-    assert plan == [{
-        "tok_embeddings": Decision(True, FREED),
-        "layers.0": Decision(True, FREED),
-        "layers.1": Decision(True, FREED),
-        "layers.2": Decision(True, FREED),
-        "layers.3": Decision(False, LAST),
-        "": Decision(False, ROOT),
-    }]
+    assert plan == [
+        {
+            "tok_embeddings": Decision(True, FREED),
+            "layers.0": Decision(True, FREED),
+            "layers.1": Decision(True, FREED),
+            "layers.2": Decision(True, FREED),
+            "layers.3": Decision(False, LAST),
+            "": Decision(False, ROOT),
+        }
+    ]
 
 
 def test_auto_plan_keeps_the_forward_order_of_the_units():
@@ -128,11 +164,13 @@ def test_auto_plan_keeps_the_forward_order_of_the_units():
 def test_auto_last_block_is_the_last_non_root_unit_even_when_the_root_is_not_last():
     units = [FsdpUnit("", GIB), FsdpUnit("layers.0", GIB), FsdpUnit("layers.1", GIB)]
     plan = resolve("auto", False, "1F1B", 1, [units])
-    assert plan == [{
-        "": Decision(False, ROOT),
-        "layers.0": Decision(True, FREED),
-        "layers.1": Decision(False, LAST),
-    }]
+    assert plan == [
+        {
+            "": Decision(False, ROOT),
+            "layers.0": Decision(True, FREED),
+            "layers.1": Decision(False, LAST),
+        }
+    ]
 
 
 def test_auto_single_root_unit():
@@ -149,7 +187,9 @@ def test_auto_embeddings_alone_before_the_root_are_the_last_block():
 
 def test_auto_with_a_zero_bubble_schedule_name_but_no_pp_is_the_plain_plan():
     plan = resolve("auto", False, "ZBVZeroBubble", 1, [whole_model()])
-    assert flags(plan) == [{"tok_embeddings": True, "layers.0": True, "layers.1": True, "layers.2": False, "": False}]
+    assert flags(plan) == [
+        {"tok_embeddings": True, "layers.0": True, "layers.1": True, "layers.2": False, "": False}
+    ]
 
 
 # --------------------------------------------------------------------------- auto under PP
@@ -165,8 +205,16 @@ def test_auto_under_pp_keeps_everything(schedule, n_microbatches):
     plan = resolve("auto", True, schedule, n_microbatches, parts)
     kept = pp_kept(n_microbatches)
     assert plan == [
-        {"tok_embeddings": Decision(False, kept), "layers.0": Decision(False, kept), "layers.1": Decision(False, kept)},
-        {"layers.4": Decision(False, kept), "layers.5": Decision(False, kept), "": Decision(False, ROOT)},
+        {
+            "tok_embeddings": Decision(False, kept),
+            "layers.0": Decision(False, kept),
+            "layers.1": Decision(False, kept),
+        },
+        {
+            "layers.4": Decision(False, kept),
+            "layers.5": Decision(False, kept),
+            "": Decision(False, ROOT),
+        },
     ]
     assert f"instead of {n_microbatches}" in plan[0]["layers.0"].reason
     assert kept_bytes(plan, parts) == 6 * GIB
@@ -175,7 +223,8 @@ def test_auto_under_pp_keeps_everything(schedule, n_microbatches):
 def test_resolve_returns_one_dict_per_part_even_for_empty_parts():
     assert resolve("auto", True, "1F1B", 4, []) == []
     assert resolve("auto", True, "Interleaved1F1B", 4, [[], [FsdpUnit("layers.0", 1)]]) == [
-        {}, {"layers.0": Decision(False, pp_kept(4))}
+        {},
+        {"layers.0": Decision(False, pp_kept(4))},
     ]
 
 
@@ -243,8 +292,11 @@ def test_fsdp_units_with_tp_halve_matrices_but_not_norms(flavor):
     assert [u.name for u in two] == [u.name for u in one]
     expected = {u.name: 0 for u in two}
     for name, p in model.named_parameters():
-        unit = "tok_embeddings" if name.startswith("tok_embeddings") else (
-            ".".join(name.split(".")[:2]) if name.startswith("layers.") else "")
+        unit = (
+            "tok_embeddings"
+            if name.startswith("tok_embeddings")
+            else (".".join(name.split(".")[:2]) if name.startswith("layers.") else "")
+        )
         expected[unit] += 4 * (p.numel() // 2 if p.dim() >= 2 else p.numel())
     assert {u.name: u.param_bytes for u in two} == expected
     matrices, norms = block_params(a)
@@ -296,4 +348,3 @@ def test_auto_plan_of_the_debug_model_without_pp_and_with_a_budget():
     # larger than the 1 byte asked, so nothing else is freed.
     plan = resolve("auto", True, "1F1B", 4, parts, free_bytes=1, budget_note=NOTE)
     assert [n for n, d in plan[0].items() if d.reshard] == ["tok_embeddings"]
-

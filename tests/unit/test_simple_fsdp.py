@@ -42,7 +42,10 @@ def _pair(mesh, regather_by_hooks=False, once_per_step=False):
 
 
 def _grads(module):
-    return {n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone() for n, p in module.named_parameters()}
+    return {
+        n: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).clone()
+        for n, p in module.named_parameters()
+    }
 
 
 def test_names_state_dict_and_gradients_are_those_of_the_plain_module(mesh):

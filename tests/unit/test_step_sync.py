@@ -18,7 +18,9 @@ def test_the_first_nonfinite_figure_is_kept_with_its_step_and_value():
     watch.record(2, torch.tensor(3.0), torch.tensor(float("nan")))
     watch.record(3, torch.tensor(float("inf")), torch.tensor(float("nan")))  # later: not the first
     assert watch.first_step()[:2] == (2, "gradient norm") and math.isnan(watch.first_step()[2])
-    with pytest.raises(NonFiniteLossError, match=r"^gradient norm is nan at step 2: training stopped"):
+    with pytest.raises(
+        NonFiniteLossError, match=r"^gradient norm is nan at step 2: training stopped"
+    ):
         watch.check()
 
 
@@ -78,6 +80,10 @@ def test_nothing_in_the_package_waits_for_the_whole_device():
     waits = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "synchronize"
+            ):
                 waits.append(str(path.relative_to(root.parent)))
     assert waits == ["torchtitan/resilience/preemption.py"], waits

@@ -9,9 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from torchtitan import hardware
-from torchtitan.planning.step_time import model as step_time
-from torchtitan.planning.step_time.trace import Comm, Compute, OpTrace, Segment, causal_kept, op_seconds
 from torchtitan.planning.simulate.tracker import LiveBytes
+from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time.trace import (
+    Comm,
+    Compute,
+    OpTrace,
+    Segment,
+    causal_kept,
+    op_seconds,
+)
 
 H100 = hardware.PROFILES["h100_sxm"]
 
@@ -84,7 +91,9 @@ def test_views_cost_nothing_and_recompute_is_marked():
         return torch.relu(t @ w)
 
     def step():
-        torch.utils.checkpoint.checkpoint(block, x.view(64, 64).t(), use_reentrant=False).sum().backward()
+        torch.utils.checkpoint.checkpoint(
+            block, x.view(64, 64).t(), use_reentrant=False
+        ).sum().backward()
 
     segs = _trace(step)
     computes = [e for s in segs for e in s.events if isinstance(e, Compute)]
@@ -95,7 +104,7 @@ def test_views_cost_nothing_and_recompute_is_marked():
 
 def test_roofline_and_host_time():
     # a big bf16 GEMM is compute-bound at the GEMM efficiency
-    flops = 2 * 8192 ** 3
+    flops = 2 * 8192**3
     device, host = op_seconds("gemm", flops, 3 * 8192 * 8192 * 2, "bfloat16", H100, compiled=False)
     eff = H100.gemm_efficiency * flops / (flops + H100.gemm_half_gflop * 1e9)
     assert device == pytest.approx(flops / (989.4e12 * eff))
@@ -111,26 +120,44 @@ def test_collective_costs_by_link():
     p = H100
     n8 = list(range(8))
     gb = 1 << 30
-    assert step_time.collective_seconds("all_gather", gb, n8, p) == pytest.approx(7 / 8 * gb / 360e9 + 7 * 5e-6)
-    assert step_time.collective_seconds("all_reduce", gb, n8, p) == pytest.approx(2 * (7 / 8 * gb / 360e9 + 7 * 5e-6))
+    assert step_time.collective_seconds("all_gather", gb, n8, p) == pytest.approx(
+        7 / 8 * gb / 360e9 + 7 * 5e-6
+    )
+    assert step_time.collective_seconds("all_reduce", gb, n8, p) == pytest.approx(
+        2 * (7 / 8 * gb / 360e9 + 7 * 5e-6)
+    )
     across = list(range(0, 64, 8))  # one rank per node: the NIC
     assert step_time.collective_seconds("reduce_scatter", gb, across, p) == pytest.approx(
-        7 / 8 * gb / 42.5e9 + 7 * 15e-6)
+        7 / 8 * gb / 42.5e9 + 7 * 15e-6
+    )
     assert step_time.collective_seconds("all_gather", gb, [3], p) == 0.0
 
 
 def _groups(**dims):
-    return step_time.Groups({g: d for g, d in dims.items()}, {g: list(range(8)) for g in dims},
-                            frozenset(g for g, d in dims.items() if d == "dp_shard"),
-                            frozenset(g for g, d in dims.items() if d == "dp_shard"))
+    return step_time.Groups(
+        {g: d for g, d in dims.items()},
+        {g: list(range(8)) for g in dims},
+        frozenset(g for g, d in dims.items() if d == "dp_shard"),
+        frozenset(g for g, d in dims.items() if d == "dp_shard"),
+    )
 
 
 def test_fsdp_gathers_overlap_the_previous_units_compute_on_a_gpu():
     groups = _groups(fsdp="dp_shard", tp="tp")
     gather = step_time.collective_seconds("all_gather", 1 << 28, list(range(8)), H100)
     unit = Compute(device_s=2 * gather)  # each unit computes twice as long as its gather
-    segs = [Segment("forward", None, [Comm("all_gather", "fsdp", 1 << 28, "c10d"), unit,
-                                      Comm("all_gather", "fsdp", 1 << 28, "c10d"), unit])]
+    segs = [
+        Segment(
+            "forward",
+            None,
+            [
+                Comm("all_gather", "fsdp", 1 << 28, "c10d"),
+                unit,
+                Comm("all_gather", "fsdp", 1 << 28, "c10d"),
+                unit,
+            ],
+        )
+    ]
     t = step_time.Streams(H100, groups, 1.0, simple_fsdp_eager=False).run(segs)
     assert t.seconds == pytest.approx(gather + 4 * gather)  # only the first gather is exposed
     assert t.parts["comm_dp_shard"] == pytest.approx(gather)
@@ -140,15 +167,27 @@ def test_fsdp_gathers_overlap_the_previous_units_compute_on_a_gpu():
     # TP's collectives sit on the critical path
     tp = [Segment("forward", None, [unit, Comm("all_reduce", "tp", 1 << 28, "functional"), unit])]
     t = step_time.Streams(H100, groups, 1.0, False).run(tp)
-    assert t.parts["comm_tp"] == pytest.approx(step_time.collective_seconds("all_reduce", 1 << 28, list(range(8)), H100))
+    assert t.parts["comm_tp"] == pytest.approx(
+        step_time.collective_seconds("all_reduce", 1 << 28, list(range(8)), H100)
+    )
 
 
 def test_gradient_reductions_run_behind_backward_and_are_waited_for_at_its_end():
     groups = _groups(fsdp="dp_shard")
     rs = step_time.collective_seconds("reduce_scatter", 1 << 28, list(range(8)), H100)
     unit = Compute(device_s=rs / 2)
-    segs = [Segment("backward", None, [unit, Comm("reduce_scatter", "fsdp", 1 << 28, "c10d"), unit,
-                                       Comm("reduce_scatter", "fsdp", 1 << 28, "c10d")])]
+    segs = [
+        Segment(
+            "backward",
+            None,
+            [
+                unit,
+                Comm("reduce_scatter", "fsdp", 1 << 28, "c10d"),
+                unit,
+                Comm("reduce_scatter", "fsdp", 1 << 28, "c10d"),
+            ],
+        )
+    ]
     t = step_time.Streams(H100, groups, 1.0, False).run(segs)
     # compute 0.5 | rs 0.5..1.5 | compute 0.5..1.0 | second rs 1.5..2.5, waited for at the end
     assert t.seconds == pytest.approx(2.5 * rs)
@@ -158,9 +197,15 @@ def test_gradient_reductions_run_behind_backward_and_are_waited_for_at_its_end()
 def test_on_a_cpu_host_and_device_time_add_and_ranks_share_cores():
     local = dataclasses.replace(H100, host_async=False, cores=2)
     segs = [Segment("forward", None, [Compute(device_s=1.0, host_s=0.5)])]
-    assert step_time.Streams(H100, _groups(), 1.0, False).run(segs).seconds == pytest.approx(1.0)  # max
-    assert step_time.Streams(local, _groups(), 1.0, False).run(segs).seconds == pytest.approx(1.5)  # sum
-    assert step_time.Streams(local, _groups(), 2.0, False).run(segs).seconds == pytest.approx(3.0)  # 4 ranks, 2 cores
+    assert step_time.Streams(H100, _groups(), 1.0, False).run(segs).seconds == pytest.approx(
+        1.0
+    )  # max
+    assert step_time.Streams(local, _groups(), 1.0, False).run(segs).seconds == pytest.approx(
+        1.5
+    )  # sum
+    assert step_time.Streams(local, _groups(), 2.0, False).run(segs).seconds == pytest.approx(
+        3.0
+    )  # 4 ranks, 2 cores
 
 
 def _timed(s):
@@ -170,10 +215,34 @@ def _timed(s):
 def test_pipeline_event_simulation_of_1f1b_two_ranks():
     """Two stages, F = 1 s and B = 2 s each, 4 microbatches, 1F1B: the known closed form is
     (microbatches + stages - 1) x (F + B) = 15 s with free P2P."""
-    order = {0: [(0, "F", 0), (0, "F", 1), (0, "B", 0), (0, "F", 2), (0, "B", 1), (0, "F", 3), (0, "B", 2), (0, "B", 3)],
-             1: [(1, "F", 0), (1, "B", 0), (1, "F", 1), (1, "B", 1), (1, "F", 2), (1, "B", 2), (1, "F", 3), (1, "B", 3)]}
-    times = {r: step_time.RankTimes(step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)},
-                                    step_time.Timed()) for r in (0, 1)}
+    order = {
+        0: [
+            (0, "F", 0),
+            (0, "F", 1),
+            (0, "B", 0),
+            (0, "F", 2),
+            (0, "B", 1),
+            (0, "F", 3),
+            (0, "B", 2),
+            (0, "B", 3),
+        ],
+        1: [
+            (1, "F", 0),
+            (1, "B", 0),
+            (1, "F", 1),
+            (1, "B", 1),
+            (1, "F", 2),
+            (1, "B", 2),
+            (1, "F", 3),
+            (1, "B", 3),
+        ],
+    }
+    times = {
+        r: step_time.RankTimes(
+            step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)}, step_time.Timed()
+        )
+        for r in (0, 1)
+    }
     end, busy = step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, 2)
     assert end == pytest.approx(15.0)
     assert busy == {0: 12.0, 1: 12.0}
@@ -185,7 +254,7 @@ def test_pipeline_event_simulation_of_1f1b_two_ranks():
 
 
 def test_pipeline_order_comes_from_torchs_schedule():
-    from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.schedules import Schedule1F1B
 
     class Stage:
         def __init__(self, i, n):
@@ -197,20 +266,36 @@ def test_pipeline_order_comes_from_torchs_schedule():
     order, n = step_time.schedule_order(one)
     assert n == 2 and order[1][:2] == [(1, "F", 0), (1, "B", 0)]
     assert sum(len(v) for v in order.values()) == 16
-    times = {r: step_time.RankTimes(step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)},
-                                    step_time.Timed()) for r in (0, 1)}
+    times = {
+        r: step_time.RankTimes(
+            step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)}, step_time.Timed()
+        )
+        for r in (0, 1)
+    }
     assert step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, n)[0] == pytest.approx(15.0)
 
 
 def test_profile_choice_and_overrides():
-    hw = NS(profile="auto", gpus_per_node="auto", peak_tflops="auto", hbm_gbps="auto", intra_node_gbps="auto",
-            inter_node_gbps="auto", gemm_efficiency="auto")
+    hw = NS(
+        profile="auto",
+        gpus_per_node="auto",
+        peak_tflops="auto",
+        hbm_gbps="auto",
+        intra_node_gbps="auto",
+        inter_node_gbps="auto",
+        gemm_efficiency="auto",
+    )
     assert hardware.resolve(hw, "cuda", gpu_names=["NVIDIA H200"]).name == "h200"
     assert hardware.resolve(hw, "cuda", gpu_names=[]).name == "h100_sxm"
     assert hardware.resolve(hw, "cpu", local=lambda: None) is None  # not measured: no prediction
-    custom = hardware.resolve(NS(**{**vars(hw), "profile": "a100_80gb", "gpus_per_node": 4, "peak_tflops": 300.0}),
-                              "cuda")
-    assert (custom.name, custom.gpus_per_node, custom.peak_tflops["bfloat16"]) == ("a100_80gb", 4, 300.0)
+    custom = hardware.resolve(
+        NS(**{**vars(hw), "profile": "a100_80gb", "gpus_per_node": 4, "peak_tflops": 300.0}), "cuda"
+    )
+    assert (custom.name, custom.gpus_per_node, custom.peak_tflops["bfloat16"]) == (
+        "a100_80gb",
+        4,
+        300.0,
+    )
     assert hardware.gpu_profile_name("NVIDIA H100 80GB HBM3") == "h100_sxm"
 
 
@@ -222,23 +307,41 @@ def test_every_role_of_a_pipeline_job_gets_a_step_time():
     from torchtitan.planning.memory.predict import predict
     from torchtitan.training.build import fake_world, model_on_meta
 
-    cfg, _ = load_config(["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=4",
-                          "--parallelism.pipeline_parallel_degree=2", "--planning.memory_budget_gib=none",
-                          "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-                          "--parallelism.pipeline_parallel_layers_per_stage=1"], 4)
+    cfg, _ = load_config(
+        [
+            "--model.flavor=tiny",
+            "--training.seq_len=64",
+            "--training.local_batch_size=4",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--planning.memory_budget_gib=none",
+            "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+            "--parallelism.pipeline_parallel_layers_per_stage=1",
+        ],
+        4,
+    )
     with fake_world(cfg, 4) as dims:
         meta = model_on_meta(cfg)
         roles = predict(meta.spec, meta.model, dims, cfg, "cuda", meta.args, hardware=H100).roles
     times = [r.time for r in roles]
-    assert [t.role for t in times] == ["pp0", "pp1"] and [t.ranks for t in times] == [r.ranks for r in roles]
+    assert [t.role for t in times] == ["pp0", "pp1"] and [t.ranks for t in times] == [
+        r.ranks for r in roles
+    ]
     assert times[0].predicted_step_seconds == times[1].predicted_step_seconds > 0
     tokens = 4 * 2 * 64  # local batch x dp x seq
-    assert times[0].tokens_per_second_per_device == pytest.approx(tokens / times[0].predicted_step_seconds / 4)
+    assert times[0].tokens_per_second_per_device == pytest.approx(
+        tokens / times[0].predicted_step_seconds / 4
+    )
     for t in times:
         assert t.breakdown["pipeline_bubble"] > 0 and "comm_dp_shard" in t.breakdown
         assert sum(t.breakdown.values()) == pytest.approx(t.predicted_step_seconds, rel=1e-9)
-        assert set(t.record()) == {"role", "ranks", "predicted_step_seconds", "tokens_per_second_per_device", "mfu",
-                                   "breakdown"}
+        assert set(t.record()) == {
+            "role",
+            "ranks",
+            "predicted_step_seconds",
+            "tokens_per_second_per_device",
+            "mfu",
+            "breakdown",
+        }
 
 
 def test_a_measured_cpu_profile_times_gloo_and_shared_cores_by_the_ranks_on_the_machine():
@@ -246,10 +349,18 @@ def test_a_measured_cpu_profile_times_gloo_and_shared_cores_by_the_ranks_on_the_
 
     from torchtitan.planning.step_time.rank import _stretch
 
-    cpu = dataclasses.replace(H100, host_async=False, cores=2, thread_speedup=1.8, sharing={"2": 1.1, "4": 2.2},
-                              intra_latency_us=0.0,
-                              gloo={"2": {"gbps": 1.0, "fixed_us": {"all_gather": 500.0}},
-                                    "4": {"gbps": 0.5, "fixed_us": {"all_gather": 4000.0}}})
+    cpu = dataclasses.replace(
+        H100,
+        host_async=False,
+        cores=2,
+        thread_speedup=1.8,
+        sharing={"2": 1.1, "4": 2.2},
+        intra_latency_us=0.0,
+        gloo={
+            "2": {"gbps": 1.0, "fixed_us": {"all_gather": 500.0}},
+            "4": {"gbps": 0.5, "fixed_us": {"all_gather": 4000.0}},
+        },
+    )
 
     def world(n):
         return SimpleNamespace(world_size=n)
@@ -260,8 +371,12 @@ def test_a_measured_cpu_profile_times_gloo_and_shared_cores_by_the_ranks_on_the_
     assert _stretch(cpu, world(8)) == pytest.approx(4.4)  # beyond the measured count: time slices
     assert _stretch(H100, world(8)) == 1.0  # a GPU rank has its own device
     mb = 1 << 20
-    assert step_time.collective_seconds("all_gather", mb, [0, 1], cpu, world=2) == pytest.approx(500e-6 + 0.5 * mb / 1e9)
-    assert step_time.collective_seconds("all_gather", mb, [0, 1], cpu, world=4) == pytest.approx(4000e-6 + 0.5 * mb / 0.5e9)
+    assert step_time.collective_seconds("all_gather", mb, [0, 1], cpu, world=2) == pytest.approx(
+        500e-6 + 0.5 * mb / 1e9
+    )
+    assert step_time.collective_seconds("all_gather", mb, [0, 1], cpu, world=4) == pytest.approx(
+        4000e-6 + 0.5 * mb / 0.5e9
+    )
 
 
 def test_fsdp2_backward_prefetch_waits_for_the_gather_issued_a_unit_earlier():
@@ -274,9 +389,15 @@ def test_fsdp2_backward_prefetch_waits_for_the_gather_issued_a_unit_earlier():
     unit = Compute(device_s=3 * (ag + rs))
     events = [Comm("all_gather", "fsdp", 1 << 27, "c10d")]  # the first unit's own gather
     for _ in range(4):
-        events += [Comm("all_gather", "fsdp", 1 << 27, "c10d"), unit, Comm("reduce_scatter", "fsdp", 1 << 28, "c10d")]
+        events += [
+            Comm("all_gather", "fsdp", 1 << 27, "c10d"),
+            unit,
+            Comm("reduce_scatter", "fsdp", 1 << 28, "c10d"),
+        ]
     t = step_time.Streams(H100, groups, 1.0, False).run([Segment("backward", None, events)])
-    assert t.parts["comm_dp_shard"] == pytest.approx(ag + rs)  # the first gather, the last reduce-scatter
+    assert t.parts["comm_dp_shard"] == pytest.approx(
+        ag + rs
+    )  # the first gather, the last reduce-scatter
     assert t.seconds == pytest.approx(ag + 4 * unit.device_s + rs)
 
 
@@ -284,26 +405,51 @@ def test_the_nearby_choices_of_a_job():
     from torchtitan.checks import load_config
     from torchtitan.planning.search.nearby import nearby_choices
 
-    cfg, _ = load_config(["--model.flavor=tiny", "--activation_checkpoint.mode=selective",
-                          "--activation_checkpoint.selective_ac_option=op", "--parallelism.pipeline_parallel_degree=2",
-                          "--training.local_batch_size=4"], 4)
+    cfg, _ = load_config(
+        [
+            "--model.flavor=tiny",
+            "--activation_checkpoint.mode=selective",
+            "--activation_checkpoint.selective_ac_option=op",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--training.local_batch_size=4",
+        ],
+        4,
+    )
     dims = NS(dp_shard=2, pp=2, dp=2)
     changes = [c for c, _ in nearby_choices(cfg, dims)]
-    assert changes == ["--activation_checkpoint.mode=none",
-                       "--activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=2",
-                       "--parallelism.reshard_after_forward=never", "--parallelism.reshard_after_forward=always",
-                       "--training.local_batch_size=5", "--training.local_batch_size=3", "--compile.enable=true"]
+    assert changes == [
+        "--activation_checkpoint.mode=none",
+        "--activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=2",
+        "--parallelism.reshard_after_forward=never",
+        "--parallelism.reshard_after_forward=always",
+        "--training.local_batch_size=5",
+        "--training.local_batch_size=3",
+        "--compile.enable=true",
+    ]
     candidates = dict(nearby_choices(cfg, dims))
     assert candidates["--training.local_batch_size=5"].training.local_batch_size == 5
-    assert candidates["--compile.enable=true"].compile.enable and not cfg.compile.enable  # the job is untouched
+    assert (
+        candidates["--compile.enable=true"].compile.enable and not cfg.compile.enable
+    )  # the job is untouched
     # without FSDP or PP: only the AC neighbours and compile
-    assert [c for c, _ in nearby_choices(cfg, NS(dp_shard=1, pp=1, dp=1))] == changes[:2] + changes[-1:]
+    assert [c for c, _ in nearby_choices(cfg, NS(dp_shard=1, pp=1, dp=1))] == changes[:2] + changes[
+        -1:
+    ]
 
 
-@pytest.mark.parametrize("arg,message", [
-    ("--hardware.gpus_per_node=0", "--hardware.gpus_per_node=0: must be > 0 (or auto: the profile's value)"),
-    ("--hardware.clock_factor=1.5", "--hardware.clock_factor=1.5: must be > 0 and <= 1 (or auto: the profile's value)"),
-])
+@pytest.mark.parametrize(
+    "arg,message",
+    [
+        (
+            "--hardware.gpus_per_node=0",
+            "--hardware.gpus_per_node=0: must be > 0 (or auto: the profile's value)",
+        ),
+        (
+            "--hardware.clock_factor=1.5",
+            "--hardware.clock_factor=1.5: must be > 0 and <= 1 (or auto: the profile's value)",
+        ),
+    ],
+)
 def test_bad_hardware_keys_are_one_line(arg, message):
     from torchtitan.checks import load_config
     from torchtitan.config import ConfigError
@@ -322,8 +468,16 @@ def test_gradient_accumulation_runs_each_pipeline_action_again_not_longer():
     def seg(label, action, seconds):
         return Segment(label, action, [Compute(device_s=seconds, host_s=0.0)])
 
-    once = [seg("forward", (0, "F", 0), 1.0), seg("loss", (0, "F", 0), 0.5), seg("backward", (0, "B", 0), 2.0)]
-    twice = once + [seg("forward", (0, "F", 0), 1.0), seg("loss", (0, "F", 0), 0.5), seg("backward", (0, "B", 0), 2.0)]
+    once = [
+        seg("forward", (0, "F", 0), 1.0),
+        seg("loss", (0, "F", 0), 0.5),
+        seg("backward", (0, "B", 0), 2.0),
+    ]
+    twice = once + [
+        seg("forward", (0, "F", 0), 1.0),
+        seg("loss", (0, "F", 0), 0.5),
+        seg("backward", (0, "B", 0), 2.0),
+    ]
     for segments in (once, twice):
         t = step_time.rank_times(segments, H100, groups, 1.0, False)
         assert t.actions[(0, "F")].seconds == pytest.approx(1.5)

@@ -13,14 +13,39 @@ UNIT = os.path.dirname(os.path.abspath(__file__))
 
 # Modules that start processes: importing one (or a module inside it) is a finding.
 PROCESS_MODULES = (
-    "subprocess", "multiprocessing", "torch.multiprocessing", "torch.distributed.run", "torch.distributed.launch",
+    "subprocess",
+    "multiprocessing",
+    "torch.multiprocessing",
+    "torch.distributed.run",
+    "torch.distributed.launch",
     "torch.distributed.elastic.multiprocessing",
 )
 # Functions that start (or become) another process: named as module.function.
 PROCESS_FUNCTIONS = {
-    "os": ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnl", "spawnle", "spawnlp",
-           "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "execl", "execle", "execlp", "execlpe", "execv",
-           "execve", "execvp", "execvpe"),
+    "os": (
+        "system",
+        "popen",
+        "fork",
+        "forkpty",
+        "posix_spawn",
+        "posix_spawnp",
+        "spawnl",
+        "spawnle",
+        "spawnlp",
+        "spawnlpe",
+        "spawnv",
+        "spawnve",
+        "spawnvp",
+        "spawnvpe",
+        "execl",
+        "execle",
+        "execlp",
+        "execlpe",
+        "execv",
+        "execve",
+        "execvp",
+        "execvpe",
+    ),
     "pty": ("fork", "spawn"),
     "asyncio": ("create_subprocess_exec", "create_subprocess_shell"),
     "concurrent.futures": ("ProcessPoolExecutor",),
@@ -56,8 +81,11 @@ def findings(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), filename=path)
     # bare strings (docstrings, comments in quotes) run nothing
-    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
-             and isinstance(node.value, ast.Constant)}
+    prose = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
     out = []
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
@@ -75,12 +103,16 @@ def findings(path: str) -> list[str]:
             # the shortest part that matches: torch.multiprocessing.spawn is one finding (uses
             # torch.multiprocessing); subprocess.run none, its import is the finding
             if (_is_process_module(name) or name in STARTERS) and not (
-                    _is_process_module(name.rsplit(".", 1)[0]) or name.rsplit(".", 1)[0] in STARTERS):
+                _is_process_module(name.rsplit(".", 1)[0]) or name.rsplit(".", 1)[0] in STARTERS
+            ):
                 out.append((line, f"uses {name}"))
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             func = _dotted(node.func) or ""
-            if func in ("__import__", "import_module", "importlib.import_module") and isinstance(
-                    node.args[0].value, str) and _is_process_module(node.args[0].value):
+            if (
+                func in ("__import__", "import_module", "importlib.import_module")
+                and isinstance(node.args[0].value, str)
+                and _is_process_module(node.args[0].value)
+            ):
                 out.append((line, f"imports {node.args[0].value}"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
             if (launcher := _launcher(node.value)) is not None:
@@ -106,7 +138,9 @@ def scan(folder: str, skip: tuple[str, ...] = ()) -> tuple[dict[str, list[str]],
 def assert_no_process_started(folder: str, skip: tuple[str, ...] = ()) -> list[str]:
     """Fails naming each file under `folder` that starts a process; returns the files read."""
     found, read = scan(folder, skip)
-    assert found == {}, "these files start processes (move their tests to tests/integration): " + repr(found)
+    assert found == {}, (
+        "these files start processes (move their tests to tests/integration): " + repr(found)
+    )
     return read
 
 
@@ -114,7 +148,9 @@ def test_no_unit_test_starts_a_process():
     # this file names what it looks for; it imports none of it
     read = assert_no_process_started(UNIT, skip=(os.path.abspath(__file__),))
     names = {os.path.basename(p) for p in read}
-    assert {"conftest.py", "config_helpers.py", "test_config.py"} <= names, sorted(names)  # it read them
+    assert {"conftest.py", "config_helpers.py", "test_config.py"} <= names, sorted(
+        names
+    )  # it read them
 
 
 def test_the_reader_finds_each_way_of_starting_a_process(tmp_path):
@@ -136,11 +172,19 @@ def test_the_reader_finds_each_way_of_starting_a_process(tmp_path):
         "    __import__('subprocess')\n"  # 15
     )
     assert findings(str(tmp_path / "test_spawns.py")) == [
-        "1: imports subprocess", "2: imports multiprocessing.pool", "3: imports torch.multiprocessing",
-        "4: imports torch.multiprocessing", "5: imports subprocess", "6: imports os.fork",
-        "7: imports concurrent.futures.ProcessPoolExecutor", "10: uses torch.multiprocessing",
-        "11: uses os.system", "12: names run_train.sh", "13: names torchrun",
-        "14: names run_train.sh", "15: imports subprocess",
+        "1: imports subprocess",
+        "2: imports multiprocessing.pool",
+        "3: imports torch.multiprocessing",
+        "4: imports torch.multiprocessing",
+        "5: imports subprocess",
+        "6: imports os.fork",
+        "7: imports concurrent.futures.ProcessPoolExecutor",
+        "10: uses torch.multiprocessing",
+        "11: uses os.system",
+        "12: names run_train.sh",
+        "13: names torchrun",
+        "14: names run_train.sh",
+        "15: imports subprocess",
     ]
     with pytest.raises(AssertionError, match="test_spawns.py"):
         assert_no_process_started(str(tmp_path))

@@ -19,9 +19,9 @@ step-N.tmp, which is never loaded, so a rank killed during the write leaves noth
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -56,10 +56,18 @@ class AsyncSaves:
         if self._group is None:
             self._group = dist.new_group(backend="gloo", timeout=self.timeout)
             cuda = self.device_type == "cuda"
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=cuda))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=cuda,
+                )
+            )
         start = time.monotonic()
-        future = dcp.async_save(states, storage_writer=writer, process_group=self._group, async_stager=self._stager)
+        future = dcp.async_save(
+            states, storage_writer=writer, process_group=self._group, async_stager=self._stager
+        )
         staged = time.monotonic() - start
         self.pending = _Pending(step, future, finish, start + staged, staged)
         return staged
@@ -85,8 +93,10 @@ class AsyncSaves:
                 raise
             failures = list(getattr(e, "failures", {}).values())
             first = failures[0][0] if failures and isinstance(failures[0], tuple) else e
-            raise CheckpointError(f"the asynchronous save of step {p.step} failed ({type(first).__name__}:"
-                                  f" {one_line(first)}); the checkpoints saved before it are intact") from e
+            raise CheckpointError(
+                f"the asynchronous save of step {p.step} failed ({type(first).__name__}:"
+                f" {one_line(first)}); the checkpoints saved before it are intact"
+            ) from e
         return self._finish()
 
     def _finish(self) -> str:
@@ -94,8 +104,10 @@ class AsyncSaves:
         p.finish()
         took = time.monotonic() - p.started
         self.write_s = max(self.write_s, took)
-        return (f"checkpoint step-{p.step} written in the background in {took:.2f}s"
-                f" (training stopped {p.staged_s:.2f}s to stage it)")
+        return (
+            f"checkpoint step-{p.step} written in the background in {took:.2f}s"
+            f" (training stopped {p.staged_s:.2f}s to stage it)"
+        )
 
     def close(self) -> None:
         """Free the staging buffers (after the last save was waited for)."""

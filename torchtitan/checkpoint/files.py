@@ -182,14 +182,28 @@ def check_compatible(path: str, marker: dict, model: str, global_batch: int | No
         )
 
 
-def run_record(model: str, world_size: int, mesh: dict, tokenizer_path: str, hf_args: dict, model_rules: dict,
-               global_batch: int | None = None) -> dict:
+def run_record(
+    model: str,
+    world_size: int,
+    mesh: dict,
+    tokenizer_path: str,
+    hf_args: dict,
+    model_rules: dict,
+    global_batch: int | None = None,
+) -> dict:
     """What every marker of a run says about the run: the model ("name/flavor"), the layout
     (world size, mesh; RNG states load only into the same one), the global batch (None for
     weights only; a resume must keep it), the tokenizer, and what an export and a run started
     from it need of the model's args (hf_args, model_rules: models/hf/converters.py)."""
-    return {"world_size": world_size, "global_batch": global_batch, "model": model, "mesh": mesh,
-            "tokenizer": os.path.abspath(tokenizer_path), "hf_args": hf_args, "model_rules": model_rules}
+    return {
+        "world_size": world_size,
+        "global_batch": global_batch,
+        "model": model,
+        "mesh": mesh,
+        "tokenizer": os.path.abspath(tokenizer_path),
+        "hf_args": hf_args,
+        "model_rules": model_rules,
+    }
 
 
 def marker_record(step: int, model_only: bool, dtype: str, run: dict, **extra) -> dict:
@@ -219,8 +233,16 @@ class StartPoint:
     info: CheckpointInfo | None = None  # resume / seed: the checkpoint found in the run's folder
 
 
-def start_point(folder: str, enable: bool, load_step: int | str, initial_load_path: str, model_name: str,
-                flavor: str, args, global_batch: int) -> StartPoint:
+def start_point(
+    folder: str,
+    enable: bool,
+    load_step: int | str,
+    initial_load_path: str,
+    model_name: str,
+    flavor: str,
+    args,
+    global_batch: int,
+) -> StartPoint:
     """What a run in `folder` starts from, each candidate checked (CheckpointError, one line):
     with checkpointing on, the checkpoint resolve_resume picks (its model and, for a full
     resume, its global batch must be this run's); else `initial_load_path`: a Hugging Face
@@ -239,8 +261,10 @@ def start_point(folder: str, enable: bool, load_step: int | str, initial_load_pa
         return StartPoint("fresh")
     if is_hf_folder(path):
         if args is None:
-            raise CheckpointError(f"--checkpoint.initial_load_path: '{path}' is a Hugging Face folder, which this"
-                                  " run cannot read (no model args to check it against)")
+            raise CheckpointError(
+                f"--checkpoint.initial_load_path: '{path}' is a Hugging Face folder, which this"
+                " run cannot read (no model args to check it against)"
+            )
         try:
             check_folder(path, model_name, flavor, args)
         except HFFolderError as e:

@@ -31,7 +31,12 @@ from torchtitan.checkpoint.files import (
     step_path,
     write_marker,
 )
-from torchtitan.checkpoint.states import DataloaderState, LRSchedulerState, ModelState, OptimizerState
+from torchtitan.checkpoint.states import (
+    DataloaderState,
+    LRSchedulerState,
+    ModelState,
+    OptimizerState,
+)
 from torchtitan.data.dataloader import StateVersionError
 from torchtitan.distributed.utils import is_comm_failure
 from torchtitan.dtypes import DTYPES
@@ -65,9 +70,21 @@ class CheckpointManager:
     to load and renames folders; the folder must be on a file system all ranks share.
     """
 
-    def __init__(self, cfg, dump_folder, model_parts, run_info: dict, *, optimizers=None, dataloader=None,
-                 train_state=None, io_timeout_seconds: int = 1800, hf: HFSpec | None = None, device_type: str = "cpu",
-                 log=lambda line: None):
+    def __init__(
+        self,
+        cfg,
+        dump_folder,
+        model_parts,
+        run_info: dict,
+        *,
+        optimizers=None,
+        dataloader=None,
+        train_state=None,
+        io_timeout_seconds: int = 1800,
+        hf: HFSpec | None = None,
+        device_type: str = "cpu",
+        log=lambda line: None,
+    ):
         """`run_info`: what every marker records (files.run_record). The training state
         (optimizers, dataloader, train_state) is what a full checkpoint holds besides the model;
         without it (a seed checkpoint) only the model is saved."""
@@ -78,18 +95,22 @@ class CheckpointManager:
         self.model_parts = model_parts
         self.states = {"model": ModelState(model_parts)}
         if optimizers is not None:
-            self.states.update({
-                "optimizer": OptimizerState(model_parts, optimizers),
-                "lr_scheduler": LRSchedulerState(optimizers),
-                "train_state": train_state,
-                "dataloader": DataloaderState(dataloader),
-            })
+            self.states.update(
+                {
+                    "optimizer": OptimizerState(model_parts, optimizers),
+                    "lr_scheduler": LRSchedulerState(optimizers),
+                    "train_state": train_state,
+                    "dataloader": DataloaderState(dataloader),
+                }
+            )
         self.train_state = train_state
         self.run_info = run_info  # world_size, global_batch, model, mesh: written into each marker
         self._io_timeout = timedelta(seconds=io_timeout_seconds)
         self._pg = None
         self._deleting: threading.Thread | None = None
-        self.async_saves = AsyncSaves(device_type, io_timeout_seconds) if cfg.async_mode == "async" else None
+        self.async_saves = (
+            AsyncSaves(device_type, io_timeout_seconds) if cfg.async_mode == "async" else None
+        )
         self.saved_step = -1  # the step of the newest save this run started (sync or async)
         self.save_s = 0.0  # the longest synchronous save so far
         self.log = log  # rank 0's console (a line per save)
@@ -131,15 +152,27 @@ class CheckpointManager:
             return ""  # nothing to look at: no checkpoint group is made
         model_name, flavor = self.run_info["model"].split("/", 1)
         args = spec.args if spec is not None else None
-        start = self._agree(lambda: start_point(self.folder, c.enable, c.load_step, c.initial_load_path,
-                                                model_name, flavor, args, self.run_info.get("global_batch")))
+        start = self._agree(
+            lambda: start_point(
+                self.folder,
+                c.enable,
+                c.load_step,
+                c.initial_load_path,
+                model_name,
+                flavor,
+                args,
+                self.run_info.get("global_batch"),
+            )
+        )
         if start.kind == "fresh":
             return ""
         if start.kind == "initial_hf":
             done = load_hf_weights(self.model_parts, start.path, spec.model_name, spec.args)
             note = f"; {done.note}" if done.note else ""
-            return (f"weights loaded from Hugging Face folder {start.path} ({done.tensors} tensors,"
-                    f" {done.bytes_read / MIB:.2f} MiB read on this rank){note}; starting at step 0")
+            return (
+                f"weights loaded from Hugging Face folder {start.path} ({done.tensors} tensors,"
+                f" {done.bytes_read / MIB:.2f} MiB read on this rank){note}; starting at step 0"
+            )
         if start.kind == "initial_checkpoint":
             self._load({"model": self.states["model"]}, start.path, own=False)
             return f"weights loaded from {start.path} (initial_load_path); starting at step 0"
@@ -149,20 +182,31 @@ class CheckpointManager:
         info = start.info
         # Per-rank RNG states mean something only for the same rank layout.
         same_layout = (info.marker.get("world_size"), info.marker.get("mesh")) == (
-            self.run_info["world_size"], self.run_info["mesh"])
+            self.run_info["world_size"],
+            self.run_info["mesh"],
+        )
         self.train_state.restore_rng = same_layout
         try:
             self._load(self.states, info.path)
         finally:
             self.train_state.restore_rng = True
-        rng = "" if same_layout else (f"; RNG states not restored (saved by mesh {info.marker.get('mesh')},"
-                                      f" world size {info.marker.get('world_size')})")
+        rng = (
+            ""
+            if same_layout
+            else (
+                f"; RNG states not restored (saved by mesh {info.marker.get('mesh')},"
+                f" world size {info.marker.get('world_size')})"
+            )
+        )
         return f"resumed from step {info.step} ({info.path}){rng}"
 
     def _load(self, states: dict, path: str, own: bool = True) -> None:
         try:
             dcp.load(states, checkpoint_id=path, process_group=self.pg)
-        except (Exception, CheckpointException) as e:  # DCP raises it on every rank when any read fails
+        except (
+            Exception,
+            CheckpointException,
+        ) as e:  # DCP raises it on every rank when any read fails
             if is_comm_failure(e):  # a peer died mid-load: not the checkpoint's fault
                 raise
             if isinstance(e, CheckpointException):  # its message lists every rank's traceback
@@ -177,17 +221,28 @@ class CheckpointManager:
                     f"--checkpoint.initial_load_path: '{path}' could not be loaded {what}; it is damaged or"
                     " was saved by another model configuration (--model.name/flavor)"
                 ) from e
-            others = [str(c.step) for c in scan(self.folder) if c.complete and not c.model_only and c.path != path]
-            hint = (f"pick another step with --checkpoint.load_step (complete: {', '.join(others)})"
-                    if others else "move it away to start fresh")
-            raise CheckpointError(f"checkpoint '{path}' could not be loaded, it is corrupt or does not match"
-                                  f" this model {what}; {hint}") from e
+            others = [
+                str(c.step)
+                for c in scan(self.folder)
+                if c.complete and not c.model_only and c.path != path
+            ]
+            hint = (
+                f"pick another step with --checkpoint.load_step (complete: {', '.join(others)})"
+                if others
+                else "move it away to start fresh"
+            )
+            raise CheckpointError(
+                f"checkpoint '{path}' could not be loaded, it is corrupt or does not match"
+                f" this model {what}; {hint}"
+            ) from e
 
     # ------------------------------------------------------------------ save
 
     def due(self, step: int, last: bool) -> bool:
         """Whether `maybe_save(step, last)` writes anything (a checkpoint or an HF export)."""
-        return (self.cfg.enable and (last or step % self.cfg.interval == 0)) or (last and self.cfg.last_save_in_hf)
+        return (self.cfg.enable and (last or step % self.cfg.interval == 0)) or (
+            last and self.cfg.last_save_in_hf
+        )
 
     def maybe_save(self, step: int, last: bool) -> None:
         """Between steps: publish a finished asynchronous save; save at the interval and the
@@ -196,8 +251,12 @@ class CheckpointManager:
         if self.cfg.enable and (last or step % self.cfg.interval == 0):
             if last and self.cfg.last_save_model_only:
                 dtype = DTYPES[self.cfg.export_dtype]
-                self._save(step, {"model": ModelState(self.model_parts, dtype)}, model_only=True,
-                           dtype=self.cfg.export_dtype)
+                self._save(
+                    step,
+                    {"model": ModelState(self.model_parts, dtype)},
+                    model_only=True,
+                    dtype=self.cfg.export_dtype,
+                )
             else:
                 self._save(step, self.states, model_only=False, background=not last)
         if last and self.cfg.last_save_in_hf:  # after the checkpoint: a failed export loses nothing
@@ -237,8 +296,10 @@ class CheckpointManager:
         folder = hf_export_path(self.dump_folder, step)
         if self._agree(lambda: os.path.exists(folder)):  # e.g. a resumed run that exported before
             if _is_main():
-                print(f"[torchtitan] Hugging Face export skipped: '{folder}' already exists (nothing is overwritten)",
-                      flush=True)
+                print(
+                    f"[torchtitan] Hugging Face export skipped: '{folder}' already exists (nothing is overwritten)",
+                    flush=True,
+                )
             return
         export_hf(self.model_parts, folder, self.hf, self.cfg.export_dtype, group=self.pg)
         if _is_main():
@@ -248,7 +309,9 @@ class CheckpointManager:
         self._save(0, {"model": ModelState(self.model_parts)}, model_only=True, dtype="float32")
         return step_path(self.folder, 0)
 
-    def _save(self, step: int, states: dict, model_only: bool, dtype: str = "", background: bool = False) -> None:
+    def _save(
+        self, step: int, states: dict, model_only: bool, dtype: str = "", background: bool = False
+    ) -> None:
         """DCP files into step-N.tmp, then the marker, then the rename: the step becomes
         visible only complete, and an existing step-N is replaced only after that. With
         async_mode=async and `background`, the files are written while training goes on
@@ -265,8 +328,12 @@ class CheckpointManager:
         record = marker_record(step, model_only, dtype, self.run_info)
         self.saved_step = step
         if background and self.async_saves is not None:
-            staged = self.async_saves.start(step, states, _Writer(tmp, step), lambda: self._publish(tmp, final, record))
-            self.log(f"[torchtitan] checkpoint step-{step}: staged in {staged:.2f}s, writing in the background")
+            staged = self.async_saves.start(
+                step, states, _Writer(tmp, step), lambda: self._publish(tmp, final, record)
+            )
+            self.log(
+                f"[torchtitan] checkpoint step-{step}: staged in {staged:.2f}s, writing in the background"
+            )
             return
         dcp.save(states, storage_writer=_Writer(tmp, step), process_group=self.pg)
         self._barrier()
@@ -312,13 +379,19 @@ class CheckpointManager:
         full = newest_first([c for c in found if c.complete and not c.model_only])
         newest = full[0].step if full else -1
         stale = [c for c in found if c.path.endswith(".tmp") and c.step < newest]
-        old = full[self.cfg.keep_latest_k:] if self.cfg.keep_latest_k > 0 else []
+        old = full[self.cfg.keep_latest_k :] if self.cfg.keep_latest_k > 0 else []
         for c in stale + old:
-            os.replace(c.path, os.path.join(self.folder, f".trash-{os.path.basename(c.path)}-{time.time_ns()}"))
-        trash = [os.path.join(self.folder, n) for n in os.listdir(self.folder) if n.startswith(".trash-")]
+            os.replace(
+                c.path,
+                os.path.join(self.folder, f".trash-{os.path.basename(c.path)}-{time.time_ns()}"),
+            )
+        trash = [
+            os.path.join(self.folder, n) for n in os.listdir(self.folder) if n.startswith(".trash-")
+        ]
         if trash and (self._deleting is None or not self._deleting.is_alive()):
-            self._deleting = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
-                                              daemon=True)
+            self._deleting = threading.Thread(
+                target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash], daemon=True
+            )
             self._deleting.start()
 
     def settle(self) -> None:

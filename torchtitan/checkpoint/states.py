@@ -25,7 +25,9 @@ def _copies(part) -> dict[str, str]:
     stage holds the output head that is the first stage's embedding): saved and loaded under
     the parameter's name, so a checkpoint has one name for it in every layout."""
     names = {n for n, _ in part.named_parameters()}
-    return {c: s for c, s in getattr(part, "tied_weights", {}).items() if c in names and s not in names}
+    return {
+        c: s for c, s in getattr(part, "tied_weights", {}).items() if c in names and s not in names
+    }
 
 
 def _one_name(state: dict, part) -> dict:
@@ -44,7 +46,7 @@ def _rename(key: str, renames: dict[str, str]) -> str:
             return new
         for head in ("state.", "param_groups."):
             if key.startswith(head + old + "."):
-                return head + new + key[len(head + old):]
+                return head + new + key[len(head + old) :]
     return key
 
 
@@ -63,8 +65,11 @@ class ModelState(Stateful):
         self.model_parts, self.dtype = model_parts, dtype
 
     def state_dict(self):
-        out = {k: v for m in self.model_parts
-               for k, v in _renamed(_one_name(get_model_state_dict(m), m), _copies(m)).items()}
+        out = {
+            k: v
+            for m in self.model_parts
+            for k, v in _renamed(_one_name(get_model_state_dict(m), m), _copies(m)).items()
+        }
         if self.dtype is not None:
             out = {k: v.to(self.dtype) for k, v in out.items()}
         return out
@@ -118,7 +123,9 @@ class DataloaderState(Stateful):
         return {f"slot_{s}": pickle.dumps(st) for s, st in self.dataloader.state_dict().items()}
 
     def load_state_dict(self, state):
-        self.dataloader.load_state_dict({int(k.removeprefix("slot_")): pickle.loads(v) for k, v in state.items()})
+        self.dataloader.load_state_dict(
+            {int(k.removeprefix("slot_")): pickle.loads(v) for k, v in state.items()}
+        )
 
 
 class TrainState(Stateful):

@@ -35,12 +35,17 @@ def check_data_inputs(cfg: JobConfig, args, global_batch: int = 0) -> None:
     rows = global_batch or rows_per_step(cfg, 1)
     check_tokenizer(cfg, args)
     for name in training_datasets(cfg.training):
-        in_mix(name, cfg.training, lambda: check_dataset(cfg, "training", rows, name))
+        in_mix(name, cfg.training, lambda name=name: check_dataset(cfg, "training", rows, name))
     check_mix_delimiters(cfg.training)
     if cfg.validation.enable:
         check_dataset(cfg, "validation", rows)
         for name in validation_sets(cfg.validation):
-            in_entry(name, "validation", "per_source", lambda: check_dataset(cfg, "validation", rows, name, True))
+            in_entry(
+                name,
+                "validation",
+                "per_source",
+                lambda name=name: check_dataset(cfg, "validation", rows, name, True),
+            )
 
 
 def validation_sets(v) -> list[str]:
@@ -56,14 +61,20 @@ def training_datasets(t) -> list[str]:
     """The training datasets: the mixture's sources, or the one dataset; [training] loader keys checked."""
     from torchtitan.data.mixture import MixError, parse_mix
 
-    if t.dataloader_workers != "auto" and (not isinstance(t.dataloader_workers, int) or t.dataloader_workers < 0):
-        raise ConfigError(f"--training.dataloader_workers={t.dataloader_workers}: must be >= 0 (0: read on the"
-                          " training thread) or auto")
+    if t.dataloader_workers != "auto" and (
+        not isinstance(t.dataloader_workers, int) or t.dataloader_workers < 0
+    ):
+        raise ConfigError(
+            f"--training.dataloader_workers={t.dataloader_workers}: must be >= 0 (0: read on the"
+            " training thread) or auto"
+        )
     if not t.dataset_mix:
         return [t.dataset]
     if t.dataset != "pydoc":
-        raise ConfigError(f"--training.dataset={t.dataset!r} and --training.dataset_mix are both set; give the"
-                          f" dataset as a mixture entry ('{t.dataset}:1.0') or drop dataset_mix")
+        raise ConfigError(
+            f"--training.dataset={t.dataset!r} and --training.dataset_mix are both set; give the"
+            f" dataset as a mixture entry ('{t.dataset}:1.0') or drop dataset_mix"
+        )
     try:
         return [s.dataset for s in parse_mix(t.dataset_mix)]
     except MixError as e:
@@ -86,7 +97,9 @@ def in_entry(name: str, section: str, key: str, check) -> None:
         msg, head = str(e), f"--{section}.dataset"
         if not re.match(re.escape(head) + r"[=: ]", msg):
             raise
-        raise ConfigError(f"--{section}.{key} entry {name!r}" + msg[len(head):].removeprefix("=" + repr(name))) from None
+        raise ConfigError(
+            f"--{section}.{key} entry {name!r}" + msg[len(head) :].removeprefix("=" + repr(name))
+        ) from None
 
 
 def check_mix_delimiters(t) -> None:
@@ -103,8 +116,10 @@ def check_mix_delimiters(t) -> None:
             seen[name] = (tk.get("bos_id"), tk.get("eos_id"), tk.get("has_bos"))
     if len(set(seen.values())) > 1:
         parts = ", ".join(f"'{n}' BOS {b} EOS {e}" for n, (b, e, _) in seen.items())
-        raise ConfigError(f"--training.dataset_mix: its pre-tokenized sources delimit documents differently ({parts});"
-                          " tokenize every source with the run's tokenizer")
+        raise ConfigError(
+            f"--training.dataset_mix: its pre-tokenized sources delimit documents differently ({parts});"
+            " tokenize every source with the run's tokenizer"
+        )
 
 
 def check_dataset_path(dataset: str, section: str = "training") -> None:
@@ -127,7 +142,9 @@ def check_dataset_path(dataset: str, section: str = "training") -> None:
             f" {kinds} file or folder, 'pydoc', or an HF hub name"
         )
     if os.path.isfile(path) and os.path.splitext(path)[1] not in LOCAL_FILE_BUILDERS:
-        raise ConfigError(f"--{section}.dataset: cannot read '{dataset}': use a {kinds} file or a folder")
+        raise ConfigError(
+            f"--{section}.dataset: cannot read '{dataset}': use a {kinds} file or a folder"
+        )
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -146,8 +163,10 @@ def check_tokenizer(cfg: JobConfig, args) -> None:
         if os.path.isdir(full):
             full = os.path.join(full, "tokenizer.json")
         if not os.path.isfile(full):
-            raise ConfigError(f"--model.tokenizer_path: '{full}' not found; give an HF tokenizer.json file (or its"
-                              " folder), or leave it empty for the bundled tokenizer")
+            raise ConfigError(
+                f"--model.tokenizer_path: '{full}' not found; give an HF tokenizer.json file (or its"
+                " folder), or leave it empty for the bundled tokenizer"
+            )
     key = f"--model.tokenizer_path={m.tokenizer_path!r}"
     try:
         tokenizer = load_tokenizer(m.tokenizer_path)
@@ -158,7 +177,9 @@ def check_tokenizer(cfg: JobConfig, args) -> None:
                 f"{key}: the tokenizer{where} has {e.reason}; use a tokenizer that defines one of these"
                 " pairs (as tokens or added tokens)"
             ) from None
-        raise ConfigError(f"{key}: not an HF tokenizer.json{where}: {e.reason}; {_TOKENIZER_FIX}") from None
+        raise ConfigError(
+            f"{key}: not an HF tokenizer.json{where}: {e.reason}; {_TOKENIZER_FIX}"
+        ) from None
     if args.vocab_size and tokenizer.vocab_size > args.vocab_size:
         from torchtitan.models.flavors import flavors_of
 
@@ -174,7 +195,9 @@ def check_tokenizer(cfg: JobConfig, args) -> None:
 # --------------------------------------------------------------------------- datasets
 
 
-def check_dataset(cfg: JobConfig, section: str, rows: int, name: str = "", per_source: bool = False) -> None:
+def check_dataset(
+    cfg: JobConfig, section: str, rows: int, name: str = "", per_source: bool = False
+) -> None:
     """The [training] or [validation] dataset keys (`name`: a mixture's source instead of the
     dataset key). A dry run reads no data: it checks only what needs no reading (the 'pydoc'
     split, a config name that has no effect)."""
@@ -205,7 +228,9 @@ def check_dataset(cfg: JobConfig, section: str, rows: int, name: str = "", per_s
         return
     elif local:
         _check_local(section, name, split, field, rows)
-    elif os.environ.get("RANK", "0") == "0":  # one hub request per job: rank 0 (or run_train.sh's check)
+    elif (
+        os.environ.get("RANK", "0") == "0"
+    ):  # one hub request per job: rank 0 (or run_train.sh's check)
         _check_hub(section, name, split, field, config)
 
 
@@ -273,7 +298,9 @@ class _QuietHF:
         self.torch = self.config.TORCH_AVAILABLE
         if "torch" not in sys.modules:
             self.config.TORCH_AVAILABLE = False
-        self.loggers = [logging.getLogger(n) for n in ("datasets", "huggingface_hub", "fsspec", "filelock")]
+        self.loggers = [
+            logging.getLogger(n) for n in ("datasets", "huggingface_hub", "fsspec", "filelock")
+        ]
         self.levels = [lg.level for lg in self.loggers]
         for lg in self.loggers:
             lg.setLevel(logging.CRITICAL + 1)
@@ -358,7 +385,9 @@ def _read_hf_records(section: str, name: str, split: str, is_file: bool, rows: i
         quiet.restore()
 
 
-def _local_error(section: str, name: str, split: str, is_file: bool, e: Exception, ours: bool = False) -> str:
+def _local_error(
+    section: str, name: str, split: str, is_file: bool, e: Exception, ours: bool = False
+) -> str:
     from torchtitan.data.sources import LOCAL_FILE_BUILDERS
 
     msg = one_line(e)
@@ -428,14 +457,21 @@ def _check_hub(section: str, name: str, split: str, field: str, config: str) -> 
 
 
 def _offline_vars() -> list[str]:
-    return [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-            if os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
+    return [
+        v
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+        if os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    ]
 
 
 def _hub_error(section: str, name: str, split: str, config: str, e: BaseException) -> str:
     msg, kind = one_line(e), type(e).__name__
     key = f"--{section}.dataset={name!r}"
-    if isinstance(e, ConnectionError) or "OfflineModeIsEnabled" in msg or kind == "OfflineModeIsEnabled":
+    if (
+        isinstance(e, ConnectionError)
+        or "OfflineModeIsEnabled" in msg
+        or kind == "OfflineModeIsEnabled"
+    ):
         offline = _offline_vars()
         if offline:
             return (

@@ -9,12 +9,22 @@ the memory keys, with the model-states floor against the memory budget.
 
 import math
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from torchtitan.checks.data import (
-    check_data_inputs, check_dataset_path, in_entry, in_mix, training_datasets, validation_sets,
+    check_data_inputs,
+    check_dataset_path,
+    in_entry,
+    in_mix,
+    training_datasets,
+    validation_sets,
 )
-from torchtitan.checks.layout import check_activation_checkpoint, check_fsdp_policies, check_layout, check_model
+from torchtitan.checks.layout import (
+    check_activation_checkpoint,
+    check_fsdp_policies,
+    check_layout,
+    check_model,
+)
 from torchtitan.checks.outputs import check_outputs, check_wandb
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError
@@ -43,6 +53,7 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
 
 def accepts(world_size: int) -> Callable[[JobConfig], bool]:
     """Whether check_job lets a job of `world_size` ranks run (the memory fit's candidates)."""
+
     def ok(cfg: JobConfig) -> bool:
         try:
             check_job(cfg, world_size)
@@ -72,9 +83,13 @@ def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
     if cfg.optimizer.lr <= 0:
         raise ConfigError(f"--optimizer.lr={cfg.optimizer.lr}: must be > 0")
     if cfg.lr_scheduler.warmup_steps < 0:
-        raise ConfigError(f"--lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps}: must be >= 0")
+        raise ConfigError(
+            f"--lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps}: must be >= 0"
+        )
     if not 0.0 <= cfg.lr_scheduler.decay_ratio <= 1.0:
-        raise ConfigError(f"--lr_scheduler.decay_ratio={cfg.lr_scheduler.decay_ratio}: must be in [0, 1]")
+        raise ConfigError(
+            f"--lr_scheduler.decay_ratio={cfg.lr_scheduler.decay_ratio}: must be in [0, 1]"
+        )
     if cfg.metrics.log_freq < 1:
         raise ConfigError(f"--metrics.log_freq={cfg.metrics.log_freq}: must be >= 1")
     if cfg.checkpoint.interval < 1:
@@ -84,15 +99,23 @@ def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
 
 def check_validation_and_profiling(cfg: JobConfig) -> None:
     """[validation] and [profiling] counts; the profiler has one user."""
-    for key, value in (("validation.freq", cfg.validation.freq), ("validation.steps", cfg.validation.steps),
-                       ("profiling.profile_freq", cfg.profiling.profile_freq)):
+    for key, value in (
+        ("validation.freq", cfg.validation.freq),
+        ("validation.steps", cfg.validation.steps),
+        ("profiling.profile_freq", cfg.profiling.profile_freq),
+    ):
         if value < 1:
             raise ConfigError(f"--{key}={value}: must be >= 1")
     p = cfg.profiling
-    for key, enabled in (("save_traces_folder", p.enable_profiling), ("save_memory_snapshot_folder", p.enable_memory_snapshot)):
+    for key, enabled in (
+        ("save_traces_folder", p.enable_profiling),
+        ("save_memory_snapshot_folder", p.enable_memory_snapshot),
+    ):
         path = os.path.join(cfg.job.dump_folder, getattr(p, key))
         if enabled and os.path.isfile(path):
-            raise ConfigError(f"--profiling.{key}: '{path}' is a file; give a folder name (relative to --job.dump_folder)")
+            raise ConfigError(
+                f"--profiling.{key}: '{path}' is a file; give a folder name (relative to --job.dump_folder)"
+            )
     if cfg.metrics.cpu_memory_peak and p.enable_profiling and cfg.training.device != "cuda":
         raise ConfigError(
             "--metrics.cpu_memory_peak=true and --profiling.enable_profiling=true cannot run together (only one"
@@ -106,68 +129,101 @@ def check_inputs(cfg: JobConfig, args, global_batch: int) -> None:
     t = cfg.training
     if not cfg.job.dry_run:
         for name in training_datasets(t):
-            in_mix(name, t, lambda: check_dataset_path(name))
+            in_mix(name, t, lambda name=name: check_dataset_path(name))
         if cfg.validation.enable:
             check_dataset_path(cfg.validation.dataset, "validation")
             for name in validation_sets(cfg.validation):
-                in_entry(name, "validation", "per_source", lambda: check_dataset_path(name, "validation"))
+                in_entry(
+                    name,
+                    "validation",
+                    "per_source",
+                    lambda name=name: check_dataset_path(name, "validation"),
+                )
     check_data_inputs(cfg, args, global_batch)
 
 
 def check_memory_keys(cfg: JobConfig) -> None:
     """planning.fit, the layout search's keys and planning.memory_skew (the memory prediction's own keys)."""
     if cfg.planning.fit and not cfg.job.dry_run:
-        raise ConfigError(f"--planning.fit={cfg.planning.fit} searches with the prediction of a dry run; add --job.dry_run=true")
+        raise ConfigError(
+            f"--planning.fit={cfg.planning.fit} searches with the prediction of a dry run; add --job.dry_run=true"
+        )
     if cfg.planning.layout_candidates < 1:
-        raise ConfigError(f"--planning.layout_candidates={cfg.planning.layout_candidates}: must be >= 1 (layouts the layout"
-                          " search simulates in full)")
+        raise ConfigError(
+            f"--planning.layout_candidates={cfg.planning.layout_candidates}: must be >= 1 (layouts the layout"
+            " search simulates in full)"
+        )
     if not 0 < cfg.planning.layout_seconds < math.inf:
-        raise ConfigError(f"--planning.layout_seconds={cfg.planning.layout_seconds:g}: must be > 0 (seconds of full simulations"
-                          " the layout search may take)")
+        raise ConfigError(
+            f"--planning.layout_seconds={cfg.planning.layout_seconds:g}: must be > 0 (seconds of full simulations"
+            " the layout search may take)"
+        )
     skew = cfg.planning.memory_skew
     if not (1 <= skew < math.inf):
-        raise ConfigError(f"--planning.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
-                          " = every token copy on one rank)")
+        raise ConfigError(
+            f"--planning.memory_skew={skew:g}: must be >= 1 (1 = balanced routing; the expert-parallel degree"
+            " = every token copy on one rank)"
+        )
     check_memory_env(os.environ)
 
 
 # The memory prediction's environment settings: name -> (smallest value, what it sets)
 MEMORY_ENV = {
-    "TITAN_MEMORY_WORKERS": (1, "processes the memory prediction runs its simulations in; 1 = this one"),
-    "TITAN_MEMORY_EXACT_LIMIT": (0, "block-microbatches per rank above which large jobs are extrapolated"),
+    "TITAN_MEMORY_WORKERS": (
+        1,
+        "processes the memory prediction runs its simulations in; 1 = this one",
+    ),
+    "TITAN_MEMORY_EXACT_LIMIT": (
+        0,
+        "block-microbatches per rank above which large jobs are extrapolated",
+    ),
 }
 
 
 def check_hardware_keys(cfg: JobConfig) -> None:
     """[hardware] overrides: positive numbers (clock_factor and gemm_efficiency at most 1)."""
     hw = cfg.hardware
-    for key in ("gpus_per_node", "peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps",
-                "gemm_efficiency", "clock_factor"):
+    for key in (
+        "gpus_per_node",
+        "peak_tflops",
+        "hbm_gbps",
+        "intra_node_gbps",
+        "inter_node_gbps",
+        "gemm_efficiency",
+        "clock_factor",
+    ):
         value = getattr(hw, key)
         if value == "auto":
             continue
         top = 1 if key in ("gemm_efficiency", "clock_factor") else None
         if value <= 0 or (top is not None and value > top):
-            raise ConfigError(f"--hardware.{key}={value}: must be > 0" + (f" and <= {top}" if top else "")
-                              + " (or auto: the profile's value)")
+            raise ConfigError(
+                f"--hardware.{key}={value}: must be > 0"
+                + (f" and <= {top}" if top else "")
+                + " (or auto: the profile's value)"
+            )
 
 
 def check_memory_env(env) -> None:
     for name, (low, what) in MEMORY_ENV.items():
         value = env.get(name, "")
         if value and not (value.isdigit() and int(value) >= low):
-            raise ConfigError(f"{name}={value}: must be an integer >= {low} ({what}); unset it for the default")
+            raise ConfigError(
+                f"{name}={value}: must be an integer >= {low} ({what}); unset it for the default"
+            )
 
 
 def check_model_states(cfg: JobConfig, args, world_size: int) -> None:
     """memory_budget_gib's value; then, unless this is a dry run (it reports, never refuses) or
     planning.allow_over_budget is set, refuse a job whose busiest rank's parameters, gradients and
     AdamW states alone exceed the memory budget (planning/memory/model_states.py, budget.py)."""
-    p, m = cfg.parallelism, cfg.model
+    m = cfg.model
     value = cfg.planning.memory_budget_gib
     if value not in (AUTO, "none") and not 0 < value < math.inf:
-        raise ConfigError(f"--planning.memory_budget_gib={value:g}: must be > 0 (GiB per rank), auto (the default"
-                          " budget of the device) or none (no budget)")
+        raise ConfigError(
+            f"--planning.memory_budget_gib={value:g}: must be > 0 (GiB per rank), auto (the default"
+            " budget of the device) or none (no budget)"
+        )
     if cfg.job.dry_run or cfg.planning.allow_over_budget:
         return
     ranks = memory_budget.ranks_on_this_node(world_size)

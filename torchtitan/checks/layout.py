@@ -31,10 +31,14 @@ def check_model(cfg: JobConfig):
     m = cfg.model
     try:
         load_model_modules(m.module)
-    except Exception as e:  # not importable, or it fails while importing (a syntax error, a bad register call)
+    except (
+        Exception
+    ) as e:  # not importable, or it fails while importing (a syntax error, a bad register call)
         what = one_line(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {one_line(e)}"
-        raise ConfigError(f"--model.module={m.module!r}: cannot import it ({what}); give a module that"
-                          " registers a model, importable from PYTHONPATH") from None
+        raise ConfigError(
+            f"--model.module={m.module!r}: cannot import it ({what}); give a module that"
+            " registers a model, importable from PYTHONPATH"
+        ) from None
     if m.name not in MODELS:
         raise ConfigError(
             f"--model.name: unknown model '{m.name}'{suggest(m.name, MODELS)};"
@@ -72,7 +76,11 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
         pipeline_layout(p, args.n_layers, pipeline_microbatches(cfg))
     except (ShapeError, PipelineLayoutError) as e:
         raise ConfigError(str(e)) from None
-    if cfg.compile.enable and p.pipeline_parallel_degree > 1 and p.pipeline_parallel_schedule in ZERO_BUBBLE:
+    if (
+        cfg.compile.enable
+        and p.pipeline_parallel_degree > 1
+        and p.pipeline_parallel_schedule in ZERO_BUBBLE
+    ):
         # torch 2.13's zero-bubble schedules raise on a compiled stage module when they are built
         raise ConfigError(
             f"--compile.enable=true with --parallelism.pipeline_parallel_schedule={p.pipeline_parallel_schedule}:"
@@ -87,13 +95,21 @@ def check_moe(cfg: JobConfig, args) -> None:
     """The [moe] keys: only for models with experts, each within its range."""
     moe, m = cfg.moe, cfg.model
     experts = getattr(args, "n_routed_experts", 0)
-    changed = [k for k in ("top_k", "score_func", "load_balance_coeff", "aux_loss_coeff") if getattr(moe, k) != AUTO]
+    changed = [
+        k
+        for k in ("top_k", "score_func", "load_balance_coeff", "aux_loss_coeff")
+        if getattr(moe, k) != AUTO
+    ]
     if changed and not experts:
-        raise ConfigError(f"--moe.{changed[0]}: model {m.name} has no experts; drop the [moe] settings")
+        raise ConfigError(
+            f"--moe.{changed[0]}: model {m.name} has no experts; drop the [moe] settings"
+        )
     if not experts:
         return
     if moe.top_k != AUTO and moe.top_k < 1:
-        raise ConfigError(f"--moe.top_k={moe.top_k}: must be >= 1 (or auto for the flavor's {args.n_activated_experts})")
+        raise ConfigError(
+            f"--moe.top_k={moe.top_k}: must be >= 1 (or auto for the flavor's {args.n_activated_experts})"
+        )
     routable = experts // args.n_expert_groups * args.n_limited_groups
     if moe.top_k != AUTO and moe.top_k > routable:
         raise ConfigError(
@@ -104,7 +120,9 @@ def check_moe(cfg: JobConfig, args) -> None:
     for key in ("load_balance_coeff", "aux_loss_coeff"):
         value = getattr(moe, key)
         if value != AUTO and value < 0:
-            raise ConfigError(f"--moe.{key}={value}: must be >= 0 (0 disables it) or auto for the flavor's value")
+            raise ConfigError(
+                f"--moe.{key}={value}: must be >= 0 (0 disables it) or auto for the flavor's value"
+            )
     aux = args.aux_loss_coeff if moe.aux_loss_coeff == AUTO else moe.aux_loss_coeff
     p = cfg.parallelism
     # Switch-style (Qwen): the statistics travel through the pipeline; sequence-wise (DeepSeek-V3):
@@ -116,7 +134,11 @@ def check_moe(cfg: JobConfig, args) -> None:
     if switch:
         checks.append(("context_parallel_degree", p.context_parallel_degree))
     bias = args.load_balance_coeff if moe.load_balance_coeff == AUTO else moe.load_balance_coeff
-    instead = "the bias-based balancing stays on" if bias > 0 else "and --moe.load_balance_coeff=1e-3 to balance by bias"
+    instead = (
+        "the bias-based balancing stays on"
+        if bias > 0
+        else "and --moe.load_balance_coeff=1e-3 to balance by bias"
+    )
     for key, degree in checks:
         if aux > 0 and degree > 1:
             raise ConfigError(
@@ -129,16 +151,26 @@ def check_mtp(cfg: JobConfig) -> None:
     """Multi-token prediction: a DeepSeek-V3 feature."""
     m, t = cfg.model, cfg.training
     if m.mtp_depth < 0:
-        raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: must be >= 0 (0 = no multi-token prediction)")
+        raise ConfigError(
+            f"--model.mtp_depth={m.mtp_depth}: must be >= 0 (0 = no multi-token prediction)"
+        )
     if not (t.mtp_loss_weight >= 0 and math.isfinite(t.mtp_loss_weight)):
-        raise ConfigError(f"--training.mtp_loss_weight={t.mtp_loss_weight}: must be >= 0 (0.3 in the DeepSeek-V3"
-                          " report)")
+        raise ConfigError(
+            f"--training.mtp_loss_weight={t.mtp_loss_weight}: must be >= 0 (0.3 in the DeepSeek-V3"
+            " report)"
+        )
     if m.mtp_depth == 0:
         return
-    with_mtp = [name for name, entry in MODELS.items() if any(hasattr(a, "mtp_depth") for a in entry.flavors.values())]
+    with_mtp = [
+        name
+        for name, entry in MODELS.items()
+        if any(hasattr(a, "mtp_depth") for a in entry.flavors.values())
+    ]
     if m.name not in with_mtp:
-        raise ConfigError(f"--model.mtp_depth={m.mtp_depth}: multi-token prediction is implemented for"
-                          f" {', '.join(with_mtp)} only, not {m.name}; set --model.mtp_depth=0")
+        raise ConfigError(
+            f"--model.mtp_depth={m.mtp_depth}: multi-token prediction is implemented for"
+            f" {', '.join(with_mtp)} only, not {m.name}; set --model.mtp_depth=0"
+        )
 
 
 def check_context_parallel(cfg: JobConfig) -> None:
@@ -181,7 +213,9 @@ def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
     if ep == 1:
         return
     if not experts:
-        raise ConfigError(f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1")
+        raise ConfigError(
+            f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1"
+        )
     if dp_shard % (ep // (tp * cp)):
         by = "tp x cp" if cp > 1 else "tp"
         raise ConfigError(
@@ -223,7 +257,9 @@ def check_fsdp_policies(cfg: JobConfig) -> None:
             " schedule interleaves; measure it with --parallelism.pipeline_parallel_degree=1"
         )
     try:
-        check_policy(p.reshard_after_forward, p.pipeline_parallel_degree > 1, p.pipeline_parallel_schedule)
+        check_policy(
+            p.reshard_after_forward, p.pipeline_parallel_degree > 1, p.pipeline_parallel_schedule
+        )
     except ReshardPolicyError as e:
         raise ConfigError(str(e)) from None
 

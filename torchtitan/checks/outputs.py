@@ -16,7 +16,9 @@ from torchtitan.training.model_args import run_model_args
 def check_outputs(cfg: JobConfig, world_size: int, global_batch: int) -> None:
     """Dump folder, checkpoint folder, timeouts and the hang watchdog."""
     if os.path.isfile(cfg.job.dump_folder):
-        raise ConfigError(f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path")
+        raise ConfigError(
+            f"--job.dump_folder: '{cfg.job.dump_folder}' is a file; give a folder path"
+        )
     check_checkpoint(cfg, world_size, global_batch)
     check_comm(cfg)
 
@@ -33,7 +35,8 @@ def check_comm(cfg: JobConfig) -> None:
         raise ConfigError(
             f"--comm.hang_timeout_seconds={hang}: must be auto, 0 (off) or seconds ({allowed} with"
             f" --comm.timeout_seconds={c.timeout_seconds}: a hang report takes up to {REPORT_INTERVALS} heartbeat"
-            " intervals more, and must come before the collective timeout ends the job)")
+            " intervals more, and must come before the collective timeout ends the job)"
+        )
     try:
         faults.parse(os.environ.get(faults.ENV, ""))
     except ValueError as e:
@@ -89,7 +92,9 @@ def check_wandb(cfg: JobConfig) -> None:
     except (ImportError, ValueError):  # a broken or half-imported package
         found = False
     if not found:
-        raise ConfigError("--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'")
+        raise ConfigError(
+            "--metrics.enable_wandb: the wandb package is not installed; pip install -e '.[wandb]'"
+        )
     if not wandb_offline() and wandb_credentials() is None:
         raise ConfigError(
             f"--metrics.enable_wandb: not logged in to W&B ({wandb_host()}): no WANDB_API_KEY and no netrc entry;"
@@ -112,14 +117,23 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
     if (c.enable or c.create_seed_checkpoint) and os.path.isfile(ckpt):
         raise ConfigError(f"--checkpoint.folder: '{ckpt}' is a file; give a folder path")
     if c.keep_latest_k < 0:
-        raise ConfigError(f"--checkpoint.keep_latest_k={c.keep_latest_k}: must be >= 0 (0 keeps all)")
+        raise ConfigError(
+            f"--checkpoint.keep_latest_k={c.keep_latest_k}: must be >= 0 (0 keeps all)"
+        )
     if c.load_step != AUTO and c.load_step < 0:
-        raise ConfigError(f"--checkpoint.load_step={c.load_step}: must be >= 0, or auto for the newest")
+        raise ConfigError(
+            f"--checkpoint.load_step={c.load_step}: must be >= 0, or auto for the newest"
+        )
     if not c.enable and not c.create_seed_checkpoint:
-        for key, value, default in (("load_step", c.load_step, AUTO), ("last_save_model_only", c.last_save_model_only, False),
-                                    ("async_mode", c.async_mode, "disabled")):
+        for key, value, default in (
+            ("load_step", c.load_step, AUTO),
+            ("last_save_model_only", c.last_save_model_only, False),
+            ("async_mode", c.async_mode, "disabled"),
+        ):
             if value != default:
-                raise ConfigError(f"--checkpoint.{key}={value} has no effect without --checkpoint.enable=true; enable checkpointing or drop it")
+                raise ConfigError(
+                    f"--checkpoint.{key}={value} has no effect without --checkpoint.enable=true; enable checkpointing or drop it"
+                )
     if c.create_seed_checkpoint:
         if world_size != 1:
             raise ConfigError(
@@ -136,8 +150,16 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
         return
     check_hf_export(cfg)
     try:  # what the run would start from, decided as the checkpoint manager decides it
-        start_point(ckpt, c.enable, c.load_step, c.initial_load_path, cfg.model.name, cfg.model.flavor,
-                    run_model_args(cfg), global_batch)
+        start_point(
+            ckpt,
+            c.enable,
+            c.load_step,
+            c.initial_load_path,
+            cfg.model.name,
+            cfg.model.flavor,
+            run_model_args(cfg),
+            global_batch,
+        )
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
 
@@ -152,7 +174,9 @@ def check_hf_export(cfg: JobConfig) -> None:
         converter = hf_converter(cfg.model.name)
     except ValueError as e:
         raise ConfigError(f"--checkpoint.last_save_in_hf: {e}") from None
-    refusal = getattr(converter, "export_refusal", None)  # what a model's Hugging Face layout cannot hold
+    refusal = getattr(
+        converter, "export_refusal", None
+    )  # what a model's Hugging Face layout cannot hold
     reason = refusal(run_model_args(cfg)) if refusal is not None else None
     if reason:
         raise ConfigError(f"--checkpoint.last_save_in_hf: {reason}")
@@ -160,5 +184,7 @@ def check_hf_export(cfg: JobConfig) -> None:
     # Without checkpoints a rerun trains from scratch and would have to overwrite the folder; with
     # them it resumes, and the export is skipped with a line if the folder is already there.
     if os.path.exists(target) and not cfg.checkpoint.enable:
-        raise ConfigError(f"--checkpoint.last_save_in_hf: '{target}' already exists (nothing is overwritten); move it"
-                          " away or pick another --job.dump_folder")
+        raise ConfigError(
+            f"--checkpoint.last_save_in_hf: '{target}' already exists (nothing is overwritten); move it"
+            " away or pick another --job.dump_folder"
+        )

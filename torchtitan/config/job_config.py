@@ -196,7 +196,13 @@ class Parallelism:
     the shards (saves the all-gather of the logits)."""
 
     pipeline_parallel_schedule: Literal[
-        "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+        "GPipe",
+        "1F1B",
+        "Interleaved1F1B",
+        "LoopedBFS",
+        "InterleavedZeroBubble",
+        "ZBVZeroBubble",
+        "DualPipeV",
     ] = "1F1B"
     """Pipeline schedule (torch.distributed.pipelining). GPipe and 1F1B run one stage per
     rank; Interleaved1F1B, LoopedBFS and InterleavedZeroBubble several per rank (loop
@@ -240,7 +246,6 @@ class MoE:
     Qwen3: Qwen's Switch-style loss over all MoE layers of a micro-batch (0.001 in the MoE
     flavors, as published; with pipeline parallel too, not yet with tensor or context
     parallel). See models/common/moe.py."""
-
 
 
 @dataclass
@@ -438,14 +443,15 @@ class Metrics:
     runs at a time, so it cannot be combined with profiling.enable_profiling."""
 
 
-
 @dataclass
 class Hardware:
     """The machine a job is predicted for and measured on (torchtitan/hardware.py, the one GPU
     table; planning/step_time/model.py): a named profile, single values of which the keys
     below override."""
 
-    profile: Literal["auto", "local", "h100_sxm", "h100_grand_teton", "h800", "h200", "a100_80gb", "b200"] = AUTO
+    profile: Literal[
+        "auto", "local", "h100_sxm", "h100_grand_teton", "h800", "h200", "a100_80gb", "b200"
+    ] = AUTO
     """auto: `local` for a CPU job; for a GPU job the profile of the visible GPU's name
     (nvidia-smi), h100_sxm when none is visible (a dry run on a CPU machine). `local` is this
     machine as a short micro-benchmark finds it (GEMM, memory-bound ops, attention, op

@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 
 def suggest(word: str, choices) -> str:
-    """" (did you mean 'x'?)" for the closest of `choices`, or "" when none is close."""
+    """ " (did you mean 'x'?)" for the closest of `choices`, or "" when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
@@ -86,7 +86,9 @@ def convert(key: str, tp, value: Any) -> Any:
         number = next(a for a in get_args(tp) if a in (int, float))
         try:
             return convert(key, number, value)
-        except ConfigError as e:  # "expected a number, got 'x'" -> "expected 'auto' or a number, got 'x'"
+        except (
+            ConfigError
+        ) as e:  # "expected a number, got 'x'" -> "expected 'auto' or a number, got 'x'"
             shown = " or ".join(repr(w) for w in words)
             raise ConfigError(str(e).replace(": expected ", f": expected {shown} or ", 1)) from None
     if origin is Literal:
@@ -152,7 +154,11 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
         # A key that exists under another section was most likely put in the wrong one.
         elsewhere = [f"{s}.{key}" for s, c in secs.items() if key in field_types(c)]
         all_keys = [f"{s}.{k}" for s, c in secs.items() for k in field_types(c)]
-        hint = f" (did you mean '{elsewhere[0]}'?)" if elsewhere else suggest(f"{section}.{key}", all_keys)
+        hint = (
+            f" (did you mean '{elsewhere[0]}'?)"
+            if elsewhere
+            else suggest(f"{section}.{key}", all_keys)
+        )
         raise ConfigError(f"unknown config key '{section}.{key}'{hint}; see --help for all keys")
     return secs[section], types[key]
 
@@ -161,12 +167,23 @@ def _lookup(section: str, key: str) -> tuple[type, Any]:
 # (new key, or "section.key" when it moved to another section; value map or None; warning).
 _TO_PLANNING = "moved to [planning] with the other pre-launch planning keys"
 DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
-    **{(section, key): (f"planning.{key}", None, f"use 'planning.{key}' ({_TO_PLANNING})")
-       for section, key in (("job", "fit"), ("job", "layout_candidates"), ("job", "layout_seconds"),
-                            ("job", "nearby"), ("job", "allow_over_budget"),
-                            ("parallelism", "memory_budget_gib"), ("moe", "memory_skew"))},
-    ("metrics", "peak_tflops"): ("hardware.peak_tflops", None,
-                                 "use 'hardware.peak_tflops' (one figure for the predicted and the measured MFU)"),
+    **{
+        (section, key): (f"planning.{key}", None, f"use 'planning.{key}' ({_TO_PLANNING})")
+        for section, key in (
+            ("job", "fit"),
+            ("job", "layout_candidates"),
+            ("job", "layout_seconds"),
+            ("job", "nearby"),
+            ("job", "allow_over_budget"),
+            ("parallelism", "memory_budget_gib"),
+            ("moe", "memory_skew"),
+        )
+    },
+    ("metrics", "peak_tflops"): (
+        "hardware.peak_tflops",
+        None,
+        "use 'hardware.peak_tflops' (one figure for the predicted and the measured MFU)",
+    ),
     ("parallelism", "fsdp_reshard_after_forward"): (
         "reshard_after_forward",
         {"default": "auto"},
@@ -190,7 +207,10 @@ LEGACY_VALUES: dict[tuple[str, str], dict[Any, tuple[str, str | None]]] = {
     ("parallelism", "data_parallel_shard_degree"): {-1: ("auto", None)},
     ("checkpoint", "load_step"): {-1: ("auto", None)},
     ("parallelism", "pipeline_parallel_layers_per_stage"): {-1: ("auto", "an even split")},
-    ("planning", "memory_budget_gib"): {0: ("auto", "the device's memory"), -1: ("none", "no budget")},
+    ("planning", "memory_budget_gib"): {
+        0: ("auto", "the device's memory"),
+        -1: ("none", "no budget"),
+    },
     ("moe", "top_k"): {0: ("auto", "the flavor's value")},
     ("moe", "score_func"): {"flavor": ("auto", "the flavor's choice")},
     ("moe", "load_balance_coeff"): {-1: ("auto", "the flavor's value")},
@@ -217,7 +237,9 @@ def _legacy(section: str, key: str, value: Any, warnings: list[str]) -> Any:
         if _same(value, old):
             if note is not None:
                 shown = f'"{old}"' if isinstance(old, str) else old
-                warnings.append(f"'{section}.{key} = {shown}' is deprecated: write {new!r} ({note})")
+                warnings.append(
+                    f"'{section}.{key} = {shown}' is deprecated: write {new!r} ({note})"
+                )
             return new
     return value
 
@@ -247,7 +269,9 @@ def parse_cli(argv: list[str]) -> tuple[list[tuple[str, str]], bool]:
             i += 1
             continue
         if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument '{arg}': overrides look like --section.key=value")
+            raise ConfigError(
+                f"unexpected argument '{arg}': overrides look like --section.key=value"
+            )
         body = arg[2:]
         if "=" in body:
             key, value = body.split("=", 1)
@@ -264,7 +288,11 @@ def parse_cli(argv: list[str]) -> tuple[list[tuple[str, str]], bool]:
 
 def section_docs(cls: type) -> str:
     """The docstring of a section's dataclass ("" when it has none)."""
-    return " ".join((cls.__doc__ or "").split()) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
+    return (
+        " ".join((cls.__doc__ or "").split())
+        if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(")
+        else ""
+    )
 
 
 def help_text() -> str:

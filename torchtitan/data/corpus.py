@@ -12,10 +12,37 @@ PYDOC_SPLITS = ("train", "validation")
 
 # Pure-Python modules without import side effects, documented at length.
 _VALIDATION_MODULES = (
-    "argparse", "ast", "bisect", "calendar", "collections", "configparser", "csv", "dataclasses",
-    "datetime", "decimal", "difflib", "enum", "fractions", "functools", "heapq", "inspect", "json",
-    "logging", "pathlib", "pickle", "queue", "random", "shutil", "statistics", "string",
-    "subprocess", "tarfile", "textwrap", "threading", "typing", "zipfile",
+    "argparse",
+    "ast",
+    "bisect",
+    "calendar",
+    "collections",
+    "configparser",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "inspect",
+    "json",
+    "logging",
+    "pathlib",
+    "pickle",
+    "queue",
+    "random",
+    "shutil",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "zipfile",
 )
 
 
@@ -26,7 +53,9 @@ def _docstrings() -> dict[str, str]:
     import warnings
 
     out = {}
-    with warnings.catch_warnings():  # typing's deprecated aliases warn when their docstrings are read
+    with (
+        warnings.catch_warnings()
+    ):  # typing's deprecated aliases warn when their docstrings are read
         warnings.simplefilter("ignore", DeprecationWarning)
         for name in _VALIDATION_MODULES:
             out[name] = _module_docs(importlib.import_module(name), name, inspect)

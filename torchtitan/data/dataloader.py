@@ -15,7 +15,7 @@ import atexit
 import math
 import os
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ def _worker_ignores_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-_RUNNING: "weakref.WeakSet" = weakref.WeakSet()  # DataLoader iterators with workers, ended at exit
+_RUNNING: weakref.WeakSet = weakref.WeakSet()  # DataLoader iterators with workers, ended at exit
 _EXIT_HOOK: list = []  # registered once
 
 
@@ -99,10 +99,23 @@ def mixture_sources(training) -> list[tuple[str, float, str]]:
 class SlotLoader:
     """Yields (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step."""
 
-    def __init__(self, training, tokenizer, dp_rank: int, dp_degree: int, accum_steps: int, section: str = "training",
-                 workers: int = 0, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        training,
+        tokenizer,
+        dp_rank: int,
+        dp_degree: int,
+        accum_steps: int,
+        section: str = "training",
+        workers: int = 0,
+        log: Callable[[str], None] | None = None,
+    ):
         self.section, self.log = section, log or (lambda line: None)
-        self.local_batch, self.accum_steps, self.seq_len = training.local_batch_size, accum_steps, training.seq_len
+        self.local_batch, self.accum_steps, self.seq_len = (
+            training.local_batch_size,
+            accum_steps,
+            training.seq_len,
+        )
         self.rows_per_rank = self.local_batch * accum_steps
         self.first_slot = dp_rank * self.rows_per_rank
         self.num_slots = self.rows_per_rank * dp_degree
@@ -112,14 +125,22 @@ class SlotLoader:
             raise DataError(f"--{section}.dataset_mix: {e}") from None
         self.names = [name for _, _, name in mix]
         self.sources = [
-            open_documents(ds, training.dataset_split, training.dataset_config_name, training.dataset_text_field,
-                           tokenizer, section)
+            open_documents(
+                ds,
+                training.dataset_split,
+                training.dataset_config_name,
+                training.dataset_text_field,
+                tokenizer,
+                section,
+            )
             for ds, _, _ in mix
         ]
         self.labels = [describe(ds, training.dataset_split) for ds, _, _ in mix]
         self.pattern = pattern([w for _, w, _ in mix], self.num_slots) if len(mix) > 1 else None
         self.workers, self.parts_per_step = worker_layout(workers, self.local_batch, accum_steps)
-        self.part_slots = part_slots(self.first_slot, self.local_batch, accum_steps, self.parts_per_step)
+        self.part_slots = part_slots(
+            self.first_slot, self.local_batch, accum_steps, self.parts_per_step
+        )
         self.slots = list(range(self.first_slot, self.first_slot + self.rows_per_rank))
         self.states = {s: fresh_state(len(self.sources)) for s in self.slots}
         self.bytes_read = 0
@@ -130,13 +151,21 @@ class SlotLoader:
         """The start line's facts: per source, how it is read and, when more than once, the fix."""
         lines = []
         ranks = self.num_slots // self.rows_per_rank
-        for (label, src) in zip(self.labels, self.sources):
+        for label, src in zip(self.labels, self.sources):
             what, fix = read_case(src.kind, src.num_shards, self.num_slots, self.rows_per_rank)
-            if getattr(src, "scanned", 0) and ranks > 1:  # a raw file: every rank scans it for its line starts
-                fix = (f"each of the {ranks} ranks also scans the file once for its line starts ({ranks + 1} reads of"
-                       " it an epoch); pre-tokenize it (scripts/tokenize_dataset.py) to read it once")
+            if (
+                getattr(src, "scanned", 0) and ranks > 1
+            ):  # a raw file: every rank scans it for its line starts
+                fix = (
+                    f"each of the {ranks} ranks also scans the file once for its line starts ({ranks + 1} reads of"
+                    " it an epoch); pre-tokenize it (scripts/tokenize_dataset.py) to read it once"
+                )
             lines.append(f"{label}: {what}" + (f"; {fix}" if fix else ""))
-        workers = f"{self.workers} loader worker(s)" if self.workers else "read on the training thread (no workers)"
+        workers = (
+            f"{self.workers} loader worker(s)"
+            if self.workers
+            else "read on the training thread (no workers)"
+        )
         return lines + [f"{self.rows_per_rank} rows per rank of {self.num_slots}, {workers}"]
 
     def windows_by_source(self, steps: int) -> dict[str, int]:
@@ -146,11 +175,25 @@ class SlotLoader:
         return dict(zip(self.names, windows_by_source(self.pattern, steps * self.num_slots)))
 
     def _loader(self) -> DataLoader:
-        dataset = SlotParts(self.sources, self.labels, self.pattern, self.part_slots, self.num_slots, self.seq_len,
-                            dict(self.states), self.section)
-        return DataLoader(dataset, batch_size=None, collate_fn=_as_is, num_workers=self.workers, persistent_workers=self.workers > 0,
-                          prefetch_factor=4 if self.workers else None,
-                          worker_init_fn=_worker_ignores_stop_signals if self.workers else None)
+        dataset = SlotParts(
+            self.sources,
+            self.labels,
+            self.pattern,
+            self.part_slots,
+            self.num_slots,
+            self.seq_len,
+            dict(self.states),
+            self.section,
+        )
+        return DataLoader(
+            dataset,
+            batch_size=None,
+            collate_fn=_as_is,
+            num_workers=self.workers,
+            persistent_workers=self.workers > 0,
+            prefetch_factor=4 if self.workers else None,
+            worker_init_fn=_worker_ignores_stop_signals if self.workers else None,
+        )
 
     def __iter__(self):
         it = iter(self._loader())
@@ -170,7 +213,11 @@ class SlotLoader:
                     self.epochs_logged.add(event)
                     self.log(f"[torchtitan] data: {event}")
             self.consumed += 1
-            windows = parts[0]["windows"] if len(parts) == 1 else np.concatenate([p["windows"] for p in parts])
+            windows = (
+                parts[0]["windows"]
+                if len(parts) == 1
+                else np.concatenate([p["windows"] for p in parts])
+            )
             batch = torch.from_numpy(windows)
             yield batch[:, :-1], batch[:, 1:]
 
@@ -183,7 +230,9 @@ class SlotLoader:
         for s in self.slots:
             st = states.get(s, states.get(str(s)))
             if st is None:
-                raise StateVersionError(f"the checkpoint holds no data position for global batch row {s}")
+                raise StateVersionError(
+                    f"the checkpoint holds no data position for global batch row {s}"
+                )
             if not isinstance(st, dict) or st.get("v") != STATE_VERSION:
                 raise StateVersionError(
                     "the checkpoint's data position was written before documents were read once per job (format"
@@ -200,7 +249,15 @@ class SlotLoader:
         self.consumed = 0
 
 
-def build_dataloader(training, tokenizer, dp_rank: int, dp_degree: int, accum_steps: int, section: str = "training",
-                     workers: int = 0, log: Callable[[str], None] | None = None) -> SlotLoader:
+def build_dataloader(
+    training,
+    tokenizer,
+    dp_rank: int,
+    dp_degree: int,
+    accum_steps: int,
+    section: str = "training",
+    workers: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> SlotLoader:
     """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step."""
     return SlotLoader(training, tokenizer, dp_rank, dp_degree, accum_steps, section, workers, log)

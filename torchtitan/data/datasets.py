@@ -44,9 +44,23 @@ class Position:
 class SlotStream:
     """One slot of one source: its documents packed into windows."""
 
-    def __init__(self, docs, label: str, slot: int, num_slots: int, window: int, section: str,
-                 position: tuple | None = None):
-        self.docs, self.label, self.slot, self.num_slots, self.window = docs, label, slot, num_slots, window
+    def __init__(
+        self,
+        docs,
+        label: str,
+        slot: int,
+        num_slots: int,
+        window: int,
+        section: str,
+        position: tuple | None = None,
+    ):
+        self.docs, self.label, self.slot, self.num_slots, self.window = (
+            docs,
+            label,
+            slot,
+            num_slots,
+            window,
+        )
         self.section = section
         self.plan = slot_plan(slot, num_slots, docs.num_shards)
         self.pos = Position(*position) if position else Position(index=self.plan.offset)
@@ -76,7 +90,9 @@ class SlotStream:
         p.shard_pos, p.index, p.used = p.shard_pos + 1, self.plan.offset, 0
         if p.shard_pos == len(self.plan.shards):
             p.epoch, p.shard_pos = p.epoch + 1, 0
-            self.events.append(f"{self.label}: epoch {p.epoch + 1} begins (its documents are read again)")
+            self.events.append(
+                f"{self.label}: epoch {p.epoch + 1} begins (its documents are read again)"
+            )
 
     def next_window(self) -> np.ndarray:
         pieces, need, misses = [], self.window, 0
@@ -108,8 +124,11 @@ class SlotState:
     positions: list = field(default_factory=list)  # per source, Position tuples (None: not started)
 
     def record(self) -> dict:
-        return {"v": STATE_VERSION, "windows": self.windows, "positions": [tuple(p) if p else None
-                                                                           for p in self.positions]}
+        return {
+            "v": STATE_VERSION,
+            "windows": self.windows,
+            "positions": [tuple(p) if p else None for p in self.positions],
+        }
 
 
 def fresh_state(num_sources: int) -> dict:
@@ -120,8 +139,17 @@ class SlotParts(IterableDataset):
     """Parts for the parts of `part_slots` this worker owns (part b goes to worker b % workers,
     as DataLoader's round robin hands them out), cycling for ever."""
 
-    def __init__(self, sources: list, labels: list[str], pattern: list[int] | None, part_slots: list[list[int]],
-                 num_slots: int, seq_len: int, states: dict[int, dict], section: str = "training"):
+    def __init__(
+        self,
+        sources: list,
+        labels: list[str],
+        pattern: list[int] | None,
+        part_slots: list[list[int]],
+        num_slots: int,
+        seq_len: int,
+        states: dict[int, dict],
+        section: str = "training",
+    ):
         self.sources, self.labels, self.pattern = sources, labels, pattern
         self.part_slots, self.num_slots, self.seq_len = part_slots, num_slots, seq_len
         self.states, self.section = states, section
@@ -138,10 +166,19 @@ class SlotParts(IterableDataset):
         streams: dict[tuple[int, int], SlotStream] = {}
         windows = {s: self.states[s]["windows"] for p in mine for s in self.part_slots[p]}
         positions = {s: list(self.states[s]["positions"]) for s in windows}
-        for s in windows:  # open every stream of this worker's slots now: streams register what they keep
+        for s in (
+            windows
+        ):  # open every stream of this worker's slots now: streams register what they keep
             for k, pos in enumerate(positions[s]):
-                streams[(s, k)] = SlotStream(self.sources[k], self.labels[k], s, self.num_slots, self.seq_len + 1,
-                                             self.section, pos)
+                streams[(s, k)] = SlotStream(
+                    self.sources[k],
+                    self.labels[k],
+                    s,
+                    self.num_slots,
+                    self.seq_len + 1,
+                    self.section,
+                    pos,
+                )
         while True:
             for p in mine:
                 before = sum(getattr(src, "bytes_read", 0) for src in self.sources)
@@ -155,11 +192,18 @@ class SlotParts(IterableDataset):
                         positions[s][k] = stream.pos.as_tuple()
                         events += stream.events
                         stream.events = []
-                except DataError as e:  # handed over as data: a worker's exception loses its one line
+                except (
+                    DataError
+                ) as e:  # handed over as data: a worker's exception loses its one line
                     yield {"error": str(e)}
                     return
                 yield {  # numpy, not tensors: pickled through the worker's pipe, no shared-memory segment a part
-                    "part": p, "windows": np.stack(rows),
-                    "states": {s: SlotState(windows[s], list(positions[s])).record() for s in self.part_slots[p]},
-                    "bytes": sum(getattr(src, "bytes_read", 0) for src in self.sources) - before, "events": events,
+                    "part": p,
+                    "windows": np.stack(rows),
+                    "states": {
+                        s: SlotState(windows[s], list(positions[s])).record()
+                        for s in self.part_slots[p]
+                    },
+                    "bytes": sum(getattr(src, "bytes_read", 0) for src in self.sources) - before,
+                    "events": events,
                 }

@@ -42,7 +42,12 @@ class _RawText:
     """Text -> training tokens, with the one-line errors of a bad record."""
 
     def __init__(self, name: str, tokenizer, text_field: str, section: str):
-        self.name, self.tokenizer, self.text_field, self.section = name, tokenizer, text_field, section
+        self.name, self.tokenizer, self.text_field, self.section = (
+            name,
+            tokenizer,
+            text_field,
+            section,
+        )
         self.bytes_read = 0
 
     def _tokens(self, record, where) -> np.ndarray:
@@ -76,7 +81,9 @@ def line_starts(path: str) -> tuple[np.ndarray, np.ndarray, int]:
     short = np.flatnonzero(e - s < 8)  # blank lines are short: look at those only
     if len(short):
         with open(path, "rb") as f:
-            blank = [i for i in short if not os.pread(f.fileno(), int(e[i] - s[i]), int(s[i])).strip()]
+            blank = [
+                i for i in short if not os.pread(f.fileno(), int(e[i] - s[i]), int(s[i])).strip()
+            ]
         keep = np.ones(len(s), bool)
         keep[blank] = False
         s, e = s[keep], e[keep]
@@ -86,7 +93,11 @@ def line_starts(path: str) -> tuple[np.ndarray, np.ndarray, int]:
 def is_indexed_file(path: str) -> bool:
     """A local file the run reads by its line index: .txt, or JSON Lines (.jsonl/.json whose
     first line holds a JSON object)."""
-    return os.path.isfile(path) and path.endswith(INDEXED_SUFFIXES) and (path.endswith(".txt") or _is_json_lines(path))
+    return (
+        os.path.isfile(path)
+        and path.endswith(INDEXED_SUFFIXES)
+        and (path.endswith(".txt") or _is_json_lines(path))
+    )
 
 
 def parse_line(raw: bytes, json_lines: bool) -> dict:
@@ -128,8 +139,17 @@ class IndexedText(_RawText):
     kind = "indexed"
     num_shards = 1
 
-    def __init__(self, name: str, tokenizer, text_field: str, section: str, *, texts=None, path: str = "",
-                 table=None):
+    def __init__(
+        self,
+        name: str,
+        tokenizer,
+        text_field: str,
+        section: str,
+        *,
+        texts=None,
+        path: str = "",
+        table=None,
+    ):
         super().__init__(name, tokenizer, text_field, section)
         self.texts, self.path, self.table, self._fd = texts, path, table, None
         self.scanned = 0
@@ -156,7 +176,9 @@ class IndexedText(_RawText):
             return None
         if self.texts is not None:
             self.bytes_read += len(self.texts[index])
-            return self._tokens({self.text_field: self.texts[index]}, lambda: self.where(shard, index))
+            return self._tokens(
+                {self.text_field: self.texts[index]}, lambda: self.where(shard, index)
+            )
         if self.table is not None:
             record = self.table[index]
             self.bytes_read += len(str(record.get(self.text_field, "")))
@@ -167,13 +189,17 @@ class IndexedText(_RawText):
         raw = os.pread(self._fd, end - start, start)
         self.bytes_read += len(raw)
         if len(raw) != end - start:
-            raise DataError(f"--{self.section}.dataset: '{self.path}' was truncated while training (document"
-                            f" {index} is gone); restore the file, then resume from the last checkpoint")
+            raise DataError(
+                f"--{self.section}.dataset: '{self.path}' was truncated while training (document"
+                f" {index} is gone); restore the file, then resume from the last checkpoint"
+            )
         try:
             record = parse_line(raw, self.json)
         except ValueError as e:
-            raise DataError(f"--{self.section}.dataset: {self.where(shard, index)} is not JSON ({one_line(e, 80)});"
-                            " fix or remove that line") from None
+            raise DataError(
+                f"--{self.section}.dataset: {self.where(shard, index)} is not JSON ({one_line(e, 80)});"
+                " fix or remove that line"
+            ) from None
         return self._tokens(record, lambda: self.where(shard, index))
 
 
@@ -189,7 +215,9 @@ class StreamedText(_RawText):
         super().__init__(name, tokenizer, text_field, section)
         self.make_source = make_source
         self.num_shards = self._open().num_shards
-        self.wanted: dict[int, set[tuple[int, int]]] = {}  # shard -> (stride, offset) of this process's slots
+        self.wanted: dict[
+            int, set[tuple[int, int]]
+        ] = {}  # shard -> (stride, offset) of this process's slots
         self._readers: dict[tuple[int, int], _ShardReader] = {}
         self._source = None
 
@@ -202,8 +230,10 @@ class StreamedText(_RawText):
         try:
             return self.make_source()
         except Exception as e:
-            raise DataError(f"--{self.section}.dataset: cannot open {self.name} ({one_line(e)}); check that it is"
-                            " still there and readable") from e
+            raise DataError(
+                f"--{self.section}.dataset: cannot open {self.name} ({one_line(e)}); check that it is"
+                " still there and readable"
+            ) from e
 
     def want(self, shard: int, stride: int, offset: int) -> None:
         self.wanted.setdefault(shard, set()).add((stride, offset))
@@ -219,7 +249,11 @@ class StreamedText(_RawText):
         if r is None or (r.pos > index and index not in r.kept):
             if self._source is None:
                 self._source = self._open()
-            part = self._source.shard(num_shards=self.num_shards, index=shard) if self.num_shards > 1 else self._source
+            part = (
+                self._source.shard(num_shards=self.num_shards, index=shard)
+                if self.num_shards > 1
+                else self._source
+            )
             if index:
                 part = part.skip(index)  # a resume: HF re-parses the shard up to there
             r = self._readers[(shard, epoch)] = _ShardReader(iter(part), index)
@@ -237,8 +271,10 @@ class StreamedText(_RawText):
                 r.done = True
                 break
             except Exception as e:
-                raise DataError(f"--{self.section}.dataset: cannot read {self.name} ({one_line(e)}); fix or remove"
-                                " that record, or use another dataset") from e
+                raise DataError(
+                    f"--{self.section}.dataset: cannot read {self.name} ({one_line(e)}); fix or remove"
+                    " that record, or use another dataset"
+                ) from e
             pos, r.pos = r.pos, r.pos + 1
             text = record.get(self.text_field) if isinstance(record, dict) else None
             self.bytes_read += len(text) if isinstance(text, str) else 0
@@ -255,31 +291,59 @@ def describe(dataset: str, split: str) -> str:
     return f"dataset '{dataset}' (split '{split}')"
 
 
-def open_documents(dataset: str, split: str, config_name: str, text_field: str, tokenizer, section: str = "training"):
+def open_documents(
+    dataset: str,
+    split: str,
+    config_name: str,
+    text_field: str,
+    tokenizer,
+    section: str = "training",
+):
     """The source of `dataset` as the slot streams read it (see the module docstring)."""
     name = describe(dataset, split)
     path = os.path.expanduser(dataset)
     if dataset == "pydoc":
         from torchtitan.data.corpus import pydoc_documents
 
-        return IndexedText(name, tokenizer, text_field="text", section=section, texts=pydoc_documents(split))
+        return IndexedText(
+            name, tokenizer, text_field="text", section=section, texts=pydoc_documents(split)
+        )
     if os.path.isdir(path) and is_token_folder(path):
         try:
             return TokenFolder(path, check_folder(path, tokenizer.fingerprint))
         except ValueError as e:
             raise DataError(f"--{section}.dataset: {one_line(e, 400)}") from None
     if is_indexed_file(path):
-        return IndexedText(name, tokenizer, text_field if not path.endswith(".txt") else "text", section, path=path)
-    if os.path.isfile(path) and path.endswith(".arrow") or os.path.isfile(os.path.join(path, "state.json")):
+        return IndexedText(
+            name, tokenizer, text_field if not path.endswith(".txt") else "text", section, path=path
+        )
+    if (
+        os.path.isfile(path)
+        and path.endswith(".arrow")
+        or os.path.isfile(os.path.join(path, "state.json"))
+    ):
         import datasets
 
-        table = datasets.Dataset.from_file(path) if os.path.isfile(path) else datasets.load_from_disk(path)
+        table = (
+            datasets.Dataset.from_file(path)
+            if os.path.isfile(path)
+            else datasets.load_from_disk(path)
+        )
         if isinstance(table, datasets.DatasetDict):
             table = table[split]
         return IndexedText(name, tokenizer, text_field, section, table=table)
     from functools import partial
 
-    return StreamedText(name, tokenizer, text_field, section, partial(open_source, dataset, split, config_name))
+    return StreamedText(
+        name, tokenizer, text_field, section, partial(open_source, dataset, split, config_name)
+    )
 
 
-__all__ = ["DataError", "IndexedText", "StreamedText", "TokenFolder", "TruncatedShard", "open_documents"]
+__all__ = [
+    "DataError",
+    "IndexedText",
+    "StreamedText",
+    "TokenFolder",
+    "TruncatedShard",
+    "open_documents",
+]

@@ -38,7 +38,10 @@ def slot_plan(slot: int, num_slots: int, num_shards: int) -> SlotPlan:
     if not 0 <= slot < num_slots or num_shards < 1:
         raise ValueError(f"slot {slot} of {num_slots} over {num_shards} shards")
     if num_shards >= num_slots:
-        lo, hi = _ceil_div(slot * num_shards, num_slots), _ceil_div((slot + 1) * num_shards, num_slots)
+        lo, hi = (
+            _ceil_div(slot * num_shards, num_slots),
+            _ceil_div((slot + 1) * num_shards, num_slots),
+        )
         return SlotPlan(tuple(range(lo, hi)), 1, 0)
     shard = slot * num_shards // num_slots
     first = _ceil_div(shard * num_slots, num_shards)
@@ -66,12 +69,15 @@ def read_amplification(rows_per_rank: int, num_slots: int, num_shards: int) -> f
     consecutive slots: 1.0 means each document is read once."""
     ranks = max(1, num_slots // rows_per_rank)
     reads = sum(
-        len(shards_read(range(r * rows_per_rank, (r + 1) * rows_per_rank), num_slots, num_shards)) for r in range(ranks)
+        len(shards_read(range(r * rows_per_rank, (r + 1) * rows_per_rank), num_slots, num_shards))
+        for r in range(ranks)
     )
     return reads / num_shards
 
 
-def read_case(kind: str, num_shards: int, num_slots: int, rows_per_rank: int) -> tuple[str, str | None]:
+def read_case(
+    kind: str, num_shards: int, num_slots: int, rows_per_rank: int
+) -> tuple[str, str | None]:
     """(what the start line says about reads, the fix when documents are read more than once).
 
     `kind`: 'tokenized' / 'indexed' (random access: each byte read once) or 'stream'."""
@@ -79,7 +85,9 @@ def read_case(kind: str, num_shards: int, num_slots: int, rows_per_rank: int) ->
         what = "pre-tokenized folder" if kind == "tokenized" else "raw text"
         return f"{what}, random access: each document read once", None
     if num_slots <= rows_per_rank * num_shards:  # every rank's slots cover whole shards
-        amp = read_amplification(rows_per_rank, num_slots, num_shards) if num_slots <= 65536 else 1.0
+        amp = (
+            read_amplification(rows_per_rank, num_slots, num_shards) if num_slots <= 65536 else 1.0
+        )
         if amp <= 1.05:
             return f"stream of {num_shards} shards: each document read once", None
     else:

@@ -12,7 +12,12 @@ from torchtitan.messages import one_line
 
 # Local data files we stream with HF datasets: extension -> datasets builder name.
 LOCAL_FILE_BUILDERS = {
-    ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv", ".arrow": "arrow",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+    ".csv": "csv",
+    ".arrow": "arrow",
 }
 
 
@@ -60,8 +65,11 @@ def document_text(record, field: str, where, section: str = "training") -> str:
             " the document text"
         )
     text = record[field]
-    what = "has no text (null or missing)" if text is None else (
-        f"holds {type(text).__name__} {one_line(repr(text), 40)}, not a string")
+    what = (
+        "has no text (null or missing)"
+        if text is None
+        else (f"holds {type(text).__name__} {one_line(repr(text), 40)}, not a string")
+    )
     raise DocumentError(
         f"{key}: {where} {what}; set --{section}.dataset_text_field to the column holding the text, or fix"
         " that record"

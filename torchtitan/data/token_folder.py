@@ -54,7 +54,9 @@ def read_manifest(folder: str) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FolderError(f"'{path}' is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
-        raise FolderError(f"'{path}' has format version {manifest.get('version')}, this build reads {VERSION}")
+        raise FolderError(
+            f"'{path}' has format version {manifest.get('version')}, this build reads {VERSION}"
+        )
     return manifest
 
 
@@ -65,13 +67,17 @@ def check_folder(folder: str, tokenizer_fingerprint: str | None = None) -> dict:
     root = os.path.expanduser(folder)
     width = DTYPES.get(m.get("dtype"))
     if width is None:
-        raise FolderError(f"'{os.path.join(root, MANIFEST)}' names dtype {m.get('dtype')!r}, not one of {list(DTYPES)}")
+        raise FolderError(
+            f"'{os.path.join(root, MANIFEST)}' names dtype {m.get('dtype')!r}, not one of {list(DTYPES)}"
+        )
     docs = tokens = 0
     for entry in m["files"]:
         for ext, size in ((".bin", entry["tokens"] * width), (".idx", (entry["docs"] + 1) * 8)):
             path = os.path.join(root, entry["name"] + ext)
             if not os.path.isfile(path):
-                raise FolderError(f"'{path}' is missing (the manifest lists it); re-run scripts/tokenize_dataset.py")
+                raise FolderError(
+                    f"'{path}' is missing (the manifest lists it); re-run scripts/tokenize_dataset.py"
+                )
             have = os.path.getsize(path)
             if have != size:
                 raise FolderError(
@@ -80,7 +86,9 @@ def check_folder(folder: str, tokenizer_fingerprint: str | None = None) -> dict:
                 )
         docs, tokens = docs + entry["docs"], tokens + entry["tokens"]
     if docs != m["docs"] or tokens != m["tokens"] or sum(m["source_shards"]) != docs:
-        raise FolderError(f"'{os.path.join(root, MANIFEST)}' counts do not add up; re-run scripts/tokenize_dataset.py")
+        raise FolderError(
+            f"'{os.path.join(root, MANIFEST)}' counts do not add up; re-run scripts/tokenize_dataset.py"
+        )
     if docs == 0:
         raise FolderError(f"'{root}' holds no documents")
     if tokenizer_fingerprint is not None and m["tokenizer"]["fingerprint"] != tokenizer_fingerprint:
@@ -106,7 +114,9 @@ class TokenFolder:
         self.dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
         self.width = self.dtype.itemsize
         self.files = self.manifest["files"]
-        self.file_starts = np.cumsum([0] + [f["docs"] for f in self.files])  # first global doc of each file
+        self.file_starts = np.cumsum(
+            [0] + [f["docs"] for f in self.files]
+        )  # first global doc of each file
         self.shard_starts = np.cumsum([0] + list(self.manifest["source_shards"]))
         self.num_shards = len(self.manifest["source_shards"])
         self._fds: dict[int, tuple[int, int]] = {}  # file index -> (bin fd, idx fd)
@@ -129,7 +139,10 @@ class TokenFolder:
     def _open(self, f: int) -> tuple[int, int]:
         if f not in self._fds:
             name = os.path.join(self.root, self.files[f]["name"])
-            self._fds[f] = (os.open(name + ".bin", os.O_RDONLY), os.open(name + ".idx", os.O_RDONLY))
+            self._fds[f] = (
+                os.open(name + ".bin", os.O_RDONLY),
+                os.open(name + ".idx", os.O_RDONLY),
+            )
         return self._fds[f]
 
     def where(self, shard: int, index: int) -> str:

@@ -16,8 +16,8 @@ import json
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -49,7 +49,9 @@ def plan_units(src, num_proc: int) -> list[Unit]:
         if n is None:
             units.append(Unit(k, 0, None))
         else:
-            units += [Unit(k, a, min(n, a + per_chunk)) for a in range(0, n, per_chunk)] or [Unit(k, 0, 0)]
+            units += [Unit(k, a, min(n, a + per_chunk)) for a in range(0, n, per_chunk)] or [
+                Unit(k, 0, 0)
+            ]
     return units
 
 
@@ -103,8 +105,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def tokenize_dataset(dataset: str, out: str, tokenizer, num_proc: int = 1, split: str = "train",
-                     text_field: str = "text", config_name: str = "", log: Callable[[str], None] = print) -> dict:
+def tokenize_dataset(
+    dataset: str,
+    out: str,
+    tokenizer,
+    num_proc: int = 1,
+    split: str = "train",
+    text_field: str = "text",
+    config_name: str = "",
+    log: Callable[[str], None] = print,
+) -> dict:
     """Write the pre-tokenized folder of `dataset` at `out`; returns its manifest. WriteError
     before anything is written; DataError for a bad record met while writing (the finished
     units stay in OUT.partial for a re-run after the fix)."""
@@ -116,7 +126,9 @@ def tokenize_dataset(dataset: str, out: str, tokenizer, num_proc: int = 1, split
     if os.path.exists(out):
         raise WriteError(f"--out: '{out}' exists; give a new folder (nothing is overwritten)")
     if os.path.isdir(os.path.expanduser(dataset)) and tf.is_token_folder(dataset):
-        raise WriteError(f"--dataset: '{dataset}' is already a pre-tokenized folder; train on it directly")
+        raise WriteError(
+            f"--dataset: '{dataset}' is already a pre-tokenized folder; train on it directly"
+        )
     start = time.perf_counter()
     try:
         src = open_documents(dataset, split, config_name, text_field, tokenizer, section="training")
@@ -124,57 +136,94 @@ def tokenize_dataset(dataset: str, out: str, tokenizer, num_proc: int = 1, split
         raise WriteError(str(e).replace("--training.dataset", "--dataset", 1)) from None
     units = plan_units(src, num_proc)
     dtype = tf.token_dtype(tokenizer.vocab_size)
-    plan = {"dataset": dataset, "split": split, "text_field": text_field, "config_name": config_name,
-            "tokenizer": tokenizer.fingerprint, "dtype": dtype, "units": [[u.shard, u.start, u.stop] for u in units]}
+    plan = {
+        "dataset": dataset,
+        "split": split,
+        "text_field": text_field,
+        "config_name": config_name,
+        "tokenizer": tokenizer.fingerprint,
+        "dtype": dtype,
+        "units": [[u.shard, u.start, u.stop] for u in units],
+    }
     os.makedirs(partial, exist_ok=True)
     plan_path = os.path.join(partial, "plan.json")
     if os.path.exists(plan_path):
         with open(plan_path) as f:
             if json.load(f) != plan:
-                raise WriteError(f"--out: '{partial}' holds an unfinished run of another source, tokenizer or split;"
-                                 " remove it, or give the same arguments to resume it")
+                raise WriteError(
+                    f"--out: '{partial}' holds an unfinished run of another source, tokenizer or split;"
+                    " remove it, or give the same arguments to resume it"
+                )
     else:
         with open(plan_path + ".tmp", "w") as f:
             json.dump(plan, f)
         os.replace(plan_path + ".tmp", plan_path)
     todo = [i for i in range(len(units)) if _done(partial, i) is None]
     done_before = len(units) - len(todo)
-    log(f"[tokenize] {src.kind} source {dataset!r}: {src.num_shards} shard(s), {len(units)} unit(s)"
-        + (f", {done_before} already done (resumed)" if done_before else "") + f", {num_proc} process(es), {dtype};"
-        f" tokenizer {tokenizer.path} ({tokenizer.delimiting})")
+    log(
+        f"[tokenize] {src.kind} source {dataset!r}: {src.num_shards} shard(s), {len(units)} unit(s)"
+        + (f", {done_before} already done (resumed)" if done_before else "")
+        + f", {num_proc} process(es), {dtype};"
+        f" tokenizer {tokenizer.path} ({tokenizer.delimiting})"
+    )
     _SOURCE = src
     docs = tokens = read = 0
     jobs = [(i, units[i], partial, dtype) for i in todo]
-    pool = multiprocessing.get_context("fork").Pool(num_proc) if num_proc > 1 and len(jobs) > 1 else None
+    pool = (
+        multiprocessing.get_context("fork").Pool(num_proc)
+        if num_proc > 1 and len(jobs) > 1
+        else None
+    )
     try:
         results = pool.imap_unordered(_write_unit, jobs) if pool else map(_write_unit, jobs)
         for n, (_, d, t, b, _) in enumerate(results, 1):
             docs, tokens, read = docs + d, tokens + t, read + b
             elapsed = time.perf_counter() - start
             eta = elapsed / n * (len(jobs) - n)
-            log(f"[tokenize] {done_before + n}/{len(units)} units, {docs:,} documents, {tokens:,} tokens,"
-                f" {tokens / elapsed:,.0f} tokens/s, {read / elapsed / 1e6:,.1f} MB/s read, ETA {_duration(eta)}")
+            log(
+                f"[tokenize] {done_before + n}/{len(units)} units, {docs:,} documents, {tokens:,} tokens,"
+                f" {tokens / elapsed:,.0f} tokens/s, {read / elapsed / 1e6:,.1f} MB/s read, ETA {_duration(eta)}"
+            )
     finally:
         if pool is not None:
             pool.terminate()
         _SOURCE = None
-    return _publish(partial, out, units, tokenizer, dtype, dataset, split, text_field, config_name, start, log)
+    return _publish(
+        partial, out, units, tokenizer, dtype, dataset, split, text_field, config_name, start, log
+    )
 
 
-def _publish(partial, out, units, tokenizer, dtype, dataset, split, text_field, config_name, start, log) -> dict:
+def _publish(
+    partial, out, units, tokenizer, dtype, dataset, split, text_field, config_name, start, log
+) -> dict:
     files, shard_docs = [], [0] * (max(u.shard for u in units) + 1)
     for i, unit in enumerate(units):
         counts = _done(partial, i)
         files.append({"name": tf.part_name(i), "docs": counts["docs"], "tokens": counts["tokens"]})
         shard_docs[unit.shard] += counts["docs"]
     manifest = {
-        "format": tf.FORMAT, "version": tf.VERSION, "dtype": dtype,
-        "tokenizer": {"fingerprint": tokenizer.fingerprint, "path": tokenizer.path, "vocab_size": tokenizer.vocab_size,
-                      "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id, "has_bos": tokenizer.has_bos,
-                      "delimiting": tokenizer.delimiting},
-        "source": {"dataset": dataset, "split": split, "text_field": text_field, "config_name": config_name},
-        "source_shards": shard_docs, "files": files,
-        "docs": sum(f["docs"] for f in files), "tokens": sum(f["tokens"] for f in files),
+        "format": tf.FORMAT,
+        "version": tf.VERSION,
+        "dtype": dtype,
+        "tokenizer": {
+            "fingerprint": tokenizer.fingerprint,
+            "path": tokenizer.path,
+            "vocab_size": tokenizer.vocab_size,
+            "bos_id": tokenizer.bos_id,
+            "eos_id": tokenizer.eos_id,
+            "has_bos": tokenizer.has_bos,
+            "delimiting": tokenizer.delimiting,
+        },
+        "source": {
+            "dataset": dataset,
+            "split": split,
+            "text_field": text_field,
+            "config_name": config_name,
+        },
+        "source_shards": shard_docs,
+        "files": files,
+        "docs": sum(f["docs"] for f in files),
+        "tokens": sum(f["tokens"] for f in files),
     }
     for i in range(len(units)):
         os.remove(os.path.join(partial, tf.part_name(i) + ".json"))
@@ -183,8 +232,10 @@ def _publish(partial, out, units, tokenizer, dtype, dataset, split, text_field, 
         json.dump(manifest, f, indent=1)
     os.replace(os.path.join(partial, tf.MANIFEST + ".tmp"), os.path.join(partial, tf.MANIFEST))
     os.rename(partial, out)
-    log(f"[tokenize] done: {manifest['docs']:,} documents, {manifest['tokens']:,} tokens ({dtype}) in"
-        f" {len(files)} part(s), {_duration(time.perf_counter() - start)} wall, folder {out}")
+    log(
+        f"[tokenize] done: {manifest['docs']:,} documents, {manifest['tokens']:,} tokens ({dtype}) in"
+        f" {len(files)} part(s), {_duration(time.perf_counter() - start)} wall, folder {out}"
+    )
     return manifest
 
 

@@ -7,7 +7,9 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from torchtitan.messages import one_line
 
-BUNDLED_TOKENIZER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "tokenizer.json")
+BUNDLED_TOKENIZER = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "assets", "tokenizer.json"
+)
 
 # (bos, eos) names in the order we look for them: Llama3, Llama2/SentencePiece style, GPT-2 style.
 _SPECIAL_PAIRS = [
@@ -69,7 +71,9 @@ class Tokenizer:
         else:
             pairs = ", ".join(f"{bos} {eos}" if bos != eos else bos for bos, eos in _SPECIAL_PAIRS)
             raise TokenizerError(
-                path, "no_bos_eos", f"none of the BOS/EOS token pairs {pairs}",
+                path,
+                "no_bos_eos",
+                f"none of the BOS/EOS token pairs {pairs}",
                 f"tokenizer '{path}' has none of the BOS/EOS token pairs {_SPECIAL_PAIRS}",
             )
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -101,7 +105,9 @@ class Tokenizer:
 
     def encode(self, text: str, bos: bool = True, eos: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if bos and self.has_bos else []) + ids + ([self.eos_id] if eos else [])
+        return (
+            ([self.bos_id] if bos and self.has_bos else []) + ids + ([self.eos_id] if eos else [])
+        )
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -32,14 +32,28 @@ class Validator:
         v = cfg.validation
         self.cfg = v
         self.data_cfg = dataclasses.replace(
-            cfg.training, dataset=v.dataset, dataset_split=v.dataset_split,
-            dataset_text_field=v.dataset_text_field, dataset_config_name=v.dataset_config_name, dataset_mix=[],
+            cfg.training,
+            dataset=v.dataset,
+            dataset_split=v.dataset_split,
+            dataset_text_field=v.dataset_text_field,
+            dataset_config_name=v.dataset_config_name,
+            dataset_mix=[],
         )
-        self.tokenizer, self.dp_rank, self.dp_degree, self.accum_steps = tokenizer, dp_rank, dp_degree, accum_steps
-        self.sets = {"": self.data_cfg}  # "" = [validation] dataset; then each per-source set by name
+        self.tokenizer, self.dp_rank, self.dp_degree, self.accum_steps = (
+            tokenizer,
+            dp_rank,
+            dp_degree,
+            accum_steps,
+        )
+        self.sets = {
+            "": self.data_cfg
+        }  # "" = [validation] dataset; then each per-source set by name
         for name, dataset in per_source_sets(v.per_source):
-            self.sets[name] = dataclasses.replace(self.data_cfg, dataset=dataset,
-                                                  dataset_split=per_source_split(dataset, v.dataset_split))
+            self.sets[name] = dataclasses.replace(
+                self.data_cfg,
+                dataset=dataset,
+                dataset_split=per_source_split(dataset, v.dataset_split),
+            )
         self._batches: dict[str, list] = {}
 
     def due(self, step: int, last_step: int, start_step: int) -> bool:
@@ -53,10 +67,18 @@ class Validator:
         micro-batches: read once, then kept (a few MB), so a hub dataset is not streamed again
         at every measurement."""
         if name not in self._batches:
-            loader = build_dataloader(self.sets[name], self.tokenizer, self.dp_rank, self.dp_degree, self.accum_steps,
-                                      section="validation")
+            loader = build_dataloader(
+                self.sets[name],
+                self.tokenizer,
+                self.dp_rank,
+                self.dp_degree,
+                self.accum_steps,
+                section="validation",
+            )
             data = iter(loader)
-            self._batches[name] = [[next(data) for _ in range(self.accum_steps)] for _ in range(self.cfg.steps)]
+            self._batches[name] = [
+                [next(data) for _ in range(self.accum_steps)] for _ in range(self.cfg.steps)
+            ]
         return self._batches[name]
 
     def measure(self, eval_step) -> dict:

@@ -17,14 +17,18 @@ argument lives in, not by position, so another collective's wait (TP's) in betwe
 taken for it.
 """
 
-from functools import lru_cache, partial
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from functools import cache, partial
 
 import torch
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
 
 from torchtitan.config.job_config import ActivationCheckpoint
 from torchtitan.distributed.plan import RegionSpec
@@ -54,7 +58,12 @@ _ATTENTION_OPS = [
     )
     if hasattr(aten, name)
 ]
-SAVE_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, *(getattr(aten, n).default for n in _ATTENTION_OPS)}
+SAVE_OPS = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    *(getattr(aten, n).default for n in _ATTENTION_OPS),
+}
 MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
 
 
@@ -75,8 +84,12 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
-def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops: Iterable = (),
-                  save_groups: frozenset[str] = frozenset()) -> Callable:
+def region_policy(
+    spec: RegionSpec,
+    fsdp_groups: frozenset[str],
+    extra_save_ops: Iterable = (),
+    save_groups: frozenset[str] = frozenset(),
+) -> Callable:
     """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
     and copy-out as one op) over an FSDP group by the comm decision, every other op by the
     compute decision. Op SAC also keeps the outputs of the model's `extra_save_ops` (e.g.
@@ -127,25 +140,36 @@ def region_policy(spec: RegionSpec, fsdp_groups: frozenset[str], extra_save_ops:
 
 
 def _context(spec: RegionSpec, fsdp_groups, extra_save_ops, save_groups):
-    return create_selective_checkpoint_contexts(region_policy(spec, fsdp_groups, extra_save_ops, save_groups))
+    return create_selective_checkpoint_contexts(
+        region_policy(spec, fsdp_groups, extra_save_ops, save_groups)
+    )
 
 
-@lru_cache(maxsize=None)
-def _context_fn(spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozenset, save_groups: frozenset):
+@cache
+def _context_fn(
+    spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozenset, save_groups: frozenset
+):
     # One object per distinct region: torch.compile guards on the identity of the context
     # function's arguments, so a fresh one per block recompiled every block (and past the
     # recompile limit, 8, left the remaining blocks eager).
     return partial(_context, spec, fsdp_groups, extra_save_ops, save_groups)
 
 
-def wrap_region(module: nn.Module, spec: RegionSpec, fsdp_groups: frozenset[str],
-                extra_save_ops: tuple | frozenset = frozenset(), save_groups: frozenset[str] = frozenset()) -> nn.Module:
+def wrap_region(
+    module: nn.Module,
+    spec: RegionSpec,
+    fsdp_groups: frozenset[str],
+    extra_save_ops: tuple | frozenset = frozenset(),
+    save_groups: frozenset[str] = frozenset(),
+) -> nn.Module:
     if not spec.wrapped:
         return module
     if spec.compute == "full" and spec.fsdp_comm is None:
         return checkpoint_wrapper(module, preserve_rng_state=False)  # plain full AC
     # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
-    context = _context_fn(spec, frozenset(fsdp_groups), frozenset(extra_save_ops), frozenset(save_groups))
+    context = _context_fn(
+        spec, frozenset(fsdp_groups), frozenset(extra_save_ops), frozenset(save_groups)
+    )
     return checkpoint_wrapper(module, context_fn=context, preserve_rng_state=False)
 
 
@@ -170,7 +194,10 @@ def resolve_fsdp_comm(fsdp_ac_policy: str, reshard: bool, simple_fsdp: bool) -> 
 
 
 def region_specs(
-    ac_cfg: ActivationCheckpoint, block_names: list[str], reshard: dict[str, bool], simple_fsdp: bool,
+    ac_cfg: ActivationCheckpoint,
+    block_names: list[str],
+    reshard: dict[str, bool],
+    simple_fsdp: bool,
     compiled: bool = False,
 ) -> dict[str, RegionSpec]:
     """{block name: RegionSpec} for the blocks of one model part, in order. `compiled`:
@@ -182,18 +209,28 @@ def region_specs(
             comm = "recompute" if simple_fsdp and reshard.get(name, False) else None
             specs[name] = RegionSpec(compute, comm, by_hooks=comm == "recompute" and not compiled)
         else:
-            specs[name] = RegionSpec(compute, resolve_fsdp_comm(ac_cfg.fsdp_ac_policy, reshard.get(name, False), simple_fsdp))
+            specs[name] = RegionSpec(
+                compute,
+                resolve_fsdp_comm(ac_cfg.fsdp_ac_policy, reshard.get(name, False), simple_fsdp),
+            )
     return specs
 
 
-def apply_ac(model: nn.Module, specs: dict[str, RegionSpec], fsdp_groups: frozenset[str],
-             extra_save_ops: tuple | frozenset = (), save_groups: frozenset[str] = frozenset()) -> None:
+def apply_ac(
+    model: nn.Module,
+    specs: dict[str, RegionSpec],
+    fsdp_groups: frozenset[str],
+    extra_save_ops: tuple | frozenset = (),
+    save_groups: frozenset[str] = frozenset(),
+) -> None:
     """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region.
     `save_groups`: op SAC keeps the all-gathers on these groups (context parallel's)."""
     for name, spec in specs.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        wrapped = wrap_region(parent.get_submodule(child), spec, fsdp_groups, extra_save_ops, save_groups)
+        wrapped = wrap_region(
+            parent.get_submodule(child), spec, fsdp_groups, extra_save_ops, save_groups
+        )
         if isinstance(parent, nn.ModuleDict):
             parent[child] = wrapped
         else:

@@ -60,8 +60,12 @@ def configure_dynamo() -> None:
     _STATS.install()
 
 
-def apply_compile(layers: nn.ModuleDict, compile_cfg: Compile, name: str = "layers",
-                  hooked: frozenset[str] | set[str] = frozenset()) -> None:
+def apply_compile(
+    layers: nn.ModuleDict,
+    compile_cfg: Compile,
+    name: str = "layers",
+    hooked: frozenset[str] | set[str] = frozenset(),
+) -> None:
     """Compile each block of `layers` (the model's ModuleDict called `name`) with
     fullgraph=True. Blocks of one kind share one graph (their guards match).
 
@@ -80,7 +84,9 @@ def apply_compile(layers: nn.ModuleDict, compile_cfg: Compile, name: str = "laye
         # would otherwise turn a second input layout (MTP's strided first-block input) into
         # symbolic sizes, which DTensor's sharding propagation cannot hash (torch 2.13)
         compiled = torch.compile(block, backend=compile_cfg.backend, fullgraph=full, dynamic=False)
-        compiled.register_forward_pre_hook(partial(_before_block, f"{name}.{key}"), with_kwargs=True)
+        compiled.register_forward_pre_hook(
+            partial(_before_block, f"{name}.{key}"), with_kwargs=True
+        )
         if not full:
             _STATS.not_fullgraph.add(f"{name}.{key}")
         layers[key] = compiled
@@ -112,7 +118,9 @@ class _CompileStats:
         self.lock = threading.Lock()
         self.block: str | None = None  # the compiled block whose forward runs now
         self.calls: Counter = Counter()  # block -> forward calls so far
-        self.open: dict[str, tuple[float, str | None, int]] = {}  # compile id -> (start, block, calls)
+        self.open: dict[
+            str, tuple[float, str | None, int]
+        ] = {}  # compile id -> (start, block, calls)
         self.events: list[dict] = []
         self.not_fullgraph: set[str] = set()  # blocks compiled with fullgraph=False
 
@@ -132,17 +140,26 @@ class _CompileStats:
     def _start(self, args=None) -> None:
         key = _key(args)
         with self.lock:
-            self.open[key] = (time.perf_counter(), self.block, self.calls[self.block] if self.block else 0)
+            self.open[key] = (
+                time.perf_counter(),
+                self.block,
+                self.calls[self.block] if self.block else 0,
+            )
 
     def _end(self, args=None) -> None:
         key = _key(args)
         with self.lock:
             start, block, calls = self.open.pop(key, (time.perf_counter(), self.block, 0))
             trigger = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO")
-            self.events.append({
-                "compile_id": getattr(args, "compile_id", None), "trigger": trigger,
-                "block": block, "block_calls": calls, "seconds": time.perf_counter() - start,
-            })
+            self.events.append(
+                {
+                    "compile_id": getattr(args, "compile_id", None),
+                    "trigger": trigger,
+                    "block": block,
+                    "block_calls": calls,
+                    "seconds": time.perf_counter() - start,
+                }
+            )
         path = os.environ.get(STATS_ENV)
         if path:
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -215,13 +232,17 @@ def compile_log_lines() -> list[str]:
         return []
     per_block = ", ".join(f"{b} {v['seconds']:.1f}s" for b, v in s["blocks"].items())
     total = sum(v["seconds"] for v in s["blocks"].values())
-    lines = [f"[torchtitan] compile: {s['graphs']} graph(s), {s['graph_breaks']} graph break(s),"
-             f" {s['late_compiles']} recompile(s) after a block's first call; {total:.1f}s compiling"
-             f" ({per_block}; other blocks reused these graphs)"]
+    lines = [
+        f"[torchtitan] compile: {s['graphs']} graph(s), {s['graph_breaks']} graph break(s),"
+        f" {s['late_compiles']} recompile(s) after a block's first call; {total:.1f}s compiling"
+        f" ({per_block}; other blocks reused these graphs)"
+    ]
     if s["not_fullgraph"]:
-        lines.append(f"[torchtitan] compile: {len(s['not_fullgraph'])} block(s) hold an FSDP2/DDP unit (MoE experts)"
-                     " whose hooks dynamo cannot trace: compiled with a graph break at that call"
-                     " (fsdp_implementation=simple_fsdp compiles them whole)")
+        lines.append(
+            f"[torchtitan] compile: {len(s['not_fullgraph'])} block(s) hold an FSDP2/DDP unit (MoE experts)"
+            " whose hooks dynamo cannot trace: compiled with a graph break at that call"
+            " (fsdp_implementation=simple_fsdp compiles them whole)"
+        )
     return lines
 
 
@@ -229,9 +250,12 @@ def compile_log_lines() -> list[str]:
 
 
 def _is_rng_state(node) -> bool:
-    return (node.op == "call_function" and node.target is __import__("operator").getitem
-            and getattr(node.args[0], "target", None) is torch._prims.rng_prims.run_and_save_rng_state
-            and node.args[1] == 0)
+    return (
+        node.op == "call_function"
+        and node.target is __import__("operator").getitem
+        and getattr(node.args[0], "target", None) is torch._prims.rng_prims.run_and_save_rng_state
+        and node.args[1] == 0
+    )
 
 
 def _trails_tensors(node) -> bool:
@@ -250,22 +274,26 @@ def _fix_rng_state_order(fw_module: torch.fx.GraphModule, bw_module: torch.fx.Gr
     n_saved = next((i for i, p in enumerate(bw_inputs) if "tangent" in p.name), len(bw_inputs))
     fw_out = next(iter(fw_module.graph.find_nodes(op="output")))
     outs = list(fw_out.args[0])
-    saved = outs[len(outs) - n_saved:] if n_saved else []
+    saved = outs[len(outs) - n_saved :] if n_saved else []
     states = [n for n in saved if isinstance(n, torch.fx.Node) and _is_rng_state(n)]
     if not states:
         return False
     rest = [n for n in saved if not (isinstance(n, torch.fx.Node) and _is_rng_state(n))]
-    first = next((i for i, n in enumerate(rest) if isinstance(n, torch.fx.Node) and _trails_tensors(n)), None)
+    first = next(
+        (i for i, n in enumerate(rest) if isinstance(n, torch.fx.Node) and _trails_tensors(n)), None
+    )
     if first is None or saved.index(states[0]) <= saved.index(rest[first]):
         return False  # already among the checked tensors
     target = rest[first]
     bw_target = next((p for p in bw_inputs if p.name == target.name), None)
     bw_states = [p for p in bw_inputs if p.name.startswith("rng_state_output")]
     if bw_target is None or len(bw_states) != len(states):
-        raise RuntimeError("torchtitan compile: unexpected saved values around the random states of a "
-                           "recomputed op; cannot order them (see torchtitan/distributed/compile.py)")
+        raise RuntimeError(
+            "torchtitan compile: unexpected saved values around the random states of a "
+            "recomputed op; cannot order them (see torchtitan/distributed/compile.py)"
+        )
     new_saved = rest[:first] + states + rest[first:]
-    fw_out.args = (type(fw_out.args[0])(outs[:len(outs) - n_saved] + new_saved),)
+    fw_out.args = (type(fw_out.args[0])(outs[: len(outs) - n_saved] + new_saved),)
     for p in bw_states:
         bw_target.prepend(p)
     fw_module.recompile()

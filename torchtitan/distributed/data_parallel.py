@@ -29,7 +29,9 @@ class Precision:
     reduce: str  # training.mixed_precision_reduce
 
 
-def size_units(model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: tuple[str, ...] = ()) -> list[FsdpUnit]:
+def size_units(
+    model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: tuple[str, ...] = ()
+) -> list[FsdpUnit]:
     """The model's declared FSDP units in forward order, with the unsharded bytes one rank
     holds, and the root unit when it owns anything.
 
@@ -53,8 +55,9 @@ def size_units(model: nn.Module, tp: int, ep: int, dtype_bytes: int, tp_whole: t
     return units
 
 
-def apply_data_parallel(model: nn.Module, dims: ParallelDims, plan: PartPlan, implementation: str,
-                        precision: Precision) -> None:
+def apply_data_parallel(
+    model: nn.Module, dims: ParallelDims, plan: PartPlan, implementation: str, precision: Precision
+) -> None:
     """FSDP2 / HSDP / DDP / SimpleFSDP (`implementation`: parallelism.fsdp_implementation) on
     one model part, each unit as `plan` says, on the data-parallel mesh of its kind
     (ParallelDims.dp_mesh)."""

@@ -94,7 +94,9 @@ def regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
     sizes_t = recv.t().reshape(-1)  # chunk sizes in target order (expert, rank)
     start_t = torch.cumsum(sizes_t, 0) - sizes_t  # start of each chunk in target order
     src_start_t = recv_start.view(w, e_local).t().reshape(-1)
-    chunk = torch.repeat_interleave(torch.arange(w * e_local, device=recv.device), sizes_t, output_size=n_rows)
+    chunk = torch.repeat_interleave(
+        torch.arange(w * e_local, device=recv.device), sizes_t, output_size=n_rows
+    )
     return src_start_t[chunk] + torch.arange(n_rows, device=recv.device) - start_t[chunk]
 
 
@@ -115,15 +117,19 @@ class AllToAllDispatcher:
         rank sends to each local expert, the rows sent to each rank, the rows received from
         each): one small all-to-all and one host sync."""
         w, e_local = self.size, self.num_experts // self.size
-        recv = wait_collective(funcol.all_to_all_single(counts, None, None, self.group)).view(w, e_local)
+        recv = wait_collective(funcol.all_to_all_single(counts, None, None, self.group)).view(
+            w, e_local
+        )
         splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
         return recv, splits[:w], splits[w:]
 
     def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         group = self.group
         if counts.shape != (self.num_experts,):
-            raise ValueError(f"counts must hold one entry per global expert "
-                             f"({self.num_experts}), got shape {tuple(counts.shape)}")
+            raise ValueError(
+                f"counts must hold one entry per global expert "
+                f"({self.num_experts}), got shape {tuple(counts.shape)}"
+            )
         # 1. who sends how many rows to which local expert
         recv, in_splits, out_splits = self.route(counts, x.shape[0])
         n_rows = sum(out_splits)
@@ -136,7 +142,9 @@ class AllToAllDispatcher:
         # 5. undo the regrouping, send the rows home
         # (out of place: a checkpoint region may keep this op's output for backward)
         inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
-        return wait_collective(funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group))
+        return wait_collective(
+            funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group)
+        )
 
 
 def expert_parallel_from_plan(model: nn.Module, plan: PartPlan, ep_mesh: DeviceMesh) -> None:
@@ -167,9 +175,13 @@ def apply_expert_parallel(moe: nn.Module, ep_mesh: DeviceMesh) -> None:
     num_experts = params[0][1].shape[0] if params[0][1].ndim else 0
     for name, p in params:
         if isinstance(p, DTensor) or p.ndim == 0 or p.shape[0] != num_experts:
-            raise ValueError(f"parameter {name!r} ({tuple(p.shape)}) is not a plain [E={num_experts}, ...] stack")
+            raise ValueError(
+                f"parameter {name!r} ({tuple(p.shape)}) is not a plain [E={num_experts}, ...] stack"
+            )
     if num_experts % w:
-        raise ValueError(f"{num_experts} experts are not divisible by the expert-parallel degree {w}")
+        raise ValueError(
+            f"{num_experts} experts are not divisible by the expert-parallel degree {w}"
+        )
     for name, p in params:
         dt = distribute_tensor(p.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
         experts.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))

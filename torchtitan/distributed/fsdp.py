@@ -5,7 +5,7 @@ final norm, output, ...) shards over the data-parallel mesh of its kind, with it
 reshard_after_forward. On a 2-D mesh (dp_replicate, dp_shard) fully_shard is HSDP.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,14 +30,21 @@ def inner_first(units: tuple[FsdpUnit, ...]) -> list[FsdpUnit]:
 
 
 def apply_fsdp2(
-    model: nn.Module, plan: PartPlan, mesh_of: Callable[[UnitKind], DataParallelMesh], mp: MixedPrecisionPolicy,
+    model: nn.Module,
+    plan: PartPlan,
+    mesh_of: Callable[[UnitKind], DataParallelMesh],
+    mp: MixedPrecisionPolicy,
 ) -> None:
     """fully_shard every unit of `plan` on its kind's mesh, nested ones (experts) before the
     units that contain them, then the root."""
     for unit in inner_first(plan.units):
         dp = mesh_of(unit.kind)
-        module = fully_shard(model.get_submodule(unit.name), mesh=dp.mesh, mp_policy=mp,
-                             reshard_after_forward=unit.reshard)
+        module = fully_shard(
+            model.get_submodule(unit.name),
+            mesh=dp.mesh,
+            mp_policy=mp,
+            reshard_after_forward=unit.reshard,
+        )
         if dp.divide_factor is not None:
             # Divide by every data-parallel rank, not by this mesh. FSDP2 (torch 2.13) then
             # reduce-scatters with PREMUL_SUM, which gloo lacks: forcing SUM moves the
@@ -66,7 +73,12 @@ def nested_in_regions(plan: PartPlan) -> list[tuple[str, str]]:
     out = []
     for u in named:
         holder = next((o.name for o in named if u.name.startswith(o.name + ".")), None)
-        if holder is not None and u.reshard and holder in plan.regions and plan.regions[holder].wrapped:
+        if (
+            holder is not None
+            and u.reshard
+            and holder in plan.regions
+            and plan.regions[holder].wrapped
+        ):
             out.append((u.name, holder))
     return out
 
@@ -80,16 +92,24 @@ def gather_at_region_entry(holder: nn.Module, nested: nn.Module) -> None:
         nested.unshard()
 
     def after_forward(module, args, kwargs, output):
-        outputs = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        outputs = [
+            t
+            for t in torch.utils._pytree.tree_leaves(output)
+            if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
         if outputs:
-            torch.autograd.graph.register_multi_grad_hook(outputs, lambda grads: nested.unshard(), mode="any")
+            torch.autograd.graph.register_multi_grad_hook(
+                outputs, lambda grads: nested.unshard(), mode="any"
+            )
         return output
 
     holder.register_forward_pre_hook(before_forward, with_kwargs=True)
     holder.register_forward_hook(after_forward, with_kwargs=True)
 
 
-def apply_ddp(model: nn.Module, plan: PartPlan, dp: DataParallelMesh, mp: MixedPrecisionPolicy) -> None:
+def apply_ddp(
+    model: nn.Module, plan: PartPlan, dp: DataParallelMesh, mp: MixedPrecisionPolicy
+) -> None:
     """Replicate (DDP semantics, FSDP2 machinery): one gradient all-reduce per unit."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 

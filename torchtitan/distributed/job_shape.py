@@ -66,7 +66,12 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
         if value < 1:
             raise ShapeError(f"--parallelism.{key}={value}: must be >= 1")
     cp = p.context_parallel_degree
-    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree * cp
+    others = (
+        p.data_parallel_replicate_degree
+        * p.tensor_parallel_degree
+        * p.pipeline_parallel_degree
+        * cp
+    )
     shard = p.data_parallel_shard_degree
     if shard == "auto":
         if world_size % others:
@@ -77,7 +82,9 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
             )
         shard = world_size // others
     elif shard < 1:
-        raise ShapeError(f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or auto (the rest)")
+        raise ShapeError(
+            f"--parallelism.data_parallel_shard_degree={shard}: must be >= 1 or auto (the rest)"
+        )
     elif shard * others != world_size:
         raise ShapeError(
             f"parallel degrees multiply to {shard * others} (replicate {p.data_parallel_replicate_degree}"
@@ -86,8 +93,15 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
             f" but the world size is {world_size}; make them multiply to {world_size}"
             f" or set --parallelism.data_parallel_shard_degree=auto"
         )
-    return Degrees(p.data_parallel_replicate_degree, shard, p.tensor_parallel_degree,
-                   p.pipeline_parallel_degree, p.expert_parallel_degree, world_size, cp)
+    return Degrees(
+        p.data_parallel_replicate_degree,
+        shard,
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.expert_parallel_degree,
+        world_size,
+        cp,
+    )
 
 
 @dataclass(frozen=True)
@@ -125,7 +139,9 @@ def batch_shape(cfg: JobConfig, dp: int) -> BatchShape:
     microbatches, for `dp` data-parallel ranks."""
     t = cfg.training
     per_step = t.local_batch_size * dp
-    if t.global_batch_size != "auto" and (t.global_batch_size < per_step or t.global_batch_size % per_step):
+    if t.global_batch_size != "auto" and (
+        t.global_batch_size < per_step or t.global_batch_size % per_step
+    ):
         raise ShapeError(
             f"--training.global_batch_size={t.global_batch_size} must be a positive multiple of"
             f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} = {per_step}"

@@ -77,7 +77,11 @@ class DataParallelMesh:
     @property
     def mesh(self) -> DeviceMesh:
         """The 1-D mesh, or the 2-D (replicate, shard) mesh of HSDP."""
-        return self.root[tuple(d.value for d in self.dims)] if len(self.dims) > 1 else self.root[self.dims[0].value]
+        return (
+            self.root[tuple(d.value for d in self.dims)]
+            if len(self.dims) > 1
+            else self.root[self.dims[0].value]
+        )
 
     def with_model_dim(self, model_mesh: DeviceMesh) -> DeviceMesh:
         """These dims plus a 1-D model-parallel mesh's dim (TP or EP) of the same root."""
@@ -117,19 +121,34 @@ class ParallelDims(Degrees):
     def mesh_shape(self) -> dict[str, int]:
         """The real (not flattened) mesh dims, outermost first."""
         if self.ep > 1:
-            shard = {MeshDim.DP_SHARD_MOD_EP: self.dp_shard // self.ep_from_dp_shard,
-                     MeshDim.DP_SHARD_IN_EP: self.ep_from_dp_shard}
+            shard = {
+                MeshDim.DP_SHARD_MOD_EP: self.dp_shard // self.ep_from_dp_shard,
+                MeshDim.DP_SHARD_IN_EP: self.ep_from_dp_shard,
+            }
         else:
             shard = {MeshDim.DP_SHARD: self.dp_shard}
-        dims = {MeshDim.PP: self.pp, MeshDim.DP_REPLICATE: self.dp_replicate, **shard, MeshDim.CP: self.cp,
-                MeshDim.TP: self.tp}
+        dims = {
+            MeshDim.PP: self.pp,
+            MeshDim.DP_REPLICATE: self.dp_replicate,
+            **shard,
+            MeshDim.CP: self.cp,
+            MeshDim.TP: self.tp,
+        }
         # dp_shard is always there, so data parallelism (and mixed precision) applies alike on 1 rank
-        return {k.value: v for k, v in dims.items() if v > 1 or k.value.startswith(MeshDim.DP_SHARD.value)}
+        return {
+            k.value: v
+            for k, v in dims.items()
+            if v > 1 or k.value.startswith(MeshDim.DP_SHARD.value)
+        }
 
     def flattened(self) -> dict[MeshDim, tuple[MeshDim, ...]]:
         """Every flattened dim this job's mesh has -> the real dims it joins, in the order
         build_mesh creates them (each rank creates the same groups in the same order)."""
-        shard = (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP) if self.ep > 1 else (MeshDim.DP_SHARD,)
+        shard = (
+            (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP)
+            if self.ep > 1
+            else (MeshDim.DP_SHARD,)
+        )
         cp = (MeshDim.CP,) if self.cp > 1 else ()
         tp = (MeshDim.TP,) if self.tp > 1 else ()
         replicate = (MeshDim.DP_REPLICATE,) if self.dp_replicate > 1 else ()
@@ -151,7 +170,12 @@ class ParallelDims(Degrees):
         opts = group_options(device_type, timeout_seconds) if timeout_seconds is not None else None
         self._group_opts = opts
         override = {name: opts for name in shape} if opts else None
-        mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape), backend_override=override)
+        mesh = init_device_mesh(
+            device_type,
+            tuple(shape.values()),
+            mesh_dim_names=tuple(shape),
+            backend_override=override,
+        )
         for name, dims in self.flattened().items():
             mesh[tuple(d.value for d in dims)]._flatten(name.value, backend_override=opts)
         self._mesh = mesh
@@ -164,9 +188,13 @@ class ParallelDims(Degrees):
         from the mesh's: attention's K/V gathers must not share FSDP's group object."""
         import torch.distributed as dist
 
-        ranks = mesh.mesh.movedim(list(self.mesh_shape).index(MeshDim.CP.value), -1).reshape(-1, self.cp)
+        ranks = mesh.mesh.movedim(list(self.mesh_shape).index(MeshDim.CP.value), -1).reshape(
+            -1, self.cp
+        )
         kw = {"backend": opts[0], "pg_options": opts[1]} if opts else {}
-        group, _ = dist.new_subgroups_by_enumeration(ranks.tolist(), group_desc="cp_attention", **kw)
+        group, _ = dist.new_subgroups_by_enumeration(
+            ranks.tolist(), group_desc="cp_attention", **kw
+        )
         return group
 
     def cp_group(self) -> ProcessGroup | None:
@@ -197,8 +225,10 @@ class ParallelDims(Degrees):
         """One dimension of the mesh; KeyError when this job has none (its degree is 1)."""
         dim = MeshDim(dim)  # a mistyped name raises here
         if not self.has(dim):
-            raise KeyError(f"this job's mesh has no {dim.value!r} dimension (mesh {self.mesh_shape});"
-                           " its degree is 1: check the degree before asking for it")
+            raise KeyError(
+                f"this job's mesh has no {dim.value!r} dimension (mesh {self.mesh_shape});"
+                " its degree is 1: check the degree before asking for it"
+            )
         return self._slice(dim.value)
 
     # ---------------------------------------------------------------- roles
@@ -219,7 +249,9 @@ class ParallelDims(Degrees):
 
     def fsdp_group_names(self) -> frozenset[str]:
         """Every process group FSDP's own collectives run on (dense units' and experts')."""
-        return frozenset(self.dp_mesh(UnitKind.DENSE).group_names | self.dp_mesh(UnitKind.EXPERTS).group_names)
+        return frozenset(
+            self.dp_mesh(UnitKind.DENSE).group_names | self.dp_mesh(UnitKind.EXPERTS).group_names
+        )
 
     def data_mesh(self) -> DeviceMesh:
         """The ranks that read different data (CP ranks read the same batch)."""
@@ -254,10 +286,14 @@ class ParallelDims(Degrees):
         if getattr(self, "_pp_ends", None) is None:
             import torch.distributed as dist
 
-            lines = self.mesh.mesh.movedim(list(self.mesh_shape).index(MeshDim.PP.value), -1).reshape(-1, self.pp)
+            lines = self.mesh.mesh.movedim(
+                list(self.mesh_shape).index(MeshDim.PP.value), -1
+            ).reshape(-1, self.pp)
             opts = self._group_opts
             kw = {"backend": opts[0], "pg_options": opts[1]} if opts else {}
-            group, _ = dist.new_subgroups_by_enumeration([[int(r[0]), int(r[-1])] for r in lines], **kw)
+            group, _ = dist.new_subgroups_by_enumeration(
+                [[int(r[0]), int(r[-1])] for r in lines], **kw
+            )
             self._pp_ends = (group,)  # cached on every rank (a middle rank's is None): made once
         return self._pp_ends[0]
 
@@ -267,7 +303,11 @@ class ParallelDims(Degrees):
     def leads_stage(self) -> bool:
         """Whether this rank is the first of its pipeline stage (coordinate 0 on every other dim)."""
         coords = self.mesh.get_coordinate() or []
-        return all(c == 0 for name, c in zip(self.mesh.mesh_dim_names or (), coords) if name != MeshDim.PP.value)
+        return all(
+            c == 0
+            for name, c in zip(self.mesh.mesh_dim_names or (), coords)
+            if name != MeshDim.PP.value
+        )
 
     def batch_group(self) -> ProcessGroup:
         """The process group of one pipeline stage's ranks (data-parallel and TP): together
@@ -276,11 +316,22 @@ class ParallelDims(Degrees):
         if len(dims) == 1:
             return self._slice(dims[0]).get_group()
         # flattening again returns the same group; it gets the job's collective timeout too
-        return self.mesh[dims]._flatten(MeshDim.DP_TP.value, backend_override=self._group_opts).get_group()
+        return (
+            self.mesh[dims]
+            ._flatten(MeshDim.DP_TP.value, backend_override=self._group_opts)
+            .get_group()
+        )
 
     # The order in which named_groups names the groups: a group that two dims share (e.g.
     # dp_shard and ep when EP takes all of dp_shard) is named by the later one.
-    _NAMING_ORDER = (MeshDim.DP, MeshDim.DP_SHARD_TP, MeshDim.EP, MeshDim.DP_SHARD, MeshDim.DP_SHARD_CP, MeshDim.DP_CP)
+    _NAMING_ORDER = (
+        MeshDim.DP,
+        MeshDim.DP_SHARD_TP,
+        MeshDim.EP,
+        MeshDim.DP_SHARD,
+        MeshDim.DP_SHARD_CP,
+        MeshDim.DP_CP,
+    )
 
     def flattened_names(self) -> tuple[str, ...]:
         """Flattened dims of this mesh, in the order named_groups names collectives by them."""

@@ -48,12 +48,22 @@ def pipeline_layout(p: Parallelism, n_layers: int, n_microbatches: int) -> Pipel
     floor all call this."""
     if p.pipeline_parallel_degree == 1:
         return None
-    return plan_pipeline(n_layers, p.pipeline_parallel_degree, p.pipeline_parallel_schedule,
-                         p.pipeline_parallel_layers_per_stage, p.pipeline_parallel_split_points, n_microbatches)
+    return plan_pipeline(
+        n_layers,
+        p.pipeline_parallel_degree,
+        p.pipeline_parallel_schedule,
+        p.pipeline_parallel_layers_per_stage,
+        p.pipeline_parallel_split_points,
+        n_microbatches,
+    )
 
 
 def plan_pipeline(
-    n_layers: int, pp: int, schedule: str, layers_per_stage: int | str, split_points: list[str],
+    n_layers: int,
+    pp: int,
+    schedule: str,
+    layers_per_stage: int | str,
+    split_points: list[str],
     n_microbatches: int,
 ) -> PipelineLayout:
     """Raise PipelineLayoutError (one line, naming the key) when the split is impossible."""
@@ -80,7 +90,9 @@ def plan_pipeline(
             elif schedule in V_SCHEDULES:
                 options = [2]
             else:
-                options = [k for k in range(2, n_layers // pp + 1) if n_layers % (pp * k) == 0] or [2]
+                options = [k for k in range(2, n_layers // pp + 1) if n_layers % (pp * k) == 0] or [
+                    2
+                ]
             num_stages = pp * options[0]
             if n_layers % num_stages:
                 raise PipelineLayoutError(

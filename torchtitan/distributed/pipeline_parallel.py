@@ -8,19 +8,26 @@ so weight init, checkpoints and plans name parameters identically in every layou
 
 import contextlib
 import copy
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed import ProcessGroup
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle, _PipelineSchedule, get_schedule_class
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleSingle,
+    _PipelineSchedule,
+    get_schedule_class,
+)
 
 from torchtitan.distributed.pipeline_layout import V_SCHEDULES, PipelineLayout
 from torchtitan.distributed.plan import BLOCKS
 
 
-def split_model(model: nn.Module, layout: PipelineLayout, pp_rank: int) -> list[tuple[int, nn.Module]]:
+def split_model(
+    model: nn.Module, layout: PipelineLayout, pp_rank: int
+) -> list[tuple[int, nn.Module]]:
     """(stage id, stage module) for each stage this pipeline rank holds. `model` follows
     models.protocol.TrainableModel: blocks in `.layers`, and the modules only the first /
     last stage keeps in `.first_stage_modules` / `.last_stage_modules`."""
@@ -31,7 +38,9 @@ def split_model(model: nn.Module, layout: PipelineLayout, pp_rank: int) -> list[
         # copying a 671B model's 61 blocks for each 4-block stage took most of the split
         dropped = [m for name, m in getattr(model, BLOCKS).items() if name not in keep]
         dropped += [getattr(model, n) for n in model.first_stage_modules if stage_id != 0]
-        dropped += [getattr(model, n) for n in model.last_stage_modules if stage_id != layout.num_stages - 1]
+        dropped += [
+            getattr(model, n) for n in model.last_stage_modules if stage_id != layout.num_stages - 1
+        ]
         part = copy.deepcopy(model, {id(m): m for m in dropped if m is not None})
         blocks = getattr(part, BLOCKS)
         for name in list(blocks.keys()):
@@ -80,25 +89,41 @@ class _Stage(PipelineStage):
 
 
 def build_pipeline(
-    parts: list[tuple[int, nn.Module]], layout: PipelineLayout, device: torch.device, pp_group: ProcessGroup,
-    n_microbatches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    backward_phase: Callable[[], ContextManager] | None = None,
+    parts: list[tuple[int, nn.Module]],
+    layout: PipelineLayout,
+    device: torch.device,
+    pp_group: ProcessGroup,
+    n_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    backward_phase: Callable[[], AbstractContextManager] | None = None,
 ) -> _PipelineSchedule:
     """PipelineStage per part and the configured schedule over them. Gradients are not
     rescaled by the schedule: loss_fn already divides by the number of microbatches.
     backward_phase: a context manager factory marking work as backward (comm stats)."""
-    stages = [_Stage(module, stage_id, layout.num_stages, device, group=pp_group) for stage_id, module in parts]
+    stages = [
+        _Stage(module, stage_id, layout.num_stages, device, group=pp_group)
+        for stage_id, module in parts
+    ]
     if backward_phase is not None:
         for stage in stages:
             stage.backward_phase = backward_phase
     schedule_cls = get_schedule_class(layout.schedule)
     if issubclass(schedule_cls, PipelineScheduleSingle):
-        return schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+        return schedule_cls(
+            stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False
+        )
     return schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
-def run_schedule(schedule: _PipelineSchedule, layout: PipelineLayout, stage_ids: list[int], inputs: torch.Tensor,
-                 labels: torch.Tensor, train: bool = True, kwargs: dict | None = None) -> list[torch.Tensor]:
+def run_schedule(
+    schedule: _PipelineSchedule,
+    layout: PipelineLayout,
+    stage_ids: list[int],
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    train: bool = True,
+    kwargs: dict | None = None,
+) -> list[torch.Tensor]:
     """One pass of the schedule over a local batch (forward only unless `train`); the last
     stage's per-microbatch losses, [] on other ranks. `kwargs` (tensors of the batch, e.g.
     document ids) are split by microbatch and given to every stage's forward."""
@@ -107,7 +132,9 @@ def run_schedule(schedule: _PipelineSchedule, layout: PipelineLayout, stage_ids:
         # torch 2.13's V schedules cannot run forward only (eval() asks a stage without
         # backward for its input gradients): run the full step; the caller drops the gradients.
         with torch.enable_grad():
-            return run_schedule(schedule, layout, stage_ids, inputs, labels, train=True, kwargs=kwargs)
+            return run_schedule(
+                schedule, layout, stage_ids, inputs, labels, train=True, kwargs=kwargs
+            )
     run = schedule.step if train else schedule.eval
     args = (inputs,) if 0 in stage_ids else ()
     losses: list[torch.Tensor] = []

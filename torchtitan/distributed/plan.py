@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-
 # The model contract (models.protocol): blocks live in `model.layers`, keyed by global index,
 # so every block is named f"{BLOCKS}.<i>" in every layout.
 BLOCKS = "layers"
@@ -62,7 +61,9 @@ class FsdpUnit:
 
     name: str  # submodule path; "" is the root (what no other unit took: final norm, output)
     param_bytes: int = 0  # unsharded parameter bytes on this rank (after TP / EP), param dtype
-    block: str | None = None  # the transformer block it belongs to (a block, or experts nested in one)
+    block: str | None = (
+        None  # the transformer block it belongs to (a block, or experts nested in one)
+    )
     kind: UnitKind = UnitKind.DENSE
     decision: Decision | None = None  # reshard_after_forward, once resolved
     region: RegionSpec | None = None  # the checkpoint region holding it (its block's, or its own)
@@ -93,10 +94,18 @@ class PartPlan:
     regions: dict[str, RegionSpec] = field(default_factory=dict)  # region name -> spec, in order
 
     @classmethod
-    def assemble(cls, stage_id: int, units: list[FsdpUnit], decisions: dict[str, Decision],
-                 regions: dict[str, RegionSpec], microbatches: int) -> PartPlan:
+    def assemble(
+        cls,
+        stage_id: int,
+        units: list[FsdpUnit],
+        decisions: dict[str, Decision],
+        regions: dict[str, RegionSpec],
+        microbatches: int,
+    ) -> PartPlan:
         """Units with their decisions and the region that holds each (its block's, or its own)."""
-        decided = tuple(replace(u, decision=decisions[u.name], region=regions.get(u.position)) for u in units)
+        decided = tuple(
+            replace(u, decision=decisions[u.name], region=regions.get(u.position)) for u in units
+        )
         return cls(stage_id, decided, microbatches, dict(regions))
 
     def unit(self, name: str) -> FsdpUnit:
@@ -115,10 +124,22 @@ class PartPlan:
         return {
             "stage": self.stage_id,
             "fsdp_units": [
-                {"name": u.name or "<root>", "reshard_after_forward": u.reshard, "reason": u.decision.reason,
-                 "param_bytes": u.param_bytes, **({"mesh": "experts"} if u.kind is UnitKind.EXPERTS else {})}
+                {
+                    "name": u.name or "<root>",
+                    "reshard_after_forward": u.reshard,
+                    "reason": u.decision.reason,
+                    "param_bytes": u.param_bytes,
+                    **({"mesh": "experts"} if u.kind is UnitKind.EXPERTS else {}),
+                }
                 for u in self.units
             ],
-            "ac_regions": [{"name": name, "mode": spec.compute, "fsdp_ac_policy": spec.fsdp_comm or "n/a",
-                            "label": spec.label} for name, spec in self.regions.items()],
+            "ac_regions": [
+                {
+                    "name": name,
+                    "mode": spec.compute,
+                    "fsdp_ac_policy": spec.fsdp_comm or "n/a",
+                    "label": spec.label,
+                }
+                for name, spec in self.regions.items()
+            ],
         }

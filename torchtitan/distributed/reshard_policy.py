@@ -68,17 +68,24 @@ def resolve(
             if policy == "never":
                 decisions[unit.name] = Decision(False, "never: kept for backward (ZeRO-2)")
             elif unit.is_root:
-                decisions[unit.name] = Decision(False, "root: backward starts here, FSDP would gather it again at once")
+                decisions[unit.name] = Decision(
+                    False, "root: backward starts here, FSDP would gather it again at once"
+                )
             elif policy == "always":
                 decisions[unit.name] = Decision(True, "always: freed after forward (ZeRO-3)")
             elif pp_enabled:
                 decisions[unit.name] = Decision(
-                    False, f"auto, PP: kept, 1 gather per step instead of {n_microbatches} (one per microbatch)"
+                    False,
+                    f"auto, PP: kept, 1 gather per step instead of {n_microbatches} (one per microbatch)",
                 )
             elif unit.position == last_block:
-                decisions[unit.name] = Decision(False, "auto: last in forward, its backward follows at once")
+                decisions[unit.name] = Decision(
+                    False, "auto: last in forward, its backward follows at once"
+                )
             else:
-                decisions[unit.name] = Decision(True, "auto: freed from its forward until its backward")
+                decisions[unit.name] = Decision(
+                    True, "auto: freed from its forward until its backward"
+                )
         plan.append(decisions)
 
     if policy == "auto" and free_bytes > 0:
@@ -86,8 +93,14 @@ def resolve(
     return plan
 
 
-def _free_for_budget(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]], free_bytes: int, note: str,
-                     zero_bubble: bool, schedule: str) -> None:
+def _free_for_budget(
+    plan: list[dict[str, Decision]],
+    parts: list[list[FsdpUnit]],
+    free_bytes: int,
+    note: str,
+    zero_bubble: bool,
+    schedule: str,
+) -> None:
     """Reshard kept non-root blocks (each with its nested units), earliest in forward order
     first, until `free_bytes` of unsharded parameters are freed (or none is left)."""
     freed = 0
@@ -98,11 +111,17 @@ def _free_for_budget(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]
             if unit.is_root or plan[i][unit.name].reshard:
                 continue
             if zero_bubble:
-                raise ReshardPolicyError(_zero_bubble_message(schedule, f"the memory budget ({note})"))
+                raise ReshardPolicyError(
+                    _zero_bubble_message(schedule, f"the memory budget ({note})")
+                )
             # A block is freed whole (with its experts): one AC region serves all its gathers.
             decision = Decision(True, f"auto, memory budget: {note}; freed (earliest first)")
             for other in units:
-                if other.position == unit.position and not other.is_root and not plan[i][other.name].reshard:
+                if (
+                    other.position == unit.position
+                    and not other.is_root
+                    and not plan[i][other.name].reshard
+                ):
                     plan[i][other.name] = decision
                     freed += other.param_bytes
 
@@ -117,4 +136,6 @@ def _zero_bubble_message(schedule: str, what: str) -> str:
 
 
 def kept_bytes(plan: list[dict[str, Decision]], parts: list[list[FsdpUnit]]) -> int:
-    return sum(u.param_bytes for d, units in zip(plan, parts) for u in units if not d[u.name].reshard)
+    return sum(
+        u.param_bytes for d, units in zip(plan, parts) for u in units if not d[u.name].reshard
+    )

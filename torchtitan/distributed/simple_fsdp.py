@@ -26,13 +26,13 @@ unsharded, and the backward of the step's last microbatch reduce-scatters the su
 """
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 import torch.distributed._functional_collectives as funcol
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.nn.utils.stateless import _reparametrize_module
@@ -51,7 +51,11 @@ _SHARDS_KWARG, _VALUES_KWARG = "_simple_fsdp_shards", "_simple_fsdp_values"
 
 @torch.library.custom_op("torchtitan::simple_fsdp_gather", mutates_args=())
 def _gather_op(
-    shards: list[torch.Tensor], group_size: int, group_name: str, dtype: torch.dtype, numels: list[int],
+    shards: list[torch.Tensor],
+    group_size: int,
+    group_name: str,
+    dtype: torch.dtype,
+    numels: list[int],
     shapes: list[int],
 ) -> list[torch.Tensor]:
     """One unit's local shards -> each parameter's gathered value in `dtype`: one flat cast
@@ -77,7 +81,7 @@ GATHER_OP = torch.ops.torchtitan.simple_fsdp_gather.default
 def _unflatten_shapes(flat: list[int]) -> list[list[int]]:
     out, i = [], 0
     while i < len(flat):
-        out.append(flat[i + 1:i + 1 + flat[i]])
+        out.append(flat[i + 1 : i + 1 + flat[i]])
         i += 1 + flat[i]
     return out
 
@@ -102,25 +106,44 @@ class UnitLayout:
     def gather(self, shards: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Local shards -> every parameter's gathered value, in the param dtype."""
         shapes = [x for shape in self.gathered_shapes for x in (len(shape), *shape)]
-        return tuple(GATHER_OP(list(shards), self.shard_size, self.shard_group or "", self.param_dtype,
-                               self.local_numels, shapes))
+        return tuple(
+            GATHER_OP(
+                list(shards),
+                self.shard_size,
+                self.shard_group or "",
+                self.param_dtype,
+                self.local_numels,
+                shapes,
+            )
+        )
 
     def join(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """Gathered-shape gradients (None: unused) -> one rank-major buffer in the reduce dtype."""
         device = next(g.device for g in grads if g is not None)
-        parts = [(g if g is not None else torch.zeros(shape, dtype=self.param_dtype, device=device))
-                 .reshape(self.shard_size, -1) for g, shape in zip(grads, self.gathered_shapes)]
+        parts = [
+            (
+                g if g is not None else torch.zeros(shape, dtype=self.param_dtype, device=device)
+            ).reshape(self.shard_size, -1)
+            for g, shape in zip(grads, self.gathered_shapes)
+        ]
         return torch.cat(parts, dim=1).to(self.reduce_dtype)  # .to: no copy when the dtypes agree
 
-    def reduce(self, joined: torch.Tensor, like: Sequence[tuple[torch.Size, torch.dtype]]) -> tuple[torch.Tensor, ...]:
+    def reduce(
+        self, joined: torch.Tensor, like: Sequence[tuple[torch.Size, torch.dtype]]
+    ) -> tuple[torch.Tensor, ...]:
         """A joined gradient (consumed) -> this rank's shard of its data-parallel average, one
         tensor per parameter with the (shape, dtype) of `like`."""
         g = joined.reshape(-1).mul_(self.grad_scale)
         if self.shard_group is not None:
-            g = _fc.wait_tensor(_fc.reduce_scatter_tensor(g, "sum", self.shard_size, self.shard_group))
+            g = _fc.wait_tensor(
+                _fc.reduce_scatter_tensor(g, "sum", self.shard_size, self.shard_group)
+            )
         if self.replicate_group is not None:
             g = _fc.wait_tensor(_fc.all_reduce(g, "sum", self.replicate_group))
-        return tuple(part.view(shape).to(dtype) for part, (shape, dtype) in zip(g.split(self.local_numels), like))
+        return tuple(
+            part.view(shape).to(dtype)
+            for part, (shape, dtype) in zip(g.split(self.local_numels), like)
+        )
 
 
 class _GatherUnit(torch.autograd.Function):
@@ -169,7 +192,11 @@ class _Regather:
             i = where.get(_storage_key(local)) if local.device.type != "meta" else None
             if i is None:
                 return t
-            spec = (t.device_mesh, t.placements, t.shape, t.stride()) if isinstance(t, DTensor) else None
+            spec = (
+                (t.device_mesh, t.placements, t.shape, t.stride())
+                if isinstance(t, DTensor)
+                else None
+            )
             return _Handle(i, local.size(), local.stride(), local.storage_offset(), spec)
 
         def unpack(x):
@@ -186,7 +213,9 @@ class _Regather:
             if x.spec is None:
                 return v
             mesh, placements, shape, stride = x.spec
-            return DTensor.from_local(v, mesh, placements, run_check=False, shape=shape, stride=stride)
+            return DTensor.from_local(
+                v, mesh, placements, run_check=False, shape=shape, stride=stride
+            )
 
         return pack, unpack
 
@@ -243,7 +272,15 @@ class _GatherOncePerStep(torch.autograd.Function):
         state.backwards += 1
         if state.backwards < state.microbatches:
             # zeros, not None: a zero-bubble weight pass asks autograd for every weight's grad
-            return None, None, None, *(torch.zeros(shape, dtype=dtype, device=joined.device) for shape, dtype in ctx.like)
+            return (
+                None,
+                None,
+                None,
+                *(
+                    torch.zeros(shape, dtype=dtype, device=joined.device)
+                    for shape, dtype in ctx.like
+                ),
+            )
         grad, state.values, state.grad, state.backwards = state.grad, None, None, 0
         return None, None, None, *layout.reduce(grad, ctx.like)
 
@@ -252,10 +289,19 @@ class _Unit:
     """One FSDP unit: the parameters it owns (nested units' excluded), as (owning module,
     attribute, path from the unit's module), and how they are gathered."""
 
-    def __init__(self, entries, layout: UnitLayout, tp_specs, step: _StepState | None, regather: bool,
-                 aliases=()):
+    def __init__(
+        self,
+        entries,
+        layout: UnitLayout,
+        tp_specs,
+        step: _StepState | None,
+        regather: bool,
+        aliases=(),
+    ):
         self.entries, self.layout, self.tp_specs, self.step = entries, layout, tp_specs, step
-        self.aliases = tuple(aliases)  # (path, entry index): another module's name for an entry's parameter
+        self.aliases = tuple(
+            aliases
+        )  # (path, entry index): another module's name for an entry's parameter
         self.regather = _Regather(self) if regather else None
 
     def local_shards(self) -> tuple[torch.Tensor, ...]:
@@ -268,7 +314,9 @@ class _Unit:
         for (_, _, path), value, tp in zip(self.entries, values, self.tp_specs):
             if tp is not None:
                 mesh, placements, shape, stride = tp
-                value = DTensor.from_local(value, mesh, placements, run_check=False, shape=shape, stride=stride)
+                value = DTensor.from_local(
+                    value, mesh, placements, run_check=False, shape=shape, stride=stride
+                )
             out[path] = value
         for path, index in self.aliases:
             out[path] = out[self.entries[index][2]]
@@ -289,7 +337,11 @@ class _Unit:
             return {_VALUES_KWARG: self.layout.gather(self.local_shards())}
         # (the DTensor parameters' versions: in-place updates bump them, not their local tensors')
         versions = tuple(owner._parameters[attr]._version for owner, attr, _ in self.entries)
-        return {_VALUES_KWARG: _GatherOncePerStep.apply(self.layout, self.step, versions, *self.local_shards())}
+        return {
+            _VALUES_KWARG: _GatherOncePerStep.apply(
+                self.layout, self.step, versions, *self.local_shards()
+            )
+        }
 
 
 _UNIT_CLASSES: dict[type, type] = {}
@@ -302,13 +354,18 @@ def _unit_class(cls: type) -> type:
 
         def forward(self, *args, **kwargs):
             unit = self._simple_fsdp_unit
-            if _SHARDS_KWARG not in kwargs and _VALUES_KWARG not in kwargs:  # called without the pre-hook
+            if (
+                _SHARDS_KWARG not in kwargs and _VALUES_KWARG not in kwargs
+            ):  # called without the pre-hook
                 kwargs.update(unit.inputs())
             values = kwargs.pop(_VALUES_KWARG, None)  # gathered once per step
             if values is None:
                 values = _GatherUnit.apply(unit.layout, unit.regather, *kwargs.pop(_SHARDS_KWARG))
-            saving = (torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
-                      if unit.regather is not None else contextlib.nullcontext())
+            saving = (
+                torch.autograd.graph.saved_tensors_hooks(*unit.regather.hooks(values))
+                if unit.regather is not None
+                else contextlib.nullcontext()
+            )
             with saving, _reparametrize_module(self, unit.bind(values)):
                 return cls.forward(self, *args, **kwargs)
 
@@ -352,25 +409,38 @@ def _shard_param(param: nn.Parameter, dp: DataParallelMesh, kind: UnitKind) -> n
     if dp.shard is not None:
         shard_coord, shard_size = dp.local_rank(dp.shard), dp.size(dp.shard)
         if local.shape[0] % shard_size:
-            what = ("data_parallel_shard_degree / (expert_parallel_degree / tensor_parallel_degree)"
-                    if kind is UnitKind.EXPERTS else "data_parallel_shard_degree")
+            what = (
+                "data_parallel_shard_degree / (expert_parallel_degree / tensor_parallel_degree)"
+                if kind is UnitKind.EXPERTS
+                else "data_parallel_shard_degree"
+            )
             raise ValueError(
                 f"--parallelism.fsdp_implementation=simple_fsdp: a parameter of shape {tuple(param.shape)} has"
                 f" dim 0 = {local.shape[0]} on this TP/EP rank, not divisible by {what} = {shard_size} (SimpleFSDP"
                 " does not pad); use fsdp2 or other degrees"
             )
         tp_size = tp_mesh.size() if tp_mesh is not None else 1
-        placements[dp.dims.index(dp.shard)] = _dp_placement(tp_placements[0] if tp_placements else None, tp_size)
+        placements[dp.dims.index(dp.shard)] = _dp_placement(
+            tp_placements[0] if tp_placements else None, tp_size
+        )
         local = local.chunk(shard_size, dim=0)[shard_coord]
-    dt = DTensor.from_local(local, full_mesh, placements + tp_placements, run_check=False,
-                            shape=param.shape, stride=param.stride())
+    dt = DTensor.from_local(
+        local,
+        full_mesh,
+        placements + tp_placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
     return nn.Parameter(dt, requires_grad=param.requires_grad)
 
 
 def unwrap(module: nn.Module) -> nn.Module:
     """The module itself under torch.compile's and activation checkpointing's wrappers."""
     while True:
-        inner = getattr(module, "_orig_mod", None) or getattr(module, "_checkpoint_wrapped_module", None)
+        inner = getattr(module, "_orig_mod", None) or getattr(
+            module, "_checkpoint_wrapped_module", None
+        )
         if inner is None:
             return module
         module = inner
@@ -381,7 +451,11 @@ def gathers_once_per_step(unit: FsdpUnit, microbatches: int) -> bool:
     recomputes FSDP's gathers (fsdp_ac_policy=recompute asks for a gather per microbatch,
     redone in backward)."""
     region = unit.region
-    return microbatches > 1 and not unit.reshard and (region is None or region.fsdp_comm != "recompute")
+    return (
+        microbatches > 1
+        and not unit.reshard
+        and (region is None or region.fsdp_comm != "recompute")
+    )
 
 
 def regathers_by_hooks(unit: FsdpUnit) -> bool:
@@ -390,7 +464,10 @@ def regathers_by_hooks(unit: FsdpUnit) -> bool:
 
 
 def simple_fsdp(
-    model: nn.Module, plan: PartPlan, mesh_of: Callable[[UnitKind], DataParallelMesh], param_dtype: str,
+    model: nn.Module,
+    plan: PartPlan,
+    mesh_of: Callable[[UnitKind], DataParallelMesh],
+    param_dtype: str,
     reduce_dtype: str,
 ) -> nn.Module:
     """Make every unit of `plan` a SimpleFSDP unit of `model` (on meta, after TP / EP / AC /
@@ -420,7 +497,11 @@ def simple_fsdp(
                 continue
             seen[id(param)] = len(entries)
             is_tp = isinstance(param, DTensor)
-            tp_specs.append((param.device_mesh, tuple(param.placements), param.shape, param.stride()) if is_tp else None)
+            tp_specs.append(
+                (param.device_mesh, tuple(param.placements), param.shape, param.stride())
+                if is_tp
+                else None
+            )
             sharded = _shard_param(param, dp, spec.kind)
             owner._parameters[attr] = sharded
             claimed.add(id(sharded))
@@ -435,10 +516,17 @@ def simple_fsdp(
             shard_group=dp.group_name(dp.shard) if gathers else None,
             shard_size=dp.size(dp.shard),
             replicate_group=dp.group_name(dp.replicate),
-            grad_scale=1.0 / dp_size, param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype],
-            local_shapes=tuple(local_shapes), gathered_shapes=tuple(shapes),
+            grad_scale=1.0 / dp_size,
+            param_dtype=DTYPES[param_dtype],
+            reduce_dtype=DTYPES[reduce_dtype],
+            local_shapes=tuple(local_shapes),
+            gathered_shapes=tuple(shapes),
         )
-        step = _StepState(plan.microbatches) if gathers_once_per_step(spec, plan.microbatches) else None
+        step = (
+            _StepState(plan.microbatches)
+            if gathers_once_per_step(spec, plan.microbatches)
+            else None
+        )
         unit = _Unit(entries, layout, tp_specs, step, regathers_by_hooks(spec), aliases)
         module._simple_fsdp_unit = unit
         module.__class__ = _unit_class(module.__class__)

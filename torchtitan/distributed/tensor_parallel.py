@@ -1,7 +1,7 @@
 """Tensor-parallel helpers shared by the models' TP shardings."""
 
 import contextlib
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
@@ -10,7 +10,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, dis
 from torch.distributed.tensor.parallel import ParallelStyle, loss_parallel
 
 
-def loss_parallel_context(enabled: bool) -> ContextManager:
+def loss_parallel_context(enabled: bool) -> AbstractContextManager:
     """Cross-entropy on vocabulary-sharded logits (forward and backward must both run in it)."""
     return loss_parallel() if enabled else contextlib.nullcontext()
 
@@ -33,7 +33,8 @@ class ReplicateParallel(ParallelStyle):
     def _prepare_input(self, mod, inputs, device_mesh):
         return tuple(
             DTensor.from_local(x, device_mesh, [self.input_layout], run_check=False)
-            if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x
+            if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+            else x
             for x in inputs
         )
 
@@ -45,4 +46,6 @@ class ReplicateParallel(ParallelStyle):
         return outputs.to_local(grad_placements=[Partial()] if self.partial_output_grad else None)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(module, device_mesh, None, self._prepare_input, self._prepare_output)
+        return distribute_module(
+            module, device_mesh, None, self._prepare_input, self._prepare_output
+        )

@@ -28,7 +28,10 @@ class TiedCopies:
         self.pairs = []  # (parameter or None, copy or None) on this rank
         for copy, source in getattr(model_parts[0], "tied_weights", {}).items():
             src = next((ps[source] for ps in map(_named, model_parts) if source in ps), None)
-            dst = next((ps[copy] for ps in map(_named, model_parts) if copy in ps and source not in ps), None)
+            dst = next(
+                (ps[copy] for ps in map(_named, model_parts) if copy in ps and source not in ps),
+                None,
+            )
             if src is not None or dst is not None:
                 self.pairs.append((src, dst))
         self.group = ends_group

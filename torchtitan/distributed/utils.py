@@ -2,7 +2,7 @@
 
 import gc
 import os
-from typing import Iterable
+from collections.abc import Iterable
 from datetime import timedelta
 
 import torch
@@ -20,7 +20,9 @@ def pick_device(choice: str) -> torch.device:
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError("--training.device=cuda but no CUDA device is visible; use auto or cpu")
+            raise DeviceError(
+                "--training.device=cuda but no CUDA device is visible; use auto or cpu"
+            )
         gpus = torch.cuda.device_count()
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if per_node > gpus:
@@ -41,7 +43,8 @@ def backend_for(device_type: str) -> str:
 def init_distributed(device: torch.device, timeout_seconds: int = 300) -> None:
     if not dist.is_initialized():
         dist.init_process_group(
-            backend=backend_for(device.type), device_id=device if device.type == "cuda" else None,
+            backend=backend_for(device.type),
+            device_id=device if device.type == "cuda" else None,
             timeout=timedelta(seconds=timeout_seconds),
         )
 
@@ -70,9 +73,17 @@ def shutdown_distributed() -> None:
 
 
 # What gloo / NCCL say when a peer is gone or silent (not when a collective is misused).
-_COMM_FAILURE_WORDS = ("gloo/transport/", "connection closed", "connection reset", "connection refused",
-                       "broken pipe", "timed out",
-                       "socket timeout", "nccl communicator was aborted", "watchdog caught collective operation timeout")
+_COMM_FAILURE_WORDS = (
+    "gloo/transport/",
+    "connection closed",
+    "connection reset",
+    "connection refused",
+    "broken pipe",
+    "timed out",
+    "socket timeout",
+    "nccl communicator was aborted",
+    "watchdog caught collective operation timeout",
+)
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -100,8 +111,12 @@ def comm_failure_summary(e: BaseException) -> str:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None,
-                    also_clip: Iterable[torch.Tensor] = ()) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+    also_clip: Iterable[torch.Tensor] = (),
+) -> torch.Tensor:
     """Global L2 norm of all gradients (over shards, and over stages when pp_group is given);
     clips in place when max_norm > 0. Returns the norm before clipping as a plain tensor.
     `also_clip`: clipped by that norm but not counted in it (a tied weight's second copy).
@@ -115,7 +130,9 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_grou
     norms = []
     for group in by_mesh.values() or [[]]:
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # full_tensor sums over shards
+        norms.append(
+            norm.full_tensor() if isinstance(norm, DTensor) else norm
+        )  # full_tensor sums over shards
     norm = norms[0] if len(norms) == 1 else torch.stack([n**2 for n in norms]).sum().sqrt()
     if pp_group is not None:
         sq = norm**2
@@ -124,7 +141,9 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pp_grou
     if max_norm > 0:
         for p in also_clip:
             if p.grad is not None:
-                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+                by_mesh.setdefault(
+                    p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []
+                ).append(p.grad)
         for group in by_mesh.values():  # foreach ops cannot mix DTensors of different meshes
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm

@@ -11,8 +11,15 @@ def flavors_of(name: str) -> dict:
     return model_entry(name).flavors
 
 
-def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, mtp_depth: int = 0,
-               rules: dict | None = None):
+def model_args(
+    name: str,
+    flavor: str,
+    vocab_size: int,
+    seq_len: int,
+    moe=None,
+    mtp_depth: int = 0,
+    rules: dict | None = None,
+):
     """The flavor's args with the tokenizer's vocabulary (when the flavor leaves it open),
     a RoPE cache just long enough for training, the [moe] overrides (`moe`: JobConfig.moe;
     "auto" keeps the flavor's value), the multi-token-prediction depth (`model.mtp_depth`;
@@ -25,8 +32,12 @@ def model_args(name: str, flavor: str, vocab_size: int, seq_len: int, moe=None, 
     if mtp_depth:  # the checks refused it for models without MTP
         args = dataclasses.replace(args, mtp_depth=mtp_depth)
     if moe is not None and getattr(args, "n_routed_experts", 0):
-        overrides = {"n_activated_experts": moe.top_k, "score_func": moe.score_func,
-                     "load_balance_coeff": moe.load_balance_coeff, "aux_loss_coeff": moe.aux_loss_coeff}
+        overrides = {
+            "n_activated_experts": moe.top_k,
+            "score_func": moe.score_func,
+            "load_balance_coeff": moe.load_balance_coeff,
+            "aux_loss_coeff": moe.aux_loss_coeff,
+        }
         args = dataclasses.replace(args, **{k: v for k, v in overrides.items() if v != "auto"})
     if args.vocab_size and args.vocab_size < vocab_size:
         raise ValueError(

@@ -63,7 +63,19 @@ def load_model_modules(modules: str) -> None:
             importlib.import_module(name)
 
 
-register("llama3", ModelEntry(LLAMA3_FLAVORS, "torchtitan.models.llama3", "torchtitan.models.llama3.hf_convert"))
-register("deepseek_v3", ModelEntry(DEEPSEEK_V3_FLAVORS, "torchtitan.models.deepseek_v3",
-                                   "torchtitan.models.deepseek_v3.hf_convert"))
-register("qwen3", ModelEntry(QWEN3_FLAVORS, "torchtitan.models.qwen3", "torchtitan.models.qwen3.hf_convert"))
+register(
+    "llama3",
+    ModelEntry(LLAMA3_FLAVORS, "torchtitan.models.llama3", "torchtitan.models.llama3.hf_convert"),
+)
+register(
+    "deepseek_v3",
+    ModelEntry(
+        DEEPSEEK_V3_FLAVORS,
+        "torchtitan.models.deepseek_v3",
+        "torchtitan.models.deepseek_v3.hf_convert",
+    ),
+)
+register(
+    "qwen3",
+    ModelEntry(QWEN3_FLAVORS, "torchtitan.models.qwen3", "torchtitan.models.qwen3.hf_convert"),
+)

@@ -66,8 +66,11 @@ def norm(name: str, dim: int) -> Param:
 
 def swiglu(name: str, dim: int, hidden: int) -> list[Param]:
     """common.feed_forward.FeedForward under common.tensor_parallel.feed_forward_sharding."""
-    return [linear(f"{name}.w1", hidden, dim, COLWISE), linear(f"{name}.w2", dim, hidden, ROWWISE),
-            linear(f"{name}.w3", hidden, dim, COLWISE)]
+    return [
+        linear(f"{name}.w1", hidden, dim, COLWISE),
+        linear(f"{name}.w2", dim, hidden, ROWWISE),
+        linear(f"{name}.w3", hidden, dim, COLWISE),
+    ]
 
 
 def decoder_ends(args) -> tuple[list[Param], list[Param]]:

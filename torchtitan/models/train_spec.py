@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
     from torchtitan.distributed.plan import PartPlan
 
 # (model part on meta, dims, the part's plan, [parallelism], [compile], precision) -> the part
-ParallelizeFn = Callable[[nn.Module, "ParallelDims", "PartPlan", "Parallelism", "Compile", "Precision"], nn.Module]
+ParallelizeFn = Callable[
+    [nn.Module, "ParallelDims", "PartPlan", "Parallelism", "Compile", "Precision"], nn.Module
+]
 
 
 @dataclass(frozen=True)
@@ -33,5 +36,7 @@ class TrainSpec:
 def get_train_spec(name: str) -> TrainSpec:
     """The TRAIN_SPEC of a registered model's parallelize module (imports torch and the model)."""
     if name not in MODELS:
-        raise ValueError(f"--model.name: no train spec for '{name}'; registered: {', '.join(MODELS)}")
+        raise ValueError(
+            f"--model.name: no train spec for '{name}'; registered: {', '.join(MODELS)}"
+        )
     return model_entry(name).module("parallelize").TRAIN_SPEC

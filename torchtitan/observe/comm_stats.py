@@ -16,7 +16,7 @@ all_reduce / broadcast / send / recv / all_to_all.
 
 import contextlib
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -25,20 +25,33 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 _KINDS = {
     # torch.ops.c10d (eager process-group calls: FSDP2, pipelining, dist.*)
-    "_allgather_base_": "all_gather", "allgather_": "all_gather", "allgather_coalesced_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "allgather_coalesced_": "all_gather",
     "allgather_into_tensor_coalesced_": "all_gather",
-    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
     "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all",
-    "broadcast_": "broadcast", "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "broadcast_": "broadcast",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
     # torch.ops._c10d_functional (DTensor, SimpleFSDP, compiled graphs)
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
     "all_gather_into_tensor_out": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
-    "all_reduce_coalesced_": "all_reduce", "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast", "broadcast_": "broadcast",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
     # SimpleFSDP's unit gather (cast + all-gather + copy-out in one op; its inner collective
     # runs below this mode)
     "simple_fsdp_gather": "all_gather",

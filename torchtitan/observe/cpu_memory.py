@@ -59,7 +59,12 @@ import warnings
 
 import torch
 from torch._C._profiler import (
-    ProfilerActivity, ProfilerConfig, ProfilerState, RecordScope, _ExperimentalConfig, _ExtraFields_Allocation,
+    ProfilerActivity,
+    ProfilerConfig,
+    ProfilerState,
+    RecordScope,
+    _ExperimentalConfig,
+    _ExtraFields_Allocation,
 )
 from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler, _profiler_enabled
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -71,7 +76,9 @@ _CPU = torch.device("cpu")
 
 def _config() -> ProfilerConfig:
     # (state, record_shapes, profile_memory, with_stack, with_flops, with_modules, experimental)
-    return ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+    return ProfilerConfig(
+        ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig()
+    )
 
 
 def _storages(t: torch.Tensor, out: dict[int, int]) -> None:
@@ -123,7 +130,12 @@ def _allocations(result) -> tuple[int, int, int | None]:
         batch = [e.extra_fields for e in todo]
         fields += [f for f in batch if type(f) is _ExtraFields_Allocation and f.device == _CPU]
         # Allocations inside a recorded range (no range of ours is recorded): look inside.
-        todo = [c for e, f in zip(todo, batch) if type(f) is not _ExtraFields_Allocation for c in e.children]
+        todo = [
+            c
+            for e, f in zip(todo, batch)
+            if type(f) is not _ExtraFields_Allocation
+            for c in e.children
+        ]
     first = fields[0]
     highest = max((f.total_allocated for f in fields[1:]), default=None)
     return first.total_allocated - first.alloc_size, first.alloc_size, highest
@@ -141,8 +153,11 @@ class CpuPeakMeter:
         self._flag = _allocator_flag()
         self._flag_before = None
         if self._flag is None:
-            warnings.warn("cpu_memory_peak: this torch build does not export FLAGS_caffe2_report_cpu_memory_usage;"
-                          " buffers freed on gloo's threads are missed and peaks creep up", stacklevel=2)
+            warnings.warn(
+                "cpu_memory_peak: this torch build does not export FLAGS_caffe2_report_cpu_memory_usage;"
+                " buffers freed on gloo's threads are missed and peaks creep up",
+                stacklevel=2,
+            )
         else:
             self._flag_before, self._flag.value = self._flag.value, True
 
@@ -150,7 +165,9 @@ class CpuPeakMeter:
         _prepare_profiler(_config(), _ACTIVITIES)
         _enable_profiler(_config(), _ACTIVITIES, _SCOPES)
         self._running = True
-        torch.empty(1, dtype=torch.uint8)  # a probe: its event reads the counter at the window's start
+        torch.empty(
+            1, dtype=torch.uint8
+        )  # a probe: its event reads the counter at the window's start
 
     def _roll(self) -> tuple[int, int, int | None]:
         """End the current window and start the next at once; the ended window's
@@ -165,7 +182,9 @@ class CpuPeakMeter:
             self._roll()  # what ran between steps: the counter carries it
             return
         if _profiler_enabled():
-            raise RuntimeError("another torch profiler is running: the CPU memory meter cannot start")
+            raise RuntimeError(
+                "another torch profiler is running: the CPU memory meter cannot start"
+            )
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # read when kineto first starts
         gc.collect()
         self.census_bytes = live_tensor_bytes()

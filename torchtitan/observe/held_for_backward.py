@@ -16,7 +16,7 @@ forward (FSDP2's unsharded parameters, resized from 0 bytes) is counted.
 """
 
 import weakref
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -30,21 +30,29 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class HeldForBackward(PlainTensorOps):
-
     def __init__(self, persistent: Iterable[torch.Tensor] = ()):
         super().__init__()
         self._storages: dict[int, weakref.ref] = {}
         self._persistent = [_local(t) for t in persistent]
-        self._before: list[tuple[torch.Tensor, int]] = []  # (persistent tensor, its data address at entry)
+        self._before: list[
+            tuple[torch.Tensor, int]
+        ] = []  # (persistent tensor, its data address at entry)
 
     def __enter__(self):
-        self._before = [(t, t.untyped_storage().data_ptr()) for t in self._persistent
-                        if t.device.type != "meta" and t.untyped_storage().nbytes() > 0]
+        self._before = [
+            (t, t.untyped_storage().data_ptr())
+            for t in self._persistent
+            if t.device.type != "meta" and t.untyped_storage().nbytes() > 0
+        ]
         return super().__enter__()
 
     def seen(self, func, args, out, kwargs=None) -> None:
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) and t.device.type != "meta":
+            if (
+                isinstance(t, torch.Tensor)
+                and not isinstance(t, DTensor)
+                and t.device.type != "meta"
+            ):
                 storage = t.untyped_storage()
                 self._storages[id(storage)] = weakref.ref(storage)
 

@@ -13,8 +13,8 @@ import time
 import torch
 
 from torchtitan.observe.cpu_memory import CpuPeakMeter
-from torchtitan.resilience.exit_status import EXIT_PREEMPTED
 from torchtitan.observe.peak_flops import peak_bf16_tflops
+from torchtitan.resilience.exit_status import EXIT_PREEMPTED
 from torchtitan.units import GIB
 
 
@@ -43,8 +43,10 @@ def memory_stats(device: torch.device, peak_bytes: int | None = None) -> dict:
     --metrics.cpu_memory_peak, `peak_bytes` (the CPU meter's peak of allocated tensor bytes)
     under CUDA's key."""
     if device.type == "cuda":
-        return {"memory_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-                "memory_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}
+        return {
+            "memory_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+            "memory_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        }
     try:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -59,7 +61,11 @@ def memory_stats(device: torch.device, peak_bytes: int | None = None) -> dict:
 def _memory_text(values: dict) -> str:
     if "memory_peak_reserved_gib" in values:
         return f"mem {values['memory_peak_allocated_gib']:.2f}/{values['memory_peak_reserved_gib']:.2f}GiB"
-    peak = f"mem {values['memory_peak_allocated_gib']:.3f}GiB  " if "memory_peak_allocated_gib" in values else ""
+    peak = (
+        f"mem {values['memory_peak_allocated_gib']:.3f}GiB  "
+        if "memory_peak_allocated_gib" in values
+        else ""
+    )
     return f"{peak}rss {values['memory_rss_gib']:.2f}GiB"
 
 
@@ -124,6 +130,7 @@ def _truncate_after(path: str, step: int) -> None:
     kill after its last checkpoint) and is trained again, so the file keeps one record per step."""
     if not os.path.isfile(path):
         return
+
     def keep(line: str) -> bool:
         try:
             return json.loads(line).get("step", 0) <= step
@@ -201,8 +208,16 @@ class MetricsLogger:
     job config as a dict to turn W&B on, `run_name` its run's name. Use it as a context
     manager around training: a failure closes it, marking the W&B run failed."""
 
-    def __init__(self, dump_folder: str, enabled: bool, tensorboard: bool, total_steps: int, resume_step: int = 0,
-                 wandb_config: dict | None = None, run_name: str = ""):
+    def __init__(
+        self,
+        dump_folder: str,
+        enabled: bool,
+        tensorboard: bool,
+        total_steps: int,
+        resume_step: int = 0,
+        wandb_config: dict | None = None,
+        run_name: str = "",
+    ):
         self.enabled, self.total_steps = enabled, total_steps
         self.start = time.perf_counter()
         self._step_times: list[float] = []
@@ -241,7 +256,12 @@ class MetricsLogger:
         eta = self.eta(step, values["step_time"])
         if not self.enabled:
             return
-        record = {"step": step, **values, "elapsed_sec": round(time.perf_counter() - self.start, 3), "eta_sec": round(eta, 1)}
+        record = {
+            "step": step,
+            **values,
+            "elapsed_sec": round(time.perf_counter() - self.start, 3),
+            "eta_sec": round(eta, 1),
+        }
         mfu = values.get("mfu")
         print(
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}"
@@ -249,8 +269,11 @@ class MetricsLogger:
             + (f"  aux {values['aux_loss']:.5f}" if "aux_loss" in values else "")
             + (f"  mtp {values['mtp_loss']:.4f}" if "mtp_loss" in values else "")
             + f"  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
-            + (f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
-               if "expert_load_max" in values else "")
+            + (
+                f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
+                if "expert_load_max" in values
+                else ""
+            )
             + f"  tok/s/dev {values['tokens_per_sec_per_device']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
             f"  {_memory_text(values)}  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}"
             + _mixture_text(values),
@@ -265,12 +288,22 @@ class MetricsLogger:
         own in metrics.jsonl (readers of training records skip it: it has no "loss")."""
         if not self.enabled:
             return
-        per_source = "".join(f"  {k.split('/', 1)[1]} {v:.4f}" for k, v in values.items()
-                             if k.startswith("validation_loss/"))
-        print(f"validation after step {step}:  loss {values['validation_loss']:.4f}"
-              f"  perplexity {values['validation_perplexity']:,.2f}{per_source}  ({batches} batches, {seconds:.2f}s)",
-              flush=True)
-        record = {"step": step, **values, "validation_batches": batches, "validation_time": round(seconds, 3)}
+        per_source = "".join(
+            f"  {k.split('/', 1)[1]} {v:.4f}"
+            for k, v in values.items()
+            if k.startswith("validation_loss/")
+        )
+        print(
+            f"validation after step {step}:  loss {values['validation_loss']:.4f}"
+            f"  perplexity {values['validation_perplexity']:,.2f}{per_source}  ({batches} batches, {seconds:.2f}s)",
+            flush=True,
+        )
+        record = {
+            "step": step,
+            **values,
+            "validation_batches": batches,
+            "validation_time": round(seconds, 3),
+        }
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         self._write_scalars(step, values)

@@ -26,7 +26,9 @@ class PlainTensorOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not isinstance(func, torch._ops.HigherOrderOperator) and any(issubclass(t, DTensor) for t in types):
+        if not isinstance(func, torch._ops.HigherOrderOperator) and any(
+            issubclass(t, DTensor) for t in types
+        ):
             self.deferred(func)
             return NotImplemented  # see the plain-tensor ops DTensor lowers to
         out = func(*args, **kwargs)

@@ -21,7 +21,9 @@ from torch.profiler import ProfilerAction, record_function
 # Each traced step is its own profiler cycle by design; torch warns that cycles do not accumulate.
 warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
 
-_WARMUP = 3  # steps recorded and discarded before each traced step (fewer when profile_freq is small)
+_WARMUP = (
+    3  # steps recorded and discarded before each traced step (fewer when profile_freq is small)
+)
 _SNAPSHOT_ENTRIES = 100_000  # allocator events kept for the memory snapshot
 
 
@@ -29,7 +31,16 @@ class Profiler:
     """A context manager around the training loop; each training step runs inside
     `with profiler.step(n):`."""
 
-    def __init__(self, cfg, dump_folder: str, rank: int, device: torch.device, start_step: int, last_step: int, log):
+    def __init__(
+        self,
+        cfg,
+        dump_folder: str,
+        rank: int,
+        device: torch.device,
+        start_step: int,
+        last_step: int,
+        log,
+    ):
         self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
         self.trace_dir = os.path.join(dump_folder, cfg.save_traces_folder)
         self.snapshot_dir = os.path.join(dump_folder, cfg.save_memory_snapshot_folder)
@@ -39,8 +50,10 @@ class Profiler:
 
     def __enter__(self):
         if self.cfg.enable_memory_snapshot and not self.snapshots:
-            self.log(f"[torchtitan] profiling.enable_memory_snapshot is CUDA-only (this run is on {self.device.type}):"
-                     " no memory snapshot is written")
+            self.log(
+                f"[torchtitan] profiling.enable_memory_snapshot is CUDA-only (this run is on {self.device.type}):"
+                " no memory snapshot is written"
+            )
         if self.snapshots:
             torch.cuda.memory._record_memory_history(max_entries=_SNAPSHOT_ENTRIES)
         if self.cfg.enable_profiling:
@@ -49,7 +62,10 @@ class Profiler:
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self.prof = torch.profiler.profile(
                 activities=activities,
-                schedule=self._action, on_trace_ready=self._write_trace, record_shapes=True, with_stack=True,
+                schedule=self._action,
+                on_trace_ready=self._write_trace,
+                record_shapes=True,
+                with_stack=True,
             )
             self.prof.record_steps = False  # step() writes its own "ProfilerStep#N" span
             # Start in the window between steps before the first one (a resumed run: its start step).
@@ -77,7 +93,9 @@ class Profiler:
         # Between steps: keep warming up into a warmup or traced step (recorded, never saved); a
         # traced step before it is saved by leaving it. After the last step warmup ends unsaved.
         after, this = self._train_action(step + 1), self._train_action(step)
-        if after != ProfilerAction.NONE or (step == self.last_step and this == ProfilerAction.WARMUP):
+        if after != ProfilerAction.NONE or (
+            step == self.last_step and this == ProfilerAction.WARMUP
+        ):
             return ProfilerAction.WARMUP
         return ProfilerAction.NONE
 

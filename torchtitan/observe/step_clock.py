@@ -16,7 +16,7 @@ the preemption note's estimate of a step.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class StepClock:
@@ -43,7 +43,9 @@ class StepClock:
             return None
         self.last_step_s = self._window_s / self._steps
         self.last_window_steps = self._steps
-        self.longest_step_s = max(self.longest_step_s, (self._window_s - self._window_paused_s) / self._steps)
+        self.longest_step_s = max(
+            self.longest_step_s, (self._window_s - self._window_paused_s) / self._steps
+        )
         self._window_s = self._window_paused_s = 0.0
         self._steps = 0
         return self.last_step_s

@@ -58,19 +58,34 @@ def wanted(cfg, device_type: str) -> bool:
     """Whether a job gets the start-up prediction (every rank decides alike)."""
     from torchtitan.planning.step_time.local_profile import job_hardware
 
-    return cfg.planning.memory_budget_gib != "none" or job_hardware(cfg, device_type, measure=False) is not None
+    return (
+        cfg.planning.memory_budget_gib != "none"
+        or job_hardware(cfg, device_type, measure=False) is not None
+    )
 
 
-def start_prediction(cfg, world: int, device_type: str, command: list[str]) -> subprocess.Popen | None:
+def start_prediction(
+    cfg, world: int, device_type: str, command: list[str]
+) -> subprocess.Popen | None:
     """Rank 0 starts the prediction (a child process on a fake process group) before it joins
     the job, so it runs while the ranks rendezvous and build; `share` collects it. `command`:
     the child to run, one that calls child_main."""
     if not wanted(cfg, device_type):
         return None
     env = dict(os.environ)
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
+    for key in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "GROUP_RANK",
+    ):
         env.pop(key, None)
-    child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     child.stdin.write(pickle.dumps((cfg, world, device_type)))  # a few kB: within the pipe's buffer
     child.stdin.close()
     child.stdin = None  # communicate() must not flush it again
@@ -88,27 +103,48 @@ def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> S
     with fake_world(cfg, world) as dims:
         meta = model_on_meta(cfg)
         spec, model, args = meta.spec, meta.model, meta.args
-        prediction = predict(spec, model, dims, cfg, device_type, args, None if budget is None else budget.bytes,
-                             hardware)
+        prediction = predict(
+            spec,
+            model,
+            dims,
+            cfg,
+            device_type,
+            args,
+            None if budget is None else budget.bytes,
+            hardware,
+        )
         roles = prediction.roles
-        out = StartupMemory(roles, None if budget is None else budget.bytes, "" if budget is None else budget.origin,
-                            free_bytes=prediction.free_bytes, budget_note=prediction.budget_note,
-                            hardware="" if hardware is None else hardware.name)
+        out = StartupMemory(
+            roles,
+            None if budget is None else budget.bytes,
+            "" if budget is None else budget.origin,
+            free_bytes=prediction.free_bytes,
+            budget_note=prediction.budget_note,
+            hardware="" if hardware is None else hardware.name,
+        )
         over = [r for r in roles if budget is not None and r.predicted_peak_bytes > budget.bytes]
         if over and not cfg.planning.allow_over_budget:
             fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes, accepts)
-            hint = "; would fit: " + ", ".join(fixes) if fixes else "; nothing tried fits: use more ranks or sharding"
+            hint = (
+                "; would fit: " + ", ".join(fixes)
+                if fixes
+                else "; nothing tried fits: use more ranks or sharding"
+            )
             for r in over:
                 out.refusal.append(
                     f"role {r.role} (ranks {_ranks(r.ranks)}): predicted peak {r.predicted_peak_bytes / GIB:.2f} GiB"
                     f" > memory budget {budget.bytes / GIB:.2f} GiB ({budget.origin}){hint};"
-                    " or --planning.allow_over_budget=true to start anyway")
+                    " or --planning.allow_over_budget=true to start anyway"
+                )
         return out
 
 
 def _ranks(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)) else \
-        ",".join(map(str, ranks))
+    return (
+        f"{ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1))
+        else ",".join(map(str, ranks))
+    )
 
 
 def child_main(accepts_for) -> None:
@@ -128,7 +164,9 @@ def _collect(child: subprocess.Popen) -> bytes:
     out, err = child.communicate()
     if child.returncode != 0:
         tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-12:])
-        return pickle.dumps(f"the start-up memory prediction failed (exit {child.returncode}):\n{tail}")
+        return pickle.dumps(
+            f"the start-up memory prediction failed (exit {child.returncode}):\n{tail}"
+        )
     return out
 
 

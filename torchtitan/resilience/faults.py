@@ -42,9 +42,15 @@ def parse(text: str) -> list[Fault]:
         what, _, rest = part.partition("@")
         point, *conds = rest.split(":")
         action, _, value = what.partition("=")
-        if action not in ("stop", "sleep") or point not in POINTS or (action == "sleep") != bool(value):
-            raise ValueError(f"{ENV}: '{part}': use stop@<point> or sleep=<seconds>@<point>, point one of"
-                             f" {', '.join(POINTS)}")
+        if (
+            action not in ("stop", "sleep")
+            or point not in POINTS
+            or (action == "sleep") != bool(value)
+        ):
+            raise ValueError(
+                f"{ENV}: '{part}': use stop@<point> or sleep=<seconds>@<point>, point one of"
+                f" {', '.join(POINTS)}"
+            )
         where = dict(c.split("=", 1) for c in conds if "=" in c)
         if set(where) - {"rank", "step"} or len(where) != len(conds):
             raise ValueError(f"{ENV}: '{part}': conditions are rank=<r> and step=<n>")
@@ -52,7 +58,9 @@ def parse(text: str) -> list[Fault]:
             seconds = float(value or 0)
             rank, step = (int(where[k]) if k in where else None for k in ("rank", "step"))
         except ValueError:
-            raise ValueError(f"{ENV}: '{part}': seconds are a number, rank and step integers") from None
+            raise ValueError(
+                f"{ENV}: '{part}': seconds are a number, rank and step integers"
+            ) from None
         if not 0 <= seconds < float("inf"):
             raise ValueError(f"{ENV}: '{part}': seconds are a number, rank and step integers")
         faults.append(Fault(action, seconds, point, rank, step))
@@ -73,7 +81,10 @@ def point(name: str, step: int | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     for f in _cache[1]:
         if f.point == name and f.rank in (None, rank) and f.step in (None, step):
-            print(f"[torchtitan] fault injected ({ENV}): {f.action} at {name}, step {step}, rank {rank}", flush=True)
+            print(
+                f"[torchtitan] fault injected ({ENV}): {f.action} at {name}, step {step}, rank {rank}",
+                flush=True,
+            )
             if f.action == "stop":
                 time.sleep(0.2)  # a freeze some way into the point, as a read that hangs
                 os.kill(os.getpid(), signal.SIGSTOP)

@@ -66,28 +66,44 @@ def summary(states: list[RankState], hang_timeout_s: float, folder: str) -> str:
     if why == "silent":
         silent = max(by_rank[r].silent_s for r in named)
         last = sorted({by_rank[r].activity for r in named})
-        head = (f"hang: {_plural(named)} stopped making progress and went silent (no heartbeat for {silent:.0f}s;"
-                f" last seen in {' / '.join(last)})")
+        head = (
+            f"hang: {_plural(named)} stopped making progress and went silent (no heartbeat for {silent:.0f}s;"
+            f" last seen in {' / '.join(last)})"
+        )
     elif why == "behind":
-        where = sorted({f"{by_rank[r].activity}" + (f" at {by_rank[r].where}" if by_rank[r].where else "")
-                        for r in named})
+        where = sorted(
+            {
+                f"{by_rank[r].activity}" + (f" at {by_rank[r].where}" if by_rank[r].where else "")
+                for r in named
+            }
+        )
         head = f"hang: {_plural(named)} stopped making progress in {' / '.join(where)}"
     else:
-        head = (f"hang: no rank is behind: all {len(states)} wait at the same point for over {hang_timeout_s:.0f}s"
-                " (a collective the ranks disagree on, or one that never completes)")
+        head = (
+            f"hang: no rank is behind: all {len(states)} wait at the same point for over {hang_timeout_s:.0f}s"
+            " (a collective the ranks disagree on, or one that never completes)"
+        )
     waiting: dict[str, list[int]] = {}
     for s in states:
         if s.rank not in named and s.alive:
-            waiting.setdefault(s.activity + (f" at {s.where}" if s.where else ""), []).append(s.rank)
-    rest = "; ".join(f"{_plural(r)} {'wait' if len(r) > 1 else 'waits'} in {w}"
-                     for w, r in sorted(waiting.items(), key=lambda kv: min(kv[1])))
+            waiting.setdefault(s.activity + (f" at {s.where}" if s.where else ""), []).append(
+                s.rank
+            )
+    rest = "; ".join(
+        f"{_plural(r)} {'wait' if len(r) > 1 else 'waits'} in {w}"
+        for w, r in sorted(waiting.items(), key=lambda kv: min(kv[1]))
+    )
     return f"{head}{'; ' + rest if rest else ''}; stacks in {folder}{os.sep}"
 
 
 def table(states: list[RankState]) -> str:
     """Every rank's state, one line each (report.txt)."""
-    rows = [f"{'rank':>5}  {'state':7}  {'host':12}  {'progress':>8}  {'quiet s':>7}  activity / where"]
+    rows = [
+        f"{'rank':>5}  {'state':7}  {'host':12}  {'progress':>8}  {'quiet s':>7}  activity / where"
+    ]
     for s in sorted(states, key=lambda s: s.rank):
-        rows.append(f"{s.rank:>5}  {'alive' if s.alive else 'SILENT':7}  {s.host[:12]:12}  {s.seq:>8}  {s.quiet_s:>7.1f}"
-                    f"  {s.activity}" + (f" | {s.where}" if s.where else ""))
+        rows.append(
+            f"{s.rank:>5}  {'alive' if s.alive else 'SILENT':7}  {s.host[:12]:12}  {s.seq:>8}  {s.quiet_s:>7.1f}"
+            f"  {s.activity}" + (f" | {s.where}" if s.where else "")
+        )
     return "\n".join(rows)

@@ -45,7 +45,9 @@ def _short(filename: str) -> str:
     'torchtitan/' on (a checkout may itself be called torchtitan, its .venv inside it)."""
     for marker in ("/site-packages/", "/torchtitan/"):
         if marker in filename:
-            return filename[filename.rindex(marker) + (len(marker) if marker == "/site-packages/" else 1):]
+            return filename[
+                filename.rindex(marker) + (len(marker) if marker == "/site-packages/" else 1) :
+            ]
     return os.path.basename(filename)
 
 
@@ -68,8 +70,10 @@ def _stacks_text() -> tuple[str, str]:
         frames = traceback.extract_stack(frame)
         if ident == main_id:
             where = where_waiting(frames)
-        out.append(f"--- thread {names.get(ident, ident)}{' (main)' if ident == main_id else ''} ---\n"
-                   + "".join(traceback.format_list(frames)))
+        out.append(
+            f"--- thread {names.get(ident, ident)}{' (main)' if ident == main_id else ''} ---\n"
+            + "".join(traceback.format_list(frames))
+        )
     return "\n".join(out), where
 
 
@@ -78,8 +82,15 @@ class HangWatchdog:
     longer; `start()` (heartbeats) when training starts, `arm()` once the first step is done,
     `close()` at the end. With timeout_s 0 only the activity is kept (for error lines)."""
 
-    def __init__(self, timeout_s: float, dump_folder: str, rank: int, world: int, device: torch.device,
-                 watch_compile: bool = False):
+    def __init__(
+        self,
+        timeout_s: float,
+        dump_folder: str,
+        rank: int,
+        world: int,
+        device: torch.device,
+        watch_compile: bool = False,
+    ):
         self.timeout = float(timeout_s)
         self.interval = heartbeat_interval(self.timeout)
         self.folder = os.path.join(dump_folder, "hang")
@@ -87,7 +98,11 @@ class HangWatchdog:
         self.seq, self.activity, self.last = 0, "start-up", time.monotonic()
         self.armed = False
         self.longest_step = 0.0
-        self._pauses, self._paused_s, self._paused_since = 0, 0.0, 0.0  # (nested) pauses, their total seconds
+        self._pauses, self._paused_s, self._paused_since = (
+            0,
+            0.0,
+            0.0,
+        )  # (nested) pauses, their total seconds
         self._compile_hooks = None
         self._watch_compile = watch_compile
         self._stop = threading.Event()
@@ -95,7 +110,9 @@ class HangWatchdog:
         self._beats = 0
         self._thread: threading.Thread | None = None
         self.reporting = threading.Event()  # set once this rank found itself stuck
-        self.done = threading.Event()  # set when its report is out (main waits for it on a comm failure)
+        self.done = (
+            threading.Event()
+        )  # set when its report is out (main waits for it on a comm failure)
 
     # ---------------------------------------------------------------- main thread
 
@@ -173,9 +190,18 @@ class HangWatchdog:
     def _store(self):
         from torch.distributed import PrefixStore, TCPStore
 
-        store = TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=max(30.0, 4 * self.interval)), wait_for_workers=False)
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "local") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=max(30.0, 4 * self.interval)),
+            wait_for_workers=False,
+        )
+        run = (
+            os.environ.get("TORCHELASTIC_RUN_ID", "local")
+            + "/"
+            + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        )
         return PrefixStore(f"torchtitan_hang/{run}/", store)
 
     def _run(self) -> None:
@@ -190,18 +216,37 @@ class HangWatchdog:
             except Exception as e:  # the store is unreachable (a restart, the job ending): retry
                 store, failures = None, failures + 1
                 if failures == 1 and not self._stop.is_set():
-                    print(f"[torchtitan] rank {self.rank}: hang watchdog cannot reach the rendezvous store"
-                          f" ({type(e).__name__}: {e}); retrying", flush=True)
-            self._wake.wait(self.interval if failures == 0 else min(30.0, self.interval * 2 ** failures))
+                    print(
+                        f"[torchtitan] rank {self.rank}: hang watchdog cannot reach the rendezvous store"
+                        f" ({type(e).__name__}: {e}); retrying",
+                        flush=True,
+                    )
+            self._wake.wait(
+                self.interval if failures == 0 else min(30.0, self.interval * 2**failures)
+            )
             self._wake.clear()
-            self._stop.wait(self.interval / 4)  # at most 4 heartbeats per interval, however fast the steps
+            self._stop.wait(
+                self.interval / 4
+            )  # at most 4 heartbeats per interval, however fast the steps
 
     def _beat(self, store) -> None:
         self._beats += 1
         quiet = time.monotonic() - self.last
-        store.set(f"hb/{self.rank}", json.dumps({
-            "n": self._beats, "seq": self.seq, "activity": self.activity, "quiet": round(quiet, 1),
-            "paused": self._pauses > 0, "host": socket.gethostname(), "pid": os.getpid(), "t": time.time()}))
+        store.set(
+            f"hb/{self.rank}",
+            json.dumps(
+                {
+                    "n": self._beats,
+                    "seq": self.seq,
+                    "activity": self.activity,
+                    "quiet": round(quiet, 1),
+                    "paused": self._pauses > 0,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "t": time.time(),
+                }
+            ),
+        )
 
     def _heartbeats(self, store) -> dict[int, dict]:
         keys = [f"hb/{r}" for r in range(self.world)]
@@ -225,23 +270,33 @@ class HangWatchdog:
         os.makedirs(self.folder, exist_ok=True)
         stacks, where = _stacks_text()
         with open(os.path.join(self.folder, f"rank{self.rank}.txt"), "w") as f:
-            f.write(f"rank {self.rank} (host {socket.gethostname()}, pid {os.getpid()}): {quiet:.1f}s without"
-                    f" progress; last progress point: {self.activity}\n\n{stacks}")
-        if self.device.type == "cuda":  # NCCL's flight recorder (on by default: TORCH_FR_BUFFER_SIZE=2000)
+            f.write(
+                f"rank {self.rank} (host {socket.gethostname()}, pid {os.getpid()}): {quiet:.1f}s without"
+                f" progress; last progress point: {self.activity}\n\n{stacks}"
+            )
+        if (
+            self.device.type == "cuda"
+        ):  # NCCL's flight recorder (on by default: TORCH_FR_BUFFER_SIZE=2000)
             with contextlib.suppress(Exception):
                 trace = torch._C._distributed_c10d._dump_nccl_trace()
                 with open(os.path.join(self.folder, f"nccl_trace_rank{self.rank}.pkl"), "wb") as f:
                     f.write(trace)
         store.set(f"stuck/{self.rank}", json.dumps({"where": where, "quiet": round(quiet, 1)}))
         first = self._heartbeats(store)
-        self._beating(store, 2 * self.interval + 0.5)  # every live rank beats at least twice meanwhile
+        self._beating(
+            store, 2 * self.interval + 0.5
+        )  # every live rank beats at least twice meanwhile
         if self.seq != seq:  # it was slow, not stuck: no report, watch on
             store.delete_key(f"stuck/{self.rank}")
-            print(f"[torchtitan] rank {self.rank}: {quiet:.0f}s without progress, then progress again: no hang",
-                  flush=True)
+            print(
+                f"[torchtitan] rank {self.rank}: {quiet:.0f}s without progress, then progress again: no hang",
+                flush=True,
+            )
             return False
         last = self._heartbeats(store)
-        alive = {r for r, hb in last.items() if r == self.rank or hb["n"] != first.get(r, {}).get("n")}
+        alive = {
+            r for r, hb in last.items() if r == self.rank or hb["n"] != first.get(r, {}).get("n")
+        }
         reporter = self._elect(store, alive)
         if reporter:
             deadline = time.monotonic() + 3 * self.interval  # the other live ranks' records
@@ -249,15 +304,28 @@ class HangWatchdog:
                 self._beating(store, self.interval / 2)
             states = []
             for r in range(self.world):
-                hb = last.get(r, first.get(r, {"seq": -1, "activity": "never reached training", "quiet": 0.0}))
+                hb = last.get(
+                    r, first.get(r, {"seq": -1, "activity": "never reached training", "quiet": 0.0})
+                )
                 stuck = json.loads(store.get(f"stuck/{r}")) if store.check([f"stuck/{r}"]) else {}
-                states.append(RankState(r, r in alive, hb["seq"], hb["activity"], stuck.get("quiet", hb["quiet"]),
-                                        stuck.get("where", ""), hb.get("host", ""),
-                                        silent_s=time.time() - hb["t"] if "t" in hb else 0.0))
+                states.append(
+                    RankState(
+                        r,
+                        r in alive,
+                        hb["seq"],
+                        hb["activity"],
+                        stuck.get("quiet", hb["quiet"]),
+                        stuck.get("where", ""),
+                        hb.get("host", ""),
+                        silent_s=time.time() - hb["t"] if "t" in hb else 0.0,
+                    )
+                )
             line = summary(states, self.limit, self.folder)
             with open(os.path.join(self.folder, "report.txt"), "w") as f:
-                f.write(f"{line}\n\nreported by rank {self.rank}, hang_timeout_seconds={self.timeout:g}"
-                        f" (limit {self.limit:.0f}s: 1.5 x the longest step if longer)\n\n{table(states)}\n")
+                f.write(
+                    f"{line}\n\nreported by rank {self.rank}, hang_timeout_seconds={self.timeout:g}"
+                    f" (limit {self.limit:.0f}s: 1.5 x the longest step if longer)\n\n{table(states)}\n"
+                )
             sys.stdout.flush()
             os.write(2, f"error: {line}\n".encode())
             exit_status.record(exit_status.EXIT_FAILED, line)

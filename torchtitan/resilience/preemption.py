@@ -58,10 +58,12 @@ class Preemption:
         self._pending: tuple | None = None  # the all-reduce started at the last boundary
 
     def _on_signal(self, signum, frame) -> None:
-        if not self.signum:  # the first one counts; a repeat (Slurm and the launcher both) is the same request
+        if (
+            not self.signum
+        ):  # the first one counts; a repeat (Slurm and the launcher both) is the same request
             self.signum, self.received_at = signum, time.monotonic()
 
-    def __enter__(self) -> "Preemption":
+    def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -127,9 +129,11 @@ def stop_line(stop: Stop, step: int, saved: str | None, save_s: float, total_s: 
         what = "nothing saved (checkpointing is off: --checkpoint.enable=false)"
     else:
         what = f"checkpoint {saved} saved in {save_s:.2f}s"
-    return (f"preempted: {stop.who()}; stopped after step {step}, {what}, {total_s:.1f}s after the signal"
-            f" (Slurm sends SIGKILL {SLURM_KILL_WAIT_S}s after SIGTERM unless KillWait says otherwise);"
-            " exit 75: rerun the same command to resume")
+    return (
+        f"preempted: {stop.who()}; stopped after step {step}, {what}, {total_s:.1f}s after the signal"
+        f" (Slurm sends SIGKILL {SLURM_KILL_WAIT_S}s after SIGTERM unless KillWait says otherwise);"
+        " exit 75: rerun the same command to resume"
+    )
 
 
 def kill_wait_note(save_s: float, step_s: float) -> str | None:
@@ -138,6 +142,8 @@ def kill_wait_note(save_s: float, step_s: float) -> str | None:
     need = save_s + step_s + 1.0
     if need <= SLURM_KILL_WAIT_S:
         return None
-    return (f"a preemption needs about {need:.0f}s (a step {step_s:.1f}s + a save {save_s:.1f}s + exit) but Slurm"
-            f" sends SIGKILL {SLURM_KILL_WAIT_S}s after SIGTERM by default: ask for more (partition GraceTime,"
-            " KillWait) or signal earlier before the time limit (sbatch --signal=USR1@<seconds>)")
+    return (
+        f"a preemption needs about {need:.0f}s (a step {step_s:.1f}s + a save {save_s:.1f}s + exit) but Slurm"
+        f" sends SIGKILL {SLURM_KILL_WAIT_S}s after SIGTERM by default: ask for more (partition GraceTime,"
+        " KillWait) or signal earlier before the time limit (sbatch --signal=USR1@<seconds>)"
+    )

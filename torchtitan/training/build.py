@@ -13,8 +13,10 @@ the scripts all build here:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -96,13 +98,18 @@ class ModelParts:
         return [p.plan for p in self.parts]
 
 
-def _regions(cfg: JobConfig, units: list[FsdpUnit], flags: dict[str, bool], simple: bool) -> dict[str, RegionSpec]:
+def _regions(
+    cfg: JobConfig, units: list[FsdpUnit], flags: dict[str, bool], simple: bool
+) -> dict[str, RegionSpec]:
     """AC regions of one part: one per block; under SimpleFSDP also one around each resharded
     unit outside any block (e.g. embeddings), whose gathers must be redone in backward."""
     blocks = list(dict.fromkeys(u.block for u in units if u.block is not None))
     specs = region_specs(cfg.activation_checkpoint, blocks, flags, simple, cfg.compile.enable)
-    outside = {u.name: RegionSpec("none", "recompute", by_hooks=True) for u in units  # never compiled
-               if simple and u.block is None and not u.is_root and flags[u.name]}
+    outside = {
+        u.name: RegionSpec("none", "recompute", by_hooks=True)
+        for u in units  # never compiled
+        if simple and u.block is None and not u.is_root and flags[u.name]
+    }
     return {**outside, **specs}
 
 
@@ -113,36 +120,66 @@ def precision(cfg: JobConfig, device_type: str) -> Precision:
     return Precision(param_dtype(t.mixed_precision_param, device_type), t.mixed_precision_reduce)
 
 
-def resolve_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str,
-                  pp_rank: int, free_bytes: int = 0, budget_note: str = "") -> ModelParts:
+def resolve_parts(
+    spec: TrainSpec,
+    model: nn.Module,
+    dims: ParallelDims,
+    cfg: JobConfig,
+    device_type: str,
+    pp_rank: int,
+    free_bytes: int = 0,
+    budget_note: str = "",
+) -> ModelParts:
     """Split (on meta) and plan, without parallelizing: what pipeline rank `pp_rank` holds.
     `free_bytes`: kept unsharded bytes the memory budget makes auto free (torchtitan/memory)."""
     mixed = precision(cfg, device_type)
-    layout = pipeline_layout(cfg.parallelism, len(getattr(model, BLOCKS)), pipeline_microbatches(cfg))
+    layout = pipeline_layout(
+        cfg.parallelism, len(getattr(model, BLOCKS)), pipeline_microbatches(cfg)
+    )
     split = split_model(model, layout, pp_rank) if layout is not None else [(0, model)]
-    units = [size_units(m, dims.tp, dims.ep, dtype_bytes(mixed.param), spec.tp_replicated) for _, m in split]
+    units = [
+        size_units(m, dims.tp, dims.ep, dtype_bytes(mixed.param), spec.tp_replicated)
+        for _, m in split
+    ]
     p = cfg.parallelism
     microbatches = pipeline_microbatches(cfg)
     decisions = reshard_policy.resolve(
-        p.reshard_after_forward, dims.pp > 1, p.pipeline_parallel_schedule, microbatches,
-        units, free_bytes, budget_note,
+        p.reshard_after_forward,
+        dims.pp > 1,
+        p.pipeline_parallel_schedule,
+        microbatches,
+        units,
+        free_bytes,
+        budget_note,
     )
     simple = p.fsdp_implementation == "simple_fsdp" and dims.dp_shard > 1
     parts = []
     for (stage_id, module), part_units, decided in zip(split, units, decisions):
         flags = {name: d.reshard for name, d in decided.items()}
-        plan = PartPlan.assemble(stage_id, part_units, decided, _regions(cfg, part_units, flags, simple), microbatches)
+        plan = PartPlan.assemble(
+            stage_id, part_units, decided, _regions(cfg, part_units, flags, simple), microbatches
+        )
         parts.append(ModelPart(module, plan))
     return ModelParts(parts, layout, microbatches, mixed)
 
 
-def build_parts(spec: TrainSpec, model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str,
-                pp_rank: int, free_bytes: int = 0, budget_note: str = "") -> ModelParts:
+def build_parts(
+    spec: TrainSpec,
+    model: nn.Module,
+    dims: ParallelDims,
+    cfg: JobConfig,
+    device_type: str,
+    pp_rank: int,
+    free_bytes: int = 0,
+    budget_note: str = "",
+) -> ModelParts:
     """What pipeline rank `pp_rank` trains, planned and parallelized, still on meta. The
     parameter dtype follows the device the job targets (`device_type`)."""
     parts = resolve_parts(spec, model, dims, cfg, device_type, pp_rank, free_bytes, budget_note)
     for part in parts.parts:
-        part.module = spec.parallelize_fn(part.module, dims, part.plan, cfg.parallelism, cfg.compile, parts.precision)
+        part.module = spec.parallelize_fn(
+            part.module, dims, part.plan, cfg.parallelism, cfg.compile, parts.precision
+        )
     return parts
 
 
@@ -151,26 +188,55 @@ def plan_records(parts: ModelParts) -> list[dict]:
     return [plan.record() for plan in parts.plans]
 
 
-def step_runner(parts: ModelParts, dims: ParallelDims, cfg: JobConfig, device: torch.device, *,
-                doc_delimiter: tuple[int, bool] | None, held_for_backward: bool = False,
-                on_phase: Callable[[str], None] | None = None,
-                backward_phase: Callable[[], ContextManager] | None = None) -> StepRunner:
+def step_runner(
+    parts: ModelParts,
+    dims: ParallelDims,
+    cfg: JobConfig,
+    device: torch.device,
+    *,
+    doc_delimiter: tuple[int, bool] | None,
+    held_for_backward: bool = False,
+    on_phase: Callable[[str], None] | None = None,
+    backward_phase: Callable[[], AbstractContextManager] | None = None,
+) -> StepRunner:
     """The loss, the pipeline schedule over the parts (under PP) and the runner of a rank's
     steps. `doc_delimiter`: the tokenizer's
     (BOS id, True) or, without BOS, (EOS id, False), used under the block-causal mask; `on_phase`,
     `backward_phase`: the memory simulation's and comm stats' phase marks."""
     t, p = cfg.training, cfg.parallelism
     accum = batch_shape(cfg, dims.dp).accum_steps
-    loss = Loss(parts.microbatches * accum, cfg.model.mtp_depth, t.mtp_loss_weight, t.seq_len,
-                p.context_parallel_degree)
+    loss = Loss(
+        parts.microbatches * accum,
+        cfg.model.mtp_depth,
+        t.mtp_loss_weight,
+        t.seq_len,
+        p.context_parallel_degree,
+    )
     pipeline = None
     if parts.layout is not None:
-        pipeline = build_pipeline(list(zip(parts.stage_ids, parts.modules)), parts.layout, device, dims.pp_group(),
-                                  parts.microbatches, loss_fn=loss, backward_phase=backward_phase)
-    return StepRunner(parts.modules, device, accum, loss, dims.tp > 1 and p.loss_parallel, pipeline, parts.layout,
-                      parts.stage_ids, held_for_backward, on_phase,
-                      doc_delimiter=doc_delimiter if cfg.model.attn_mask == "block_causal" else None,
-                      cp=parts.modules[0].context_parallel)
+        pipeline = build_pipeline(
+            list(zip(parts.stage_ids, parts.modules)),
+            parts.layout,
+            device,
+            dims.pp_group(),
+            parts.microbatches,
+            loss_fn=loss,
+            backward_phase=backward_phase,
+        )
+    return StepRunner(
+        parts.modules,
+        device,
+        accum,
+        loss,
+        dims.tp > 1 and p.loss_parallel,
+        pipeline,
+        parts.layout,
+        parts.stage_ids,
+        held_for_backward,
+        on_phase,
+        doc_delimiter=doc_delimiter if cfg.model.attn_mask == "block_causal" else None,
+        cp=parts.modules[0].context_parallel,
+    )
 
 
 @contextlib.contextmanager

@@ -28,7 +28,9 @@ class ExpertBalancer:
         """Update every layer's bias from the step's global counts; return this rank's expert
         load over its layers, on the device (nothing read): (-min, max) tokens per expert
         relative to the layer's mean (-inf, -inf without MoE layers)."""
-        load = torch.tensor([-float("inf"), -float("inf")], device=self.device)  # (-min, max): one MAX reduction
+        load = torch.tensor(
+            [-float("inf"), -float("inf")], device=self.device
+        )  # (-min, max): one MAX reduction
         if self.moes:
             counts = torch.stack([m.tokens_per_expert for m in self.moes])
             dist.all_reduce(counts, group=self.batch_group)

@@ -36,8 +36,9 @@ def mtp_shifted_labels(labels: torch.Tensor, depth: int) -> list[torch.Tensor]:
     return [padded[..., k : k + labels.shape[-1]] for k in range(depth + 1)]
 
 
-def mtp_losses(logits: torch.Tensor, labels: torch.Tensor, valid: list[torch.Tensor], scale: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def mtp_losses(
+    logits: torch.Tensor, labels: torch.Tensor, valid: list[torch.Tensor], scale: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [batch, (1 + D) * seq, vocab] and labels [batch, (1 + D) * seq] (the main part,
     then each MTP depth's) -> (main loss: the mean over its tokens, exactly as without MTP;
     MTP loss: the mean over the depths of each depth's mean cross entropy over its non-ignored
@@ -48,8 +49,11 @@ def mtp_losses(logits: torch.Tensor, labels: torch.Tensor, valid: list[torch.Ten
     logit_parts, label_parts = logits.chunk(parts, dim=1), labels.chunk(parts, dim=1)
     main = cross_entropy_loss(logit_parts[0], label_parts[0])
     depth_losses = [
-        F.cross_entropy(lg.flatten(0, 1).float(), lb.flatten(0, 1), ignore_index=IGNORE_INDEX, reduction="sum")
-        * scale / n
+        F.cross_entropy(
+            lg.flatten(0, 1).float(), lb.flatten(0, 1), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        * scale
+        / n
         for lg, lb, n in zip(logit_parts[1:], label_parts[1:], valid)
     ]
     return main, sum(depth_losses[1:], depth_losses[0]) / len(depth_losses)
@@ -69,14 +73,25 @@ class Loss:
     sequences): returns the objective and, with MTP, keeps the scaled main and MTP parts
     apart for the log (`pipeline_parts`)."""
 
-    def __init__(self, scale: int, mtp_depth: int = 0, mtp_weight: float = 0.0, seq_len: int = 0,
-                 cp_degree: int = 1):
+    def __init__(
+        self,
+        scale: int,
+        mtp_depth: int = 0,
+        mtp_weight: float = 0.0,
+        seq_len: int = 0,
+        cp_degree: int = 1,
+    ):
         self.scale, self.mtp_depth, self.mtp_weight = scale, mtp_depth, mtp_weight
         self.seq_len, self.cp_degree = seq_len, cp_degree
         self.reset()
 
-    def terms(self, logits: torch.Tensor, labels: torch.Tensor, valid: list[torch.Tensor] | None = None,
-              mtp: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def terms(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        valid: list[torch.Tensor] | None = None,
+        mtp: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(main, mtp) of one pass, divided by `scale`; mtp is None without multi-token
         prediction (or with mtp=False: logits and labels hold the main part only). `valid`:
         each depth's positions with a target in the whole sequences of this pass (counted
@@ -86,11 +101,16 @@ class Loss:
             return cross_entropy_loss(logits, labels) / self.scale, None
         if valid is None:
             rows = labels.shape[0]
-            valid = [torch.tensor(rows * (self.seq_len - k), device=labels.device) for k in range(1, self.mtp_depth + 1)]
+            valid = [
+                torch.tensor(rows * (self.seq_len - k), device=labels.device)
+                for k in range(1, self.mtp_depth + 1)
+            ]
         main, mtp_loss = mtp_losses(logits, labels, valid, self.cp_degree)
         return main / self.scale, mtp_loss / self.scale
 
-    def objective(self, main: torch.Tensor, mtp: torch.Tensor | None, aux: torch.Tensor | None) -> torch.Tensor:
+    def objective(
+        self, main: torch.Tensor, mtp: torch.Tensor | None, aux: torch.Tensor | None
+    ) -> torch.Tensor:
         """What backward trains: main + aux / scale + mtp_weight x mtp (`aux` as the MoE layers
         computed it, unscaled)."""
         loss = main if aux is None else main + aux / self.scale
@@ -110,7 +130,9 @@ class Loss:
         last = slice(len(self.mains) - n, None)
         return sum(self.mains[last], 0.0), sum(self.mtps[last], 0.0), sum(self.auxes[last], 0.0)
 
-    def __call__(self, pred: torch.Tensor | tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, pred: torch.Tensor | tuple[torch.Tensor, torch.Tensor], target: torch.Tensor
+    ) -> torch.Tensor:
         """`pred`: the last stage's logits, or (logits, the model's MoE balance loss) when the
         loss spans the stages (models/common/moe.stage_switch_statistics)."""
         aux = None
@@ -127,8 +149,9 @@ class Loss:
         return self.objective(main, mtp, aux)
 
 
-def global_sum(value: torch.Tensor, loss_group: dist.ProcessGroup, pp_group: dist.ProcessGroup | None = None
-               ) -> torch.Tensor:
+def global_sum(
+    value: torch.Tensor, loss_group: dist.ProcessGroup, pp_group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """A rank's sum of scaled parts -> their sum over the global batch, on the device (in
     place): over the pipeline stages (only the last computed it; the others hold 0), then over
     the `loss_group` of the ranks holding different tokens. Divided by that group's size it is

@@ -27,7 +27,11 @@ def vocab_size(cfg: JobConfig) -> int:
     """The vocabulary the flavor takes from the tokenizer (loaded once per process), 0 when the
     flavor fixes its own."""
     m = cfg.model
-    return 0 if flavors_of(m.name)[m.flavor].vocab_size else load_tokenizer(m.tokenizer_path).vocab_size
+    return (
+        0
+        if flavors_of(m.name)[m.flavor].vocab_size
+        else load_tokenizer(m.tokenizer_path).vocab_size
+    )
 
 
 def run_model_args(cfg: JobConfig, vocab: int | None = None):
@@ -36,5 +40,12 @@ def run_model_args(cfg: JobConfig, vocab: int | None = None):
     the initial weights (flavors.model_args)."""
     m = cfg.model
     vocab = vocab_size(cfg) if vocab is None else vocab
-    return model_args(m.name, m.flavor, vocab, cfg.training.seq_len, cfg.moe, mtp_depth=m.mtp_depth,
-                      rules=initial_rules(m.name, cfg.checkpoint.initial_load_path))
+    return model_args(
+        m.name,
+        m.flavor,
+        vocab,
+        cfg.training.seq_len,
+        cfg.moe,
+        mtp_depth=m.mtp_depth,
+        rules=initial_rules(m.name, cfg.checkpoint.initial_load_path),
+    )

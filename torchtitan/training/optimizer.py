@@ -62,7 +62,9 @@ class PartOptimizers:
     """
 
     def __init__(self, model_parts, opt_cfg, total_steps: int, lr_cfg, device_type: str = "cpu"):
-        self.optimizers = [build_optimizer(list(m.parameters()), opt_cfg, device_type) for m in model_parts]
+        self.optimizers = [
+            build_optimizer(list(m.parameters()), opt_cfg, device_type) for m in model_parts
+        ]
         self.schedulers = [build_lr_scheduler(o, total_steps, lr_cfg) for o in self.optimizers]
 
     def step(self) -> None:

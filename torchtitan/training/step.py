@@ -5,8 +5,8 @@ tensor's value). The loss is training/loss.py's."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
@@ -53,7 +53,9 @@ class StepRunner:
     layout: object | None = None  # its PipelineLayout
     stage_ids: list[int] = field(default_factory=lambda: [0])
     held_for_backward: bool = False  # measure the first micro-batch's held bytes (trainer metric)
-    on_phase: Callable[[str], None] | None = None  # told "forward" / "backward" / ... (memory simulation)
+    on_phase: Callable[[str], None] | None = (
+        None  # told "forward" / "backward" / ... (memory simulation)
+    )
     held_bytes: int = 0
     # set: the block-causal mask; documents told apart by (token id, True: it starts one | False: it ends one)
     doc_delimiter: tuple[int, bool] | None = None
@@ -68,8 +70,9 @@ class StepRunner:
         """Multi-token prediction depths of the model (the loss's)."""
         return self.loss.mtp_depth
 
-    def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, mtp: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    def prepare(
+        self, inputs: torch.Tensor, labels: torch.Tensor, mtp: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """A local batch -> what this rank feeds its model: its CP chunks of inputs and labels,
         and the model's keyword inputs (the window's global document ids, block_causal).
 
@@ -80,8 +83,15 @@ class StepRunner:
         and under the causal mask no earlier position sees them). Under CP each part is
         sharded on its own, so that this rank's logits parts and label parts line up."""
         # non_blocking: a blocking host-to-GPU copy waits for the device (a host sync)
-        inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        kwargs = {} if self.doc_delimiter is None else {"doc_ids": document_ids(inputs, *self.doc_delimiter)}
+        inputs, labels = (
+            inputs.to(self.device, non_blocking=True),
+            labels.to(self.device, non_blocking=True),
+        )
+        kwargs = (
+            {}
+            if self.doc_delimiter is None
+            else {"doc_ids": document_ids(inputs, *self.doc_delimiter)}
+        )
         shard = self.cp.shard if self.cp is not None else (lambda t: t)
         inputs = shard(inputs)
         if not (mtp and self.mtp_depth):
@@ -119,14 +129,19 @@ class StepRunner:
                     mtp_sum += mtp
                     aux_sum += aux
                     continue
-                probe = (HeldForBackward(self._persistent()) if self.held_for_backward and first
-                         else contextlib.nullcontext())
+                probe = (
+                    HeldForBackward(self._persistent())
+                    if self.held_for_backward and first
+                    else contextlib.nullcontext()
+                )
                 self._phase("forward")
                 with probe:
                     logits = self.model_parts[0](inputs, **kwargs)
                     self._phase("loss")
                     main, mtp_loss = self.loss.terms(logits, labels, valid)
-                    aux = moe_aux_loss(self.model_parts[0])  # MoE balance term: trained on, logged apart
+                    aux = moe_aux_loss(
+                        self.model_parts[0]
+                    )  # MoE balance term: trained on, logged apart
                     loss = self.loss.objective(main, mtp_loss, aux)
                 if first and self.held_for_backward:
                     self.held_bytes = probe.held_bytes()
@@ -152,7 +167,9 @@ class StepRunner:
                     inputs, labels, kwargs = self.prepare(inputs, labels)
                     loss_sum += self.pipeline_losses(inputs, labels, train=False, kwargs=kwargs)[0]
                     continue
-                inputs, labels, kwargs = self.prepare(inputs, labels, mtp=False)  # the main head only
+                inputs, labels, kwargs = self.prepare(
+                    inputs, labels, mtp=False
+                )  # the main head only
                 logits = self.model_parts[0](inputs, **kwargs)
                 loss_sum += local_value(self.loss.terms(logits, labels, mtp=False)[0])
         return loss_sum
@@ -161,15 +178,24 @@ class StepRunner:
         """Parameters and buffers: they live from step to step, not held for backward."""
         return [t for m in self.model_parts for t in (*m.parameters(), *m.buffers())]
 
-    def pipeline_losses(self, inputs, labels, train: bool = True, kwargs: dict | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | float]:
+    def pipeline_losses(
+        self, inputs, labels, train: bool = True, kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | float, torch.Tensor | float]:
         """Run the schedule (forward only unless `train`) over one prepared local batch; return
         the sums of its scaled main, MTP and balance losses on the last stage (zeros elsewhere; V
         schedules validate with a backward: the caller drops its gradients). `kwargs` reach
         every stage's model, split by microbatch."""
         self.loss.reset()
-        losses = run_schedule(self.pipeline, self.layout, self.stage_ids, inputs, labels, train, kwargs or {})
-        if self.loss.mains:  # the returned losses include the MTP / balance terms: the parts were kept apart
+        losses = run_schedule(
+            self.pipeline, self.layout, self.stage_ids, inputs, labels, train, kwargs or {}
+        )
+        if (
+            self.loss.mains
+        ):  # the returned losses include the MTP / balance terms: the parts were kept apart
             main, mtp, aux = self.loss.pipeline_parts(len(losses))
             return main + torch.zeros((), device=self.device), mtp, aux
-        return sum((local_value(x.detach()) for x in losses), torch.zeros((), device=self.device)), 0.0, 0.0
+        return (
+            sum((local_value(x.detach()) for x in losses), torch.zeros((), device=self.device)),
+            0.0,
+            0.0,
+        )

@@ -90,33 +90,46 @@ def causal_chunk_mask(n: int, end: int, device) -> torch.Tensor:
     return torch.ones(n, end, dtype=torch.bool, device=device).tril(end - n)
 
 
-def attention_inputs(seq: int, rope_cache: torch.Tensor, doc_ids: torch.Tensor | None = None,
-                     cp: ContextParallel | None = None) -> AttentionInputs:
+def attention_inputs(
+    seq: int,
+    rope_cache: torch.Tensor,
+    doc_ids: torch.Tensor | None = None,
+    cp: ContextParallel | None = None,
+) -> AttentionInputs:
     """`seq`: local tokens; `doc_ids`: [batch, global seq] for block_causal, else None."""
     device = rope_cache.device
     if cp is None:
         mask = None
         if doc_ids is not None:
             same = doc_ids[:, :, None] == doc_ids[:, None, :]
-            mask = (same & torch.ones(seq, seq, dtype=torch.bool, device=device).tril()).unsqueeze(1)
+            mask = (same & torch.ones(seq, seq, dtype=torch.bool, device=device).tril()).unsqueeze(
+                1
+            )
         return AttentionInputs(rope_cache[:seq], mask, None, None)
     n = seq // 2
     chunks = []
     for c in cp.chunks:
         end = (c + 1) * n  # keys [0, end): everything up to this chunk's last token
         if doc_ids is None and device.type == "cuda":
-            chunks.append((end, causal_lower_right(n, end)))  # not materialized: 1 GiB at 128K / CP8
+            chunks.append(
+                (end, causal_lower_right(n, end))
+            )  # not materialized: 1 GiB at 128K / CP8
             continue
         mask = causal_chunk_mask(n, end, device)
         if doc_ids is not None:
-            mask = (doc_ids[:, c * n:end, None] == doc_ids[:, None, :end]) & mask
+            mask = (doc_ids[:, c * n : end, None] == doc_ids[:, None, :end]) & mask
             mask = mask.unsqueeze(1)
         chunks.append((end, mask))
     return AttentionInputs(rope_cache[cp.positions(seq, device)], None, chunks, cp)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs,
-           scale: float | None = None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    inputs: AttentionInputs,
+    scale: float | None = None,
+) -> torch.Tensor:
     """q [batch, heads, local seq, d]; k, v [batch, heads, keys, d] (keys: the local seq, or
     under CP the gathered global seq) -> [batch, heads, local seq, d_v]."""
     if inputs.cp is None:
@@ -124,9 +137,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionI
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask, scale=scale)
     n = q.shape[2] // 2
-    outs = [F.scaled_dot_product_attention(q[:, :, i * n:(i + 1) * n], k[:, :, :end], v[:, :, :end],
-                                           attn_mask=mask, scale=scale)
-            for i, (end, mask) in enumerate(inputs.chunk_keys)]
+    outs = [
+        F.scaled_dot_product_attention(
+            q[:, :, i * n : (i + 1) * n], k[:, :, :end], v[:, :, :end], attn_mask=mask, scale=scale
+        )
+        for i, (end, mask) in enumerate(inputs.chunk_keys)
+    ]
     return torch.cat(outs, dim=2)
 
 

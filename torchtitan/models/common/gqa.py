@@ -16,7 +16,14 @@ from torchtitan.models.common.rope import apply_rope
 
 
 class GroupedQueryAttention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm_eps: float | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        qk_norm_eps: float | None = None,
+    ):
         super().__init__()
         self.head_dim = head_dim
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)

@@ -37,8 +37,14 @@ def _grouped_mm_op(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
 
 @_grouped_mm_op.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    torch._check(x.dim() == 2 and w.dim() == 3 and offs.dim() == 1, lambda: "grouped_mm: x [T, K], w [G, N, K], offs [G]")
-    torch._check(x.shape[1] == w.shape[2], lambda: f"grouped_mm: x has {x.shape[1]} columns, w expects {w.shape[2]}")
+    torch._check(
+        x.dim() == 2 and w.dim() == 3 and offs.dim() == 1,
+        lambda: "grouped_mm: x [T, K], w [G, N, K], offs [G]",
+    )
+    torch._check(
+        x.shape[1] == w.shape[2],
+        lambda: f"grouped_mm: x has {x.shape[1]} columns, w expects {w.shape[2]}",
+    )
     torch._check(offs.shape[0] == w.shape[0], lambda: "grouped_mm: one offset per group")
     return x.new_empty(x.shape[0], w.shape[1])
 
@@ -54,7 +60,9 @@ def _grouped_mm_backward_op(
 
 
 @_grouped_mm_backward_op.register_fake
-def _(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), w.new_empty(w.shape)
 
 

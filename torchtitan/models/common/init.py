@@ -13,7 +13,7 @@ in every layout of one device type, not across device types: start from a seed c
 
 import math
 import zlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -65,8 +65,12 @@ def transformer_init_fn(fqn: str, dim: int) -> InitFn:
 
 @torch.no_grad()
 def init_parameters(
-    model: nn.Module, init_fn_for: Callable[[str], InitFn], seed: int, device,
-    per_expert: Callable[[str], bool] | None = None, aliases: dict[str, str] | None = None,
+    model: nn.Module,
+    init_fn_for: Callable[[str], InitFn],
+    seed: int,
+    device,
+    per_expert: Callable[[str], bool] | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> None:
     """Fill every (possibly sharded) parameter of `model` in place; parameters whose clean
     name `per_expert` accepts are [E, ...] expert stacks, drawn per expert (`init_expert_stack`).
@@ -84,8 +88,14 @@ CHUNK_ELEMENTS = 1 << 22  # 16 MiB of fp32 per block
 
 
 @torch.no_grad()
-def init_in_blocks(param: torch.Tensor, init_fn: InitFn, fqn: str, seed: int, device,
-                   chunk_elements: int | None = None) -> None:
+def init_in_blocks(
+    param: torch.Tensor,
+    init_fn: InitFn,
+    fqn: str,
+    seed: int,
+    device,
+    chunk_elements: int | None = None,
+) -> None:
     """Fill `param` (its local shard if a DTensor): one draw of the whole tensor if it fits
     in `chunk_elements`, else row blocks, each from its own generator; only the blocks
     holding this rank's rows are drawn."""
@@ -103,15 +113,21 @@ def init_in_blocks(param: torch.Tensor, init_fn: InitFn, fqn: str, seed: int, de
         init_fn(drawn, _generator(f"{fqn}#block{block}", seed, device))
         return drawn
 
-    blocks = [(b, start, min(start + rows_per_block, shape[0]))
-              for b, start in enumerate(range(0, shape[0], rows_per_block))]
+    blocks = [
+        (b, start, min(start + rows_per_block, shape[0]))
+        for b, start in enumerate(range(0, shape[0], rows_per_block))
+    ]
     if not isinstance(param, DTensor):
         for b, start, stop in blocks:
             param[start:stop].copy_(draw(b, start, stop))
         return
     rows = local_indices(param, 0).to(device)
-    cols = [local_indices(param, d).to(device) if any(getattr(p, "dim", None) == d for p in param.placements)
-            else None for d in range(1, len(shape))]
+    cols = [
+        local_indices(param, d).to(device)
+        if any(getattr(p, "dim", None) == d for p in param.placements)
+        else None
+        for d in range(1, len(shape))
+    ]
     local = param.to_local()
     filled = 0
     for b, start, stop in blocks:
@@ -144,7 +160,9 @@ def _generator(name: str, seed: int, device) -> torch.Generator:
     return gen
 
 
-def expert_slices(fqn: str, init_fn: InitFn, seed: int, device, shape, experts: Sequence[int]) -> torch.Tensor:
+def expert_slices(
+    fqn: str, init_fn: InitFn, seed: int, device, shape, experts: Sequence[int]
+) -> torch.Tensor:
     """Experts `experts` (global indices) of the [E, *shape[1:]] stack `fqn`, expert e drawn
     whole from the generator of the name f"{fqn}[{e}]": the same values whichever experts a
     rank draws."""
@@ -167,7 +185,9 @@ def local_indices(param: DTensor, dim: int) -> torch.Tensor:
     placements = []
     for p in param.placements:
         if isinstance(p, _StridedShard):  # not a Shard subclass, and is_shard() is False
-            placements.append(_StridedShard(0, split_factor=p.split_factor) if p.dim == dim else Replicate())
+            placements.append(
+                _StridedShard(0, split_factor=p.split_factor) if p.dim == dim else Replicate()
+            )
         elif p.is_shard():
             placements.append(Shard(0) if p.dim == dim else Replicate())
         else:

@@ -44,7 +44,9 @@ class TokenDispatcher(Protocol):
     global expert, y [T, dim] in the same row order. Expert parallelism
     (distributed/expert_parallel.py) swaps in its all-to-all one."""
 
-    def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class LocalDispatcher:
@@ -103,8 +105,15 @@ class TokenChoiceRouter(nn.Module):
     """
 
     def __init__(
-        self, dim: int, n_experts: int, top_k: int, n_groups: int = 1, n_limited_groups: int = 1,
-        score_func: str = "sigmoid", route_norm: bool = True, route_scale: float = 1.0,
+        self,
+        dim: int,
+        n_experts: int,
+        top_k: int,
+        n_groups: int = 1,
+        n_limited_groups: int = 1,
+        score_func: str = "sigmoid",
+        route_norm: bool = True,
+        route_scale: float = 1.0,
     ):
         super().__init__()
         if score_func not in ("softmax", "sigmoid"):
@@ -155,7 +164,9 @@ class TokenChoiceRouter(nn.Module):
         return weights, indices, scores
 
 
-def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, coeff: float) -> torch.Tensor:
+def sequence_balance_loss(
+    scores: torch.Tensor, indices: torch.Tensor, coeff: float
+) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss, averaged over the batch.
 
     scores [B, S, E] (router affinities), indices [B, S, k] (chosen experts). Per sequence:
@@ -166,7 +177,8 @@ def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, coeff: fl
     k = indices.shape[-1]
     flat = indices.reshape(b, s * k)
     chosen = torch.zeros(b, e, device=scores.device, dtype=scores.dtype).scatter_add(
-        1, flat, torch.ones_like(flat, dtype=scores.dtype))
+        1, flat, torch.ones_like(flat, dtype=scores.dtype)
+    )
     f = chosen * (e / (k * s))
     p = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)
     return coeff * (f * p).sum(dim=-1).mean()
@@ -178,7 +190,8 @@ def switch_statistics(scores: torch.Tensor, indices: torch.Tensor) -> torch.Tens
     e = scores.shape[-1]
     flat = indices.reshape(-1)
     counts = torch.zeros(e, device=scores.device, dtype=torch.float32).scatter_add(
-        0, flat, torch.ones_like(flat, dtype=torch.float32))
+        0, flat, torch.ones_like(flat, dtype=torch.float32)
+    )
     return torch.stack([counts, scores.float().sum(dim=0)])
 
 
@@ -218,10 +231,20 @@ class MoE(nn.Module):
     """
 
     def __init__(
-        self, dim: int, hidden: int, n_experts: int, top_k: int, n_shared_experts: int = 0,
-        n_groups: int = 1, n_limited_groups: int = 1, score_func: str = "sigmoid",
-        route_norm: bool = True, route_scale: float = 1.0, load_balance_coeff: float = 0.0,
-        aux_loss_coeff: float = 0.0, aux_loss_kind: str = "sequence",
+        self,
+        dim: int,
+        hidden: int,
+        n_experts: int,
+        top_k: int,
+        n_shared_experts: int = 0,
+        n_groups: int = 1,
+        n_limited_groups: int = 1,
+        score_func: str = "sigmoid",
+        route_norm: bool = True,
+        route_scale: float = 1.0,
+        load_balance_coeff: float = 0.0,
+        aux_loss_coeff: float = 0.0,
+        aux_loss_kind: str = "sequence",
     ):
         super().__init__()
         if aux_loss_kind not in ("sequence", "switch"):
@@ -239,9 +262,15 @@ class MoE(nn.Module):
         # break: for experts wrapped by FSDP2 / DDP, whose hooks dynamo cannot trace (set by
         # models/common/parallelize.py; docs/compile.md)
         self.dispatch_in_graph = True
-        self.shared_experts = FeedForward(dim, hidden * n_shared_experts) if n_shared_experts > 0 else None
-        self.register_buffer("expert_bias", torch.zeros(n_experts, dtype=torch.float32), persistent=True)
-        self.register_buffer("tokens_per_expert", torch.zeros(n_experts, dtype=torch.int64), persistent=False)
+        self.shared_experts = (
+            FeedForward(dim, hidden * n_shared_experts) if n_shared_experts > 0 else None
+        )
+        self.register_buffer(
+            "expert_bias", torch.zeros(n_experts, dtype=torch.float32), persistent=True
+        )
+        self.register_buffer(
+            "tokens_per_expert", torch.zeros(n_experts, dtype=torch.int64), persistent=False
+        )
         self.aux_loss: torch.Tensor | None = None
 
     @torch.no_grad()
@@ -267,7 +296,8 @@ class MoE(nn.Module):
         # rows per expert with a scatter: bincount syncs on CUDA, histc has no int64 on CPU
         # Forward ops stay out of place: a checkpoint region may keep their outputs for backward.
         counts = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device).scatter_add(
-            0, slot_expert, torch.ones_like(slot_expert))
+            0, slot_expert, torch.ones_like(slot_expert)
+        )
 
         real_forward = self.training and not _in_autograd_engine()
         if real_forward:
@@ -279,7 +309,9 @@ class MoE(nn.Module):
             if self.aux_loss_kind == "switch":  # statistics; the loss spans all layers
                 aux = switch_statistics(scores, indices)
             else:
-                aux = sequence_balance_loss(scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff)
+                aux = sequence_balance_loss(
+                    scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff
+                )
             if real_forward:
                 self.aux_loss = aux
 
@@ -292,7 +324,9 @@ class MoE(nn.Module):
             y_sorted = self.dispatcher(self.experts, rows, counts)
         else:
             y_sorted = _dispatch_outside_graph(self.dispatcher, self.experts, rows, counts)
-        inverse = torch.empty_like(order).scatter(0, order, torch.arange(order.numel(), device=order.device))
+        inverse = torch.empty_like(order).scatter(
+            0, order, torch.arange(order.numel(), device=order.device)
+        )
         y = y_sorted[inverse].view(n_tok, k, dim)
         # combine the k copies of a token in a fixed order: [T, 1, k] @ [T, k, dim]
         out = torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1).view(bsz, seq, dim)
@@ -303,8 +337,9 @@ class MoE(nn.Module):
 
 
 @torch._dynamo.disable
-def _dispatch_outside_graph(dispatcher: TokenDispatcher, experts: nn.Module, x: torch.Tensor,
-                            counts: torch.Tensor) -> torch.Tensor:
+def _dispatch_outside_graph(
+    dispatcher: TokenDispatcher, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
     """The dispatch run eagerly under torch.compile (MoE.dispatch_in_graph False): the split
     sizes of expert parallel stay on this side of the break, so the graph after it takes no
     routing-dependent integer (which would recompile per routing)."""
@@ -330,8 +365,9 @@ def moe_aux_loss(model: nn.Module) -> torch.Tensor | None:
     return torch.stack(losses).sum()
 
 
-def stage_switch_statistics(model: nn.Module, incoming: torch.Tensor | None, n_experts: int,
-                            device) -> torch.Tensor:
+def stage_switch_statistics(
+    model: nn.Module, incoming: torch.Tensor | None, n_experts: int, device
+) -> torch.Tensor:
     """Under pipeline parallel the Switch loss spans the layers of every stage: each stage
     passes on the running sum of the statistics ([2, E], `switch_statistics`) of the layers
     before it plus its own (those of its last training forward; none in eval), and the last
@@ -342,8 +378,14 @@ def stage_switch_statistics(model: nn.Module, incoming: torch.Tensor | None, n_e
         incoming = torch.zeros(2, n_experts, device=device, requires_grad=True)
     if not model.training:
         return incoming
-    own = [m.aux_loss for m in moe_modules(model) if m.aux_loss_kind == "switch" and m.aux_loss is not None]
-    return torch.stack([incoming, *own]).sum(dim=0) if own else incoming + 0  # a new tensor: stage outputs must be
+    own = [
+        m.aux_loss
+        for m in moe_modules(model)
+        if m.aux_loss_kind == "switch" and m.aux_loss is not None
+    ]
+    return (
+        torch.stack([incoming, *own]).sum(dim=0) if own else incoming + 0
+    )  # a new tensor: stage outputs must be
 
 
 @torch.no_grad()

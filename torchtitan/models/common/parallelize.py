@@ -3,7 +3,7 @@ parallel -> the model's own TP sharding -> expert parallel -> activation checkpo
 torch.compile -> data parallel. A model passes only what is its own (its `apply_tp`, whether
 the part has MoE blocks, which module lists compile)."""
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -19,10 +19,17 @@ from torchtitan.models.common.attention import apply_context_parallel
 from torchtitan.models.common.moe import moe_modules
 
 
-def parallelize_decoder(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
-                        compile_cfg: Compile, precision: Precision,
-                        apply_tp: Callable[[nn.Module, DeviceMesh, bool], None], moe: bool = False,
-                        compiled: tuple[str, ...] = ("layers",)) -> nn.Module:
+def parallelize_decoder(
+    model: nn.Module,
+    dims: ParallelDims,
+    plan: PartPlan,
+    parallelism: Parallelism,
+    compile_cfg: Compile,
+    precision: Precision,
+    apply_tp: Callable[[nn.Module, DeviceMesh, bool], None],
+    moe: bool = False,
+    compiled: tuple[str, ...] = ("layers",),
+) -> nn.Module:
     """`plan` (units with their reshard decisions and AC regions) was resolved beforehand.
     `moe`: the part has MoE blocks. Op SAC then also keeps the outputs of expert parallel's
     all-to-alls and their waits (recompute neither re-routes nor re-sends). Every block
@@ -36,8 +43,13 @@ def parallelize_decoder(model: nn.Module, dims: ParallelDims, plan: PartPlan, pa
     ep_mesh = dims.ep_mesh()
     if ep_mesh is not None:  # each MoE layer's dispatcher becomes an all-to-all over the EP group
         expert_parallel_from_plan(model, plan, ep_mesh)
-    apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation),
-             extra_save_ops=SAC_SAVE_OPS if moe else (), save_groups=cp_groups)
+    apply_ac(
+        model,
+        plan.regions,
+        fsdp_ac_groups(dims, parallelism.fsdp_implementation),
+        extra_save_ops=SAC_SAVE_OPS if moe else (),
+        save_groups=cp_groups,
+    )
     if compile_cfg.enable:
         hooked = hooked_blocks(plan, parallelism.fsdp_implementation)
         for block in hooked:  # their dispatch runs outside the graph: one break, no recompiles

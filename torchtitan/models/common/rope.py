@@ -9,7 +9,9 @@ import math
 import torch
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: bool, factor: float = 8.0) -> torch.Tensor:
+def rope_frequencies(
+    head_dim: int, theta: float, scaling: bool, factor: float = 8.0
+) -> torch.Tensor:
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     if not scaling:
         return freqs
@@ -24,7 +26,9 @@ def rope_frequencies(head_dim: int, theta: float, scaling: bool, factor: float =
     return torch.where(wavelen < high_wavelen, freqs, out)
 
 
-def rope_cache(seq_len: int, head_dim: int, theta: float, scaling: bool, device=None, factor: float = 8.0) -> torch.Tensor:
+def rope_cache(
+    seq_len: int, head_dim: int, theta: float, scaling: bool, device=None, factor: float = 8.0
+) -> torch.Tensor:
     """[seq_len, head_dim]: cos of every (position, frequency) pair, then sin."""
     freqs = rope_frequencies(head_dim, theta, scaling, factor).to(device)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float64), freqs)

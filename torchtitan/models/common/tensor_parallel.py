@@ -18,7 +18,9 @@ def root_sharding(model, loss_parallel: bool) -> dict:
     output column-wise (logits sharded over the vocabulary for the loss-parallel loss)."""
     sharding = {}
     if model.tok_embeddings is not None:
-        sharding["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        sharding["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1)
+        )
     if model.norm is not None:
         sharding["norm"] = SequenceParallel()
     if model.output is not None:
@@ -47,7 +49,9 @@ def gqa_sharding(name: str, qk_norm: bool = False) -> dict:
     weights are replicated: each rank normalises its own heads (input sharded on the heads
     dim), so their gradient is a partial sum that DTensor adds up over TP."""
     sharding = {
-        name: PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        name: PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
         f"{name}.wq": ColwiseParallel(),
         f"{name}.wk": ColwiseParallel(),
         f"{name}.wv": ColwiseParallel(),
@@ -65,7 +69,9 @@ def moe_sharding(name: str, shared_experts: bool = False) -> dict:
     parallel (which includes the TP ranks) moves them to their experts. Shared experts, if
     any, are a SwiGLU feed-forward split as `feed_forward_sharding`."""
     sharding = {
-        name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True),
+        name: PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
         f"{name}.router.gate": ReplicateParallel(input_layout=Shard(0)),
     }
     if shared_experts:

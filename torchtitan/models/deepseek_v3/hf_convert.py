@@ -45,10 +45,17 @@ _BLOCK = {
 # Routed-expert stacks: our name inside a block -> the projection (models/hf/experts.py).
 _EXPERT = {"moe.experts.w1": "w1", "moe.experts.w2": "w2", "moe.experts.w3": "w3"}
 # The multi-token-prediction module's own tensors (besides its block).
-_MTP = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
-        "norm.weight": "shared_head.norm.weight"}
-_TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight"}
+_MTP = {
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "norm.weight": "shared_head.norm.weight",
+}
+_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _MTP_NAME = re.compile(r"^mtp\.(\d+)\.(.+)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -89,7 +96,7 @@ def hf_names(fqn: str, args: DeepSeekV3Args) -> list[str]:
             return [f"model.layers.{layer}.{_MTP[rest]}"]
         if not rest.startswith("block."):
             raise KeyError(f"no Hugging Face name for deepseek_v3 parameter '{fqn}'")
-        rest = rest[len("block."):]
+        rest = rest[len("block.") :]
     if layer is None:
         if fqn not in _TOP:
             raise KeyError(f"no Hugging Face name for deepseek_v3 parameter '{fqn}'")
@@ -120,8 +127,10 @@ def mtp_copies(args: DeepSeekV3Args, tensors: dict) -> list[tuple[str, object]]:
     out = []
     for k in range(_mtp(args)):
         layer = args.n_layers + k
-        for ours, theirs in (("tok_embeddings.weight", "embed_tokens.weight"),
-                             ("output.weight", "shared_head.head.weight")):
+        for ours, theirs in (
+            ("tok_embeddings.weight", "embed_tokens.weight"),
+            ("output.weight", "shared_head.head.weight"),
+        ):
             if ours in tensors:  # a clone: safetensors refuses to write tensors that share memory
                 out.append((f"model.layers.{layer}.{theirs}", tensors[ours].clone()))
     return out
@@ -132,7 +141,9 @@ def export_args(args: DeepSeekV3Args, max_positions: int) -> DeepSeekV3Args:
     trained model computed), max_seq_len = the flavor's context (max_position_embeddings)."""
     import dataclasses
 
-    return dataclasses.replace(args, yarn="always" if yarn_on(args) else "never", max_seq_len=max_positions)
+    return dataclasses.replace(
+        args, yarn="always" if yarn_on(args) else "never", max_seq_len=max_positions
+    )
 
 
 # Resolved fields a checkpoint marker records for a later offline export (scripts/convert_hf.py).
@@ -156,37 +167,69 @@ def hf_shapes(args: DeepSeekV3Args, mtp: bool = True) -> dict[str, tuple[int, ..
     shape; `mtp`: with the MTP layers (and their embedding / head copies)."""
     d, e = args.dim, args.n_routed_experts
     heads, qk, v = args.n_heads, args.qk_head_dim, args.v_head_dim
-    shapes = {"model.embed_tokens.weight": (args.vocab_size, d), "model.norm.weight": (d,),
-              "lm_head.weight": (args.vocab_size, d)}
+    shapes = {
+        "model.embed_tokens.weight": (args.vocab_size, d),
+        "model.norm.weight": (d,),
+        "lm_head.weight": (args.vocab_size, d),
+    }
 
     def layer(i: int) -> None:
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                       p + "self_attn.kv_a_proj_with_mqa.weight": (args.kv_lora_rank + args.qk_rope_head_dim, d),
-                       p + "self_attn.kv_a_layernorm.weight": (args.kv_lora_rank,),
-                       p + "self_attn.kv_b_proj.weight": (heads * (args.qk_nope_head_dim + v), args.kv_lora_rank),
-                       p + "self_attn.o_proj.weight": (d, heads * v)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "self_attn.kv_a_proj_with_mqa.weight": (
+                    args.kv_lora_rank + args.qk_rope_head_dim,
+                    d,
+                ),
+                p + "self_attn.kv_a_layernorm.weight": (args.kv_lora_rank,),
+                p + "self_attn.kv_b_proj.weight": (
+                    heads * (args.qk_nope_head_dim + v),
+                    args.kv_lora_rank,
+                ),
+                p + "self_attn.o_proj.weight": (d, heads * v),
+            }
+        )
         if args.q_lora_rank:
-            shapes.update({p + "self_attn.q_a_proj.weight": (args.q_lora_rank, d),
-                           p + "self_attn.q_a_layernorm.weight": (args.q_lora_rank,),
-                           p + "self_attn.q_b_proj.weight": (heads * qk, args.q_lora_rank)})
+            shapes.update(
+                {
+                    p + "self_attn.q_a_proj.weight": (args.q_lora_rank, d),
+                    p + "self_attn.q_a_layernorm.weight": (args.q_lora_rank,),
+                    p + "self_attn.q_b_proj.weight": (heads * qk, args.q_lora_rank),
+                }
+            )
         else:
             shapes[p + "self_attn.q_proj.weight"] = (heads * qk, d)
         if i < args.n_dense_layers:
-            shapes.update({p + "mlp.gate_proj.weight": (args.inter_dim, d), p + "mlp.up_proj.weight": (args.inter_dim, d),
-                           p + "mlp.down_proj.weight": (d, args.inter_dim)})
+            shapes.update(
+                {
+                    p + "mlp.gate_proj.weight": (args.inter_dim, d),
+                    p + "mlp.up_proj.weight": (args.inter_dim, d),
+                    p + "mlp.down_proj.weight": (d, args.inter_dim),
+                }
+            )
             return
         hidden = args.moe_inter_dim
         shapes.update({p + "mlp.gate.weight": (e, d), p + "mlp.gate.e_score_correction_bias": (e,)})
         for x in range(e):
             q = f"{p}mlp.experts.{x}."
-            shapes.update({q + "gate_proj.weight": (hidden, d), q + "up_proj.weight": (hidden, d),
-                           q + "down_proj.weight": (d, hidden)})
+            shapes.update(
+                {
+                    q + "gate_proj.weight": (hidden, d),
+                    q + "up_proj.weight": (hidden, d),
+                    q + "down_proj.weight": (d, hidden),
+                }
+            )
         if args.n_shared_experts:
             shared = hidden * args.n_shared_experts
-            shapes.update({p + "mlp.shared_experts.gate_proj.weight": (shared, d),
-                           p + "mlp.shared_experts.up_proj.weight": (shared, d),
-                           p + "mlp.shared_experts.down_proj.weight": (d, shared)})
+            shapes.update(
+                {
+                    p + "mlp.shared_experts.gate_proj.weight": (shared, d),
+                    p + "mlp.shared_experts.up_proj.weight": (shared, d),
+                    p + "mlp.shared_experts.down_proj.weight": (d, shared),
+                }
+            )
 
     for i in range(args.n_layers):
         layer(i)
@@ -194,9 +237,16 @@ def hf_shapes(args: DeepSeekV3Args, mtp: bool = True) -> dict[str, tuple[int, ..
         i = args.n_layers + k
         layer(i)
         p = f"model.layers.{i}."
-        shapes.update({p + "enorm.weight": (d,), p + "hnorm.weight": (d,), p + "eh_proj.weight": (d, 2 * d),
-                       p + "shared_head.norm.weight": (d,), p + "embed_tokens.weight": (args.vocab_size, d),
-                       p + "shared_head.head.weight": (args.vocab_size, d)})
+        shapes.update(
+            {
+                p + "enorm.weight": (d,),
+                p + "hnorm.weight": (d,),
+                p + "eh_proj.weight": (d, 2 * d),
+                p + "shared_head.norm.weight": (d,),
+                p + "embed_tokens.weight": (args.vocab_size, d),
+                p + "shared_head.head.weight": (args.vocab_size, d),
+            }
+        )
     return shapes
 
 
@@ -205,7 +255,9 @@ def required(args: DeepSeekV3Args, available) -> dict[str, tuple[int, ...]]:
     layer's experts per expert, or fused where the folder has transformers 5's fused layout);
     MTP layers only with mtp_depth > 0."""
     layers = [f"model.layers.{i}." for i in range(args.n_dense_layers, args.n_layers + _mtp(args))]
-    shapes = prefer_fused(hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim)
+    shapes = prefer_fused(
+        hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim
+    )
     # The MTP layers' embedding / head copies are written, never read (ours are shared).
     copies = unread(args)
     return {n: s for n, s in shapes.items() if not copies.search(n)}
@@ -232,8 +284,10 @@ def skip_note(names, args: DeepSeekV3Args, config: dict) -> str | None:
     extra = skipped_layers(names, args)
     mtp = int(config.get("num_nextn_predict_layers", 0) or 0)
     if extra and mtp and extra == list(range(args.n_layers + _mtp(args), args.n_layers + mtp)):
-        return (f"skipping the folder's multi-token-prediction layer(s) {', '.join(map(str, extra))}"
-                f" (--model.mtp_depth={_mtp(args)}; set it to {mtp} to train them)")
+        return (
+            f"skipping the folder's multi-token-prediction layer(s) {', '.join(map(str, extra))}"
+            f" (--model.mtp_depth={_mtp(args)}; set it to {mtp} to train them)"
+        )
     return None
 
 
@@ -258,36 +312,67 @@ def rope_scaling(args: DeepSeekV3Args) -> dict | None:
     """The config's YaRN entry when a model of these args (at their max_seq_len) uses YaRN."""
     if not yarn_on(args):
         return None
-    out = {"type": "yarn", "rope_type": "yarn", "factor": args.rope_factor,
-           "original_max_position_embeddings": args.original_seq_len, "beta_fast": args.beta_fast,
-           "beta_slow": args.beta_slow}
-    if args.yarn_temperature == "softmax":  # the temperature on the softmax: both coefficients equal
+    out = {
+        "type": "yarn",
+        "rope_type": "yarn",
+        "factor": args.rope_factor,
+        "original_max_position_embeddings": args.original_seq_len,
+        "beta_fast": args.beta_fast,
+        "beta_slow": args.beta_slow,
+    }
+    if (
+        args.yarn_temperature == "softmax"
+    ):  # the temperature on the softmax: both coefficients equal
         out.update({"mscale": args.mscale, "mscale_all_dim": args.mscale})
     return out
 
 
-def hf_config(args: DeepSeekV3Args, dtype: str, bos_id: int, eos_id: int, max_positions: int = 0) -> dict:
+def hf_config(
+    args: DeepSeekV3Args, dtype: str, bos_id: int, eos_id: int, max_positions: int = 0
+) -> dict:
     """config.json of a `DeepseekV3ForCausalLM` computing what a model of `args` computes at
     its max_seq_len (the YaRN rule resolved there); max_position_embeddings: `max_positions`
     (the flavor's context length) or max_seq_len."""
     return {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "vocab_size": args.vocab_size, "hidden_size": args.dim, "intermediate_size": args.inter_dim,
-        "moe_intermediate_size": args.moe_inter_dim, "num_hidden_layers": args.n_layers,
-        "num_nextn_predict_layers": _mtp(args), "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_heads, "n_shared_experts": args.n_shared_experts,
-        "n_routed_experts": args.n_routed_experts, "routed_scaling_factor": args.route_scale,
-        "kv_lora_rank": args.kv_lora_rank, "q_lora_rank": args.q_lora_rank or None,
-        "qk_rope_head_dim": args.qk_rope_head_dim, "v_head_dim": args.v_head_dim,
-        "qk_nope_head_dim": args.qk_nope_head_dim, "topk_method": _topk_method(args),
-        "n_group": args.n_expert_groups, "topk_group": args.n_limited_groups,
-        "num_experts_per_tok": args.n_activated_experts, "moe_layer_freq": 1,
-        "first_k_dense_replace": args.n_dense_layers, "norm_topk_prob": args.route_norm,
-        "scoring_func": args.score_func, "hidden_act": "silu",
-        "max_position_embeddings": max_positions or args.max_seq_len, "rms_norm_eps": args.norm_eps,
-        "rope_theta": args.rope_theta, "rope_scaling": rope_scaling(args), "rope_interleave": True,
-        "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
-        "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": dtype, "initializer_range": 0.02,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.dim,
+        "intermediate_size": args.inter_dim,
+        "moe_intermediate_size": args.moe_inter_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_nextn_predict_layers": _mtp(args),
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_heads,
+        "n_shared_experts": args.n_shared_experts,
+        "n_routed_experts": args.n_routed_experts,
+        "routed_scaling_factor": args.route_scale,
+        "kv_lora_rank": args.kv_lora_rank,
+        "q_lora_rank": args.q_lora_rank or None,
+        "qk_rope_head_dim": args.qk_rope_head_dim,
+        "v_head_dim": args.v_head_dim,
+        "qk_nope_head_dim": args.qk_nope_head_dim,
+        "topk_method": _topk_method(args),
+        "n_group": args.n_expert_groups,
+        "topk_group": args.n_limited_groups,
+        "num_experts_per_tok": args.n_activated_experts,
+        "moe_layer_freq": 1,
+        "first_k_dense_replace": args.n_dense_layers,
+        "norm_topk_prob": args.route_norm,
+        "scoring_func": args.score_func,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_positions or args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": rope_scaling(args),
+        "rope_interleave": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": dtype,
+        "initializer_range": 0.02,
     }
 
 
@@ -313,7 +398,10 @@ def rules_from_config(config: dict) -> dict:
     entry, _ = _rope(config)
     if rope_kind(config) != "yarn":
         return {"yarn": "never"}
-    return {"yarn": "always", "yarn_temperature": "softmax" if entry.get("mscale_all_dim") else "rope"}
+    return {
+        "yarn": "always",
+        "yarn_temperature": "softmax" if entry.get("mscale_all_dim") else "rope",
+    }
 
 
 def config_mismatches(config: dict, args: DeepSeekV3Args) -> list[str]:
@@ -324,14 +412,24 @@ def config_mismatches(config: dict, args: DeepSeekV3Args) -> list[str]:
         out.append(f"model_type={config.get('model_type')!r} (ours: 'deepseek_v3')")
     q_lora = config.get("q_lora_rank")
     expect = {
-        "hidden_size": args.dim, "num_hidden_layers": args.n_layers, "num_attention_heads": args.n_heads,
-        "intermediate_size": args.inter_dim, "moe_intermediate_size": args.moe_inter_dim,
-        "vocab_size": args.vocab_size, "n_routed_experts": args.n_routed_experts,
-        "n_shared_experts": args.n_shared_experts, "num_experts_per_tok": args.n_activated_experts,
-        "first_k_dense_replace": args.n_dense_layers, "kv_lora_rank": args.kv_lora_rank,
-        "qk_nope_head_dim": args.qk_nope_head_dim, "qk_rope_head_dim": args.qk_rope_head_dim,
-        "v_head_dim": args.v_head_dim, "n_group": args.n_expert_groups, "topk_group": args.n_limited_groups,
-        "norm_topk_prob": args.route_norm, "scoring_func": args.score_func,
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "intermediate_size": args.inter_dim,
+        "moe_intermediate_size": args.moe_inter_dim,
+        "vocab_size": args.vocab_size,
+        "n_routed_experts": args.n_routed_experts,
+        "n_shared_experts": args.n_shared_experts,
+        "num_experts_per_tok": args.n_activated_experts,
+        "first_k_dense_replace": args.n_dense_layers,
+        "kv_lora_rank": args.kv_lora_rank,
+        "qk_nope_head_dim": args.qk_nope_head_dim,
+        "qk_rope_head_dim": args.qk_rope_head_dim,
+        "v_head_dim": args.v_head_dim,
+        "n_group": args.n_expert_groups,
+        "topk_group": args.n_limited_groups,
+        "norm_topk_prob": args.route_norm,
+        "scoring_func": args.score_func,
     }
     for key, ours in expect.items():
         if config.get(key) is not None and config[key] != ours:
@@ -348,8 +446,10 @@ def config_mismatches(config: dict, args: DeepSeekV3Args) -> list[str]:
         out.append(f"rms_norm_eps={eps} (ours: {args.norm_eps})")
     folder_mtp = int(config.get("num_nextn_predict_layers", 0) or 0)
     if _mtp(args) > folder_mtp:
-        out.append(f"num_nextn_predict_layers={folder_mtp} (ours: --model.mtp_depth={_mtp(args)}; lower it to"
-                   f" {folder_mtp})")
+        out.append(
+            f"num_nextn_predict_layers={folder_mtp} (ours: --model.mtp_depth={_mtp(args)}; lower it to"
+            f" {folder_mtp})"
+        )
     if config.get("moe_layer_freq", 1) != 1:
         out.append(f"moe_layer_freq={config['moe_layer_freq']} (ours: 1)")
     method = config.get("topk_method")
@@ -362,19 +462,29 @@ def config_mismatches(config: dict, args: DeepSeekV3Args) -> list[str]:
     if kind not in ("default", "yarn"):
         out.append(f"rope scaling {kind!r} (ours: yarn or none)")
     if kind == "yarn":
-        mine = {"factor": args.rope_factor, "original_max_position_embeddings": args.original_seq_len,
-                "beta_fast": args.beta_fast, "beta_slow": args.beta_slow}
+        mine = {
+            "factor": args.rope_factor,
+            "original_max_position_embeddings": args.original_seq_len,
+            "beta_fast": args.beta_fast,
+            "beta_slow": args.beta_slow,
+        }
         for key, ours in mine.items():
             if entry.get(key) is not None and float(entry[key]) != float(ours):
                 out.append(f"rope_scaling.{key}={entry[key]} (ours: {ours})")
         mscale, all_dim = entry.get("mscale"), entry.get("mscale_all_dim")
         if all_dim:
             if mscale is not None and float(mscale) != float(all_dim):
-                out.append(f"rope_scaling.mscale={mscale} != mscale_all_dim={all_dim} (our single mscale cannot"
-                           " express two values)")
+                out.append(
+                    f"rope_scaling.mscale={mscale} != mscale_all_dim={all_dim} (our single mscale cannot"
+                    " express two values)"
+                )
             elif float(all_dim) != args.mscale:
                 out.append(f"rope_scaling.mscale_all_dim={all_dim} (ours: mscale {args.mscale})")
-    for key, ours in (("attention_bias", False), ("hidden_act", "silu"), ("tie_word_embeddings", False)):
+    for key, ours in (
+        ("attention_bias", False),
+        ("hidden_act", "silu"),
+        ("tie_word_embeddings", False),
+    ):
         if config.get(key, ours) != ours:
             out.append(f"{key}={config[key]!r} (ours: {ours!r})")
     return out

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.distributed.plan import FsdpUnit, UnitKind
-from torchtitan.models.common.init import init_parameters, transformer_init_fn
 from torchtitan.models.common.attention import AttentionInputs, attend, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
+from torchtitan.models.common.init import init_parameters, transformer_init_fn
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import apply_rope
@@ -45,7 +45,9 @@ def yarn_frequencies(args: DeepSeekV3Args) -> torch.Tensor:
     def index_of(rotations: float) -> float:
         # the frequency index i whose wavelength fits `rotations` times in the old context:
         # original_seq_len / (2 pi base^(2i/dim)) = rotations, solved for i
-        return dim * math.log(args.original_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        return (
+            dim * math.log(args.original_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        )
 
     low = max(math.floor(index_of(args.beta_fast)), 0)
     high = min(math.ceil(index_of(args.beta_slow)), dim - 1)
@@ -62,7 +64,9 @@ def yarn_rope_cache(args: DeepSeekV3Args, device=None) -> torch.Tensor:
     angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float64), freqs)
     rows = torch.cat([angles.cos(), angles.sin()], dim=-1)
     if yarn_active(args) and args.yarn_temperature == "rope":
-        rows = rows * yarn_mscale(args, 1.0)  # both q and k rotate by it: the RoPE scores scale by its square
+        rows = rows * yarn_mscale(
+            args, 1.0
+        )  # both q and k rotate by it: the RoPE scores scale by its square
     return rows.float()
 
 
@@ -84,7 +88,11 @@ class Attention(nn.Module):
     def __init__(self, args: DeepSeekV3Args):
         super().__init__()
         self.q_lora_rank, self.kv_lora_rank = args.q_lora_rank, args.kv_lora_rank
-        self.nope_dim, self.rope_dim, self.v_dim = args.qk_nope_head_dim, args.qk_rope_head_dim, args.v_head_dim
+        self.nope_dim, self.rope_dim, self.v_dim = (
+            args.qk_nope_head_dim,
+            args.qk_rope_head_dim,
+            args.v_head_dim,
+        )
         self.qk_head_dim = args.qk_head_dim
         q_out = args.n_heads * args.qk_head_dim
         if self.q_lora_rank == 0:
@@ -95,7 +103,9 @@ class Attention(nn.Module):
             self.wq_b = nn.Linear(self.q_lora_rank, q_out, bias=False)
         self.wkv_a = nn.Linear(args.dim, self.kv_lora_rank + self.rope_dim, bias=False)
         self.kv_norm = RMSNorm(self.kv_lora_rank, eps=args.norm_eps)
-        self.wkv_b = nn.Linear(self.kv_lora_rank, args.n_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.wkv_b = nn.Linear(
+            self.kv_lora_rank, args.n_heads * (self.nope_dim + self.v_dim), bias=False
+        )
         self.wo = nn.Linear(args.n_heads * self.v_dim, args.dim, bias=False)
         # Marks the RoPE key all heads share: with heads split by TP, each rank's gradient for
         # it covers only its heads, and TP makes this point sum them (identity otherwise).
@@ -110,7 +120,9 @@ class Attention(nn.Module):
         q = torch.cat([q_nope, apply_rope(q_pe, attn.rope)], dim=-1)
 
         kv_latent, k_pe = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        k_pe = apply_rope(self.shared_key(k_pe).unsqueeze(2), attn.rope)  # [bsz, seq, 1, rope]: one for all heads
+        k_pe = apply_rope(
+            self.shared_key(k_pe).unsqueeze(2), attn.rope
+        )  # [bsz, seq, 1, rope]: one for all heads
         if attn.cp is not None:
             # CP gathers what K and V are made from: the latent and the rotated RoPE key,
             # kv_lora_rank + qk_rope_head_dim values per token, not heads x (qk + v) of them
@@ -127,18 +139,29 @@ class Attention(nn.Module):
         # which op-SAC would even save as a bmm output); FlashAttention-2 on CUDA also needs
         # equal widths. Zero-padding the narrower side changes no score and no output column.
         width = max(self.qk_head_dim, self.v_dim)
-        q, k, v = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
-        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn, scale=self.softmax_scale)
+        q, k, v = (
+            t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v)
+        )
+        out = attend(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn, scale=self.softmax_scale
+        )
         out = out[..., : self.v_dim]
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 
 def build_moe(args: DeepSeekV3Args) -> MoE:
     return MoE(
-        args.dim, args.moe_inter_dim, args.n_routed_experts, args.n_activated_experts,
-        n_shared_experts=args.n_shared_experts, n_groups=args.n_expert_groups,
-        n_limited_groups=args.n_limited_groups, score_func=args.score_func, route_norm=args.route_norm,
-        route_scale=args.route_scale, load_balance_coeff=args.load_balance_coeff,
+        args.dim,
+        args.moe_inter_dim,
+        args.n_routed_experts,
+        args.n_activated_experts,
+        n_shared_experts=args.n_shared_experts,
+        n_groups=args.n_expert_groups,
+        n_limited_groups=args.n_limited_groups,
+        score_func=args.score_func,
+        route_norm=args.route_norm,
+        route_scale=args.route_scale,
+        load_balance_coeff=args.load_balance_coeff,
         aux_loss_coeff=args.aux_loss_coeff,
     )
 
@@ -179,7 +202,9 @@ class MTPModule(nn.Module):
         self.moe_enabled = self.block.moe_enabled
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)  # the published `shared_head.norm`
 
-    def forward(self, emb: torch.Tensor, h: torch.Tensor, attn: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, emb: torch.Tensor, h: torch.Tensor, attn: AttentionInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (this depth's hidden state, the next depth's input; its normalised form, the
         shared output head's input). Both come out of one call: every parameter use stays
         inside the unit's forward (FSDP gathers it there)."""
@@ -205,18 +230,34 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(args, i) for i in range(args.n_layers)}
+        )
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         # multi-token prediction: depth k is block n_layers + k of the published checkpoints
-        self.mtp = (nn.ModuleDict({str(k): MTPModule(args, args.n_layers + k) for k in range(args.mtp_depth)})
-                    if args.mtp_depth else None)
+        self.mtp = (
+            nn.ModuleDict(
+                {str(k): MTPModule(args, args.n_layers + k) for k in range(args.mtp_depth)}
+            )
+            if args.mtp_depth
+            else None
+        )
         self.register_buffer("rope", yarn_rope_cache(args), persistent=False)
-        self.context_parallel = None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
-        self.sequence_shards = 1  # the residual stream is split over the sequence into this many (TP)
+        self.context_parallel = (
+            None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
+        )
+        self.sequence_shards = (
+            1  # the residual stream is split over the sequence into this many (TP)
+        )
 
-    def forward(self, tokens: torch.Tensor, mtp_emb: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None,
-                mtp_tokens: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mtp_emb: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        mtp_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
         [batch, global seq] under the block-causal mask (attention.document_ids).
 
@@ -235,12 +276,16 @@ class Transformer(nn.Module):
             # one embedding call for the main and the MTP tokens (one FSDP gather, one TP
             # reduce-scatter): [batch, 1 + depth, seq] -> [batch * (1 + depth), seq, dim]
             ids = torch.cat([tokens.unsqueeze(1), mtp_tokens], dim=1)
-            emb = self.tok_embeddings(ids.flatten(0, 1)).unflatten(0, (tokens.shape[0], ids.shape[1]))
+            emb = self.tok_embeddings(ids.flatten(0, 1)).unflatten(
+                0, (tokens.shape[0], ids.shape[1])
+            )
             h, mtp_emb = emb[:, 0], emb[:, 1:]
         else:
             h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
-        attn = attention_inputs(h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel)
+        attn = attention_inputs(
+            h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel
+        )
         for layer in self.layers.values():
             h = layer(h, attn)
         if self.output is None:  # an earlier pipeline stage
@@ -252,7 +297,9 @@ class Transformer(nn.Module):
             h = self.norm(h) if self.norm is not None else h
             return self.output(h)
         logits = [self.output(self.norm(h))]
-        for module, e in zip(self.mtp.values(), mtp_emb.unbind(1)):  # h: the last main block's output, before the norm
+        for module, e in zip(
+            self.mtp.values(), mtp_emb.unbind(1)
+        ):  # h: the last main block's output, before the norm
             h, normed = module(e, h, attn)
             logits.append(self.output(normed))
         return torch.cat(logits, dim=1)
@@ -264,20 +311,24 @@ class Transformer(nn.Module):
         for k, block in self.layers.items():
             units.append(FsdpUnit(f"layers.{k}", block=f"layers.{k}"))
             if getattr(block, "moe_enabled", False):
-                units.append(FsdpUnit(f"layers.{k}.moe.experts", block=f"layers.{k}", kind=UnitKind.EXPERTS))
-        for k, module in (self.mtp or {}).items():  # after the blocks, in forward order; each one AC region
+                units.append(
+                    FsdpUnit(f"layers.{k}.moe.experts", block=f"layers.{k}", kind=UnitKind.EXPERTS)
+                )
+        for k, module in (
+            self.mtp or {}
+        ).items():  # after the blocks, in forward order; each one AC region
             units.append(FsdpUnit(f"mtp.{k}", block=f"mtp.{k}"))
             if getattr(module, "moe_enabled", False):
-                units.append(FsdpUnit(f"mtp.{k}.block.moe.experts", block=f"mtp.{k}", kind=UnitKind.EXPERTS))
+                units.append(
+                    FsdpUnit(f"mtp.{k}.block.moe.experts", block=f"mtp.{k}", kind=UnitKind.EXPERTS)
+                )
         return units
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per ACTIVE non-embedding weight (a token runs top-k of
         the routed experts) plus attention scores and values (see Llama3's flops_per_token)."""
         a = self.args
-        routed = sum(
-            p.numel() for n, p in self.named_parameters() if _is_expert_stack(n)
-        )
+        routed = sum(p.numel() for n, p in self.named_parameters() if _is_expert_stack(n))
         active_routed = routed * a.n_activated_experts / a.n_routed_experts
         n_params = sum(p.numel() for p in self.parameters()) - routed + active_routed
         emb = self.tok_embeddings.weight.numel() if self.tok_embeddings is not None else 0
@@ -291,8 +342,13 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int, device) -> None:
         """Materialised (to_empty) model -> deterministic weights, zeroed MoE buffers and the
         RoPE cache. Routed-expert stacks are drawn per expert (only this rank's experts)."""
-        init_parameters(self, partial(_init_fn, dim=self.args.dim, n_layers=self.args.n_layers), seed, device,
-                        per_expert=_is_expert_stack)
+        init_parameters(
+            self,
+            partial(_init_fn, dim=self.args.dim, n_layers=self.args.n_layers),
+            seed,
+            device,
+            per_expert=_is_expert_stack,
+        )
         for m in self.modules():
             if isinstance(m, MoE):
                 m.reset_buffers()

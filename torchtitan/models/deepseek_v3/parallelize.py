@@ -22,7 +22,11 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
 from torchtitan.models.common.parallelize import parallelize_decoder
-from torchtitan.models.common.tensor_parallel import feed_forward_sharding, moe_sharding, root_sharding
+from torchtitan.models.common.tensor_parallel import (
+    feed_forward_sharding,
+    moe_sharding,
+    root_sharding,
+)
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import Transformer
 from torchtitan.models.train_spec import TrainSpec
@@ -40,8 +44,11 @@ def block_sharding(block: nn.Module) -> dict:
     tokens, and EP (which includes the TP ranks) moves them to their experts."""
     sharding = {
         "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
-                                        use_local_output=True),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Replicate(), None),
+            use_local_output=True,
+        ),
         "attention.wkv_a": ReplicateParallel(),
         "attention.kv_norm": ReplicateParallel(),
         "attention.shared_key": ReplicateParallel(partial_output_grad=True),
@@ -52,8 +59,13 @@ def block_sharding(block: nn.Module) -> dict:
     if getattr(block.attention, "wq", None) is not None:
         sharding["attention.wq"] = ColwiseParallel()
     else:
-        sharding.update({"attention.wq_a": ReplicateParallel(), "attention.q_norm": ReplicateParallel(),
-                         "attention.wq_b": ColwiseParallel()})
+        sharding.update(
+            {
+                "attention.wq_a": ReplicateParallel(),
+                "attention.q_norm": ReplicateParallel(),
+                "attention.wq_b": ColwiseParallel(),
+            }
+        )
     if block.moe_enabled:
         sharding.update(moe_sharding("moe", block.moe.shared_experts is not None))
     else:
@@ -85,10 +97,27 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
         parallelize_module(module, tp_mesh, dict(_MTP_SHARDING))
 
 
-def parallelize_deepseekv3(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
-                           compile_cfg: Compile, precision: Precision) -> nn.Module:
-    return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp, moe=True,
-                               compiled=("layers", "mtp"))
+def parallelize_deepseekv3(
+    model: nn.Module,
+    dims: ParallelDims,
+    plan: PartPlan,
+    parallelism: Parallelism,
+    compile_cfg: Compile,
+    precision: Precision,
+) -> nn.Module:
+    return parallelize_decoder(
+        model,
+        dims,
+        plan,
+        parallelism,
+        compile_cfg,
+        precision,
+        apply_tp,
+        moe=True,
+        compiled=("layers", "mtp"),
+    )
 
 
-TRAIN_SPEC = TrainSpec("deepseek_v3", Transformer, FLAVORS, parallelize_deepseekv3, tp_replicated=_TP_WHOLE)
+TRAIN_SPEC = TrainSpec(
+    "deepseek_v3", Transformer, FLAVORS, parallelize_deepseekv3, tp_replicated=_TP_WHOLE
+)

@@ -42,8 +42,14 @@ def hf_converter(model_name: str):
 def export_args(model_name: str, args, max_positions: int):
     """The run's args as an export describes them: max_seq_len = the flavor's context, and
     whatever the converter resolves at the training length (DeepSeek-V3's YaRN rule)."""
-    resolve = getattr(hf_converter(model_name), "export_args", None) if _module(model_name) else None
-    return resolve(args, max_positions) if resolve else dataclasses.replace(args, max_seq_len=max_positions)
+    resolve = (
+        getattr(hf_converter(model_name), "export_args", None) if _module(model_name) else None
+    )
+    return (
+        resolve(args, max_positions)
+        if resolve
+        else dataclasses.replace(args, max_seq_len=max_positions)
+    )
 
 
 def export_fields(model_name: str, args) -> dict:

@@ -20,21 +20,31 @@ def per_expert_names(layer_prefix: str, ours: str, n_experts: int) -> list[str]:
     return [f"{layer_prefix}mlp.experts.{e}.{PROJECTIONS[ours]}.weight" for e in range(n_experts)]
 
 
-def fused_shapes(layer_prefix: str, n_experts: int, dim: int, hidden: int) -> dict[str, tuple[int, ...]]:
+def fused_shapes(
+    layer_prefix: str, n_experts: int, dim: int, hidden: int
+) -> dict[str, tuple[int, ...]]:
     """transformers 5's fused expert tensors of one MoE layer, with their shapes."""
     p = f"{layer_prefix}mlp.experts."
-    return {p + "gate_up_proj": (n_experts, 2 * hidden, dim), p + "down_proj": (n_experts, dim, hidden)}
+    return {
+        p + "gate_up_proj": (n_experts, 2 * hidden, dim),
+        p + "down_proj": (n_experts, dim, hidden),
+    }
 
 
-def prefer_fused(shapes: dict, available, layer_prefixes, n_experts: int, dim: int, hidden: int) -> dict:
+def prefer_fused(
+    shapes: dict, available, layer_prefixes, n_experts: int, dim: int, hidden: int
+) -> dict:
     """`shapes` (the per-expert layout) with each MoE layer whose fused tensors the folder
     holds (`available` names) switched to the fused layout."""
     for prefix in layer_prefixes:
         fused = fused_shapes(prefix, n_experts, dim, hidden)
         if all(n in available for n in fused):
             experts = f"{prefix}mlp.experts."
-            shapes = {n: s for n, s in shapes.items()
-                      if not (n.startswith(experts) and n[len(experts):].split(".")[0].isdigit())}
+            shapes = {
+                n: s
+                for n, s in shapes.items()
+                if not (n.startswith(experts) and n[len(experts) :].split(".")[0].isdigit())
+            }
             shapes.update(fused)
     return shapes
 

@@ -19,8 +19,14 @@ class HFFolderError(ValueError):
 
 def is_hf_folder(path: str) -> bool:
     """A folder with a config.json and safetensors weights (not a DCP checkpoint)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG)) and (
-        os.path.isfile(os.path.join(path, INDEX)) or bool(glob.glob(os.path.join(path, "*.safetensors"))))
+    return (
+        os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, CONFIG))
+        and (
+            os.path.isfile(os.path.join(path, INDEX))
+            or bool(glob.glob(os.path.join(path, "*.safetensors")))
+        )
+    )
 
 
 def read_config(path: str, key: str) -> dict:
@@ -29,10 +35,14 @@ def read_config(path: str, key: str) -> dict:
         with open(file) as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
-        raise HFFolderError(f"{key}: cannot read '{file}' ({type(e).__name__}: {one_line(e, 120)}); give a Hugging"
-                            " Face model folder with a valid config.json") from None
+        raise HFFolderError(
+            f"{key}: cannot read '{file}' ({type(e).__name__}: {one_line(e, 120)}); give a Hugging"
+            " Face model folder with a valid config.json"
+        ) from None
     if not isinstance(config, dict):
-        raise HFFolderError(f"{key}: '{file}' is not a JSON object; give a Hugging Face model folder")
+        raise HFFolderError(
+            f"{key}: '{file}' is not a JSON object; give a Hugging Face model folder"
+        )
     return config
 
 
@@ -46,13 +56,17 @@ def weight_map(path: str, key: str) -> dict[str, str]:
             with open(index) as f:
                 names = json.load(f)["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise HFFolderError(f"{key}: cannot read '{index}' ({type(e).__name__}); it needs a"
-                                " \"weight_map\" of tensor name -> file") from None
+            raise HFFolderError(
+                f"{key}: cannot read '{index}' ({type(e).__name__}); it needs a"
+                ' "weight_map" of tensor name -> file'
+            ) from None
         out = {name: os.path.join(path, file) for name, file in names.items()}
         missing = sorted({f for f in out.values() if not os.path.isfile(f)})
         if missing:
-            raise HFFolderError(f"{key}: '{index}' names {len(missing)} missing file(s), e.g."
-                                f" '{os.path.basename(missing[0])}'; the download is incomplete")
+            raise HFFolderError(
+                f"{key}: '{index}' names {len(missing)} missing file(s), e.g."
+                f" '{os.path.basename(missing[0])}'; the download is incomplete"
+            )
         return out
     out = {}
     for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
@@ -60,7 +74,9 @@ def weight_map(path: str, key: str) -> dict[str, str]:
             with safe_open(file, framework="numpy") as f:
                 out.update({name: file for name in f.keys()})
         except Exception as e:  # safetensors raises its own SafetensorError
-            raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file ({one_line(e, 120)})") from None
+            raise HFFolderError(
+                f"{key}: '{file}' is not a readable safetensors file ({one_line(e, 120)})"
+            ) from None
     return out
 
 
@@ -78,8 +94,10 @@ def tensor_shapes(wmap: dict[str, str], names, key: str) -> dict[str, tuple[int,
                 for name in file_names:
                     shapes[name] = tuple(f.get_slice(name).get_shape())
         except Exception as e:
-            raise HFFolderError(f"{key}: '{file}' is not a readable safetensors file or lacks a tensor its"
-                                f" index names ({one_line(e, 120)})") from None
+            raise HFFolderError(
+                f"{key}: '{file}' is not a readable safetensors file or lacks a tensor its"
+                f" index names ({one_line(e, 120)})"
+            ) from None
     return shapes
 
 
@@ -96,8 +114,10 @@ def resolve_names(converter, args, wmap: dict[str, str], path: str, key: str) ->
     for name in required_shapes(converter, args, wmap):
         source = name if name in wmap else converter.TIED_FALLBACK.get(name)
         if source not in wmap:
-            raise HFFolderError(f"{key}: '{path}' has no tensor '{name}'; it is not a complete checkpoint of"
-                                " this model")
+            raise HFFolderError(
+                f"{key}: '{path}' has no tensor '{name}'; it is not a complete checkpoint of"
+                " this model"
+            )
         out[name] = source
     return out
 
@@ -114,8 +134,12 @@ def _left_out(converter, args, config: dict):
     skipped = getattr(converter, "is_skipped", None)
 
     def test(name: str) -> bool:
-        return bool(converter.IGNORED.search(name) or (unread is not None and unread.search(name))
-                    or (skipped is not None and skipped(name, args, config)))
+        return bool(
+            converter.IGNORED.search(name)
+            or (unread is not None and unread.search(name))
+            or (skipped is not None and skipped(name, args, config))
+        )
+
     return test
 
 
@@ -127,7 +151,9 @@ def folder_rules(path: str, model_name: str) -> dict:
 
     try:
         rules = getattr(hf_converter(model_name), "rules_from_config", None)
-        return rules(read_config(path, "--checkpoint.initial_load_path")) if rules is not None else {}
+        return (
+            rules(read_config(path, "--checkpoint.initial_load_path")) if rules is not None else {}
+        )
     except (ValueError, HFFolderError):
         return {}
 
@@ -139,11 +165,15 @@ def check_quantization(config: dict, path: str, key: str) -> None:
         return
     method, block = quant.get("quant_method"), quant.get("weight_block_size", [128, 128])
     if method != "fp8" or list(block) != [128, 128]:
-        raise HFFolderError(f"{key}: '{path}' is quantized ({method!r}, weight_block_size {block}); only fp8 with"
-                            " 128 x 128 blocks is read: give an unquantized or block-wise FP8 checkpoint")
+        raise HFFolderError(
+            f"{key}: '{path}' is quantized ({method!r}, weight_block_size {block}); only fp8 with"
+            " 128 x 128 blocks is read: give an unquantized or block-wise FP8 checkpoint"
+        )
 
 
-def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--checkpoint.initial_load_path") -> None:
+def check_folder(
+    path: str, model_name: str, flavor: str, args, key: str = "--checkpoint.initial_load_path"
+) -> None:
     """config.json and every tensor shape against `args` (the flavor with its vocabulary)."""
     from torchtitan.models.hf.converters import hf_converter
 
@@ -155,12 +185,18 @@ def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--ch
     mismatches = converter.config_mismatches(config, args)
     unexpressible = [m for m in mismatches if "cannot express" in m]
     if unexpressible:  # the shapes may fit, but loading would silently compute another model
-        raise HFFolderError(f"{key}: '{path}' cannot be loaded faithfully: " + ", ".join(unexpressible)
-                            + f"; {model_name} would compute another attention than the folder's model, so it is"
-                            " refused (use a checkpoint whose mscale equals mscale_all_dim)")
+        raise HFFolderError(
+            f"{key}: '{path}' cannot be loaded faithfully: "
+            + ", ".join(unexpressible)
+            + f"; {model_name} would compute another attention than the folder's model, so it is"
+            " refused (use a checkpoint whose mscale equals mscale_all_dim)"
+        )
     if mismatches:
-        raise HFFolderError(f"{key}: '{path}' holds another model than {model_name} {flavor}: "
-                            + ", ".join(mismatches) + "; pick the --model.flavor (and tokenizer) it was trained with")
+        raise HFFolderError(
+            f"{key}: '{path}' holds another model than {model_name} {flavor}: "
+            + ", ".join(mismatches)
+            + "; pick the --model.flavor (and tokenizer) it was trained with"
+        )
     check_quantization(config, path, key)
     wmap = weight_map(path, key)
     sources = resolve_names(converter, args, wmap, path, key)
@@ -169,17 +205,23 @@ def check_folder(path: str, model_name: str, flavor: str, args, key: str = "--ch
     left_out = _left_out(converter, args, config)
     unused = sorted(n for n in set(wmap) - used - scales if not left_out(n))
     if unused:
-        raise HFFolderError(f"{key}: '{path}' holds {len(unused)} tensor(s) {model_name} {flavor} has no place for,"
-                            f" e.g. '{unused[0]}'; it is another architecture or flavor")
+        raise HFFolderError(
+            f"{key}: '{path}' holds {len(unused)} tensor(s) {model_name} {flavor} has no place for,"
+            f" e.g. '{unused[0]}'; it is another architecture or flavor"
+        )
     shapes = tensor_shapes(wmap, used | scales, key)
     for name, expected in required_shapes(converter, args, wmap).items():
         got = shapes[sources[name]]
         if got != tuple(expected):
-            raise HFFolderError(f"{key}: tensor '{sources[name]}' in '{path}' has shape {list(got)}, {model_name}"
-                                f" {flavor} needs {list(expected)}; pick the flavor (and tokenizer) it was trained with")
+            raise HFFolderError(
+                f"{key}: tensor '{sources[name]}' in '{path}' has shape {list(got)}, {model_name}"
+                f" {flavor} needs {list(expected)}; pick the flavor (and tokenizer) it was trained with"
+            )
     for scale in sorted(scales):
         weight = shapes[scale[: -len("_scale_inv")]]
         tiles = tuple(-(-n // 128) for n in weight)
         if shapes[scale] != tiles:
-            raise HFFolderError(f"{key}: '{scale}' in '{path}' has shape {list(shapes[scale])}, but block-wise FP8"
-                                f" scales of a {list(weight)} weight are {list(tiles)} (128 x 128 tiles)")
+            raise HFFolderError(
+                f"{key}: '{scale}' in '{path}' has shape {list(shapes[scale])}, but block-wise FP8"
+                f" scales of a {list(weight)} weight are {list(tiles)} (128 x 128 tiles)"
+            )

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from torchtitan.models.hf.folder import CONFIG, INDEX, resolve_names, weight_map
-from torchtitan.models.common.init import clean_fqn, local_indices
-from torchtitan.messages import one_line
-from torchtitan.models.hf.converters import hf_converter
 from torchtitan.dtypes import DTYPES
+from torchtitan.messages import one_line
+from torchtitan.models.common.init import clean_fqn, local_indices
+from torchtitan.models.hf.converters import hf_converter
+from torchtitan.models.hf.folder import CONFIG, INDEX, resolve_names, weight_map
 from torchtitan.units import GIB
 
 SHARD_BYTES = 4 * GIB
@@ -46,8 +46,9 @@ class HFSpec:
 FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 
 
-def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, row0: int = 0, col0: int = 0,
-                      block: int = 128) -> torch.Tensor:
+def dequantize_blocks(
+    weight: torch.Tensor, scale_inv: torch.Tensor, row0: int = 0, col0: int = 0, block: int = 128
+) -> torch.Tensor:
     """float32 of an FP8 weight region whose first element is (row0, col0) of the full tensor:
     each element times the `scale_inv` of its block x block tile. `scale_inv` holds the tiles
     from tile row0 // block and tile column col0 // block on (the tiles the region touches)."""
@@ -61,7 +62,9 @@ class FolderReader:
     of the other rows are never read), from a Hugging Face folder; FP8 weights with a
     `<name>_scale_inv` are dequantized block-wise to float32. Counts the bytes read."""
 
-    def __init__(self, wmap: dict[str, str], sources: dict[str, str] | None = None, block: int = 128):
+    def __init__(
+        self, wmap: dict[str, str], sources: dict[str, str] | None = None, block: int = 128
+    ):
         self.wmap, self.sources, self.block = wmap, sources or {}, block
         self.handles: dict[str, object] = {}
         self.bytes_read = 0
@@ -95,21 +98,35 @@ class FolderReader:
         1-D tensor of global indices (None: the whole dim), in the order they are wanted."""
         stored = self.stored(name)
         shape = self._slice(stored).get_shape()
-        index = [None] * len(shape) if index is None else list(index) + [None] * (len(shape) - len(index))
+        index = (
+            [None] * len(shape)
+            if index is None
+            else list(index) + [None] * (len(shape) - len(index))
+        )
         index = [None if ix is None else ix.to("cpu", torch.int64) for ix in index]
-        ranges = [(0, n) if ix is None or ix.numel() == 0 and n == 0 else
-                  ((int(ix.min()), int(ix.max()) + 1) if ix.numel() else (0, 0)) for ix, n in zip(index, shape)]
+        ranges = [
+            (0, n)
+            if ix is None or ix.numel() == 0 and n == 0
+            else ((int(ix.min()), int(ix.max()) + 1) if ix.numel() else (0, 0))
+            for ix, n in zip(index, shape)
+        ]
         part = self._region(stored, ranges)
         if part.dtype in FP8_DTYPES:
             scale = stored + "_scale_inv"
             if scale not in self.wmap or part.dim() != 2:
-                raise ValueError(f"'{stored}' is {part.dtype} without a 2-D '{scale}' to dequantize it with")
+                raise ValueError(
+                    f"'{stored}' is {part.dtype} without a 2-D '{scale}' to dequantize it with"
+                )
             (r0, r1), (c0, c1) = ranges
             b = self.block
-            tiles = self._region(scale, [(r0 // b, max(r1 - 1, r0) // b + 1), (c0 // b, max(c1 - 1, c0) // b + 1)])
+            tiles = self._region(
+                scale, [(r0 // b, max(r1 - 1, r0) // b + 1), (c0 // b, max(c1 - 1, c0) // b + 1)]
+            )
             part = dequantize_blocks(part, tiles, r0, c0, b)
         for d, (ix, (lo, hi)) in enumerate(zip(index, ranges)):
-            if ix is not None and not (ix.numel() == hi - lo and torch.equal(ix, torch.arange(lo, hi))):
+            if ix is not None and not (
+                ix.numel() == hi - lo and torch.equal(ix, torch.arange(lo, hi))
+            ):
                 part = part.index_select(d, ix - lo)
         return part
 
@@ -135,7 +152,9 @@ def checkpointed_tensors(part, converter):
 
 
 @torch.no_grad()
-def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "--checkpoint.initial_load_path") -> HFLoad:
+def load_hf_weights(
+    model_parts, path: str, model_name: str, args, key: str = "--checkpoint.initial_load_path"
+) -> HFLoad:
     """Overwrite every parameter of `model_parts` from the Hugging Face folder `path`; each
     rank reads only the parts it holds (the experts and rows of its shards). The folder was
     checked by models/hf/folder.check_folder."""
@@ -156,7 +175,9 @@ def load_hf_weights(model_parts, path: str, model_name: str, args, key: str = "-
                 local = converter.read_local(fqn, args, reader, index)
                 target.copy_(local.to(device=target.device, dtype=target.dtype))
                 count += 1
-        return HFLoad(count, reader.bytes_read, skip_note(converter, args, wmap, read_config(path, key)) or "")
+        return HFLoad(
+            count, reader.bytes_read, skip_note(converter, args, wmap, read_config(path, key)) or ""
+        )
     finally:
         reader.close()
 
@@ -199,11 +220,23 @@ class ShardWriter:
         self.pending, self.pending_bytes = {}, 0
 
 
-def write_metadata(folder: str, config: dict, weight_map: dict[str, str], total_bytes: int,
-                   tokenizer_file: str | None) -> None:
+def write_metadata(
+    folder: str,
+    config: dict,
+    weight_map: dict[str, str],
+    total_bytes: int,
+    tokenizer_file: str | None,
+) -> None:
     """The index, config.json and (if given) tokenizer.json beside the weights."""
     with open(os.path.join(folder, INDEX), "w") as f:
-        json.dump({"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+        json.dump(
+            {
+                "metadata": {"total_size": total_bytes},
+                "weight_map": dict(sorted(weight_map.items())),
+            },
+            f,
+            indent=2,
+        )
     with open(os.path.join(folder, CONFIG), "w") as f:
         json.dump(config, f, indent=2)
     if tokenizer_file:
@@ -247,7 +280,9 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
     rank = dist.get_rank()
     tmp = folder + ".tmp"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftovers, never a finished folder
+        shutil.rmtree(
+            tmp, ignore_errors=True
+        )  # a crashed export's leftovers, never a finished folder
         os.makedirs(tmp)
     dist.barrier(group=group)
     writer = ShardWriter(tmp, f"model-pp{spec.stage:02d}", SHARD_BYTES)
@@ -260,12 +295,16 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
         for _ in params:  # gather along with the writer, drop the result
             pass
     pieces = [None] * dist.get_world_size(group)
-    dist.all_gather_object(pieces, (writer.weight_map, writer.total_bytes, writer.error), group=group)
+    dist.all_gather_object(
+        pieces, (writer.weight_map, writer.total_bytes, writer.error), group=group
+    )
     errors = [f"rank {r}: {e}" for r, (_, _, e) in enumerate(pieces) if e]
     if rank == 0 and not errors:
         try:
             wmap = {k: v for m, _, _ in pieces for k, v in m.items()}
-            config = hf_converter(spec.model_name).hf_config(spec.args, dtype, spec.bos_id, spec.eos_id)
+            config = hf_converter(spec.model_name).hf_config(
+                spec.args, dtype, spec.bos_id, spec.eos_id
+            )
             write_metadata(tmp, config, wmap, sum(b for _, b, _ in pieces), spec.tokenizer_file)
             if os.path.exists(folder):
                 raise FileExistsError(f"'{folder}' appeared meanwhile (nothing is overwritten)")
@@ -277,8 +316,10 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
     if box[0]:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise HFExportError(f"--checkpoint.last_save_in_hf: the Hugging Face export to '{folder}' failed ({box[0][0]});"
-                            " the weights are in the checkpoint, export them with scripts/convert_hf.py")
+        raise HFExportError(
+            f"--checkpoint.last_save_in_hf: the Hugging Face export to '{folder}' failed ({box[0][0]});"
+            " the weights are in the checkpoint, export them with scripts/convert_hf.py"
+        )
     return folder
 
 

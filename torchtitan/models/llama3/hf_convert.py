@@ -32,8 +32,13 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 # Llama 3.1's RoPE frequency scaling (rope.py), as Hugging Face's config spells it (the factor
 # is the flavor's: 8 for 3.1, 32 for 3.2).
-ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # A tied model (Llama 3.2 1B / 3B) stores no lm_head: the output reuses the embedding.
 TIED_FALLBACK = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -86,21 +91,26 @@ def read_local(fqn: str, args: Llama3Args, reader, index) -> object:
 def hf_shapes(args: Llama3Args) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face tensor a model of these args has, with its shape."""
     d, hd, hidden = args.dim, args.head_dim, args.ffn_hidden_dim
-    shapes = {"model.embed_tokens.weight": (args.vocab_size, d), "model.norm.weight": (d,),
-              "lm_head.weight": (args.vocab_size, d)}
+    shapes = {
+        "model.embed_tokens.weight": (args.vocab_size, d),
+        "model.norm.weight": (d,),
+        "lm_head.weight": (args.vocab_size, d),
+    }
     for i in range(args.n_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (args.n_heads * hd, d),
-            p + "self_attn.k_proj.weight": (args.n_kv_heads * hd, d),
-            p + "self_attn.v_proj.weight": (args.n_kv_heads * hd, d),
-            p + "self_attn.o_proj.weight": (d, args.n_heads * hd),
-            p + "mlp.gate_proj.weight": (hidden, d),
-            p + "mlp.down_proj.weight": (d, hidden),
-            p + "mlp.up_proj.weight": (hidden, d),
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-        })
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (args.n_heads * hd, d),
+                p + "self_attn.k_proj.weight": (args.n_kv_heads * hd, d),
+                p + "self_attn.v_proj.weight": (args.n_kv_heads * hd, d),
+                p + "self_attn.o_proj.weight": (d, args.n_heads * hd),
+                p + "mlp.gate_proj.weight": (hidden, d),
+                p + "mlp.down_proj.weight": (d, hidden),
+                p + "mlp.up_proj.weight": (hidden, d),
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+            }
+        )
     return shapes
 
 
@@ -108,15 +118,27 @@ def hf_config(args: Llama3Args, dtype: str, bos_id: int, eos_id: int) -> dict:
     """config.json of a `LlamaForCausalLM` with these shapes (max_position_embeddings: the
     flavor's context length, not the training seq_len)."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": args.dim, "intermediate_size": args.ffn_hidden_dim,
-        "num_hidden_layers": args.n_layers, "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads, "head_dim": args.head_dim, "vocab_size": args.vocab_size,
-        "rms_norm_eps": args.norm_eps, "rope_theta": args.rope_theta,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
         "rope_scaling": {**ROPE_SCALING, "factor": args.rope_factor} if args.rope_scaling else None,
-        "max_position_embeddings": args.max_seq_len, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-        "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": dtype, "initializer_range": 0.02,
+        "max_position_embeddings": args.max_seq_len,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": dtype,
+        "initializer_range": 0.02,
     }
 
 
@@ -125,9 +147,14 @@ def config_mismatches(config: dict, args: Llama3Args) -> list[str]:
     out = []
     if config.get("model_type", "llama") != "llama":
         out.append(f"model_type={config.get('model_type')!r} (ours: 'llama')")
-    expect = {"hidden_size": args.dim, "num_hidden_layers": args.n_layers, "num_attention_heads": args.n_heads,
-              "num_key_value_heads": config.get("num_key_value_heads") and args.n_kv_heads,
-              "intermediate_size": args.ffn_hidden_dim, "vocab_size": args.vocab_size}
+    expect = {
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": config.get("num_key_value_heads") and args.n_kv_heads,
+        "intermediate_size": args.ffn_hidden_dim,
+        "vocab_size": args.vocab_size,
+    }
     for key, ours in expect.items():
         if ours and config.get(key) is not None and config[key] != ours:
             out.append(f"{key}={config[key]} (ours: {ours})")
@@ -140,7 +167,9 @@ def config_mismatches(config: dict, args: Llama3Args) -> list[str]:
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     ours = {**ROPE_SCALING, "factor": args.rope_factor}
-    if args.rope_scaling and (kind != "llama3" or any(scaling.get(k) != v for k, v in ours.items() if k != "rope_type")):
+    if args.rope_scaling and (
+        kind != "llama3" or any(scaling.get(k) != v for k, v in ours.items() if k != "rope_type")
+    ):
         out.append(f"rope scaling {kind!r} {scaling} (ours: {ours})")
     if not args.rope_scaling and kind not in ("default", None):
         out.append(f"rope scaling {kind!r} (ours: none)")

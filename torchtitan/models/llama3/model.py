@@ -11,12 +11,12 @@ from functools import partial
 import torch
 from torch import nn
 
+from torchtitan.distributed.plan import FsdpUnit
 from torchtitan.models.common.attention import AttentionInputs, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
-from torchtitan.distributed.plan import FsdpUnit
+from torchtitan.models.common.gqa import GroupedQueryAttention
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
 from torchtitan.models.common.rmsnorm import RMSNorm
-from torchtitan.models.common.gqa import GroupedQueryAttention
 from torchtitan.models.common.rope import rope_cache
 from torchtitan.models.llama3.args import Llama3Args
 
@@ -25,7 +25,9 @@ class TransformerBlock(nn.Module):
     def __init__(self, args: Llama3Args):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = GroupedQueryAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim)
+        self.attention = GroupedQueryAttention(
+            args.dim, args.n_heads, args.n_kv_heads, args.head_dim
+        )
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
@@ -50,18 +52,29 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope", self._rope(), persistent=False)
         self.context_parallel = None  # attention.ContextParallel, set by parallelize_llama under CP
-        self.sequence_shards = 1  # the residual stream is split over the sequence into this many (TP)
+        self.sequence_shards = (
+            1  # the residual stream is split over the sequence into this many (TP)
+        )
 
     def _rope(self, device=None) -> torch.Tensor:
         a = self.args
-        return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, a.rope_scaling, device=device, factor=a.rope_factor)
+        return rope_cache(
+            a.max_seq_len,
+            a.head_dim,
+            a.rope_theta,
+            a.rope_scaling,
+            device=device,
+            factor=a.rope_factor,
+        )
 
     def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
         [batch, global seq] under the block-causal mask (attention.document_ids)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
-        attn = attention_inputs(h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel)
+        attn = attention_inputs(
+            h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel
+        )
         for layer in self.layers.values():
             h = layer(h, attn)
         h = self.norm(h) if self.norm is not None else h
@@ -78,7 +91,10 @@ class Transformer(nn.Module):
         heads x head_dim x seq for attention scores and values, not halved for the causal mask."""
         a = self.args
         n_params = sum(p.numel() for p in self.parameters())
-        return 6.0 * (n_params - self.tok_embeddings.weight.numel()) + 12.0 * a.n_layers * a.n_heads * a.head_dim * seq_len
+        return (
+            6.0 * (n_params - self.tok_embeddings.weight.numel())
+            + 12.0 * a.n_layers * a.n_heads * a.head_dim * seq_len
+        )
 
     def init_weights(self, seed: int, device) -> None:
         """Materialised (to_empty) model -> deterministic weights and the RoPE cache."""

@@ -10,7 +10,11 @@ from torchtitan.distributed.data_parallel import Precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.models.common.parallelize import parallelize_decoder
-from torchtitan.models.common.tensor_parallel import feed_forward_sharding, gqa_sharding, root_sharding
+from torchtitan.models.common.tensor_parallel import (
+    feed_forward_sharding,
+    gqa_sharding,
+    root_sharding,
+)
 from torchtitan.models.llama3.args import FLAVORS
 from torchtitan.models.llama3.model import Transformer
 from torchtitan.models.train_spec import TrainSpec
@@ -23,16 +27,26 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
     model.sequence_shards = tp_mesh.size()  # blocks see 1/tp of the tokens between them
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            **gqa_sharding("attention"),
-            "ffn_norm": SequenceParallel(),
-            **feed_forward_sharding("feed_forward"),
-        })
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                **gqa_sharding("attention"),
+                "ffn_norm": SequenceParallel(),
+                **feed_forward_sharding("feed_forward"),
+            },
+        )
 
 
-def parallelize_llama(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
-                      compile_cfg: Compile, precision: Precision) -> nn.Module:
+def parallelize_llama(
+    model: nn.Module,
+    dims: ParallelDims,
+    plan: PartPlan,
+    parallelism: Parallelism,
+    compile_cfg: Compile,
+    precision: Precision,
+) -> nn.Module:
     return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp)
 
 

@@ -1,6 +1,16 @@
 """Llama3's parameters (model.py), TP as in parallelize.py; torch-free (models/shapes.py)."""
 
-from torchtitan.models.shapes import COLWISE, ROWWISE, ModelShapes, Param, block_name, decoder_ends, linear, norm, swiglu
+from torchtitan.models.shapes import (
+    COLWISE,
+    ROWWISE,
+    ModelShapes,
+    Param,
+    block_name,
+    decoder_ends,
+    linear,
+    norm,
+    swiglu,
+)
 
 
 def shapes(args) -> ModelShapes:

@@ -85,37 +85,107 @@ def is_moe_layer(args: Qwen3Args, i: int) -> bool:
 
 
 def _dense(dim, n_layers, n_heads, ffn, tie) -> Qwen3Args:
-    return Qwen3Args(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=8, ffn_hidden_dim=ffn,
-                     tie_word_embeddings=tie)
+    return Qwen3Args(
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=8,
+        ffn_hidden_dim=ffn,
+        tie_word_embeddings=tie,
+    )
 
 
 FLAVORS: dict[str, Qwen3Args] = {
     # CPU flavors (vocabulary from the tokenizer). debugmodel: the qwen3_debug.toml model,
     # tied like the small published ones; head_dim (32) != dim / n_heads (16).
-    "debugmodel": Qwen3Args(dim=256, n_layers=6, n_heads=16, n_kv_heads=8, head_dim=32, vocab_size=0,
-                            ffn_hidden_dim=768, tie_word_embeddings=True),
+    "debugmodel": Qwen3Args(
+        dim=256,
+        n_layers=6,
+        n_heads=16,
+        n_kv_heads=8,
+        head_dim=32,
+        vocab_size=0,
+        ffn_hidden_dim=768,
+        tie_word_embeddings=True,
+    ),
     # the test-suite model: every path on tiny shapes (tied, QK-norm, head_dim != dim / heads)
-    "tiny": Qwen3Args(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=0,
-                      ffn_hidden_dim=192, tie_word_embeddings=True),
-    "tiny_untied": Qwen3Args(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=0,
-                             ffn_hidden_dim=192),
+    "tiny": Qwen3Args(
+        dim=64,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=0,
+        ffn_hidden_dim=192,
+        tie_word_embeddings=True,
+    ),
+    "tiny_untied": Qwen3Args(
+        dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=0, ffn_hidden_dim=192
+    ),
     # MoE on CPU: the qwen3_moe_debug.toml model; block 0 dense (mlp_only_layers), 8 experts, top-2
-    "debugmodel_moe": Qwen3Args(dim=256, n_layers=6, n_heads=16, n_kv_heads=4, head_dim=32, vocab_size=0,
-                                ffn_hidden_dim=768, n_routed_experts=8, n_activated_experts=2, moe_inter_dim=128,
-                                mlp_only_layers=(0,), aux_loss_coeff=0.001),
-    "tiny_moe": Qwen3Args(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=0,
-                          ffn_hidden_dim=192, n_routed_experts=8, n_activated_experts=2, moe_inter_dim=32,
-                          mlp_only_layers=(0,), aux_loss_coeff=0.001),
+    "debugmodel_moe": Qwen3Args(
+        dim=256,
+        n_layers=6,
+        n_heads=16,
+        n_kv_heads=4,
+        head_dim=32,
+        vocab_size=0,
+        ffn_hidden_dim=768,
+        n_routed_experts=8,
+        n_activated_experts=2,
+        moe_inter_dim=128,
+        mlp_only_layers=(0,),
+        aux_loss_coeff=0.001,
+    ),
+    "tiny_moe": Qwen3Args(
+        dim=64,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        vocab_size=0,
+        ffn_hidden_dim=192,
+        n_routed_experts=8,
+        n_activated_experts=2,
+        moe_inter_dim=32,
+        mlp_only_layers=(0,),
+        aux_loss_coeff=0.001,
+    ),
     # the published Qwen3 dense checkpoints (config.json on the hub)
-    "0.6B": Qwen3Args(dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, ffn_hidden_dim=3072, tie_word_embeddings=True),
+    "0.6B": Qwen3Args(
+        dim=1024,
+        n_layers=28,
+        n_heads=16,
+        n_kv_heads=8,
+        ffn_hidden_dim=3072,
+        tie_word_embeddings=True,
+    ),
     "1.7B": _dense(2048, 28, 16, 6144, True),
     "4B": _dense(2560, 36, 32, 9728, True),
     "8B": _dense(4096, 36, 32, 12288, False),
     "14B": _dense(5120, 40, 40, 17408, False),
     "32B": _dense(5120, 64, 64, 25600, False),
     # the published MoE checkpoints: 128 experts, top-8, every block MoE, 4 KV heads
-    "30B-A3B": Qwen3Args(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, ffn_hidden_dim=6144,
-                         n_routed_experts=128, n_activated_experts=8, moe_inter_dim=768, aux_loss_coeff=0.001),
-    "235B-A22B": Qwen3Args(dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, ffn_hidden_dim=12288,
-                           n_routed_experts=128, n_activated_experts=8, moe_inter_dim=1536, aux_loss_coeff=0.001),
+    "30B-A3B": Qwen3Args(
+        dim=2048,
+        n_layers=48,
+        n_heads=32,
+        n_kv_heads=4,
+        ffn_hidden_dim=6144,
+        n_routed_experts=128,
+        n_activated_experts=8,
+        moe_inter_dim=768,
+        aux_loss_coeff=0.001,
+    ),
+    "235B-A22B": Qwen3Args(
+        dim=4096,
+        n_layers=94,
+        n_heads=64,
+        n_kv_heads=4,
+        ffn_hidden_dim=12288,
+        n_routed_experts=128,
+        n_activated_experts=8,
+        moe_inter_dim=1536,
+        aux_loss_coeff=0.001,
+    ),
 }

@@ -33,8 +33,11 @@ _BLOCK = {
     "moe.router.gate.weight": "mlp.gate.weight",
 }
 _EXPERTS = {"moe.experts.w1": "w1", "moe.experts.w2": "w2", "moe.experts.w3": "w3"}
-_TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight"}
+_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 # A tied model stores no lm_head: the output head reads the embedding.
@@ -78,10 +81,14 @@ def export_tensors(fqn: str, full, args: Qwen3Args) -> list[tuple[str, object]]:
     embedding is, once)."""
     if _tied(fqn, args):
         return []
-    if fqn.endswith("moe.expert_bias"):  # our bias-based balancing: Qwen3's routers have no such bias
+    if fqn.endswith(
+        "moe.expert_bias"
+    ):  # our bias-based balancing: Qwen3's routers have no such bias
         if bool(full.any()):
-            raise ValueError(f"'{fqn}' holds a trained routing bias (--moe.load_balance_coeff > 0), which"
-                             " Qwen3MoeForCausalLM cannot express: the export would route differently")
+            raise ValueError(
+                f"'{fqn}' holds a trained routing bias (--moe.load_balance_coeff > 0), which"
+                " Qwen3MoeForCausalLM cannot express: the export would route differently"
+            )
         return []
     names = hf_names(fqn, args)
     if fqn.split(".", 2)[-1] in _EXPERTS or any(fqn.endswith(k) for k in _EXPERTS):
@@ -94,9 +101,11 @@ def export_refusal(args: Qwen3Args) -> str | None:
     """Why a run of these args cannot be exported (None: it can): Qwen3's routers have no
     selection bias, so a model balanced by one would route differently in transformers."""
     if args.moe and args.load_balance_coeff > 0:
-        return (f"--moe.load_balance_coeff={args.load_balance_coeff:g} trains a routing bias that"
-                " Qwen3MoeForCausalLM cannot hold; balance with --moe.aux_loss_coeff only (set"
-                " --moe.load_balance_coeff=0) or export the checkpoint without it")
+        return (
+            f"--moe.load_balance_coeff={args.load_balance_coeff:g} trains a routing bias that"
+            " Qwen3MoeForCausalLM cannot hold; balance with --moe.aux_loss_coeff only (set"
+            " --moe.load_balance_coeff=0) or export the checkpoint without it"
+        )
     return None
 
 
@@ -119,31 +128,48 @@ def hf_shapes(args: Qwen3Args) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (args.vocab_size, d)
     for i in range(args.n_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (args.n_heads * hd, d),
-            p + "self_attn.k_proj.weight": (args.n_kv_heads * hd, d),
-            p + "self_attn.v_proj.weight": (args.n_kv_heads * hd, d),
-            p + "self_attn.o_proj.weight": (d, args.n_heads * hd),
-            p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "self_attn.q_proj.weight": (args.n_heads * hd, d),
+                p + "self_attn.k_proj.weight": (args.n_kv_heads * hd, d),
+                p + "self_attn.v_proj.weight": (args.n_kv_heads * hd, d),
+                p + "self_attn.o_proj.weight": (d, args.n_heads * hd),
+                p + "self_attn.q_norm.weight": (hd,),
+                p + "self_attn.k_norm.weight": (hd,),
+            }
+        )
         if is_moe_layer(args, i):
             shapes[p + "mlp.gate.weight"] = (e, d)
             for x in range(e):
                 q = f"{p}mlp.experts.{x}."
                 h = args.moe_inter_dim
-                shapes.update({q + "gate_proj.weight": (h, d), q + "up_proj.weight": (h, d), q + "down_proj.weight": (d, h)})
+                shapes.update(
+                    {
+                        q + "gate_proj.weight": (h, d),
+                        q + "up_proj.weight": (h, d),
+                        q + "down_proj.weight": (d, h),
+                    }
+                )
         else:
             f = args.ffn_hidden_dim
-            shapes.update({p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
-                           p + "mlp.down_proj.weight": (d, f)})
+            shapes.update(
+                {
+                    p + "mlp.gate_proj.weight": (f, d),
+                    p + "mlp.up_proj.weight": (f, d),
+                    p + "mlp.down_proj.weight": (d, f),
+                }
+            )
     return shapes
 
 
 def required(args: Qwen3Args, available) -> dict[str, tuple[int, ...]]:
     """hf_shapes, with each MoE layer's experts fused where the folder has transformers 5's layout."""
     layers = [f"model.layers.{i}." for i in range(args.n_layers) if is_moe_layer(args, i)]
-    return prefer_fused(hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim)
+    return prefer_fused(
+        hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim
+    )
 
 
 def unread(args: Qwen3Args) -> re.Pattern:
@@ -156,21 +182,40 @@ def hf_config(args: Qwen3Args, dtype: str, bos_id: int, eos_id: int) -> dict:
     config = {
         "architectures": ["Qwen3MoeForCausalLM" if args.moe else "Qwen3ForCausalLM"],
         "model_type": "qwen3_moe" if args.moe else "qwen3",
-        "hidden_size": args.dim, "intermediate_size": args.ffn_hidden_dim, "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads, "num_key_value_heads": args.n_kv_heads, "head_dim": args.head_dim,
-        "vocab_size": args.vocab_size, "rms_norm_eps": args.norm_eps, "rope_theta": args.rope_theta,
-        "rope_scaling": None, "max_position_embeddings": args.max_seq_len, "hidden_act": "silu",
-        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
-        "tie_word_embeddings": args.tie_word_embeddings, "bos_token_id": bos_id, "eos_token_id": eos_id,
-        "torch_dtype": dtype, "initializer_range": 0.02,
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": args.max_seq_len,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "tie_word_embeddings": args.tie_word_embeddings,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": dtype,
+        "initializer_range": 0.02,
     }
     if args.moe:
-        config.update({
-            "num_experts": args.n_routed_experts, "num_experts_per_tok": args.n_activated_experts,
-            "moe_intermediate_size": args.moe_inter_dim, "decoder_sparse_step": args.decoder_sparse_step,
-            "mlp_only_layers": list(args.mlp_only_layers), "norm_topk_prob": args.route_norm,
-            "router_aux_loss_coef": args.aux_loss_coeff, "output_router_logits": False,
-        })
+        config.update(
+            {
+                "num_experts": args.n_routed_experts,
+                "num_experts_per_tok": args.n_activated_experts,
+                "moe_intermediate_size": args.moe_inter_dim,
+                "decoder_sparse_step": args.decoder_sparse_step,
+                "mlp_only_layers": list(args.mlp_only_layers),
+                "norm_topk_prob": args.route_norm,
+                "router_aux_loss_coef": args.aux_loss_coeff,
+                "output_router_logits": False,
+            }
+        )
     return config
 
 
@@ -180,13 +225,25 @@ def config_mismatches(config: dict, args: Qwen3Args) -> list[str]:
     kind = "qwen3_moe" if args.moe else "qwen3"
     if config.get("model_type", kind) != kind:
         out.append(f"model_type={config.get('model_type')!r} (ours: {kind!r})")
-    expect = {"hidden_size": args.dim, "num_hidden_layers": args.n_layers, "num_attention_heads": args.n_heads,
-              "num_key_value_heads": args.n_kv_heads, "head_dim": args.head_dim, "vocab_size": args.vocab_size,
-              "tie_word_embeddings": args.tie_word_embeddings}
+    expect = {
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "tie_word_embeddings": args.tie_word_embeddings,
+    }
     if args.moe:
-        expect.update({"num_experts": args.n_routed_experts, "num_experts_per_tok": args.n_activated_experts,
-                       "moe_intermediate_size": args.moe_inter_dim, "decoder_sparse_step": args.decoder_sparse_step,
-                       "norm_topk_prob": args.route_norm})
+        expect.update(
+            {
+                "num_experts": args.n_routed_experts,
+                "num_experts_per_tok": args.n_activated_experts,
+                "moe_intermediate_size": args.moe_inter_dim,
+                "decoder_sparse_step": args.decoder_sparse_step,
+                "norm_topk_prob": args.route_norm,
+            }
+        )
         if any(not is_moe_layer(args, i) for i in range(args.n_layers)):
             expect["intermediate_size"] = args.ffn_hidden_dim
     else:
@@ -195,7 +252,9 @@ def config_mismatches(config: dict, args: Qwen3Args) -> list[str]:
         if config.get(key) is not None and config[key] != ours:
             out.append(f"{key}={config[key]!r} (ours: {ours!r})")
     if args.moe and list(config.get("mlp_only_layers") or []) != list(args.mlp_only_layers):
-        out.append(f"mlp_only_layers={config.get('mlp_only_layers')} (ours: {list(args.mlp_only_layers)})")
+        out.append(
+            f"mlp_only_layers={config.get('mlp_only_layers')} (ours: {list(args.mlp_only_layers)})"
+        )
     params = config.get("rope_parameters") or {}
     theta = config.get("rope_theta", params.get("rope_theta"))
     if theta is not None and float(theta) != args.rope_theta:
@@ -207,7 +266,11 @@ def config_mismatches(config: dict, args: Qwen3Args) -> list[str]:
     eps = config.get("rms_norm_eps")
     if eps is not None and float(eps) != args.norm_eps:
         out.append(f"rms_norm_eps={eps} (ours: {args.norm_eps})")
-    for key, ours in (("attention_bias", False), ("hidden_act", "silu"), ("use_sliding_window", False)):
+    for key, ours in (
+        ("attention_bias", False),
+        ("hidden_act", "silu"),
+        ("use_sliding_window", False),
+    ):
         if config.get(key, ours) != ours:
             out.append(f"{key}={config[key]!r} (ours: {ours!r})")
     return out

@@ -32,15 +32,23 @@ class TransformerBlock(nn.Module):
     def __init__(self, args: Qwen3Args, layer_id: int):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = GroupedQueryAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
-                                               qk_norm_eps=args.norm_eps)
+        self.attention = GroupedQueryAttention(
+            args.dim, args.n_heads, args.n_kv_heads, args.head_dim, qk_norm_eps=args.norm_eps
+        )
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.moe_enabled = is_moe_layer(args, layer_id)
         if self.moe_enabled:
-            self.moe = MoE(args.dim, args.moe_inter_dim, args.n_routed_experts, args.n_activated_experts,
-                           score_func=args.score_func, route_norm=args.route_norm,
-                           load_balance_coeff=args.load_balance_coeff, aux_loss_coeff=args.aux_loss_coeff,
-                           aux_loss_kind=args.aux_loss_kind)
+            self.moe = MoE(
+                args.dim,
+                args.moe_inter_dim,
+                args.n_routed_experts,
+                args.n_activated_experts,
+                score_func=args.score_func,
+                route_norm=args.route_norm,
+                load_balance_coeff=args.load_balance_coeff,
+                aux_loss_coeff=args.aux_loss_coeff,
+                aux_loss_kind=args.aux_loss_kind,
+            )
         else:
             self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
@@ -66,7 +74,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(args, i) for i in range(args.n_layers)}
+        )
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tied_weights = dict(TIED) if args.tie_word_embeddings else {}
@@ -74,14 +84,20 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope", self._rope(), persistent=False)
         self.context_parallel = None  # attention.ContextParallel, set under CP
-        self.sequence_shards = 1  # the residual stream is split over the sequence into this many (TP)
+        self.sequence_shards = (
+            1  # the residual stream is split over the sequence into this many (TP)
+        )
 
     def _rope(self, device=None) -> torch.Tensor:
         a = self.args
         return rope_cache(a.max_seq_len, a.head_dim, a.rope_theta, scaling=False, device=device)
 
-    def forward(self, tokens: torch.Tensor, balance: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        balance: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens [batch, seq] (or hidden states on a later pipeline stage); `doc_ids`
         [batch, global seq] under the block-causal mask (attention.document_ids).
 
@@ -91,7 +107,9 @@ class Transformer(nn.Module):
         loss adds to the objective. The whole model returns logits; the trainer reads its
         balance loss from the layers (moe.moe_aux_loss)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        attn = attention_inputs(h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel)
+        attn = attention_inputs(
+            h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel
+        )
         for layer in self.layers.values():
             h = layer(h, attn)
         h = self.norm(h) if self.norm is not None else h
@@ -105,18 +123,24 @@ class Transformer(nn.Module):
         if not self.training:
             return out, torch.zeros(1, device=h.device)
         # [1], not a scalar: the schedule concatenates the microbatches' outputs
-        return out, switch_balance_loss([stats], self.args.n_activated_experts, self.args.aux_loss_coeff).reshape(1)
+        return out, switch_balance_loss(
+            [stats], self.args.n_activated_experts, self.args.aux_loss_coeff
+        ).reshape(1)
 
     def fsdp_units(self) -> list[FsdpUnit]:
         """FSDP units in forward order: the embeddings (unless the output shares them: the
         root then holds the one parameter for both uses), each block, and a MoE block's
         routed experts as their own unit on the experts' data-parallel mesh."""
         shared = self.tied_weights and self.output is not None
-        units = [FsdpUnit("tok_embeddings")] if self.tok_embeddings is not None and not shared else []
+        units = (
+            [FsdpUnit("tok_embeddings")] if self.tok_embeddings is not None and not shared else []
+        )
         for k, block in self.layers.items():
             units.append(FsdpUnit(f"layers.{k}", block=f"layers.{k}"))
             if block.moe_enabled:
-                units.append(FsdpUnit(f"layers.{k}.moe.experts", block=f"layers.{k}", kind=UnitKind.EXPERTS))
+                units.append(
+                    FsdpUnit(f"layers.{k}.moe.experts", block=f"layers.{k}", kind=UnitKind.EXPERTS)
+                )
         return units
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -137,8 +161,14 @@ class Transformer(nn.Module):
         RoPE cache. `to_empty` gave the tied modules a parameter each: one again (retie); a
         tied copy (a pipeline's last stage) is drawn as the embedding."""
         retie(self)
-        init_parameters(self, partial(_init_fn, dim=self.args.dim, tied=bool(self.tied_weights)), seed, device,
-                        per_expert=_is_expert_stack, aliases=self.tied_weights)
+        init_parameters(
+            self,
+            partial(_init_fn, dim=self.args.dim, tied=bool(self.tied_weights)),
+            seed,
+            device,
+            per_expert=_is_expert_stack,
+            aliases=self.tied_weights,
+        )
         for m in self.modules():
             if isinstance(m, MoE):
                 m.reset_buffers()
@@ -148,4 +178,6 @@ class Transformer(nn.Module):
 def _init_fn(fqn: str, dim: int, tied: bool):
     """transformer_init_fn; a tied embedding is drawn as the output head it also is (std
     dim^-0.5: unit-variance embeddings would give logits of std sqrt(dim))."""
-    return transformer_init_fn("output.weight" if tied and fqn == "tok_embeddings.weight" else fqn, dim)
+    return transformer_init_fn(
+        "output.weight" if tied and fqn == "tok_embeddings.weight" else fqn, dim
+    )

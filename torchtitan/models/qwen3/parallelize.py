@@ -16,7 +16,12 @@ from torchtitan.distributed.data_parallel import Precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.models.common.parallelize import parallelize_decoder
-from torchtitan.models.common.tensor_parallel import feed_forward_sharding, gqa_sharding, moe_sharding, root_sharding
+from torchtitan.models.common.tensor_parallel import (
+    feed_forward_sharding,
+    gqa_sharding,
+    moe_sharding,
+    root_sharding,
+)
 from torchtitan.models.common.tied import retie
 from torchtitan.models.qwen3.args import FLAVORS
 from torchtitan.models.qwen3.model import Transformer
@@ -34,18 +39,30 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     model.sequence_shards = tp_mesh.size()
     for block in model.layers.values():
         ffn = moe_sharding("moe") if block.moe_enabled else feed_forward_sharding("feed_forward")
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            **gqa_sharding("attention", qk_norm=True),
-            "ffn_norm": SequenceParallel(),
-            **ffn,
-        })
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                **gqa_sharding("attention", qk_norm=True),
+                "ffn_norm": SequenceParallel(),
+                **ffn,
+            },
+        )
 
 
-def parallelize_qwen3(model: nn.Module, dims: ParallelDims, plan: PartPlan, parallelism: Parallelism,
-                      compile_cfg: Compile, precision: Precision) -> nn.Module:
+def parallelize_qwen3(
+    model: nn.Module,
+    dims: ParallelDims,
+    plan: PartPlan,
+    parallelism: Parallelism,
+    compile_cfg: Compile,
+    precision: Precision,
+) -> nn.Module:
     moe = any(block.moe_enabled for block in model.layers.values())  # this part's blocks
-    return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp, moe=moe)
+    return parallelize_decoder(
+        model, dims, plan, parallelism, compile_cfg, precision, apply_tp, moe=moe
+    )
 
 
 TRAIN_SPEC = TrainSpec("qwen3", Transformer, FLAVORS, parallelize_qwen3, tp_replicated=_TP_WHOLE)

@@ -79,8 +79,13 @@ def resident_bytes() -> int:
     return 0
 
 
-def memory_budget(cfg: JobConfig, ranks_per_node: int, *, meminfo: str = "/proc/meminfo",
-                  started_rank: bool = False) -> Budget | None:
+def memory_budget(
+    cfg: JobConfig,
+    ranks_per_node: int,
+    *,
+    meminfo: str = "/proc/meminfo",
+    started_rank: bool = False,
+) -> Budget | None:
     """The budget (module docstring); None = no budget or unknown. `started_rank`: this process
     is one of the ranks, so the ranks' own overhead is partly resident already: only what
     exceeds this process's VmRSS is still to come."""
@@ -95,12 +100,17 @@ def memory_budget(cfg: JobConfig, ranks_per_node: int, *, meminfo: str = "/proc/
         if not gpus:
             return None
         total = min(gpus)
-        return Budget(int(total * (1 - CUDA_MARGIN)),
-                      f"CUDA: {total / GIB:,.1f} GiB device memory - {CUDA_MARGIN:.0%} margin")
+        return Budget(
+            int(total * (1 - CUDA_MARGIN)),
+            f"CUDA: {total / GIB:,.1f} GiB device memory - {CUDA_MARGIN:.0%} margin",
+        )
     available = mem_available_bytes(meminfo)
     if available is None:
         return None
     overhead = max(0, CPU_RANK_OVERHEAD_BYTES - (resident_bytes() if started_rank else 0))
     per_rank = available // ranks_per_node - overhead
-    return Budget(max(per_rank, 0), f"CPU: {available / GIB:,.1f} GiB available / {ranks_per_node}"
-                  f" rank{'s' if ranks_per_node > 1 else ''} - {overhead / GIB:.1f} GiB per process")
+    return Budget(
+        max(per_rank, 0),
+        f"CPU: {available / GIB:,.1f} GiB available / {ranks_per_node}"
+        f" rank{'s' if ranks_per_node > 1 else ''} - {overhead / GIB:.1f} GiB per process",
+    )

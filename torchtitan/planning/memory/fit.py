@@ -12,8 +12,7 @@ Gradient accumulation steps are held fixed, so the global batch grows with the l
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
-
+from collections.abc import Callable
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.job_shape import batch_shape
@@ -23,13 +22,21 @@ from torchtitan.units import GIB
 
 # The AC modes a fit and the layout search choose from: (short label, activation_checkpoint
 # overrides), and the same with the labels the fit report prints
-AC_CHOICES = (("none", {"mode": "none"}), ("op", {"mode": "selective", "selective_ac_option": "op"}),
-              ("layer2", {"mode": "selective", "selective_ac_option": "2"}), ("full", {"mode": "full"}))
-AC_MODES = tuple(zip(("none", "op SAC", "layer SAC (every 2nd)", "full"), (v for _, v in AC_CHOICES)))
+AC_CHOICES = (
+    ("none", {"mode": "none"}),
+    ("op", {"mode": "selective", "selective_ac_option": "op"}),
+    ("layer2", {"mode": "selective", "selective_ac_option": "2"}),
+    ("full", {"mode": "full"}),
+)
+AC_MODES = tuple(
+    zip(("none", "op SAC", "layer SAC (every 2nd)", "full"), (v for _, v in AC_CHOICES))
+)
 
 
 def with_values(cfg, section: str, **values):
-    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)})
+    return dataclasses.replace(
+        cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)}
+    )
 
 
 def with_local_batch(cfg, dims, local: int):
@@ -46,18 +53,26 @@ def peak_of(spec, model, dims, cfg, target, args, accepts: Accepts) -> int | Non
     """The largest role peak of a candidate job; None when `accepts` refuses it."""
     if not accepts(cfg):
         return None
-    if getattr(args, "max_seq_len", cfg.training.seq_len) != cfg.training.seq_len:  # RoPE tables follow seq_len
+    if (
+        getattr(args, "max_seq_len", cfg.training.seq_len) != cfg.training.seq_len
+    ):  # RoPE tables follow seq_len
         args = dataclasses.replace(args, max_seq_len=cfg.training.seq_len)
         model = model_on_meta(cfg, args).model
     roles, _ = predict_roles(spec, model, dims, cfg, target, args)
     return max(r.predicted_peak_bytes for r in roles)
 
 
-def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str, accepts: Accepts
-                    ) -> tuple[int, int | None]:
+def largest_fitting(
+    spec, model, dims, cfg, target, args, budget: int, key: str, accepts: Accepts
+) -> tuple[int, int | None]:
     """(largest value of training.<key> whose peak fits `budget`, its peak); (0, None) if none."""
+
     def candidate(v: int):
-        return with_local_batch(cfg, dims, v) if key == "local_batch_size" else with_values(cfg, "training", seq_len=v)
+        return (
+            with_local_batch(cfg, dims, v)
+            if key == "local_batch_size"
+            else with_values(cfg, "training", seq_len=v)
+        )
 
     step = 1 if key == "local_batch_size" else 8
     best, best_peak, v, over = 0, None, step, None
@@ -80,43 +95,86 @@ def largest_fitting(spec, model, dims, cfg, target, args, budget: int, key: str,
     return best, best_peak
 
 
-def fit_report(spec, model, dims, cfg, target, args, budget, key: str, accepts: Accepts) -> tuple[str, dict]:
+def fit_report(
+    spec, model, dims, cfg, target, args, budget, key: str, accepts: Accepts
+) -> tuple[str, dict]:
     """The dry run's `--planning.fit` answer: per AC mode, the largest value that fits."""
     if budget is None:
         return ("fit: no memory budget is known for this job; set --planning.memory_budget_gib", {})
-    lines = [f"largest training.{key} that fits {budget.bytes / GIB:.3f} GiB per rank ({budget.origin}),"
-             + (f" gradient accumulation held at {batch_shape(cfg, dims.dp).accum_steps} step(s), so the global"
-                " batch grows with it:" if key == "local_batch_size" else " same batch:")]
+    lines = [
+        f"largest training.{key} that fits {budget.bytes / GIB:.3f} GiB per rank ({budget.origin}),"
+        + (
+            f" gradient accumulation held at {batch_shape(cfg, dims.dp).accum_steps} step(s), so the global"
+            " batch grows with it:"
+            if key == "local_batch_size"
+            else " same batch:"
+        )
+    ]
     found = {}
     for label, ac in AC_MODES:
         candidate = with_values(cfg, "activation_checkpoint", **ac)
-        value, peak = largest_fitting(spec, model, dims, candidate, target, args, budget.bytes, key, accepts)
+        value, peak = largest_fitting(
+            spec, model, dims, candidate, target, args, budget.bytes, key, accepts
+        )
         found[label] = {"value": value, "predicted_peak_bytes": peak}
-        lines.append(f"  AC {label:<22} {key} {value:>6}" + (f"  (predicted peak {peak / GIB:.3f} GiB)" if peak else
-                                                             "  (nothing fits)"))
-    return "\n".join(lines), {"fit": {"key": key, "budget_bytes": budget.bytes, "by_ac_mode": found}}
+        lines.append(
+            f"  AC {label:<22} {key} {value:>6}"
+            + (f"  (predicted peak {peak / GIB:.3f} GiB)" if peak else "  (nothing fits)")
+        )
+    return "\n".join(lines), {
+        "fit": {"key": key, "budget_bytes": budget.bytes, "by_ac_mode": found}
+    }
 
 
 def suggestions(spec, model, dims, cfg, target, args, budget: int, accepts: Accepts) -> list[str]:
     """Changes that would fit an over-budget job, each with its predicted peak (GiB)."""
     out = []
     ac = cfg.activation_checkpoint
-    for label, values in AC_MODES:
-        if values["mode"] == ac.mode and values.get("selective_ac_option", ac.selective_ac_option) == ac.selective_ac_option:
+    for _label, values in AC_MODES:
+        if (
+            values["mode"] == ac.mode
+            and values.get("selective_ac_option", ac.selective_ac_option) == ac.selective_ac_option
+        ):
             continue
-        peak = peak_of(spec, model, dims, with_values(cfg, "activation_checkpoint", **values), target, args, accepts)
+        peak = peak_of(
+            spec,
+            model,
+            dims,
+            with_values(cfg, "activation_checkpoint", **values),
+            target,
+            args,
+            accepts,
+        )
         if peak is not None and peak <= budget:
             flags = " ".join(f"--activation_checkpoint.{k}={v}" for k, v in values.items())
             out.append(f"{flags} ({peak / GIB:.2f} GiB)")
     if cfg.parallelism.reshard_after_forward != "always" and dims.dp_shard > 1:
-        peak = peak_of(spec, model, dims, with_values(cfg, "parallelism", reshard_after_forward="always"), target, args, accepts)
+        peak = peak_of(
+            spec,
+            model,
+            dims,
+            with_values(cfg, "parallelism", reshard_after_forward="always"),
+            target,
+            args,
+            accepts,
+        )
         if peak is not None and peak <= budget:
             out.append(f"--parallelism.reshard_after_forward=always ({peak / GIB:.2f} GiB)")
     if dims.pp > 1 and cfg.parallelism.pipeline_parallel_microbatch_size > 1:
-        peak = peak_of(spec, model, dims, with_values(cfg, "parallelism", pipeline_parallel_microbatch_size=1), target, args, accepts)
+        peak = peak_of(
+            spec,
+            model,
+            dims,
+            with_values(cfg, "parallelism", pipeline_parallel_microbatch_size=1),
+            target,
+            args,
+            accepts,
+        )
         if peak is not None and peak <= budget:
             out.append(f"--parallelism.pipeline_parallel_microbatch_size=1 ({peak / GIB:.2f} GiB)")
-    local, peak = largest_fitting(spec, model, dims, cfg, target, args, budget, "local_batch_size", accepts)
+    local, peak = largest_fitting(
+        spec, model, dims, cfg, target, args, budget, "local_batch_size", accepts
+    )
     if local and local < cfg.training.local_batch_size:
         out.append(f"--training.local_batch_size={local} ({peak / GIB:.2f} GiB)")
     return out

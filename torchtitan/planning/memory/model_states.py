@@ -42,7 +42,9 @@ def model_shapes(name: str, args) -> ModelShapes:
     """The registered model's shapes (its shapes.py), `args` with vocab_size resolved
     (flavors.model_args)."""
     if not args.vocab_size:
-        raise ValueError(f"{name}: vocab_size 0 (the tokenizer's) must be resolved first (flavors.model_args)")
+        raise ValueError(
+            f"{name}: vocab_size 0 (the tokenizer's) must be resolved first (flavors.model_args)"
+        )
     return model_entry(name).module("shapes").shapes(args)
 
 
@@ -101,8 +103,14 @@ def rank_states(shapes: ModelShapes, d: Degrees, layout: PipelineLayout | None) 
     out = []
     for pp_rank in range(layout.pp):
         ids = tuple(layout.stage_ids(pp_rank))
-        params = [p for s in ids for p in shapes.stage(layout.stages[s], s == 0, s == layout.num_stages - 1)]
-        out.append(RankStates(pp_rank, ids, layout.num_stages, sum(local_numel(p, d) for p in params)))
+        params = [
+            p
+            for s in ids
+            for p in shapes.stage(layout.stages[s], s == 0, s == layout.num_stages - 1)
+        ]
+        out.append(
+            RankStates(pp_rank, ids, layout.num_stages, sum(local_numel(p, d) for p in params))
+        )
     return out
 
 

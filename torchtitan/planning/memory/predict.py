@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 
 from torchtitan.distributed.parallel_dims import MeshDim, ParallelDims
-from torchtitan.planning.simulate import roles as derived_roles
 from torchtitan.planning.simulate import pool as simulation_pool
+from torchtitan.planning.simulate import roles as derived_roles
+from torchtitan.planning.simulate.step import CATEGORIES
 from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time import roles as role_times
 from torchtitan.planning.step_time.rank import RankTimer
-from torchtitan.planning.simulate.step import CATEGORIES
 from torchtitan.training.build import resolve_parts
 from torchtitan.units import GIB
 
@@ -45,10 +45,15 @@ class RolePrediction:
 
     def record(self) -> dict:
         """The plan.json `memory_per_rank_role` entry (a stable format: tools read it)."""
-        return {"role": self.role, "ranks": self.ranks, "stages": self.stage_ids,
-                "predicted_peak_bytes": self.predicted_peak_bytes,
-                "worst_case_peak_bytes": self.worst_case_peak_bytes, "peak_at": self.peak_at,
-                "breakdown": self.breakdown}
+        return {
+            "role": self.role,
+            "ranks": self.ranks,
+            "stages": self.stage_ids,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "worst_case_peak_bytes": self.worst_case_peak_bytes,
+            "peak_at": self.peak_at,
+            "breakdown": self.breakdown,
+        }
 
 
 def ranks_of_pp_rank(dims: ParallelDims, pp_rank: int) -> list[int]:
@@ -70,8 +75,16 @@ class Prediction:
     budget_note: str = ""
 
 
-def predict(spec, model, dims: ParallelDims, cfg, target: str, args, budget: int | None = None,
-            hardware=None) -> Prediction:
+def predict(
+    spec,
+    model,
+    dims: ParallelDims,
+    cfg,
+    target: str,
+    args,
+    budget: int | None = None,
+    hardware=None,
+) -> Prediction:
     """Every role's peak. With reshard_after_forward=auto and a budget some role exceeds,
     the plan frees kept units (reshard_policy) by what the prediction says is over, and
     predicts again, until every role fits or nothing kept is left to free."""
@@ -81,10 +94,21 @@ def predict(spec, model, dims: ParallelDims, cfg, target: str, args, budget: int
     if budget is None or cfg.parallelism.reshard_after_forward != "auto":
         return Prediction(roles, records, free)
     for _ in range(4):
-        over = {r.pp_rank: r.predicted_peak_bytes - budget for r in roles if r.predicted_peak_bytes > budget}
-        kept = {pp: sum(u["param_bytes"] for rec in records if rec["stage"] in _stages(roles, pp)
-                        for u in rec["fsdp_units"] if not u["reshard_after_forward"] and u["name"] != "<root>")
-                for pp in over}
+        over = {
+            r.pp_rank: r.predicted_peak_bytes - budget
+            for r in roles
+            if r.predicted_peak_bytes > budget
+        }
+        kept = {
+            pp: sum(
+                u["param_bytes"]
+                for rec in records
+                if rec["stage"] in _stages(roles, pp)
+                for u in rec["fsdp_units"]
+                if not u["reshard_after_forward"] and u["name"] != "<root>"
+            )
+            for pp in over
+        }
         over = {pp: b for pp, b in over.items() if kept[pp] > 0}
         if not over:
             break
@@ -100,9 +124,19 @@ def _stages(roles: list[RolePrediction], pp_rank: int) -> list[int]:
     return next(r.stage_ids for r in roles if r.pp_rank == pp_rank)
 
 
-def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free: dict[int, int] | None = None,
-                  note: str = "", hardware=None, worst_case: bool = True, timed_as=None
-                  ) -> tuple[list[RolePrediction], list[dict]]:
+def predict_roles(
+    spec,
+    model,
+    dims: ParallelDims,
+    cfg,
+    target: str,
+    args,
+    free: dict[int, int] | None = None,
+    note: str = "",
+    hardware=None,
+    worst_case: bool = True,
+    timed_as=None,
+) -> tuple[list[RolePrediction], list[dict]]:
     """Every role's peak, and the plan.json entries of every stage. What is simulated and
     what is derived from simulations (large jobs, middle pipeline ranks): derived_roles.py.
     With a hardware profile every role also gets its step time (RolePrediction.time).
@@ -114,67 +148,141 @@ def predict_roles(spec, model, dims: ParallelDims, cfg, target: str, args, free:
     free = free or {}
     variants = derived_roles.variants(spec, model, dims, cfg, args, bool(free))
     moe = worst_case and dims.ep > 1 and cfg.planning.memory_skew < dims.ep
-    job = simulation_pool.Job(spec, dims, target, variants, free, note,
-                              timer=RankTimer(hardware) if hardware is not None else None)
-    plans = [derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants]
+    job = simulation_pool.Job(
+        spec,
+        dims,
+        target,
+        variants,
+        free,
+        note,
+        timer=RankTimer(hardware) if hardware is not None else None,
+    )
+    plans = [
+        derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants
+    ]
 
     def tasks(v: int, ranks) -> list[simulation_pool.Task]:
-        return [simulation_pool.Task(v, r, worst) for r in ranks for worst in ((False, True) if moe else (False,))]
+        return [
+            simulation_pool.Task(v, r, worst)
+            for r in ranks
+            for worst in ((False, True) if moe else (False,))
+        ]
 
-    steps = simulation_pool.run(job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)])
+    steps = simulation_pool.run(
+        job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)]
+    )
     per_variant = []
     for v, plan in enumerate(plans):
-        def role(r: int) -> RolePrediction:
+
+        def role(r: int, v: int = v) -> RolePrediction:
             planned = steps[simulation_pool.Task(v, r, False)]
             worst = steps.get(simulation_pool.Task(v, r, True), planned)
-            return RolePrediction(f"pp{r}" if dims.pp > 1 else "all", ranks_of_pp_rank(dims, r), r, planned.stage_ids,
-                                  planned.peak_bytes, max(worst.peak_bytes, planned.peak_bytes), planned.peak_at,
-                                  planned.breakdown)
+            return RolePrediction(
+                f"pp{r}" if dims.pp > 1 else "all",
+                ranks_of_pp_rank(dims, r),
+                r,
+                planned.stage_ids,
+                planned.peak_bytes,
+                max(worst.peak_bytes, planned.peak_bytes),
+                planned.peak_at,
+                planned.breakdown,
+            )
 
         roles = {r: role(r) for r in plan.simulated}
         if plan.derived and not derived_roles.interpolable(roles, plan):
             steps.update(simulation_pool.run(job, tasks(v, plan.derived)))
             roles.update({r: role(r) for r in plan.derived})
         for r in plan.derived:
-            roles.setdefault(r, derived_roles.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r)))
+            roles.setdefault(
+                r, derived_roles.interpolated(roles, plan, r, ranks_of_pp_rank(dims, r))
+            )
         per_variant.append([roles[r] for r in range(dims.pp)])
     if hardware is not None:
-        role_times.add_times(per_variant[0], steps, len(variants), dims, timed_as or cfg, args, model, hardware,
-                             reorder=timed_as is not None, target=target)
+        role_times.add_times(
+            per_variant[0],
+            steps,
+            len(variants),
+            dims,
+            timed_as or cfg,
+            args,
+            model,
+            hardware,
+            reorder=timed_as is not None,
+            target=target,
+        )
     if len(variants) == 1:
         records = []
         for r in range(dims.pp):
             step = steps.get(simulation_pool.Task(0, r, False))
-            records += step.plan_records if step is not None else [
-                p.record() for p in resolve_parts(spec, model, dims, cfg, target, r, free.get(r, 0), note).plans]
+            records += (
+                step.plan_records
+                if step is not None
+                else [
+                    p.record()
+                    for p in resolve_parts(
+                        spec, model, dims, cfg, target, r, free.get(r, 0), note
+                    ).plans
+                ]
+            )
         return per_variant[0], records
     counts = derived_roles.blocks_per_stage(cfg, dims, args)
-    roles = [dataclasses.replace(derived_roles.extrapolated(r1, r2, c), time=r1.time)
-             for r1, r2, c in zip(*per_variant, counts)]
-    records = [plan.record() for r in range(dims.pp)
-               for plan in resolve_parts(spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, target, r).plans]
+    roles = [
+        dataclasses.replace(derived_roles.extrapolated(r1, r2, c), time=r1.time)
+        for r1, r2, c in zip(*per_variant, counts)
+    ]
+    records = [
+        plan.record()
+        for r in range(dims.pp)
+        for plan in resolve_parts(
+            spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, target, r
+        ).plans
+    ]
     return roles, records
 
 
 def role_table(roles: list[RolePrediction], budget: int | None) -> str:
     """The dry run's per-role table (GiB)."""
     shown = [c for c in CATEGORIES if any(r.breakdown.get(c) for r in roles)]
-    short = {"parameters": "params", "optimizer_states": "adamw", "gradients": "grads",
-             "unsharded_parameters": "gathered", "activations": "activ", "logits_and_loss": "logits",
-             "backward_transients": "bwd tmp", "ep_dispatch": "ep a2a", "pipeline_buffers": "pp bufs",
-             "optimizer_transients": "opt tmp", "inputs_and_buffers": "buffers", "checkpoint_staging": "ckpt stage"}
+    short = {
+        "parameters": "params",
+        "optimizer_states": "adamw",
+        "gradients": "grads",
+        "unsharded_parameters": "gathered",
+        "activations": "activ",
+        "logits_and_loss": "logits",
+        "backward_transients": "bwd tmp",
+        "ep_dispatch": "ep a2a",
+        "pipeline_buffers": "pp bufs",
+        "optimizer_transients": "opt tmp",
+        "inputs_and_buffers": "buffers",
+        "checkpoint_staging": "ckpt stage",
+    }
     head = ["role", "ranks", "peak GiB"] + [short[c] for c in shown] + ["worst GiB", "peak at"]
     rows = [head]
     for r in roles:
-        ranks = f"{r.ranks[0]}..{r.ranks[-1]} ({len(r.ranks)})" if len(r.ranks) > 3 else ",".join(map(str, r.ranks))
-        rows.append([r.role, ranks, f"{r.predicted_peak_bytes / GIB:.3f}"]
-                    + [f"{r.breakdown.get(c, 0) / GIB:.3f}" for c in shown]
-                    + [f"{r.worst_case_peak_bytes / GIB:.3f}", r.peak_at])
+        ranks = (
+            f"{r.ranks[0]}..{r.ranks[-1]} ({len(r.ranks)})"
+            if len(r.ranks) > 3
+            else ",".join(map(str, r.ranks))
+        )
+        rows.append(
+            [r.role, ranks, f"{r.predicted_peak_bytes / GIB:.3f}"]
+            + [f"{r.breakdown.get(c, 0) / GIB:.3f}" for c in shown]
+            + [f"{r.worst_case_peak_bytes / GIB:.3f}", r.peak_at]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i in (0, 1, len(head) - 1) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i in (0, 1, len(head) - 1) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     if budget is not None:
         over = [r.role for r in roles if r.predicted_peak_bytes > budget]
-        lines.append(f"budget {budget / GIB:.3f} GiB per rank: " + (f"OVER for {', '.join(over)}" if over else "every role fits"))
+        lines.append(
+            f"budget {budget / GIB:.3f} GiB per rank: "
+            + (f"OVER for {', '.join(over)}" if over else "every role fits")
+        )
     return "\n".join(lines)

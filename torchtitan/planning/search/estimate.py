@@ -40,7 +40,9 @@ RECOMPUTE = {"none": 0.0, "op": 0.02, "layer2": 0.5, "full": 1.0}
 # is recomputed. From the full prediction of Llama3 8B (32 blocks x 8,192 tokens: AC none
 # 94.0 GiB, op SAC 67.0 GiB at one sequence per rank, reshard never).
 SAVED_PER_TOKEN_BLOCK = {"none": 50.0, "op": 23.0, "layer2": 26.0, "full": 2.0}
-MEMORY_BYTES_PER_TOKEN_BLOCK = 40  # x hidden dim: bytes memory-bound ops move per token and block, forward
+MEMORY_BYTES_PER_TOKEN_BLOCK = (
+    40  # x hidden dim: bytes memory-bound ops move per token and block, forward
+)
 
 
 @dataclass(frozen=True)
@@ -66,16 +68,33 @@ def model_facts(shapes, args) -> ModelFacts:
     experts = getattr(args, "n_routed_experts", 0) or 0
     active = (getattr(args, "n_activated_experts", 0) / experts) if experts else 1.0
     head_dim = getattr(args, "head_dim", 0) or (
-        (args.qk_nope_head_dim + args.qk_rope_head_dim + args.v_head_dim) / 2 if hasattr(args, "v_head_dim")
-        else args.dim // args.n_heads)
-    kv = (args.kv_lora_rank + args.qk_rope_head_dim) if hasattr(args, "kv_lora_rank") else \
-        2 * getattr(args, "n_kv_heads", args.n_heads) * head_dim
+        (args.qk_nope_head_dim + args.qk_rope_head_dim + args.v_head_dim) / 2
+        if hasattr(args, "v_head_dim")
+        else args.dim // args.n_heads
+    )
+    kv = (
+        (args.kv_lora_rank + args.qk_rope_head_dim)
+        if hasattr(args, "kv_lora_rank")
+        else 2 * getattr(args, "n_kv_heads", args.n_heads) * head_dim
+    )
     dense = [sum(p.numel for p in b if not p.expert) for b in shapes.blocks]
     expert = [sum(p.numel for p in b if p.expert) for b in shapes.blocks]
     first, last = sum(p.numel for p in shapes.first), sum(p.numel for p in shapes.last)
-    return ModelFacts(args.dim, args.n_layers, args.vocab_size, int(args.n_heads * head_dim), int(kv), dense, expert,
-                      active, getattr(args, "n_activated_experts", 1) if experts else 1,
-                      getattr(args, "moe_inter_dim", 0) if experts else 0, first, last, first + last + sum(dense) + sum(expert))
+    return ModelFacts(
+        args.dim,
+        args.n_layers,
+        args.vocab_size,
+        int(args.n_heads * head_dim),
+        int(kv),
+        dense,
+        expert,
+        active,
+        getattr(args, "n_activated_experts", 1) if experts else 1,
+        getattr(args, "moe_inter_dim", 0) if experts else 0,
+        first,
+        last,
+        first + last + sum(dense) + sum(expert),
+    )
 
 
 @dataclass(frozen=True)
@@ -86,12 +105,20 @@ class Estimate:
     parts: dict
     step_tokens_per_device: float = 0.0
 
-    def rescaled(self, compute: float) -> "Estimate":
+    def rescaled(self, compute: float) -> Estimate:
         """The estimate with its compute (and the bubble, a share of it) times `compute`: the
         search scales it by what the full simulations found (layout_search.py)."""
-        scaled = {k: v * compute if k in ("compute", "bubble") else v for k, v in self.parts.items()}
+        scaled = {
+            k: v * compute if k in ("compute", "bubble") else v for k, v in self.parts.items()
+        }
         step = sum(scaled.values())
-        return Estimate(step, self.step_tokens_per_device / step, self.peak_bytes, scaled, self.step_tokens_per_device)
+        return Estimate(
+            step,
+            self.step_tokens_per_device / step,
+            self.peak_bytes,
+            scaled,
+            self.step_tokens_per_device,
+        )
 
 
 def _link_ranks(size: int, stride: int) -> list[int]:
@@ -100,8 +127,15 @@ def _link_ranks(size: int, stride: int) -> list[int]:
     return [i * stride for i in range(size)]
 
 
-def estimate(layout: Layout, facts: ModelFacts, states_bytes: int, hw: HardwareProfile, seq_len: int,
-             global_batch: int, compiled: bool) -> Estimate:
+def estimate(
+    layout: Layout,
+    facts: ModelFacts,
+    states_bytes: int,
+    hw: HardwareProfile,
+    seq_len: int,
+    global_batch: int,
+    compiled: bool,
+) -> Estimate:
     """The cheap step time and peak of `layout` (module docstring); `states_bytes`: the
     model-states floor of its busiest rank (model_states.py)."""
     L, h = layout, facts.dim
@@ -109,52 +143,82 @@ def estimate(layout: Layout, facts: ModelFacts, states_bytes: int, hw: HardwareP
     accum = global_batch // (L.dp * L.local_batch)
     microbatches = L.local_batch // L.microbatch if L.pp > 1 else 1
     stages_per_rank = 2 if L.schedule == "Interleaved1F1B" else 1
-    tokens_mb = (L.microbatch if L.pp > 1 else L.local_batch) * seq_len // L.cp  # a rank's tokens per (micro)batch
+    tokens_mb = (
+        (L.microbatch if L.pp > 1 else L.local_batch) * seq_len // L.cp
+    )  # a rank's tokens per (micro)batch
     blocks_rank = facts.n_layers / L.pp
     step_tokens = global_batch * seq_len
     # compute (per device, the whole step)
-    active_block = sum(d + e * facts.active_fraction for d, e in zip(facts.dense_per_block, facts.expert_per_block))
+    active_block = sum(
+        d + e * facts.active_fraction for d, e in zip(facts.dense_per_block, facts.expert_per_block)
+    )
     gemm_flops = 6.0 * (active_block + facts.head_elements) * step_tokens / world
     attn_flops = 6.0 * facts.n_layers * facts.heads_x_head_dim * seq_len / 2 * step_tokens / world
     recompute = RECOMPUTE[L.ac] / 3.0
-    size = 2.0 * tokens_mb * h * h / L.tp  # a typical matmul's FLOPs (tokens x hidden^2, split by TP)
+    size = (
+        2.0 * tokens_mb * h * h / L.tp
+    )  # a typical matmul's FLOPs (tokens x hidden^2, split by TP)
     eff = hw.gemm_efficiency * size / (size + hw.gemm_half_gflop * 1e9)
     peak = hw.peak_flops("bfloat16")
-    compute = gemm_flops / (peak * eff) + attn_flops / (peak * hw.attention_eff(facts.heads_x_head_dim))
+    compute = gemm_flops / (peak * eff) + attn_flops / (
+        peak * hw.attention_eff(facts.heads_x_head_dim)
+    )
     mem_bytes = 3 * MEMORY_BYTES_PER_TOKEN_BLOCK * h * facts.n_layers * step_tokens / world
-    compute += mem_bytes * (hw.compiled_memory_fraction if compiled else 1.0) / (hw.hbm_gbps * 1e9 * hw.memory_efficiency)
+    compute += (
+        mem_bytes
+        * (hw.compiled_memory_fraction if compiled else 1.0)
+        / (hw.hbm_gbps * 1e9 * hw.memory_efficiency)
+    )
     compute *= 1.0 + recompute
     # TP, CP, EP: on the critical path, per block and microbatch
     passes = accum * (microbatches if L.pp > 1 else 1) * blocks_rank
     comm = {}
     if L.tp > 1:
         act = 2 * tokens_mb * h  # bf16 activations of a microbatch
-        per = 2 * (collective_seconds("all_gather", act, _link_ranks(L.tp, 1), hw)
-                   + collective_seconds("reduce_scatter", act, _link_ranks(L.tp, 1), hw))
+        per = 2 * (
+            collective_seconds("all_gather", act, _link_ranks(L.tp, 1), hw)
+            + collective_seconds("reduce_scatter", act, _link_ranks(L.tp, 1), hw)
+        )
         comm["tp"] = passes * per * (2 + RECOMPUTE[L.ac])
     if L.cp > 1:
         kv = 2 * tokens_mb * L.cp * facts.kv_width / L.tp
         comm["cp"] = passes * 2 * collective_seconds("all_gather", kv, _link_ranks(L.cp, L.tp), hw)
     if L.ep > 1:
         moe_blocks = sum(1 for e in facts.expert_per_block if e) / L.pp
-        a2a = 2 * tokens_mb / L.tp * h * facts.top_k  # bf16 token copies a rank sends (and receives)
+        a2a = (
+            2 * tokens_mb / L.tp * h * facts.top_k
+        )  # bf16 token copies a rank sends (and receives)
         per = collective_seconds("all_to_all", a2a, _link_ranks(L.ep, 1), hw)
-        comm["ep"] = accum * (microbatches if L.pp > 1 else 1) * moe_blocks * per * (4 + 2 * RECOMPUTE[L.ac])
+        comm["ep"] = (
+            accum * (microbatches if L.pp > 1 else 1) * moe_blocks * per * (4 + 2 * RECOMPUTE[L.ac])
+        )
     # FSDP / HSDP: overlapped with compute
-    dense_rank = (sum(facts.dense_per_block) / L.pp + (facts.embed_elements + facts.head_elements) / L.pp) / L.tp
+    dense_rank = (
+        sum(facts.dense_per_block) / L.pp + (facts.embed_elements + facts.head_elements) / L.pp
+    ) / L.tp
     expert_rank = sum(facts.expert_per_block) / L.pp / max(L.ep, 1)
     shard = L.dp_shard * L.cp
     fsdp = 0.0
     if shard > 1:
-        gathers = 1 if (L.pp > 1 and L.reshard != "always") else (2 * accum * (microbatches if L.pp > 1 else 1)
-                                                                 if L.reshard != "never" else accum)
+        gathers = (
+            1
+            if (L.pp > 1 and L.reshard != "always")
+            else (2 * accum * (microbatches if L.pp > 1 else 1) if L.reshard != "never" else accum)
+        )
         reductions = 1 if L.pp > 1 else accum
         group = _link_ranks(shard, L.tp)
-        fsdp = (gathers * collective_seconds("all_gather", 2 * (dense_rank + expert_rank), group, hw)
-                + reductions * collective_seconds("reduce_scatter", 4 * (dense_rank + expert_rank), group, hw))
+        fsdp = gathers * collective_seconds(
+            "all_gather", 2 * (dense_rank + expert_rank), group, hw
+        ) + reductions * collective_seconds(
+            "reduce_scatter", 4 * (dense_rank + expert_rank), group, hw
+        )
     if L.dp_replicate > 1:
-        fsdp += collective_seconds("all_reduce", 4 * (dense_rank + expert_rank) / shard,
-                                   _link_ranks(L.dp_replicate, shard * L.tp), hw)
+        fsdp += collective_seconds(
+            "all_reduce",
+            4 * (dense_rank + expert_rank) / shard,
+            _link_ranks(L.dp_replicate, shard * L.tp),
+            hw,
+        )
     first_gather = fsdp / max(1, blocks_rank) / 2
     comm["fsdp"] = max(0.0, fsdp - compute) + first_gather
     # pipeline
@@ -162,14 +226,27 @@ def estimate(layout: Layout, facts: ModelFacts, states_bytes: int, hw: HardwareP
     if L.pp > 1:
         bubble = compute * (L.pp - 1) / (microbatches * stages_per_rank)
         p2p = 2 * tokens_mb * h / L.tp
-        comm["pp"] = accum * microbatches * stages_per_rank * 2 * collective_seconds("send", p2p, [0, L.tp * L.cp * L.dp], hw)
+        comm["pp"] = (
+            accum
+            * microbatches
+            * stages_per_rank
+            * 2
+            * collective_seconds("send", p2p, [0, L.tp * L.cp * L.dp], hw)
+        )
     optimizer = 3 * 16 * states_bytes / 16 / (hw.hbm_gbps * 1e9 * hw.memory_efficiency)
     step = compute + bubble + sum(comm.values()) + optimizer
     # memory
     moe_extra = 0.0  # a routed block also saves its token copies in and out and the experts' inputs
     if facts.top_k > 1:
-        moe_extra = facts.top_k * (4 * h + 6 * facts.moe_inter) * sum(1 for e in facts.expert_per_block if e) / facts.n_layers
-    saved = SAVED_PER_TOKEN_BLOCK[L.ac] * h + (moe_extra if L.ac == "none" else moe_extra / 2 if L.ac != "full" else 0)
+        moe_extra = (
+            facts.top_k
+            * (4 * h + 6 * facts.moe_inter)
+            * sum(1 for e in facts.expert_per_block if e)
+            / facts.n_layers
+        )
+    saved = SAVED_PER_TOKEN_BLOCK[L.ac] * h + (
+        moe_extra if L.ac == "none" else moe_extra / 2 if L.ac != "full" else 0
+    )
     transient = SAVED_PER_TOKEN_BLOCK["none"] * h + moe_extra if L.ac in ("full", "layer2") else 0
     in_flight = min(microbatches, L.pp) * (1.5 if stages_per_rank > 1 else 1.0) if L.pp > 1 else 1
     activations = (saved * blocks_rank * in_flight + transient) * tokens_mb / L.tp
@@ -180,5 +257,10 @@ def estimate(layout: Layout, facts: ModelFacts, states_bytes: int, hw: HardwareP
         gathered = 6 * 2 * unsharded / max(blocks_rank, 1)
     logits = 10 * tokens_mb * facts.vocab / L.tp
     peak_bytes = states_bytes + activations + gathered + logits
-    parts = {"compute": compute, "bubble": bubble, "optimizer": optimizer, **{f"comm_{k}": v for k, v in comm.items()}}
+    parts = {
+        "compute": compute,
+        "bubble": bubble,
+        "optimizer": optimizer,
+        **{f"comm_{k}": v for k, v in comm.items()},
+    }
     return Estimate(step, step_tokens / step / world, peak_bytes, parts, step_tokens / world)

@@ -17,36 +17,62 @@ def nearby_choices(cfg, dims) -> list[tuple[str, JobConfig]]:
     compile switched."""
     out = []
     ac = cfg.activation_checkpoint
-    here = next((i for i, (_, v) in enumerate(AC_MODES) if v["mode"] == ac.mode
-                 and v.get("selective_ac_option", ac.selective_ac_option) == ac.selective_ac_option), None)
+    here = next(
+        (
+            i
+            for i, (_, v) in enumerate(AC_MODES)
+            if v["mode"] == ac.mode
+            and v.get("selective_ac_option", ac.selective_ac_option) == ac.selective_ac_option
+        ),
+        None,
+    )
     for j in (here - 1, here + 1) if here is not None else ():
         if 0 <= j < len(AC_MODES):
             values = AC_MODES[j][1]
-            out.append((" ".join(f"--activation_checkpoint.{k}={v}" for k, v in values.items()),
-                        with_values(cfg, "activation_checkpoint", **values)))
+            out.append(
+                (
+                    " ".join(f"--activation_checkpoint.{k}={v}" for k, v in values.items()),
+                    with_values(cfg, "activation_checkpoint", **values),
+                )
+            )
     if dims.dp_shard > 1:
         for policy in ("never", "always"):
             if cfg.parallelism.reshard_after_forward != policy:
-                out.append((f"--parallelism.reshard_after_forward={policy}",
-                            with_values(cfg, "parallelism", reshard_after_forward=policy)))
+                out.append(
+                    (
+                        f"--parallelism.reshard_after_forward={policy}",
+                        with_values(cfg, "parallelism", reshard_after_forward=policy),
+                    )
+                )
     if dims.pp > 1:
         mbs = cfg.parallelism.pipeline_parallel_microbatch_size
         for delta in (1, -1):
             local = cfg.training.local_batch_size + delta * mbs
             if local >= mbs:
-                out.append((f"--training.local_batch_size={local}", with_local_batch(cfg, dims, local)))
-    out.append((f"--compile.enable={str(not cfg.compile.enable).lower()}", with_values(cfg, "compile", enable=not cfg.compile.enable)))
+                out.append(
+                    (f"--training.local_batch_size={local}", with_local_batch(cfg, dims, local))
+                )
+    out.append(
+        (
+            f"--compile.enable={str(not cfg.compile.enable).lower()}",
+            with_values(cfg, "compile", enable=not cfg.compile.enable),
+        )
+    )
     return out
 
 
-def nearby_report(spec, model, dims, cfg, target, args, accepts: Accepts, hardware, roles) -> tuple[str, list[dict]]:
+def nearby_report(
+    spec, model, dims, cfg, target, args, accepts: Accepts, hardware, roles
+) -> tuple[str, list[dict]]:
     """The dry run's table of the nearby choices: each predicted like the job (one more
     simulation each), beside the job's own step time and peak. Nothing about the job changes."""
     step = max(r.time.predicted_step_seconds for r in roles)
     tps = min(r.time.tokens_per_second_per_device for r in roles)
     peak = max(r.predicted_peak_bytes for r in roles)
-    lines = [f"nearby choices (each predicted as the job; the job as configured: step {step:.3f}s,"
-             f" {tps:,.0f} tok/s/dev, peak {peak / GIB:.2f} GiB):"]
+    lines = [
+        f"nearby choices (each predicted as the job; the job as configured: step {step:.3f}s,"
+        f" {tps:,.0f} tok/s/dev, peak {peak / GIB:.2f} GiB):"
+    ]
     records = []
     for change, candidate in nearby_choices(cfg, dims):
         if not accepts(candidate):
@@ -56,8 +82,16 @@ def nearby_report(spec, model, dims, cfg, target, args, accepts: Accepts, hardwa
         c_step = max(r.time.predicted_step_seconds for r in got)
         c_tps = min(r.time.tokens_per_second_per_device for r in got)
         c_peak = max(r.predicted_peak_bytes for r in got)
-        records.append({"change": change, "predicted_step_seconds": c_step, "tokens_per_second_per_device": c_tps,
-                        "predicted_peak_bytes": c_peak})
-        lines.append(f"  {change:<70} step {c_step:.3f}s ({100 * (c_step - step) / step:+.1f}%),"
-                     f" {c_tps:,.0f} tok/s/dev ({100 * (c_tps - tps) / tps:+.1f}%), peak {c_peak / GIB:.2f} GiB")
+        records.append(
+            {
+                "change": change,
+                "predicted_step_seconds": c_step,
+                "tokens_per_second_per_device": c_tps,
+                "predicted_peak_bytes": c_peak,
+            }
+        )
+        lines.append(
+            f"  {change:<70} step {c_step:.3f}s ({100 * (c_step - step) / step:+.1f}%),"
+            f" {c_tps:,.0f} tok/s/dev ({100 * (c_tps - tps) / tps:+.1f}%), peak {c_peak / GIB:.2f} GiB"
+        )
     return "\n".join(lines), records

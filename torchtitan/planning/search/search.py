@@ -60,7 +60,9 @@ class Candidate:
     cheap_rank: int  # 1-based place in the cheap order (0: the layout as configured, not in it)
     states_bytes: int
     configured: bool = False  # the layout the job was configured with
-    tokens_per_second: float | None = None  # full prediction: the slowest role's tokens/s per device
+    tokens_per_second: float | None = (
+        None  # full prediction: the slowest role's tokens/s per device
+    )
     step_seconds: float | None = None
     mfu: float | None = None
     peak_bytes: int | None = None
@@ -68,11 +70,18 @@ class Candidate:
     scaled: cheap_step.Estimate | None = None  # the cheap estimate rescaled by the full simulations
 
     def record(self, global_batch: int) -> dict:
-        return {"layout": self.layout.short(), "overrides": self.layout.overrides(global_batch),
-                "configured": self.configured, "cheap_rank": self.cheap_rank,
-                "cheap_tokens_per_second_per_device": self.cheap.tokens_per_second_per_device,
-                "tokens_per_second_per_device": self.tokens_per_second, "predicted_step_seconds": self.step_seconds,
-                "mfu": self.mfu, "predicted_peak_bytes": self.peak_bytes, "breakdown": self.breakdown}
+        return {
+            "layout": self.layout.short(),
+            "overrides": self.layout.overrides(global_batch),
+            "configured": self.configured,
+            "cheap_rank": self.cheap_rank,
+            "cheap_tokens_per_second_per_device": self.cheap.tokens_per_second_per_device,
+            "tokens_per_second_per_device": self.tokens_per_second,
+            "predicted_step_seconds": self.step_seconds,
+            "mfu": self.mfu,
+            "predicted_peak_bytes": self.peak_bytes,
+            "breakdown": self.breakdown,
+        }
 
 
 @dataclass
@@ -85,7 +94,9 @@ class SearchResult:
     ranked: list[Candidate]  # simulated, fitting, fastest first
     budget_bytes: int
     seconds: dict
-    disagreement: float | None  # fraction of simulated pairs the cheap order gets the wrong way round
+    disagreement: (
+        float | None
+    )  # fraction of simulated pairs the cheap order gets the wrong way round
     stopped: bool = False  # the full stage ran out of planning.layout_seconds
 
 
@@ -94,8 +105,16 @@ def _states(cfg, world, args, shapes, layout: Layout, global_batch: int, cache: 
     from torchtitan.distributed.pipeline_layout import PipelineLayoutError, pipeline_layout
     from torchtitan.planning.memory import model_states
 
-    key = (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.cp, layout.ep, layout.schedule,
-           layout.split_points)
+    key = (
+        layout.dp_replicate,
+        layout.dp_shard,
+        layout.tp,
+        layout.pp,
+        layout.cp,
+        layout.ep,
+        layout.schedule,
+        layout.split_points,
+    )
     if key not in cache:
         c = layout_space.apply(cfg, layout, global_batch)
         try:
@@ -109,7 +128,9 @@ def _states(cfg, world, args, shapes, layout: Layout, global_batch: int, cache: 
     return cache[key]
 
 
-def cheap_order(cfg, world: int, args, hw, budget: int) -> tuple[list[Candidate], int, int, int, int]:
+def cheap_order(
+    cfg, world: int, args, hw, budget: int
+) -> tuple[list[Candidate], int, int, int, int]:
     """Stages 1-3: (candidates best first, enumerated, after the states floor, after the cheap
     memory estimate, global batch)."""
     from torchtitan.distributed.job_shape import batch_shape, degrees
@@ -118,8 +139,14 @@ def cheap_order(cfg, world: int, args, hw, budget: int) -> tuple[list[Candidate]
     global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
     shapes = model_shapes(cfg.model.name, args)
     facts = cheap_step.model_facts(shapes, args)
-    layouts = layout_space.enumerate_layouts(world, hw.gpus_per_node, global_batch, cfg.training.seq_len,
-                                             args.n_layers, getattr(args, "n_routed_experts", 0) or 0)
+    layouts = layout_space.enumerate_layouts(
+        world,
+        hw.gpus_per_node,
+        global_batch,
+        cfg.training.seq_len,
+        args.n_layers,
+        getattr(args, "n_routed_experts", 0) or 0,
+    )
     cache: dict = {}
     fitting, kept = 0, []
     for lay in layouts:
@@ -127,11 +154,15 @@ def cheap_order(cfg, world: int, args, hw, budget: int) -> tuple[list[Candidate]
         if states is None or states > budget:
             continue
         fitting += 1
-        est = cheap_step.estimate(lay, facts, states, hw, cfg.training.seq_len, global_batch, cfg.compile.enable)
+        est = cheap_step.estimate(
+            lay, facts, states, hw, cfg.training.seq_len, global_batch, cfg.compile.enable
+        )
         if est.peak_bytes <= CHEAP_MEMORY_SLACK * budget:
             kept.append((est, lay, states))
     kept.sort(key=lambda t: -t[0].tokens_per_second_per_device)
-    cands = [Candidate(lay, est, i + 1, states, scaled=est) for i, (est, lay, states) in enumerate(kept)]
+    cands = [
+        Candidate(lay, est, i + 1, states, scaled=est) for i, (est, lay, states) in enumerate(kept)
+    ]
     return cands, len(layouts), fitting, len(kept), global_batch
 
 
@@ -161,14 +192,30 @@ def _full(spec, model, cfg, world, target, args, hw, cand: Candidate, global_bat
 
     def predicted() -> tuple:
         with fake_world(sim, world) as dims:
-            roles, _ = predict_roles(spec, model, dims, sim, target, args, hardware=hw, worst_case=False,
-                                     timed_as=timed_as)
+            roles, _ = predict_roles(
+                spec,
+                model,
+                dims,
+                sim,
+                target,
+                args,
+                hardware=hw,
+                worst_case=False,
+                timed_as=timed_as,
+            )
         slowest = min(roles, key=lambda r: r.time.tokens_per_second_per_device)
         t = slowest.time
-        return (t.tokens_per_second_per_device, t.predicted_step_seconds, t.mfu,
-                max(r.predicted_peak_bytes for r in roles), t.breakdown)
+        return (
+            t.tokens_per_second_per_device,
+            t.predicted_step_seconds,
+            t.mfu,
+            max(r.predicted_peak_bytes for r in roles),
+            t.breakdown,
+        )
 
-    (cand.tokens_per_second, cand.step_seconds, cand.mfu, cand.peak_bytes, cand.breakdown) = _in_child(predicted)
+    (cand.tokens_per_second, cand.step_seconds, cand.mfu, cand.peak_bytes, cand.breakdown) = (
+        _in_child(predicted)
+    )
 
 
 def _in_child(fn):
@@ -196,7 +243,10 @@ def _in_child(fn):
     try:
         status, value = receive.recv()
     except EOFError:
-        status, value = "error", f"the simulation process died (exit code {proc.join() or proc.exitcode})"
+        status, value = (
+            "error",
+            f"the simulation process died (exit code {proc.join() or proc.exitcode})",
+        )
     proc.join()
     if status != "ok":
         raise RuntimeError(f"layout search: a full simulation failed: {value}")
@@ -210,13 +260,31 @@ def disagreement(cands: list[Candidate]) -> float | None:
     pairs = list(itertools.combinations(done, 2))
     if not pairs:
         return None
-    wrong = sum(1 for a, b in pairs if (a.scaled.tokens_per_second_per_device - b.scaled.tokens_per_second_per_device)
-                * (a.tokens_per_second - b.tokens_per_second) < 0)
+    wrong = sum(
+        1
+        for a, b in pairs
+        if (a.scaled.tokens_per_second_per_device - b.scaled.tokens_per_second_per_device)
+        * (a.tokens_per_second - b.tokens_per_second)
+        < 0
+    )
     return wrong / len(pairs)
 
 
-def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, accepts, n_full: int,
-           configured: Layout | None = None, log=print, max_seconds: float = float("inf")) -> SearchResult:
+def search(
+    spec,
+    model,
+    cfg,
+    world: int,
+    target: str,
+    args,
+    hw,
+    budget: int,
+    accepts,
+    n_full: int,
+    configured: Layout | None = None,
+    log=print,
+    max_seconds: float = float("inf"),
+) -> SearchResult:
     """Stages 1-5 (module docstring)."""
     t0 = time.perf_counter()
     cands, n_enum, n_states, n_cheap, global_batch = cheap_order(cfg, world, args, hw, budget)
@@ -229,8 +297,15 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
 
             shapes = model_shapes(cfg.model.name, args)
             states = _states(cfg, world, args, shapes, configured, global_batch, {}) or 0
-            est = cheap_step.estimate(configured, cheap_step.model_facts(shapes, args), states, hw,
-                                      cfg.training.seq_len, global_batch, cfg.compile.enable)
+            est = cheap_step.estimate(
+                configured,
+                cheap_step.model_facts(shapes, args),
+                states,
+                hw,
+                cfg.training.seq_len,
+                global_batch,
+                cfg.compile.enable,
+            )
             mine = Candidate(configured, est, 0, states)
         mine.configured = True
     pool, checked, check_s = list(cands), 0, 0.0
@@ -240,11 +315,16 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
         start = time.perf_counter()
         _full(spec, model, cfg, world, target, args, hw, mine, global_batch)
         longest = time.perf_counter() - start
-        log(f"  [as configured] {mine.layout.short()}: {mine.tokens_per_second:,.0f} tok/s/dev,"
-            f" peak {mine.peak_bytes / GIB:.2f} GiB ({longest:.1f}s)", flush=True)
+        log(
+            f"  [as configured] {mine.layout.short()}: {mine.tokens_per_second:,.0f} tok/s/dev,"
+            f" peak {mine.peak_bytes / GIB:.2f} GiB ({longest:.1f}s)",
+            flush=True,
+        )
         chosen.append(mine)
     while len([c for c in chosen if not c.configured]) < n_full and pool:
-        if time.perf_counter() - t1 + longest > max_seconds:  # the next might take the longest so far
+        if (
+            time.perf_counter() - t1 + longest > max_seconds
+        ):  # the next might take the longest so far
             stopped = True
             break
         cand = pool.pop(0)
@@ -257,7 +337,11 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
         if not ok:
             continue
         start = time.perf_counter()
-        log(f"  [{len(chosen) + 1}] cheap #{cand.cheap_rank} {cand.layout.short()}: ", end="", flush=True)
+        log(
+            f"  [{len(chosen) + 1}] cheap #{cand.cheap_rank} {cand.layout.short()}: ",
+            end="",
+            flush=True,
+        )
         try:
             _full(spec, model, cfg, world, target, args, hw, cand, global_batch)
         except RuntimeError as e:  # one layout's simulation failing does not end the search
@@ -266,30 +350,56 @@ def search(spec, model, cfg, world: int, target: str, args, hw, budget: int, acc
             continue
         chosen.append(cand)
         longest = max(longest, time.perf_counter() - start)
-        log(f"{cand.tokens_per_second:,.0f} tok/s/dev, peak {cand.peak_bytes / GIB:.2f} GiB"
-            f" ({time.perf_counter() - start:.1f}s)", flush=True)
+        log(
+            f"{cand.tokens_per_second:,.0f} tok/s/dev, peak {cand.peak_bytes / GIB:.2f} GiB"
+            f" ({time.perf_counter() - start:.1f}s)",
+            flush=True,
+        )
         # what the full simulations found rescales the rest: compute (the cheap model leaves
         # out eager overheads and small-op costs) and memory, by the median ratio so far
         time_scale = _median([_full_compute(c) / c.cheap.parts["compute"] for c in chosen])
         memory_scale = _median([c.peak_bytes / c.cheap.peak_bytes for c in chosen])
-        by_degrees = collections.defaultdict(list)  # the memory ratio of layouts of the same degrees, where known
+        by_degrees = collections.defaultdict(
+            list
+        )  # the memory ratio of layouts of the same degrees, where known
         for c in chosen:
             by_degrees[_degrees(c.layout)].append(c.peak_bytes / c.cheap.peak_bytes)
         for c in pool:
             c.scaled = c.cheap.rescaled(time_scale)
-        pool = [c for c in pool
-                if c.cheap.peak_bytes * _median(by_degrees.get(_degrees(c.layout)) or [memory_scale]) <= budget]
+        pool = [
+            c
+            for c in pool
+            if c.cheap.peak_bytes * _median(by_degrees.get(_degrees(c.layout)) or [memory_scale])
+            <= budget
+        ]
         # spread the simulations over the degrees: each earlier simulation of a layout's
         # degrees counts its cheap tokens/s DIVERSITY_PENALTY less (the cheap estimate is
         # surest between layouts of one set of degrees)
         seen = collections.Counter(_degrees(c.layout) for c in chosen)
-        pool.sort(key=lambda c: -c.scaled.tokens_per_second_per_device * (1 - DIVERSITY_PENALTY) ** seen[_degrees(c.layout)])
+        pool.sort(
+            key=lambda c: (
+                -c.scaled.tokens_per_second_per_device
+                * (1 - DIVERSITY_PENALTY) ** seen[_degrees(c.layout)]
+            )
+        )
     for c in chosen:
         c.scaled = c.cheap.rescaled(time_scale)
     t2 = time.perf_counter()
-    ranked = sorted((c for c in chosen if c.peak_bytes <= budget), key=lambda c: -c.tokens_per_second)
-    return SearchResult(n_enum, n_states, n_cheap, checked, chosen, ranked, budget,
-                        {"cheap": t1 - t0, "checks": check_s, "full": t2 - t1 - check_s}, disagreement(chosen), stopped)
+    ranked = sorted(
+        (c for c in chosen if c.peak_bytes <= budget), key=lambda c: -c.tokens_per_second
+    )
+    return SearchResult(
+        n_enum,
+        n_states,
+        n_cheap,
+        checked,
+        chosen,
+        ranked,
+        budget,
+        {"cheap": t1 - t0, "checks": check_s, "full": t2 - t1 - check_s},
+        disagreement(chosen),
+        stopped,
+    )
 
 
 def _degrees(lay: Layout) -> tuple:
@@ -314,32 +424,50 @@ def _same(a: Layout, b: Layout) -> bool:
 def report(result: SearchResult, global_batch: int, top: int = 10) -> str:
     """The dry run's answer: the top layouts with their exact overrides."""
     r = result
-    lines = [f"layout search: {r.enumerated:,} layouts enumerated, {r.after_states:,} within the model-states floor,"
-             f" {r.after_cheap_memory:,} within the cheap memory estimate (x{CHEAP_MEMORY_SLACK} of the budget),"
-             f" {r.checked} checked to take {len(r.simulated)} to full simulation"
-             f" ({r.seconds['cheap']:.1f}s enumerate + cheap, {r.seconds['full']:.1f}s full"
-             + (", stopped at planning.layout_seconds" if r.stopped else "") + ");"
-             f" budget {r.budget_bytes / GIB:.2f} GiB per rank"]
+    lines = [
+        f"layout search: {r.enumerated:,} layouts enumerated, {r.after_states:,} within the model-states floor,"
+        f" {r.after_cheap_memory:,} within the cheap memory estimate (x{CHEAP_MEMORY_SLACK} of the budget),"
+        f" {r.checked} checked to take {len(r.simulated)} to full simulation"
+        f" ({r.seconds['cheap']:.1f}s enumerate + cheap, {r.seconds['full']:.1f}s full"
+        + (", stopped at planning.layout_seconds" if r.stopped else "")
+        + ");"
+        f" budget {r.budget_bytes / GIB:.2f} GiB per rank"
+    ]
     if r.disagreement is not None:
         winner = r.ranked[0].cheap_rank if r.ranked else None
-        lines.append(f"cheap vs full order: {r.disagreement:.0%} of simulated pairs ordered differently;"
-                     f" the full winner was #{winner} in the cheap order")
+        lines.append(
+            f"cheap vs full order: {r.disagreement:.0%} of simulated pairs ordered differently;"
+            f" the full winner was #{winner} in the cheap order"
+        )
     over = [c for c in r.simulated if c.peak_bytes > r.budget_bytes]
     if over:
-        lines.append(f"{len(over)} simulated layout(s) over budget (the cheap estimate let them through)")
+        lines.append(
+            f"{len(over)} simulated layout(s) over budget (the cheap estimate let them through)"
+        )
     lines.append("")
-    lines.append(f"{'#':>3}  {'tok/s/dev':>9}  {'MFU':>6}  {'peak GiB':>8}  {'step s':>7}  cheap#  layout")
+    lines.append(
+        f"{'#':>3}  {'tok/s/dev':>9}  {'MFU':>6}  {'peak GiB':>8}  {'step s':>7}  cheap#  layout"
+    )
     for i, c in enumerate(r.ranked[:top]):
         mark = "  (as configured)" if c.configured else ""
-        lines.append(f"{i + 1:>3}  {c.tokens_per_second:>9,.0f}  {(c.mfu or 0):>6.1%}  {c.peak_bytes / GIB:>8.2f}"
-                     f"  {c.step_seconds:>7.3f}  {c.cheap_rank or '-':>6}  {c.layout.short()}{mark}")
+        lines.append(
+            f"{i + 1:>3}  {c.tokens_per_second:>9,.0f}  {(c.mfu or 0):>6.1%}  {c.peak_bytes / GIB:>8.2f}"
+            f"  {c.step_seconds:>7.3f}  {c.cheap_rank or '-':>6}  {c.layout.short()}{mark}"
+        )
     mine = next((c for c in r.simulated if c.configured), None)
     if mine is not None and mine not in r.ranked[:top]:
-        place = (f"#{r.ranked.index(mine) + 1} of {len(r.ranked)}" if mine in r.ranked
-                 else f"over budget ({mine.peak_bytes / GIB:.2f} GiB)")
-        lines.append(f"  the layout as configured: {place}, {mine.tokens_per_second:,.0f} tok/s/dev, {mine.layout.short()}")
+        place = (
+            f"#{r.ranked.index(mine) + 1} of {len(r.ranked)}"
+            if mine in r.ranked
+            else f"over budget ({mine.peak_bytes / GIB:.2f} GiB)"
+        )
+        lines.append(
+            f"  the layout as configured: {place}, {mine.tokens_per_second:,.0f} tok/s/dev, {mine.layout.short()}"
+        )
     if r.ranked:
-        lines.append("\nbest layout's overrides:\n  " + " ".join(r.ranked[0].layout.overrides(global_batch)))
+        lines.append(
+            "\nbest layout's overrides:\n  " + " ".join(r.ranked[0].layout.overrides(global_batch))
+        )
     return "\n".join(lines)
 
 

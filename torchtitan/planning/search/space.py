@@ -62,41 +62,59 @@ class Layout:
     def overrides(self, global_batch: int) -> list[str]:
         """The exact command-line overrides that set this layout."""
         ac = dict(AC_CHOICES)[self.ac]
-        out = [f"--parallelism.data_parallel_replicate_degree={self.dp_replicate}",
-               f"--parallelism.data_parallel_shard_degree={self.dp_shard}",
-               f"--parallelism.tensor_parallel_degree={self.tp}",
-               f"--parallelism.pipeline_parallel_degree={self.pp}",
-               f"--parallelism.context_parallel_degree={self.cp}",
-               f"--parallelism.expert_parallel_degree={self.ep}"]
+        out = [
+            f"--parallelism.data_parallel_replicate_degree={self.dp_replicate}",
+            f"--parallelism.data_parallel_shard_degree={self.dp_shard}",
+            f"--parallelism.tensor_parallel_degree={self.tp}",
+            f"--parallelism.pipeline_parallel_degree={self.pp}",
+            f"--parallelism.context_parallel_degree={self.cp}",
+            f"--parallelism.expert_parallel_degree={self.ep}",
+        ]
         if self.pp > 1:
-            out += [f"--parallelism.pipeline_parallel_schedule={self.schedule}",
-                    f"--parallelism.pipeline_parallel_microbatch_size={self.microbatch}",
-                    "--parallelism.pipeline_parallel_layers_per_stage=auto",
-                    f"--parallelism.pipeline_parallel_split_points={','.join(self.split_points)}"]
+            out += [
+                f"--parallelism.pipeline_parallel_schedule={self.schedule}",
+                f"--parallelism.pipeline_parallel_microbatch_size={self.microbatch}",
+                "--parallelism.pipeline_parallel_layers_per_stage=auto",
+                f"--parallelism.pipeline_parallel_split_points={','.join(self.split_points)}",
+            ]
         out += [f"--activation_checkpoint.{k}={v}" for k, v in ac.items()]
-        out += [f"--parallelism.reshard_after_forward={self.reshard}",
-                f"--training.local_batch_size={self.local_batch}", f"--training.global_batch_size={global_batch}"]
+        out += [
+            f"--parallelism.reshard_after_forward={self.reshard}",
+            f"--training.local_batch_size={self.local_batch}",
+            f"--training.global_batch_size={global_batch}",
+        ]
         return out
 
     def short(self) -> str:
         """'dp 2x4 tp 8 pp 4 (1F1B, mb 1) cp 1 ep 1 | AC full | reshard auto | local 2'."""
         pp = f"pp {self.pp} ({self.schedule}, mb {self.microbatch})" if self.pp > 1 else "pp 1"
         ep = f" ep {self.ep}" if self.ep > 1 else ""
-        return (f"dp {self.dp_replicate}x{self.dp_shard} tp {self.tp} {pp} cp {self.cp}{ep} | AC {self.ac}"
-                f" | reshard {self.reshard} | local {self.local_batch}")
+        return (
+            f"dp {self.dp_replicate}x{self.dp_shard} tp {self.tp} {pp} cp {self.cp}{ep} | AC {self.ac}"
+            f" | reshard {self.reshard} | local {self.local_batch}"
+        )
 
 
 def apply(cfg, layout: Layout, global_batch: int):
     """`cfg` with `layout`'s choices (a JobConfig; nothing else changes)."""
     p = dataclasses.replace(
-        cfg.parallelism, data_parallel_replicate_degree=layout.dp_replicate,
-        data_parallel_shard_degree=layout.dp_shard, tensor_parallel_degree=layout.tp,
-        pipeline_parallel_degree=layout.pp, context_parallel_degree=layout.cp, expert_parallel_degree=layout.ep,
+        cfg.parallelism,
+        data_parallel_replicate_degree=layout.dp_replicate,
+        data_parallel_shard_degree=layout.dp_shard,
+        tensor_parallel_degree=layout.tp,
+        pipeline_parallel_degree=layout.pp,
+        context_parallel_degree=layout.cp,
+        expert_parallel_degree=layout.ep,
         pipeline_parallel_schedule=layout.schedule or cfg.parallelism.pipeline_parallel_schedule,
-        pipeline_parallel_microbatch_size=layout.microbatch, pipeline_parallel_layers_per_stage="auto",
-        pipeline_parallel_split_points=list(layout.split_points), reshard_after_forward=layout.reshard)
+        pipeline_parallel_microbatch_size=layout.microbatch,
+        pipeline_parallel_layers_per_stage="auto",
+        pipeline_parallel_split_points=list(layout.split_points),
+        reshard_after_forward=layout.reshard,
+    )
     ac = dataclasses.replace(cfg.activation_checkpoint, **dict(AC_CHOICES)[layout.ac])
-    t = dataclasses.replace(cfg.training, local_batch_size=layout.local_batch, global_batch_size=global_batch)
+    t = dataclasses.replace(
+        cfg.training, local_batch_size=layout.local_batch, global_batch_size=global_batch
+    )
     return dataclasses.replace(cfg, parallelism=p, activation_checkpoint=ac, training=t)
 
 
@@ -125,8 +143,14 @@ def split_points(n_layers: int, stages: int) -> tuple[str, ...]:
     return tuple(edges)
 
 
-def enumerate_layouts(world: int, gpus_per_node: int, global_batch: int, seq_len: int, n_layers: int,
-                      n_experts: int = 0) -> list[Layout]:
+def enumerate_layouts(
+    world: int,
+    gpus_per_node: int,
+    global_batch: int,
+    seq_len: int,
+    n_layers: int,
+    n_experts: int = 0,
+) -> list[Layout]:
     """Every layout of the module docstring for `world` devices (before the checks)."""
     out = []
     for tp in _powers(min(gpus_per_node, world)):
@@ -148,8 +172,11 @@ def enumerate_layouts(world: int, gpus_per_node: int, global_batch: int, seq_len
                     schedules = [("1F1B", mb, split_points(n_layers, pp)) for mb in (1, 2)]
                 eps = [1]
                 if n_experts:
-                    eps = [e for e in _powers(min(n_experts, world)) if e % (tp * cp) == 0 and n_experts % e == 0
-                           and (e // (tp * cp)) <= dp]
+                    eps = [
+                        e
+                        for e in _powers(min(n_experts, world))
+                        if e % (tp * cp) == 0 and n_experts % e == 0 and (e // (tp * cp)) <= dp
+                    ]
                 for rep in sorted(replicates):
                     shard = dp // rep
                     for ep in eps:
@@ -160,10 +187,26 @@ def enumerate_layouts(world: int, gpus_per_node: int, global_batch: int, seq_len
                                 if local % mb:
                                     continue
                                 for ac, _ in AC_CHOICES:
-                                    reshards = ["auto"] + ([("always" if pp > 1 else "never")] if shard > 1 else [])
+                                    reshards = ["auto"] + (
+                                        [("always" if pp > 1 else "never")] if shard > 1 else []
+                                    )
                                     for reshard in reshards:
-                                        out.append(Layout(rep, shard, tp, pp, cp, ep, schedule, mb, ac, reshard,
-                                                          local, splits))
+                                        out.append(
+                                            Layout(
+                                                rep,
+                                                shard,
+                                                tp,
+                                                pp,
+                                                cp,
+                                                ep,
+                                                schedule,
+                                                mb,
+                                                ac,
+                                                reshard,
+                                                local,
+                                                splits,
+                                            )
+                                        )
     return out
 
 
@@ -173,11 +216,29 @@ def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | Non
 
     p, a = cfg.parallelism, cfg.activation_checkpoint
     d = degrees(cfg, world)
-    ac = next((label for label, v in AC_CHOICES if v["mode"] == a.mode
-               and v.get("selective_ac_option", a.selective_ac_option) == a.selective_ac_option), None)
+    ac = next(
+        (
+            label
+            for label, v in AC_CHOICES
+            if v["mode"] == a.mode
+            and v.get("selective_ac_option", a.selective_ac_option) == a.selective_ac_option
+        ),
+        None,
+    )
     if ac is None:
         return None
     splits = tuple(p.pipeline_parallel_split_points)
-    return Layout(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.cp, d.ep,
-                  p.pipeline_parallel_schedule if d.pp > 1 else "", p.pipeline_parallel_microbatch_size if d.pp > 1 else 1,
-                  ac, p.reshard_after_forward, cfg.training.local_batch_size, splits if d.pp > 1 else ())
+    return Layout(
+        d.dp_replicate,
+        d.dp_shard,
+        d.tp,
+        d.pp,
+        d.cp,
+        d.ep,
+        p.pipeline_parallel_schedule if d.pp > 1 else "",
+        p.pipeline_parallel_microbatch_size if d.pp > 1 else 1,
+        ac,
+        p.reshard_after_forward,
+        cfg.training.local_batch_size,
+        splits if d.pp > 1 else (),
+    )

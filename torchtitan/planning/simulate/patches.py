@@ -31,9 +31,13 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.distributed.pipelining import stage as pp_stage
 from torch.distributed.pipelining import schedules as pp_schedules
-from torch.distributed.pipelining._utils import _derive_grad_metas, _StageBackwardMeta, _StageForwardMeta
+from torch.distributed.pipelining import stage as pp_stage
+from torch.distributed.pipelining._utils import (
+    _derive_grad_metas,
+    _StageBackwardMeta,
+    _StageForwardMeta,
+)
 
 from torchtitan.distributed.expert_parallel import AllToAllDispatcher, wait_collective
 
@@ -77,16 +81,29 @@ class PlannedDispatcher(AllToAllDispatcher):
     collectives, buffers, regrouping and experts run as in training)."""
 
     def __init__(self, base: AllToAllDispatcher, rank: int, skew: float):
-        self.mesh, self.group, self.size, self.num_experts = base.mesh, base.group, base.size, base.num_experts
+        self.mesh, self.group, self.size, self.num_experts = (
+            base.mesh,
+            base.group,
+            base.size,
+            base.num_experts,
+        )
         self.rank, self.skew = rank, skew
 
     def route(self, counts: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, list[int], list[int]]:
         w, e_local = self.size, self.num_experts // self.size
-        wait_collective(funcol.all_to_all_single(counts, None, None, self.group))  # the counts exchange, as in training
+        wait_collective(
+            funcol.all_to_all_single(counts, None, None, self.group)
+        )  # the counts exchange, as in training
         in_splits, out_splits = planned_splits(n_rows, w, self.rank, self.skew)
         # what each source sends to each local expert: its rows spread evenly over them
-        recv = torch.tensor([[n // e_local + (1 if e < n % e_local else 0) for e in range(e_local)] for n in out_splits],
-                            dtype=counts.dtype, device=counts.device)
+        recv = torch.tensor(
+            [
+                [n // e_local + (1 if e < n % e_local else 0) for e in range(e_local)]
+                for n in out_splits
+            ],
+            dtype=counts.dtype,
+            device=counts.device,
+        )
         return recv, in_splits, out_splits
 
 
@@ -136,7 +153,9 @@ class PipelineStartup:
                 raise RuntimeError("memory simulation: simulate the first pipeline stage first")
             if src_stage < stage.stage_index:
                 return startup.forward
-            return _StageBackwardMeta(backward_metas=_derive_grad_metas(startup.forward.forward_metas))
+            return _StageBackwardMeta(
+                backward_metas=_derive_grad_metas(startup.forward.forward_metas)
+            )
 
         def warmup(schedule, stages, has_backward, p2p_done):
             for s in stages:  # every real run votes DYNAMIC (no static shapes are given)
@@ -147,7 +166,10 @@ class PipelineStartup:
         try:
             yield
         finally:
-            pp_stage.PipelineStage._send_meta, pp_stage.PipelineStage._recv_meta = orig_send, orig_recv
+            pp_stage.PipelineStage._send_meta, pp_stage.PipelineStage._recv_meta = (
+                orig_send,
+                orig_recv,
+            )
             pp_schedules._PipelineSchedule._warmup_p2p = orig_warmup
 
 

@@ -40,7 +40,9 @@ class Job:
     free: dict[int, int]  # per pipeline rank: kept bytes the budget frees (reshard auto)
     note: str
     startups: dict = field(default_factory=dict)  # variant -> the first stage's boundary metadata
-    timer: object = None  # planning/step_time/rank.py's RankTimer: the planned-routing steps are also timed
+    timer: object = (
+        None  # planning/step_time/rank.py's RankTimer: the planned-routing steps are also timed
+    )
 
 
 _JOB: Job | None = None  # set while a wave runs; forked workers read it
@@ -52,15 +54,32 @@ def _run_one(task: Task) -> tuple[Task, SimulatedStep, object]:
     startup = PipelineStartup()
     startup.forward = job.startups.get(task.variant)
     skew = job.dims.ep if task.worst else cfg.planning.memory_skew
-    step = simulate_pp_rank(job.spec, model, job.dims, cfg, job.target, task.pp_rank, args, startup,
-                            ep_skew=skew, free_bytes=job.free.get(task.pp_rank, 0), budget_note=job.note,
-                            timer=None if task.worst else job.timer)
+    step = simulate_pp_rank(
+        job.spec,
+        model,
+        job.dims,
+        cfg,
+        job.target,
+        task.pp_rank,
+        args,
+        startup,
+        ep_skew=skew,
+        free_bytes=job.free.get(task.pp_rank, 0),
+        budget_note=job.note,
+        timer=None if task.worst else job.timer,
+    )
     return task, step, startup.forward
 
 
 def workers(n_tasks: int) -> int:
     setting = os.environ.get("TITAN_MEMORY_WORKERS", "")  # checked by the config check
-    n = int(setting) if setting else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    n = (
+        int(setting)
+        if setting
+        else len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else 1
+    )
     if "fork" not in multiprocessing.get_all_start_methods():
         n = 1
     return max(1, min(n, n_tasks))

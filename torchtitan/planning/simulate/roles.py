@@ -34,14 +34,15 @@ import os
 import re
 from dataclasses import dataclass
 
-
 from torchtitan.distributed.job_shape import pipeline_microbatches
 from torchtitan.distributed.pipeline_layout import pipeline_layout
 from torchtitan.training.build import model_on_meta
 
 # Above this many block-microbatches per rank a step is simulated with 1 and 2 blocks per
 # stage and extrapolated linearly to the real count; below it, exactly.
-EXACT_LIMIT: int | None = None  # None: TITAN_MEMORY_EXACT_LIMIT (checked by the config check), else 48
+EXACT_LIMIT: int | None = (
+    None  # None: TITAN_MEMORY_EXACT_LIMIT (checked by the config check), else 48
+)
 FROM_BLOCKS = (1, 2)  # the blocks per stage of the two simulated reductions
 
 
@@ -65,10 +66,14 @@ def _reduced(cfg, args, layout, k: int):
     if any(len(kind) > 1 for kind in kinds):
         return None
     new_dense = k * sum(1 for kind in kinds if kind == {True})
-    small = dataclasses.replace(args, n_layers=k * len(stages), **({"n_dense_layers": new_dense} if dense else {}))
+    small = dataclasses.replace(
+        args, n_layers=k * len(stages), **({"n_dense_layers": new_dense} if dense else {})
+    )
     if layout is None:
         return cfg, small
-    p = dataclasses.replace(cfg.parallelism, pipeline_parallel_layers_per_stage=k, pipeline_parallel_split_points=[])
+    p = dataclasses.replace(
+        cfg.parallelism, pipeline_parallel_layers_per_stage=k, pipeline_parallel_split_points=[]
+    )
     return dataclasses.replace(cfg, parallelism=p), small
 
 
@@ -76,10 +81,16 @@ def variants(spec, model, dims, cfg, args, budget_freeing: bool) -> list[tuple]:
     """(cfg, args, model on meta) to simulate: the job itself, or its 1- and 2-block-per-
     stage reductions (shortcut 1)."""
     layout = _layout(cfg, dims, args)
-    microbatches = (layout is not None and cfg.training.local_batch_size
-                    // cfg.parallelism.pipeline_parallel_microbatch_size) or 1
+    microbatches = (
+        layout is not None
+        and cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+    ) or 1
     work = max(sum(c) for c in blocks_per_stage(cfg, dims, args)) * microbatches
-    limit = EXACT_LIMIT if EXACT_LIMIT is not None else int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT") or 48)
+    limit = (
+        EXACT_LIMIT
+        if EXACT_LIMIT is not None
+        else int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT") or 48)
+    )
     if work <= limit or budget_freeing:
         return [(cfg, args, model)]
     small = [_reduced(cfg, args, layout, k) for k in FROM_BLOCKS]
@@ -100,11 +111,13 @@ def extrapolated(r1, r2, blocks: list[int]):
         return max(0, round(a + x * (b - a)))
 
     return dataclasses.replace(
-        r2, predicted_peak_bytes=line(r1.predicted_peak_bytes, r2.predicted_peak_bytes),
+        r2,
+        predicted_peak_bytes=line(r1.predicted_peak_bytes, r2.predicted_peak_bytes),
         worst_case_peak_bytes=line(r1.worst_case_peak_bytes, r2.worst_case_peak_bytes),
         peak_at=(f"{r2.peak_at[:-1]}; " if r2.peak_at.endswith(")") else f"{r2.peak_at} (")
         + "extrapolated from 1 and 2 blocks per stage)",
-        breakdown={k: line(r1.breakdown.get(k, 0), r2.breakdown.get(k, 0)) for k in r2.breakdown})
+        breakdown={k: line(r1.breakdown.get(k, 0), r2.breakdown.get(k, 0)) for k in r2.breakdown},
+    )
 
 
 @dataclass
@@ -119,7 +132,9 @@ def _in_flight(cfg, dims, layout) -> dict[int, int] | None:
         return None
     n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
     schedule = cfg.parallelism.pipeline_parallel_schedule
-    if schedule == "1F1B":  # torch's Schedule1F1B: min(microbatches, stages - stage) warm-up forwards
+    if (
+        schedule == "1F1B"
+    ):  # torch's Schedule1F1B: min(microbatches, stages - stage) warm-up forwards
         return {r: min(n, dims.pp - r) for r in range(1, dims.pp - 1)}
     if schedule == "GPipe":
         return {r: n for r in range(1, dims.pp - 1)}
@@ -160,7 +175,9 @@ def interpolable(roles: dict, plan: RankPlan) -> bool:
     microbatches, at the same bytes)."""
     a, b = roles[1], roles[max(plan.in_flight)]
     fa, fb = plan.in_flight[a.pp_rank], plan.in_flight[b.pp_rank]
-    return _same_point(a, b, fa, fb) and not (fa == fb and a.predicted_peak_bytes != b.predicted_peak_bytes)
+    return _same_point(a, b, fa, fb) and not (
+        fa == fb and a.predicted_peak_bytes != b.predicted_peak_bytes
+    )
 
 
 def _shifted(phase: str, by: int) -> str:
@@ -178,9 +195,14 @@ def interpolated(roles: dict, plan: RankPlan, pp_rank: int, ranks: list[int]):
         return max(0, round(x + t * (y - x)))
 
     return dataclasses.replace(
-        a, role=f"pp{pp_rank}", ranks=ranks, pp_rank=pp_rank, stage_ids=[pp_rank],
+        a,
+        role=f"pp{pp_rank}",
+        ranks=ranks,
+        pp_rank=pp_rank,
+        stage_ids=[pp_rank],
         predicted_peak_bytes=line(a.predicted_peak_bytes, b.predicted_peak_bytes),
         worst_case_peak_bytes=line(a.worst_case_peak_bytes, b.worst_case_peak_bytes),
         peak_at=f"{_phase(a) if _phase(a) == _phase(b) else _shifted(_phase(a), f - fa)}, stage {pp_rank}"
-                f" (interpolated: {f} microbatches in flight)",
-        breakdown={k: line(a.breakdown.get(k, 0), b.breakdown.get(k, 0)) for k in a.breakdown})
+        f" (interpolated: {f} microbatches in flight)",
+        breakdown={k: line(a.breakdown.get(k, 0), b.breakdown.get(k, 0)) for k in a.breakdown},
+    )

@@ -31,9 +31,9 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.distributed.utils import clip_grad_norm_
+from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.planning.simulate import patches as simulation_patches
 from torchtitan.planning.simulate.tracker import LiveBytes
-from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.training.build import build_parts, plan_records, step_runner
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.step import StepRunner
@@ -44,9 +44,20 @@ _GATHERS = {_fc.all_gather_into_tensor.default, _fc.all_gather_into_tensor_coale
 _A2A = {_fc.all_to_all_single.default}
 
 # categories of the breakdown, in the order they are printed
-CATEGORIES = ("parameters", "optimizer_states", "gradients", "unsharded_parameters", "activations",
-              "logits_and_loss", "backward_transients", "ep_dispatch", "pipeline_buffers",
-              "optimizer_transients", "inputs_and_buffers", "checkpoint_staging")
+CATEGORIES = (
+    "parameters",
+    "optimizer_states",
+    "gradients",
+    "unsharded_parameters",
+    "activations",
+    "logits_and_loss",
+    "backward_transients",
+    "ep_dispatch",
+    "pipeline_buffers",
+    "optimizer_transients",
+    "inputs_and_buffers",
+    "checkpoint_staging",
+)
 
 
 def _nbytes(tensors) -> int:
@@ -89,9 +100,14 @@ class _Categories:
             return "ep_dispatch"
         if getattr(op, "namespace", "") == "fsdp":  # FSDP2's all-gather in/out buffers
             return "unsharded_parameters" if phase != "backward" else "backward_transients"
-        return {"forward": "activations", "loss": "logits_and_loss", "backward": "backward_transients",
-                "clip": "optimizer_transients", "optimizer": "optimizer_transients",
-                "pipeline": "pipeline_buffers"}.get(phase.split()[0], "inputs_and_buffers")
+        return {
+            "forward": "activations",
+            "loss": "logits_and_loss",
+            "backward": "backward_transients",
+            "clip": "optimizer_transients",
+            "optimizer": "optimizer_transients",
+            "pipeline": "pipeline_buffers",
+        }.get(phase.split()[0], "inputs_and_buffers")
 
 
 def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
@@ -114,7 +130,11 @@ def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
             where = f", stage {owner.stage_index}" if hasattr(owner, "stage_index") else ""
             tracker.phase = f"{label}{chunk}{where}"
             if kind is not None:
-                tracker.action = (owner.stage_index, kind(args, kwargs) if callable(kind) else kind, mb)
+                tracker.action = (
+                    owner.stage_index,
+                    kind(args, kwargs) if callable(kind) else kind,
+                    mb,
+                )
             try:
                 return original(*args, **kwargs)
             finally:
@@ -169,9 +189,21 @@ def _storages(tensors):
             yield t
 
 
-def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank: int, args,
-                     startup: simulation_patches.PipelineStartup, ep_skew: float = 1.0, profile: bool = False,
-                     free_bytes: int = 0, budget_note: str = "", timer=None) -> SimulatedStep:
+def simulate_pp_rank(
+    spec,
+    model,
+    dims: ParallelDims,
+    cfg,
+    target: str,
+    pp_rank: int,
+    args,
+    startup: simulation_patches.PipelineStartup,
+    ep_skew: float = 1.0,
+    profile: bool = False,
+    free_bytes: int = 0,
+    budget_note: str = "",
+    timer=None,
+) -> SimulatedStep:
     """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
     first data/tensor/expert-parallel coordinate (the others hold the same shapes).
 
@@ -192,14 +224,25 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
     t = cfg.training
     mode = FakeTensorMode(allow_non_fake_inputs=True) if not profile else contextlib.nullcontext()
     device = torch.device("cpu")
-    tracker = LiveBytes(_Categories(set(dims.fsdp_group_names())), None if profile else mode, _WORKSPACES)
+    tracker = LiveBytes(
+        _Categories(set(dims.fsdp_group_names())), None if profile else mode, _WORKSPACES
+    )
     with mode:
         for m in parts.modules:
             m.to_empty(device=device)
             m.train()
-        simulation_patches.plan_dispatch(parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew)
+        simulation_patches.plan_dispatch(
+            parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew
+        )
         with simulation_patches.as_pipeline_rank(dims.pp_group(), pp_rank):
-            runner = step_runner(parts, dims, cfg, device, doc_delimiter=(0, True), on_phase=lambda name: setattr(tracker, "phase", name))
+            runner = step_runner(
+                parts,
+                dims,
+                cfg,
+                device,
+                doc_delimiter=(0, True),
+                on_phase=lambda name: setattr(tracker, "phase", name),
+            )
         pipeline = runner.pipeline
         optimizers = PartOptimizers(parts.modules, cfg.optimizer, t.steps, cfg.lr_scheduler)
         params = [p for m in parts.modules for p in m.parameters()]
@@ -209,8 +252,13 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             o.step()
         for p in params:
             p.grad = None
-        batches = [(torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
-                    torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64)) for _ in range(shape.accum_steps)]
+        batches = [
+            (
+                torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
+                torch.zeros(t.local_batch_size, t.seq_len, dtype=torch.int64),
+            )
+            for _ in range(shape.accum_steps)
+        ]
         if pipeline is not None:
             _label_pipeline_phases(pipeline, tracker)
         trace = timer.observer(cfg) if timer is not None else None
@@ -224,8 +272,12 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         tracker.adopt(_storages(states), "optimizer_states")
         with warnings.catch_warnings():  # isinstance on deprecated torch.distributed names warns
             warnings.simplefilter("ignore")
-            live = [o for o in gc.get_objects()
-                    if isinstance(o, torch.Tensor) and (profile or isinstance(o, FakeTensor) and o.fake_mode is mode)]
+            live = [
+                o
+                for o in gc.get_objects()
+                if isinstance(o, torch.Tensor)
+                and (profile or isinstance(o, FakeTensor) and o.fake_mode is mode)
+            ]
         # FSDP2's unsharded parameters are freed storages (size 0) that it resizes to gather
         empty = [t for t in _storages(live) if t.untyped_storage().nbytes() == 0]
         tracker.adopt(empty, "unsharded_parameters")
@@ -235,8 +287,12 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
         meter = CpuPeakMeter() if profile else None
         if meter is not None:
             meter.begin_step()
-        with tracker, startup.patched(), simulation_patches.cuda_causal_bias(tracker, target), \
-                trace.recording() if trace is not None else contextlib.nullcontext():
+        with (
+            tracker,
+            startup.patched(),
+            simulation_patches.cuda_causal_bias(tracker, target),
+            trace.recording() if trace is not None else contextlib.nullcontext(),
+        ):
             tracker.phase = "forward"
             runner.forward_backward(batches)
             tracker.relabel(_storages(p.grad for p in params), "gradients")
@@ -245,11 +301,22 @@ def simulate_pp_rank(spec, model, dims: ParallelDims, cfg, target: str, pp_rank:
             tracker.phase = "optimizer"
             optimizers.step()
     breakdown = tracker.breakdown_at_peak()
-    breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(cfg, target, breakdown, params)
+    breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(
+        cfg, target, breakdown, params
+    )
     times, schedule = timer.times(trace, dims, cfg, pipeline) if timer is not None else (None, None)
-    return SimulatedStep(pp_rank, parts.stage_ids, tracker.peak + staged, tracker.peak_phase,
-                         {k: breakdown.get(k, 0) for k in CATEGORIES}, start, plan_records(parts), _end(meter),
-                         times, schedule)
+    return SimulatedStep(
+        pp_rank,
+        parts.stage_ids,
+        tracker.peak + staged,
+        tracker.peak_phase,
+        {k: breakdown.get(k, 0) for k in CATEGORIES},
+        start,
+        plan_records(parts),
+        _end(meter),
+        times,
+        schedule,
+    )
 
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:
@@ -260,7 +327,9 @@ def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params
     padded shards - one at a time). On CUDA the copy is host memory: 0 here (the dry run
     says how much)."""
     c = cfg.checkpoint
-    background = c.enable and c.async_mode == "async" and c.interval < cfg.training.steps  # the last save is sync
+    background = (
+        c.enable and c.async_mode == "async" and c.interval < cfg.training.steps
+    )  # the last save is sync
     if not background or target != "cpu":
         return 0
     largest = max((t.untyped_storage().nbytes() for t in _storages(params)), default=0)

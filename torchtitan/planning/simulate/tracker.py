@@ -19,10 +19,9 @@ memory outside torch's allocator (e.g. gloo's own buffers).
 from __future__ import annotations
 
 import contextlib
-
 import weakref
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -33,15 +32,21 @@ from torchtitan.observe.plain_tensor_ops import PlainTensorOps
 
 
 class LiveBytes(PlainTensorOps):
-    def __init__(self, categorize: Callable[..., str], fake_mode=None, workspaces: dict | None = None):
+    def __init__(
+        self, categorize: Callable[..., str], fake_mode=None, workspaces: dict | None = None
+    ):
         super().__init__()
         # op -> f(outputs) = bytes the op's kernel holds besides its outputs at its peak
         self.workspaces = workspaces or {}
         self.fake_mode = fake_mode  # count fake tensors of this mode only (None: real tensors only)
         self.categorize = categorize  # (op or None, phase, args) -> category
         self.phase = "setup"
-        self.action = None  # the pipeline action running: (stage, "F" | "B" | "I" | "W", microbatch)
-        self.observer = None  # also told every op with the phase (planning/step_time/trace.py's OpTrace)
+        self.action = (
+            None  # the pipeline action running: (stage, "F" | "B" | "I" | "W", microbatch)
+        )
+        self.observer = (
+            None  # also told every op with the phase (planning/step_time/trace.py's OpTrace)
+        )
         self.live = 0
         self.peak = 0
         self.peak_phase = ""
@@ -175,12 +180,17 @@ class LiveBytes(PlainTensorOps):
         category = None
         for t in tree_leaves(out):
             # DTensor's sharding propagation makes fake tensors of its own: not memory
-            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor) and t.device.type != "meta" and (
-                getattr(t, "fake_mode", None) is self.fake_mode
+            if (
+                isinstance(t, torch.Tensor)
+                and not isinstance(t, DTensor)
+                and t.device.type != "meta"
+                and (getattr(t, "fake_mode", None) is self.fake_mode)
             ):
                 storage = t.untyped_storage()
                 if id(storage) not in self._serial:
                     category = category or self.categorize(func, self.phase, args)
                     self._add(storage, category, f"{func} @ {self.phase}")
         if func in self.workspaces:
-            self.bump(self.workspaces[func](out), category or self.categorize(func, self.phase, args))
+            self.bump(
+                self.workspaces[func](out), category or self.categorize(func, self.phase, args)
+            )

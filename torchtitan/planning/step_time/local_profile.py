@@ -51,22 +51,34 @@ from torchtitan.planning.step_time.trace import causal_kept
 
 # (m, k, n, layout): a training step's GEMMs: activations x weight^T (forward), gradient x
 # weight (input gradient), gradient^T x activations (weight gradient)
-_GEMM_SHAPES = ((1024, 256, 256, "nt"), (1024, 256, 768, "nt"), (1024, 768, 256, "nn"), (256, 1024, 256, "tn"),
-                (1024, 256, 2048, "nt"), (2048, 512, 512, "nt"), (512, 2048, 512, "tn"), (1024, 1024, 1024, "nn"),
-                (4096, 256, 1024, "nt"), (128, 128, 128, "nn"))
+_GEMM_SHAPES = (
+    (1024, 256, 256, "nt"),
+    (1024, 256, 768, "nt"),
+    (1024, 768, 256, "nn"),
+    (256, 1024, 256, "tn"),
+    (1024, 256, 2048, "nt"),
+    (2048, 512, 512, "nt"),
+    (512, 2048, 512, "tn"),
+    (1024, 1024, 1024, "nn"),
+    (4096, 256, 1024, "nt"),
+    (128, 128, 128, "nn"),
+)
 _HEAD_DIMS = (16, 32, 64, 128)
 
 
 def cache_path() -> str:
     return os.environ.get("TITAN_PROFILE_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "torchtitan", "local_profile.json")
+        os.path.expanduser("~"), ".cache", "torchtitan", "local_profile.json"
+    )
 
 
 def machine_key() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu
+            )
     except OSError:
         pass
     return f"{cpu} | {os.cpu_count()} cpus | torch {torch.__version__}"
@@ -86,8 +98,16 @@ def measure_gemm(dtype=torch.float32) -> tuple[float, float]:
     """(peak FLOP/s, GFLOP at half efficiency), one thread."""
     flops, secs = [], []
     for m, k, n, layout in _GEMM_SHAPES:
-        a = torch.randn(k, m, dtype=dtype).t() if layout[0] == "t" else torch.randn(m, k, dtype=dtype)
-        b = torch.randn(n, k, dtype=dtype).t() if layout[1] == "t" else torch.randn(k, n, dtype=dtype)
+        a = (
+            torch.randn(k, m, dtype=dtype).t()
+            if layout[0] == "t"
+            else torch.randn(m, k, dtype=dtype)
+        )
+        b = (
+            torch.randn(n, k, dtype=dtype).t()
+            if layout[1] == "t"
+            else torch.randn(k, n, dtype=dtype)
+        )
         reps = max(1, int(2e8 // (2 * m * k * n)))
 
         def run(a=a, b=b, reps=reps):
@@ -110,8 +130,14 @@ def measure_memory() -> float:
     tensors, one thread): add, mul, silu, pow, a row sum and a copy, their total bytes over
     their total time (transcendental ops are compute-bound on a CPU: they count in)."""
     x, y = torch.randn(1024, 256), torch.randn(1024, 256)
-    ops = [(lambda: x + y, 3), (lambda: x * y, 3), (lambda: torch.nn.functional.silu(x), 2), (lambda: x.pow(2), 2),
-           (lambda: x.sum(-1), 1), (lambda: x.clone(), 2)]
+    ops = [
+        (lambda: x + y, 3),
+        (lambda: x * y, 3),
+        (lambda: torch.nn.functional.silu(x), 2),
+        (lambda: x.pow(2), 2),
+        (lambda: x.sum(-1), 1),
+        (lambda: x.clone(), 2),
+    ]
     total_s = sum(_best(fn, 20) for fn, _ in ops)
     return sum(n for _, n in ops) * x.numel() * 4 / total_s / 1e9
 
@@ -135,7 +161,9 @@ def measure_attention(peak: float) -> tuple[dict[int, float], int]:
     for d in _HEAD_DIMS:
         q = torch.randn(2, max(1, 512 // d), 256, d, requires_grad=True)
         b, h, s, _ = q.shape
-        flops = 2.0 * b * h * s * s * (2 * d + 5 * d)  # forward + backward (op_trace.attention_flops)
+        flops = (
+            2.0 * b * h * s * s * (2 * d + 5 * d)
+        )  # forward + backward (op_trace.attention_flops)
         eff[d] = min(1.0, flops / timed(q, False) / peak)
     q = torch.randn(1, 4, 1024, 64, requires_grad=True)
     kept = timed(q, True) / timed(q, False)
@@ -149,7 +177,11 @@ def measure_host_per_op() -> tuple[float, float, float]:
     backward, over the ops the dispatcher saw (Python module calls, autograd, dispatch);
     then what activation checkpointing adds per op of a checkpointed block (its forward and
     its recomputation), with every block checkpointed whole and with an op-level policy."""
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
 
     from torchtitan.config.manager import build_config
     from torchtitan.training.build import model_on_meta
@@ -168,7 +200,11 @@ def measure_host_per_op() -> tuple[float, float, float]:
     originals = [b.forward for b in blocks]
 
     def save_matmuls(ctx, func, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if func in (torch.ops.aten.mm.default,) else CheckpointPolicy.PREFER_RECOMPUTE
+        return (
+            CheckpointPolicy.MUST_SAVE
+            if func in (torch.ops.aten.mm.default,)
+            else CheckpointPolicy.PREFER_RECOMPUTE
+        )
 
     def wrapped(policy):
         for b, fwd in zip(blocks, originals):
@@ -176,7 +212,12 @@ def measure_host_per_op() -> tuple[float, float, float]:
                 b.forward = lambda *a, f=fwd, **k: checkpoint(f, *a, use_reentrant=False, **k)
             else:
                 b.forward = lambda *a, f=fwd, **k: checkpoint(
-                    f, *a, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(policy), **k)
+                    f,
+                    *a,
+                    use_reentrant=False,
+                    context_fn=lambda: create_selective_checkpoint_contexts(policy),
+                    **k,
+                )
 
     extra = []
     for policy in (None, save_matmuls):
@@ -184,7 +225,9 @@ def measure_host_per_op() -> tuple[float, float, float]:
         us, ops = _ops_per_second(step)
         # the ops of the checkpointed blocks: everything beyond the plain step's ops ran again
         region_ops = max(ops - plain_ops, 1) * 2
-        extra.append(max(0.0, us * ops - plain_us * plain_ops - (ops - plain_ops) * plain_us) / region_ops)
+        extra.append(
+            max(0.0, us * ops - plain_us * plain_ops - (ops - plain_ops) * plain_us) / region_ops
+        )
     for b, fwd in zip(blocks, originals):
         b.forward = fwd
     return plain_us, extra[0], extra[1]
@@ -301,7 +344,9 @@ def _framework_worker(path: str, out_path: str) -> None:
     dtensor_us = (_best(lambda: chain(dx, dw)) - _best(lambda: chain(x, w))) / counter.dtensor * 1e6
 
     def units(n: int, shard: bool) -> torch.nn.Module:
-        model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU()) for _ in range(n)])
+        model = torch.nn.Sequential(
+            *[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU()) for _ in range(n)]
+        )
         if shard:
             for unit in model:
                 fully_shard(unit, mesh=mesh)
@@ -311,7 +356,9 @@ def _framework_worker(path: str, out_path: str) -> None:
     xs = torch.randn(4, 16)
     n_units = 8
     plain, sharded = units(n_units, False), units(n_units, True)
-    fsdp_us = (_best(lambda: sharded(xs).sum().backward()) - _best(lambda: plain(xs).sum().backward()))
+    fsdp_us = _best(lambda: sharded(xs).sum().backward()) - _best(
+        lambda: plain(xs).sum().backward()
+    )
     # on one process FSDP2 skips the collectives themselves; a unit that reshards after
     # forward issues three per step (gather in forward and in backward, reduce-scatter)
     fsdp_us = fsdp_us / (3 * n_units) * 1e6
@@ -338,7 +385,9 @@ def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
 
     import torch.distributed as dist
 
-    warnings.filterwarnings("ignore", category=FutureWarning)  # the c10d names we call are deprecated aliases
+    warnings.filterwarnings(
+        "ignore", category=FutureWarning
+    )  # the c10d names we call are deprecated aliases
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
     a, b = torch.randn(256, 256), torch.randn(256, 256)
@@ -364,12 +413,14 @@ def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
         shard = torch.empty(size // world)
         a2a = torch.empty(size)
         peer = rank ^ 1
-        ops = {
-            "all_gather": lambda: dist.all_gather_into_tensor(out, x),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, x),
-            "all_reduce": lambda: dist.all_reduce(x),
-            "all_to_all": lambda: dist.all_to_all_single(a2a, x),
-            "send": lambda: dist.send(x, peer) if rank % 2 == 0 else dist.recv(x, peer),
+        ops = {  # each bound to this size's tensors
+            "all_gather": lambda out=out, x=x: dist.all_gather_into_tensor(out, x),
+            "reduce_scatter": lambda shard=shard, x=x: dist.reduce_scatter_tensor(shard, x),
+            "all_reduce": lambda x=x: dist.all_reduce(x),
+            "all_to_all": lambda a2a=a2a, x=x: dist.all_to_all_single(a2a, x),
+            "send": lambda x=x, peer=peer: (
+                dist.send(x, peer) if rank % 2 == 0 else dist.recv(x, peer)
+            ),
         }
         for kind, fn in ops.items():
             loop(fn, 2)
@@ -399,7 +450,9 @@ def measure_gloo(world: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gloo.json")
-        mp.spawn(_gloo_worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True)
+        mp.spawn(
+            _gloo_worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True
+        )
         with open(out) as f:
             results = json.load(f)
     fixed, rates = {}, []
@@ -425,7 +478,9 @@ def measure() -> HardwareProfile:
         attention, block = measure_attention(peak)
     finally:
         torch.set_num_threads(threads)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     speedup = _block_step(1) / _block_step(cores) if cores > 1 else 1.0
     sharing = measure_sharing(cores)
     framework = measure_framework()
@@ -433,15 +488,37 @@ def measure() -> HardwareProfile:
     # attention and grouped GEMM: the GEMM curve's efficiency at a mid-size GEMM (1 GFLOP)
     mid = 1.0 / (1.0 + half)
     return HardwareProfile(
-        "local", f"measured on {socket.gethostname()} ({machine_key()}), {time.strftime('%Y-%m-%d %H:%M')}",
-        {"bfloat16": peak_bf16 / 1e12, "float32": peak / 1e12}, hbm_gbps=memory, memory_gib=0.0,
-        gpus_per_node=1 << 20, intra_node_gbps=gloo["2"]["gbps"], inter_node_gbps=gloo["2"]["gbps"], intra_latency_us=0.0,
-        inter_latency_us=0.0, gemm_efficiency=1.0, gemm_half_gflop=half, grouped_gemm_efficiency=mid,
-        attention_efficiency=attention[64], attention_block=block, memory_efficiency=1.0, host_us_per_op=host,
-        dtensor_us_per_op=framework["dtensor_us_per_op"], host_us_per_collective=framework["host_us_per_collective"],
-        thread_speedup=speedup, sharing=sharing, ac_us_per_op=ac_us, sac_us_per_op=sac_us,
-        compiled_memory_fraction=1.0, compiled_ops_per_kernel=1.0, host_async=False, cores=cores,
-        collective_us=gloo["2"]["fixed_us"], attention_by_head_dim=attention, gloo=gloo)
+        "local",
+        f"measured on {socket.gethostname()} ({machine_key()}), {time.strftime('%Y-%m-%d %H:%M')}",
+        {"bfloat16": peak_bf16 / 1e12, "float32": peak / 1e12},
+        hbm_gbps=memory,
+        memory_gib=0.0,
+        gpus_per_node=1 << 20,
+        intra_node_gbps=gloo["2"]["gbps"],
+        inter_node_gbps=gloo["2"]["gbps"],
+        intra_latency_us=0.0,
+        inter_latency_us=0.0,
+        gemm_efficiency=1.0,
+        gemm_half_gflop=half,
+        grouped_gemm_efficiency=mid,
+        attention_efficiency=attention[64],
+        attention_block=block,
+        memory_efficiency=1.0,
+        host_us_per_op=host,
+        dtensor_us_per_op=framework["dtensor_us_per_op"],
+        host_us_per_collective=framework["host_us_per_collective"],
+        thread_speedup=speedup,
+        sharing=sharing,
+        ac_us_per_op=ac_us,
+        sac_us_per_op=sac_us,
+        compiled_memory_fraction=1.0,
+        compiled_ops_per_kernel=1.0,
+        host_async=False,
+        cores=cores,
+        collective_us=gloo["2"]["fixed_us"],
+        attention_by_head_dim=attention,
+        gloo=gloo,
+    )
 
 
 def load(measure_if_missing: bool = True) -> HardwareProfile | None:
@@ -471,14 +548,22 @@ def job_hardware(cfg, target: str, measure: bool) -> HardwareProfile | None:
     and `measure` (the dry run), else None: no step-time prediction (the trainer does not
     benchmark while its ranks start)."""
 
-    return resolve(cfg.hardware, target, lambda: load(measure_if_missing=measure),
-                   gpu_names() if target == "cuda" else [])
+    return resolve(
+        cfg.hardware,
+        target,
+        lambda: load(measure_if_missing=measure),
+        gpu_names() if target == "cuda" else [],
+    )
 
 
 def main(argv: list[str]) -> int:
     if "--show" in argv:
         profile = load(measure_if_missing=False)
-        print(json.dumps(dataclasses.asdict(profile), indent=1) if profile else f"no profile cached at {cache_path()}")
+        print(
+            json.dumps(dataclasses.asdict(profile), indent=1)
+            if profile
+            else f"no profile cached at {cache_path()}"
+        )
         return 0
     if os.path.exists(cache_path()):
         os.remove(cache_path())

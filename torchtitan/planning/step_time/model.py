@@ -60,7 +60,9 @@ def link_of(ranks: list[int], p: HardwareProfile) -> Link:
     return Link(p.inter_node_gbps, p.inter_latency_us)
 
 
-def collective_seconds(kind: str, nbytes: int, ranks: list[int], p: HardwareProfile, world: int = 0) -> float:
+def collective_seconds(
+    kind: str, nbytes: int, ranks: list[int], p: HardwareProfile, world: int = 0
+) -> float:
     """`world`: the ranks on one machine, for a measured CPU profile (gloo's cost depends on
     how many processes share the cores: `gloo` table of 2 or 4, the nearest)."""
     n = len(ranks)
@@ -98,7 +100,7 @@ class Timed:
     seconds: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
 
-    def add(self, other: "Timed", k: float = 1.0) -> "Timed":
+    def add(self, other: Timed, k: float = 1.0) -> Timed:
         self.seconds += k * other.seconds
         for name, v in other.parts.items():
             self.parts[name] = self.parts.get(name, 0.0) + k * v
@@ -143,8 +145,12 @@ class Streams:
             return
         free = self.link_free[dim]
         gather = c.kind == "all_gather" and c.group in self.groups.fsdp
-        reduction = (self.overlap and label.startswith("backward") and c.kind in ("reduce_scatter", "all_reduce")
-                     and c.group in self.groups.data_parallel)
+        reduction = (
+            self.overlap
+            and label.startswith("backward")
+            and c.kind in ("reduce_scatter", "all_reduce")
+            and c.group in self.groups.data_parallel
+        )
         if gather and self.prefetch and c.api == "c10d" and label.startswith("backward"):
             # FSDP2's backward prefetch: the gather issued in a unit's pre-backward is the next
             # unit's; the unit itself waits for the one issued a unit earlier
@@ -193,7 +199,10 @@ class Streams:
                 else:
                     self.comm(e, seg.label)
         self.settle()
-        return Timed(self.t - start, {k: v - before.get(k, 0.0) for k, v in self.parts.items() if v - before.get(k, 0.0)})
+        return Timed(
+            self.t - start,
+            {k: v - before.get(k, 0.0) for k, v in self.parts.items() if v - before.get(k, 0.0)},
+        )
 
 
 @dataclass
@@ -205,27 +214,50 @@ class RankTimes:
     tail: Timed  # clipping and the optimizer
     p2p_s: float = 0.0  # one stage-boundary transfer (the largest P2P) over the pipeline link
 
-    def combined(self, other: "RankTimes", a: float, b: float) -> "RankTimes":
+    def combined(self, other: RankTimes, a: float, b: float) -> RankTimes:
         """a x self + b x other."""
         keys = set(self.actions) | set(other.actions)
-        acts = {k: Timed().add(self.actions.get(k, Timed()), a).add(other.actions.get(k, Timed()), b) for k in keys}
-        return RankTimes(Timed().add(self.serial, a).add(other.serial, b), acts,
-                         Timed().add(self.tail, a).add(other.tail, b), max(self.p2p_s, other.p2p_s))
+        acts = {
+            k: Timed().add(self.actions.get(k, Timed()), a).add(other.actions.get(k, Timed()), b)
+            for k in keys
+        }
+        return RankTimes(
+            Timed().add(self.serial, a).add(other.serial, b),
+            acts,
+            Timed().add(self.tail, a).add(other.tail, b),
+            max(self.p2p_s, other.p2p_s),
+        )
 
-    def restaged(self, stages: dict[int, int]) -> "RankTimes":
+    def restaged(self, stages: dict[int, int]) -> RankTimes:
         """The same times for another rank whose stages are `stages[own stage]` (alike stages)."""
         acts = {(stages.get(st, st), kind): t for (st, kind), t in self.actions.items()}
         return RankTimes(self.serial, acts, self.tail, self.p2p_s)
 
 
-def rank_times(segments: list[Segment], p: HardwareProfile, groups: Groups, stretch: float,
-               simple_fsdp_eager: bool) -> RankTimes:
+def rank_times(
+    segments: list[Segment],
+    p: HardwareProfile,
+    groups: Groups,
+    stretch: float,
+    simple_fsdp_eager: bool,
+) -> RankTimes:
     body = [s for s in segments if s.label not in TAIL_LABELS]
     tail = [s for s in segments if s.label in TAIL_LABELS]
-    p2p = [e for s in segments for e in s.events if isinstance(e, Comm) and e.kind in ("send", "recv")]
+    p2p = [
+        e for s in segments for e in s.events if isinstance(e, Comm) and e.kind in ("send", "recv")
+    ]
     largest = max(p2p, key=lambda e: e.nbytes, default=None)
-    p2p_s = 0.0 if largest is None else collective_seconds(
-        "send", largest.nbytes, groups.ranks.get(largest.group, [0, 1]), p, round(stretch * p.cores))
+    p2p_s = (
+        0.0
+        if largest is None
+        else collective_seconds(
+            "send",
+            largest.nbytes,
+            groups.ranks.get(largest.group, [0, 1]),
+            p,
+            round(stretch * p.cores),
+        )
+    )
     if not any(s.action is not None for s in body):
         serial = Streams(p, groups, stretch, simple_fsdp_eager).run(body)
         actions = {}
@@ -246,7 +278,9 @@ def rank_times(segments: list[Segment], p: HardwareProfile, groups: Groups, stre
         for (stage, kind, _mb, _run), segs in by_action.items():
             per_kind[(stage, kind)].append(Streams(p, groups, stretch, simple_fsdp_eager).run(segs))
         actions = {k: Timed().add(_mean(v)) for k, v in per_kind.items()}
-    return RankTimes(serial, actions, Streams(p, groups, stretch, simple_fsdp_eager).run(tail), p2p_s)
+    return RankTimes(
+        serial, actions, Streams(p, groups, stretch, simple_fsdp_eager).run(tail), p2p_s
+    )
 
 
 def _mean(items: list[Timed]) -> Timed:
@@ -261,8 +295,13 @@ def _mean(items: list[Timed]) -> Timed:
 _DEPENDS = {"F": ("F", -1), "B": ("B", +1), "I": ("I", +1)}
 
 
-def pipeline_seconds(order: dict[int, list], stage_rank: dict[int, int], times: dict[int, RankTimes],
-                     p2p_s: float, n_stages: int) -> tuple[float, dict[int, float]]:
+def pipeline_seconds(
+    order: dict[int, list],
+    stage_rank: dict[int, int],
+    times: dict[int, RankTimes],
+    p2p_s: float,
+    n_stages: int,
+) -> tuple[float, dict[int, float]]:
     """(time the last rank finishes its actions, busy seconds per rank): an event simulation
     over `order` (rank -> its actions in order: (stage, kind, microbatch) or None for idle
     slots; kind F / B / I / W / R; "FB" an overlapped forward + backward pair given as a
@@ -282,7 +321,7 @@ def pipeline_seconds(order: dict[int, list], stage_rank: dict[int, int], times: 
                 return done.get((stage, "F", mb), 0.0) if (stage, "F", mb) in done else None
             if src < 0:
                 return 0.0
-            for k in ((want,) if kind == "F" else ("B", "I")):
+            for k in (want,) if kind == "F" else ("B", "I"):
                 if (src, k, mb) in done:
                     cross = stage_rank.get(src) != stage_rank.get(stage)
                     return done[(src, k, mb)] + (p2p_s if cross else 0.0)
@@ -316,7 +355,9 @@ def pipeline_seconds(order: dict[int, list], stage_rank: dict[int, int], times: 
                 pos[r] += 1
                 progress = True
     if any(pos[r] < len(queue[r]) for r in order):
-        raise RuntimeError("step-time model: the pipeline schedule's actions could not all be placed")
+        raise RuntimeError(
+            "step-time model: the pipeline schedule's actions could not all be placed"
+        )
     return max(free.values(), default=0.0), busy
 
 
@@ -328,7 +369,9 @@ def single_stage_order(kind: str, n_ranks: int, n_microbatches: int) -> dict[int
     out = {}
     for r in range(n_ranks):
         if kind == "GPipe":
-            out[r] = [(r, "F", i) for i in range(n_microbatches)] + [(r, "B", i) for i in range(n_microbatches)]
+            out[r] = [(r, "F", i) for i in range(n_microbatches)] + [
+                (r, "B", i) for i in range(n_microbatches)
+            ]
             continue
         warm = min(n_microbatches, n_ranks - r)
         row = [(r, "F", i) for i in range(warm)]
@@ -363,7 +406,12 @@ def _plain(order: dict) -> dict[int, list]:
                 continue
             kind = a.computation_type.value
             if kind == "OVERLAP_F_B" and a.sub_actions:
-                row.append([(s.stage_index, s.computation_type.value, s.microbatch_index) for s in a.sub_actions])
+                row.append(
+                    [
+                        (s.stage_index, s.computation_type.value, s.microbatch_index)
+                        for s in a.sub_actions
+                    ]
+                )
             elif kind in ("F", "B", "I", "W"):
                 row.append((a.stage_index, kind, a.microbatch_index))
         out[rank] = row
@@ -381,7 +429,9 @@ def order_for(kind: str, n_ranks: int, n_microbatches: int) -> tuple[dict[int, l
         return None
     from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
 
-    s = object.__new__(ScheduleInterleaved1F1B)  # its order needs only these (torch 2.13's __init__)
+    s = object.__new__(
+        ScheduleInterleaved1F1B
+    )  # its order needs only these (torch 2.13's __init__)
     s.pp_group_size, s.n_local_stages, s._n_microbatches = n_ranks, 2, n_microbatches
     s.number_of_rounds = max(1, n_microbatches // n_ranks)
     s.microbatches_per_round = n_microbatches // s.number_of_rounds
@@ -398,13 +448,20 @@ class RoleTime:
     predicted_step_seconds: float
     tokens_per_second_per_device: float
     mfu: float | None
-    breakdown: dict[str, float]  # seconds: compute, recompute, overhead, optimizer, comm_<dim>, pipeline_bubble
+    breakdown: dict[
+        str, float
+    ]  # seconds: compute, recompute, overhead, optimizer, comm_<dim>, pipeline_bubble
 
     def record(self) -> dict:
         """The plan.json `step_time_per_rank_role` entry (a stable format: tools read it)."""
-        return {"role": self.role, "ranks": self.ranks, "predicted_step_seconds": self.predicted_step_seconds,
-                "tokens_per_second_per_device": self.tokens_per_second_per_device, "mfu": self.mfu,
-                "breakdown": self.breakdown}
+        return {
+            "role": self.role,
+            "ranks": self.ranks,
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "tokens_per_second_per_device": self.tokens_per_second_per_device,
+            "mfu": self.mfu,
+            "breakdown": self.breakdown,
+        }
 
 
 @dataclass
@@ -418,8 +475,12 @@ class StepShape:
     accum_steps: int  # pipeline schedules per step (gradient accumulation)
 
 
-def role_times(roles: list[tuple[str, list[int], int]], times: dict[int, RankTimes],
-               schedule: tuple | None, shape: StepShape) -> list[RoleTime]:
+def role_times(
+    roles: list[tuple[str, list[int], int]],
+    times: dict[int, RankTimes],
+    schedule: tuple | None,
+    shape: StepShape,
+) -> list[RoleTime]:
     """roles: (name, global ranks, pipeline rank); times: every pipeline rank's RankTimes."""
     if schedule is None:
         t = times[0]
@@ -427,7 +488,12 @@ def role_times(roles: list[tuple[str, list[int], int]], times: dict[int, RankTim
         parts = {r: Timed().add(times[r].serial).add(times[r].tail).parts for _, _, r in roles}
     else:
         order, n_stages = schedule
-        stage_rank = {a[0]: r for r, acts in order.items() for item in acts for a in (item if isinstance(item, list) else [item])}
+        stage_rank = {
+            a[0]: r
+            for r, acts in order.items()
+            for item in acts
+            for a in (item if isinstance(item, list) else [item])
+        }
         p2p_s = max(t.p2p_s for t in times.values())
         end, busy = pipeline_seconds(order, stage_rank, times, p2p_s, n_stages)
         tail = max(t.tail.seconds for t in times.values())
@@ -436,29 +502,47 @@ def role_times(roles: list[tuple[str, list[int], int]], times: dict[int, RankTim
         for _, _, r in roles:
             total = Timed()
             for item in order[r]:
-                for stage, kind, _mb in (item if isinstance(item, list) else [item]):
+                for stage, kind, _mb in item if isinstance(item, list) else [item]:
                     a = times[r].actions.get((stage, kind))
                     if a is not None:
                         total.add(a, shape.accum_steps)
             total.add(times[r].tail)
-            total.parts["pipeline_bubble"] = max(0.0, step - times[r].tail.seconds - shape.accum_steps * busy[r])
+            total.parts["pipeline_bubble"] = max(
+                0.0, step - times[r].tail.seconds - shape.accum_steps * busy[r]
+            )
             parts[r] = total.parts
     tps = shape.tokens_per_step / step / shape.world if step > 0 else 0.0
     mfu = tps * shape.flops_per_token / shape.peak_flops if shape.peak_flops else None
-    return [RoleTime(name, ranks, step, tps, mfu, {k: v for k, v in sorted(parts[r].items()) if v > 0})
-            for name, ranks, r in roles]
+    return [
+        RoleTime(name, ranks, step, tps, mfu, {k: v for k, v in sorted(parts[r].items()) if v > 0})
+        for name, ranks, r in roles
+    ]
 
 
 def time_table(times: list[RoleTime]) -> str:
     """The dry run's per-role step-time table (milliseconds)."""
-    names = sorted({k for t in times for k in t.breakdown}, key=lambda k: (k.startswith("comm_"), k == "pipeline_bubble", k))
-    head = ["role", "step s", "tok/s/dev", "MFU"] + [n.replace("comm_", "comm ").replace("pipeline_bubble", "bubble") + " ms"
-                                                    for n in names]
+    names = sorted(
+        {k for t in times for k in t.breakdown},
+        key=lambda k: (k.startswith("comm_"), k == "pipeline_bubble", k),
+    )
+    head = ["role", "step s", "tok/s/dev", "MFU"] + [
+        n.replace("comm_", "comm ").replace("pipeline_bubble", "bubble") + " ms" for n in names
+    ]
     rows = [head]
     for t in times:
-        rows.append([t.role, f"{t.predicted_step_seconds:.3f}", f"{t.tokens_per_second_per_device:,.0f}",
-                     "n/a" if t.mfu is None else f"{t.mfu:.1%}"] + [f"{t.breakdown.get(n, 0) * 1e3:.1f}" for n in names])
+        rows.append(
+            [
+                t.role,
+                f"{t.predicted_step_seconds:.3f}",
+                f"{t.tokens_per_second_per_device:,.0f}",
+                "n/a" if t.mfu is None else f"{t.mfu:.1%}",
+            ]
+            + [f"{t.breakdown.get(n, 0) * 1e3:.1f}" for n in names]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)

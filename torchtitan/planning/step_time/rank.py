@@ -21,11 +21,20 @@ class RankTimer:
     def observer(self, cfg) -> OpTrace:
         return OpTrace(self.hardware, cfg.compile.enable)
 
-    def times(self, trace: OpTrace, dims, cfg, pipeline) -> tuple[step_time.RankTimes, tuple | None]:
+    def times(
+        self, trace: OpTrace, dims, cfg, pipeline
+    ) -> tuple[step_time.RankTimes, tuple | None]:
         """The rank's per-phase times, and its pipeline schedule's order (None without PP)."""
-        simple_fsdp_eager = cfg.parallelism.fsdp_implementation == "simple_fsdp" and not cfg.compile.enable
-        times = step_time.rank_times(trace.segments, self.hardware, _groups(dims, trace),
-                                     _stretch(self.hardware, dims), simple_fsdp_eager)
+        simple_fsdp_eager = (
+            cfg.parallelism.fsdp_implementation == "simple_fsdp" and not cfg.compile.enable
+        )
+        times = step_time.rank_times(
+            trace.segments,
+            self.hardware,
+            _groups(dims, trace),
+            _stretch(self.hardware, dims),
+            simple_fsdp_eager,
+        )
         return times, step_time.schedule_order(pipeline) if pipeline is not None else None
 
 
@@ -58,7 +67,11 @@ def _stretch(hardware: HardwareProfile, dims) -> float:
     world, cores = dims.world_size, hardware.cores
     if world > 1 and hardware.sharing:  # measured: processes computing at once on this machine
         measured = {int(k): v for k, v in hardware.sharing.items()}
-        n = max(k for k in measured if k <= world) if any(k <= world for k in measured) else min(measured)
+        n = (
+            max(k for k in measured if k <= world)
+            if any(k <= world for k in measured)
+            else min(measured)
+        )
         return measured[n] * world / n  # beyond the largest measured count: time slices
     if world >= cores or cores == 1:
         return world / cores

@@ -14,8 +14,19 @@ from torchtitan.planning.simulate import roles as derived_roles
 from torchtitan.planning.step_time import model as step_time
 
 
-def add_times(roles: list, steps: dict, n_variants: int, dims, cfg, args, model, hardware: HardwareProfile, *,
-              reorder: bool = False, target: str = "cuda") -> None:
+def add_times(
+    roles: list,
+    steps: dict,
+    n_variants: int,
+    dims,
+    cfg,
+    args,
+    model,
+    hardware: HardwareProfile,
+    *,
+    reorder: bool = False,
+    target: str = "cuda",
+) -> None:
     """Set `role.time` of every role (RolePrediction) from `steps`, the prediction's simulated
     steps by simulation_pool.Task. reorder: time `cfg`'s pipeline order (more microbatches than
     were simulated; step_time.order_for)."""
@@ -41,13 +52,24 @@ def add_times(roles: list, steps: dict, n_variants: int, dims, cfg, args, model,
             times[r] = per[0][r].combined(per[1][r], 1 - x, x)
     schedule = steps[simulation_pool.Task(0, 0, False)].schedule
     if reorder and dims.pp > 1:
-        schedule = step_time.order_for(cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg))
+        schedule = step_time.order_for(
+            cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg)
+        )
     shape = batch_shape(cfg, dims.dp)
     # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's)
     dtype = param_dtype(cfg.training.mixed_precision_param, target)
     peak = hardware.peak_tflops.get(dtype, hardware.peak_tflops.get("bfloat16", 0.0)) * 1e12
-    step_shape = step_time.StepShape(shape.global_batch * cfg.training.seq_len, dims.world_size,
-                                     model.flops_per_token(cfg.training.seq_len), peak, shape.accum_steps)
-    for role, rt in zip(roles, step_time.role_times([(r.role, r.ranks, r.pp_rank) for r in roles], times, schedule,
-                                                    step_shape)):
+    step_shape = step_time.StepShape(
+        shape.global_batch * cfg.training.seq_len,
+        dims.world_size,
+        model.flops_per_token(cfg.training.seq_len),
+        peak,
+        shape.accum_steps,
+    )
+    for role, rt in zip(
+        roles,
+        step_time.role_times(
+            [(r.role, r.ranks, r.pp_rank) for r in roles], times, schedule, step_shape
+        ),
+    ):
         role.time = rt

@@ -39,7 +39,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_leaves
 
 from torchtitan.hardware import HardwareProfile
-from torchtitan.observe.comm_stats import collective_bytes, collective_kind, _group_name
+from torchtitan.observe.comm_stats import _group_name, collective_bytes, collective_kind
 
 aten = torch.ops.aten
 
@@ -47,10 +47,30 @@ _GEMM = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.def
 _ATTENTION_FWD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
 _ATTENTION_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
 # ops that launch no kernel besides views: allocation without a fill, metadata, host reads
-_NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like", "detach", "alias",
-              "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
-              "set_", "resize_", "record_stream", "_has_compatible_shallow_copy_type", "wait_tensor",
-              "is_same_size", "_unsafe_view", "_reshape_alias", "lift_fresh_copy"}
+_NO_KERNEL = {
+    "empty",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "empty_like",
+    "detach",
+    "alias",
+    "lift_fresh",
+    "_local_scalar_dense",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "set_",
+    "resize_",
+    "record_stream",
+    "_has_compatible_shallow_copy_type",
+    "wait_tensor",
+    "is_same_size",
+    "_unsafe_view",
+    "_reshape_alias",
+    "lift_fresh_copy",
+}
 
 
 def _nbytes(x) -> int:
@@ -113,8 +133,15 @@ def attention_flops(args, kwargs, backward: bool, block: int) -> float:
     return 2.0 * b * h * sq * sk * per_pair * kept
 
 
-def op_seconds(kind: str, flops: float, nbytes: int, dtype: str, p: HardwareProfile, compiled: bool,
-               head_dim: int = 0) -> tuple[float, float]:
+def op_seconds(
+    kind: str,
+    flops: float,
+    nbytes: int,
+    dtype: str,
+    p: HardwareProfile,
+    compiled: bool,
+    head_dim: int = 0,
+) -> tuple[float, float]:
     """(device seconds, host seconds) of one op on profile `p` (roofline: the larger of the
     FLOPs at the class's efficiency and the bytes at the memory efficiency)."""
     bandwidth = p.hbm_gbps * 1e9 * p.memory_efficiency
@@ -170,7 +197,11 @@ class OpTrace:
         self.active = False
 
     def _segment(self, label: str, action) -> Segment:
-        if not self.segments or self.segments[-1].label != label or self.segments[-1].action != action:
+        if (
+            not self.segments
+            or self.segments[-1].label != label
+            or self.segments[-1].action != action
+        ):
             self.segments.append(Segment(label, action))
         return self.segments[-1]
 
@@ -195,10 +226,18 @@ class OpTrace:
         kind = collective_kind(func, args)
         if kind is not None:
             group = _group_name(args, {})
-            if namespace == "c10d":  # an eager process-group call: its caller's host work (FSDP2's hooks, DDP, pipelining)
+            if (
+                namespace == "c10d"
+            ):  # an eager process-group call: its caller's host work (FSDP2's hooks, DDP, pipelining)
                 self._host(self.profile.host_us_per_collective * 1e-6, label, action)
             self._segment(label, action).events.append(
-                Comm(kind, group, collective_bytes(kind, func, args), namespace if namespace in ("c10d", "torchtitan") else "functional"))
+                Comm(
+                    kind,
+                    group,
+                    collective_bytes(kind, func, args),
+                    namespace if namespace in ("c10d", "torchtitan") else "functional",
+                )
+            )
             return
         if namespace == "prim" or name in _NO_KERNEL or getattr(func, "is_view", False):
             # no kernel, but dispatched all the same (profile.host_us_per_op is measured over every op)
@@ -206,19 +245,32 @@ class OpTrace:
                 self._host(self.profile.host_us_per_op * 1e-6, label, action)
             return
         if func in _GEMM:
-            op, flops, dtype = "gemm", gemm_flops(func, args), _dtype_name(args[-1] if func is aten.mm.default else args[1])
+            op, flops, dtype = (
+                "gemm",
+                gemm_flops(func, args),
+                _dtype_name(args[-1] if func is aten.mm.default else args[1]),
+            )
         elif name in ("grouped_mm", "grouped_mm_backward", "_grouped_mm"):
             op, flops, dtype = "grouped_gemm", grouped_gemm_flops(name, args), _dtype_name(args[0])
         elif func in _ATTENTION_FWD or func in _ATTENTION_BWD:
             op = "attention"
-            flops = attention_flops(args, kwargs, func in _ATTENTION_BWD, self.profile.attention_block)
+            flops = attention_flops(
+                args, kwargs, func in _ATTENTION_BWD, self.profile.attention_block
+            )
             dtype = _dtype_name(args[0])
             head_dim = args[0].shape[-1]
         else:
             op, flops, dtype = "memory", 0.0, "bfloat16"
         nbytes = _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
-        device_s, host_s = op_seconds(op, flops, nbytes, dtype, self.profile, self.compiled and label != "optimizer",
-                                      head_dim if op == "attention" else 0)
+        device_s, host_s = op_seconds(
+            op,
+            flops,
+            nbytes,
+            dtype,
+            self.profile,
+            self.compiled and label != "optimizer",
+            head_dim if op == "attention" else 0,
+        )
         if (self.checkpointed or self.recomputing) and not self.compiled:
             host_s += self._ac_host_s()
         seg = self._segment(label, action)
@@ -239,8 +291,10 @@ class OpTrace:
         dispatch modes when one is on the mode stack, else whole-region checkpointing's hooks."""
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-        sac = any(type(m).__name__ in ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
-                  for m in _get_current_dispatch_mode_stack())
+        sac = any(
+            type(m).__name__ in ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
+            for m in _get_current_dispatch_mode_stack()
+        )
         return (self.profile.sac_us_per_op if sac else self.profile.ac_us_per_op) * 1e-6
 
     @contextlib.contextmanager
@@ -249,8 +303,10 @@ class OpTrace:
         those of a checkpointed region's forward are known (`checkpointed`)."""
         trace = self
         patched = []
-        for hook, counter in ((torch_checkpoint._recomputation_hook, "recomputing"),
-                              (torch_checkpoint._checkpoint_hook, "checkpointed")):
+        for hook, counter in (
+            (torch_checkpoint._recomputation_hook, "recomputing"),
+            (torch_checkpoint._checkpoint_hook, "checkpointed"),
+        ):
             enter, exit_ = hook.__enter__, hook.__exit__
 
             def entered(h, enter=enter, counter=counter):

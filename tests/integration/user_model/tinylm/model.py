@@ -53,4 +53,6 @@ class TinyLM(nn.Module):
         init_parameters(self, partial(_init_fn, dim=self.args.dim), seed, device)
 
     def flops_per_token(self, seq_len: int) -> float:
-        return 6.0 * sum(p.numel() for n, p in self.named_parameters() if not n.startswith("tok_embeddings"))
+        return 6.0 * sum(
+            p.numel() for n, p in self.named_parameters() if not n.startswith("tok_embeddings")
+        )

@@ -3,16 +3,17 @@
 
 from torch import nn
 
+from tinylm.args import FLAVORS
+from tinylm.model import TinyLM
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
 from torchtitan.distributed.data_parallel import apply_data_parallel, fsdp_ac_groups
 from torchtitan.models.train_spec import TrainSpec
 
-from tinylm.args import FLAVORS
-from tinylm.model import TinyLM
 
-
-def parallelize_tinylm(model: nn.Module, dims, plan, parallelism, compile_cfg, precision) -> nn.Module:
+def parallelize_tinylm(
+    model: nn.Module, dims, plan, parallelism, compile_cfg, precision
+) -> nn.Module:
     apply_ac(model, plan.regions, fsdp_ac_groups(dims, parallelism.fsdp_implementation))
     if compile_cfg.enable:
         apply_compile(model.layers, compile_cfg)
