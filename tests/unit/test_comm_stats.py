@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from torchtitan.distributed.parallel_dims import mesh_group_dims
 from torchtitan.observe import comm_stats
-from torchtitan.observe.comm_stats import CommStats, _group_name, _tensor_bytes
+from torchtitan.observe.comm_stats import CommStats, group_name_of, _tensor_bytes
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.units import MIB
 
@@ -218,17 +218,17 @@ def test_tensor_bytes_of_meta_tensors_needs_no_storage():
 def test_group_name_of_functional_op_arguments():
     t = torch.zeros(2)
     known = {"7": "tp", "3": "dp_shard"}
-    assert _group_name((t, "sum", 2, "7"), known) == "7"  # all_reduce: reduce op before the group
-    assert _group_name((t, "avg", 4, "3"), known) == "3"  # reduce_scatter_tensor
-    assert _group_name((t, 4, "3"), known) == "3"  # all_gather_into_tensor
+    assert group_name_of((t, "sum", 2, "7"), known) == "7"  # all_reduce: reduce op before the group
+    assert group_name_of((t, "avg", 4, "3"), known) == "3"  # reduce_scatter_tensor
+    assert group_name_of((t, 4, "3"), known) == "3"  # all_gather_into_tensor
     # a known name wins over a later unknown string
-    assert _group_name((t, "3", "nine"), known) == "3"
+    assert group_name_of((t, "3", "nine"), known) == "3"
     # unknown: the last string
-    assert _group_name((t, "sum", 2, "11"), known) == "11"
-    assert _group_name((t, "sum", 2, "11"), {}) == "11"
+    assert group_name_of((t, "sum", 2, "11"), known) == "11"
+    assert group_name_of((t, "sum", 2, "11"), {}) == "11"
     # no string at all
-    assert _group_name((t, 2, 3), known) is None
-    assert _group_name((), known) is None
+    assert group_name_of((t, 2, 3), known) is None
+    assert group_name_of((), known) is None
 
 
 def test_module_constants():
@@ -544,7 +544,7 @@ def test_real_functional_gathers_and_unknown_groups(gloo_world):
 
 def test_group_name_of_a_boxed_process_group(gloo_world):
     boxed = dist.ProcessGroup.boxed(gloo_world)
-    assert _group_name((torch.zeros(1), boxed, "sum"), {}) == gloo_world.group_name
+    assert group_name_of((torch.zeros(1), boxed, "sum"), {}) == gloo_world.group_name
 
 
 def test_mesh_group_dims_adds_the_world_group(gloo_world):

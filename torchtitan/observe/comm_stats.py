@@ -67,7 +67,9 @@ def _tensor_bytes(x) -> int:
     return 0
 
 
-def _group_name(args, known: dict) -> str | None:
+def group_name_of(args, known: dict) -> str | None:
+    """The process group a collective op's arguments name: a boxed ProcessGroup's name, or
+    the string argument that is a known group's name (functional collectives pass it last)."""
     strings = []
     for a in args:
         if isinstance(a, str):
@@ -146,7 +148,7 @@ class CommStats(TorchDispatchMode):
         return out
 
     def _record(self, kind: str, func, args) -> None:
-        name = _group_name(args, self.group_dims)
+        name = group_name_of(args, self.group_dims)
         dim = self.group_dims.get(name, "world" if name is None else f"group:{name}")
         if torch._C._current_graph_task_id() != -1:
             phase = "backward"

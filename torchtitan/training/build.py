@@ -244,9 +244,8 @@ def fake_world(cfg: JobConfig, world_size: int) -> Iterator[ParallelDims]:
     """This process as rank 0 of a fake process group of `world_size` ranks (collectives move
     nothing), with the job's mesh built on it; destroyed on exit. A process can hold it only
     while no real group exists (device meshes and groups keep global state)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    # the fake backend needs a store only to initialise; torch's in-memory HashStore serves
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
     try:
         dims = ParallelDims.from_config(cfg, world_size)
         dims.build_mesh("cpu")

@@ -39,7 +39,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_leaves
 
 from torchtitan.hardware import HardwareProfile
-from torchtitan.observe.comm_stats import _group_name, collective_bytes, collective_kind
+from torchtitan.observe.comm_stats import collective_bytes, collective_kind, group_name_of
 
 aten = torch.ops.aten
 
@@ -225,7 +225,7 @@ class OpTrace:
         namespace, name = func._overloadpacket._qualified_op_name.split("::")
         kind = collective_kind(func, args)
         if kind is not None:
-            group = _group_name(args, {})
+            group = group_name_of(args, {})
             if (
                 namespace == "c10d"
             ):  # an eager process-group call: its caller's host work (FSDP2's hooks, DDP, pipelining)
