@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from torchtitan.distributed.parallel_dims import mesh_group_dims
 from torchtitan.observe import comm_stats
-from torchtitan.observe.comm_stats import CommStats, group_name_of, _tensor_bytes
+from torchtitan.observe.comm_stats import CommStats, _tensor_bytes, group_name_of
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.units import MIB
 
