@@ -9,7 +9,7 @@
 Each row is one run_train.sh job, run one after another, of
 --steps steps on the embedded corpus; the first --warmup steps (compilation, allocator
 warm-up) are left out. Reported: the median tokens/s per device, MFU against the GPU's dense
-bf16 peak (torchtitan/observe/peak_flops.py; FLOPs per token as torchtitan and Megatron-LM
+bf16 peak (torchtitan/hardware.py; FLOPs per token as torchtitan and Megatron-LM
 count them, see docs/metrics.md), and the largest per-step peak of allocated and reserved CUDA
 memory (on CPU: resident set size). Overrides after `--` go to every run.
 """

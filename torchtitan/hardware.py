@@ -1,14 +1,23 @@
-"""Hardware profiles: what the step-time model (step_time.py) turns FLOPs and bytes into time with.
+"""The one table of GPU facts: hardware profiles, what the step-time model (planning/step_time/)
+turns FLOPs and bytes into time with, and the peak both MFUs divide by: the measured one of the
+trainer's log (observe/metrics.py) and the predicted one (planning/step_time/roles.py).
 
-A profile holds datasheet figures (peak FLOPS, memory bandwidth, link bandwidths, GPUs per
-node) and a few efficiencies: the fraction of a peak that a class of kernels reaches. The
-datasheet figures are NVIDIA's (sources below, dense, no sparsity). The efficiencies are
-fixed from public micro-benchmark knowledge, not fitted to the runs we compare against,
-except the one calibration docs/step_time.md names (the GEMM efficiency of
-`h100_grand_teton`, from one published run).
+A profile holds datasheet figures (dense peak TFLOPS per dtype, memory capacity and bandwidth,
+link bandwidths, GPUs per node), the GPU names it is chosen for, and a few efficiencies: the
+fraction of a peak that a class of kernels reaches. The datasheet figures are NVIDIA's (each
+entry's `source`; dense, no sparsity). The efficiencies are fixed from public
+micro-benchmark knowledge, not fitted to the runs we compare against, except the one
+calibration docs/step_time.md names (the `clock_factor` of `h100_grand_teton`, from one
+published run).
 
-`local` is this machine, measured by a short micro-benchmark (memory/local_profile.py) and
-cached per machine; every other profile is a constant here. `[hardware]` keys override
+A GPU is found by its name (nvidia-smi / torch.cuda.get_device_name) and never guessed: the
+name's words must be exactly those of a name an entry lists (`gpu_profile_name`), so a PCIe
+H100 is not the SXM one and a GB200 is not a B200; an unknown GPU gets one line naming it and
+the keys that describe it (`unknown_gpu_line`). Adding a GPU is one entry of PROFILES (and its
+name in the Literal of config/job_config.py's Hardware.profile, which a test ties to PROFILES).
+
+`local` is this machine, measured by a short micro-benchmark (planning/step_time/local_profile.py)
+and cached per machine; every other profile is a constant here. `[hardware]` keys override
 single values (config/job_config.py, class Hardware). Torch-free: the config check and the
 layout search use it without torch.
 """
@@ -18,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -29,7 +39,8 @@ GB = 1e9  # link and memory bandwidths are decimal GB/s, as datasheets state the
 class HardwareProfile:
     name: str
     source: str  # where the figures come from
-    peak_tflops: dict[str, float]  # dense peak per compute dtype ("bfloat16", "float32")
+    # dense peak per compute dtype ("bfloat16", "float32", "float8": FP8 tensor cores)
+    peak_tflops: dict[str, float]
     hbm_gbps: float  # device memory bandwidth, GB/s
     memory_gib: float  # device memory
     gpus_per_node: int  # ranks that share the fast intra-node links (NVLink; CPU: one machine)
@@ -43,17 +54,14 @@ class HardwareProfile:
     gemm_half_gflop: float
     grouped_gemm_efficiency: float  # routed experts' grouped GEMM, as a fraction of peak
     attention_efficiency: float  # fused attention (flash / memory-efficient kernels)
-    attention_block: (
-        int  # query/key block of the causal kernel: blocks above the diagonal are skipped
-    )
+    # query/key block of the causal kernel: blocks above the diagonal are skipped
+    attention_block: int
     memory_efficiency: float  # fraction of hbm_gbps that memory-bound kernels reach
     host_us_per_op: float  # eager: host time to dispatch one op (Python, autograd, launch)
-    dtensor_us_per_op: (
-        float  # host time DTensor adds to an op on DTensors (sharding propagation, Python)
-    )
-    host_us_per_collective: (
-        float  # host time around an eager process-group collective (FSDP2's hooks, copies)
-    )
+    # host time DTensor adds to an op on DTensors (sharding propagation, Python)
+    dtensor_us_per_op: float
+    # host time around an eager process-group collective (FSDP2's hooks, copies)
+    host_us_per_collective: float
     # compiled blocks: memory-bound ops fuse (fewer bytes move, fewer launches)
     compiled_memory_fraction: float  # bytes a compiled block's memory-bound ops still move
     compiled_ops_per_kernel: float  # eager ops per launched kernel in a compiled block
@@ -62,9 +70,8 @@ class HardwareProfile:
     host_async: bool = True
     cores: int = 0  # CPU: cores the node's ranks share (ranks beyond it slow compute down)
     thread_speedup: float = 1.0  # CPU: a rank with every core's thread vs one thread
-    sharing: dict = field(
-        default_factory=dict
-    )  # CPU: {processes: slowdown of each} when they compute at once
+    # CPU: {processes: slowdown of each} when they compute at once
+    sharing: dict = field(default_factory=dict)
     # host time activation checkpointing adds per op of a checkpointed region (forward and
     # recomputation): whole-region checkpointing (saved-tensor hooks) and an op-level policy
     # (SAC's dispatch modes); measured on a CPU, 0 where not measured
@@ -76,6 +83,11 @@ class HardwareProfile:
     attention_by_head_dim: dict[int, float] = field(default_factory=dict)
     # measured profiles (gloo on one machine): {ranks on the machine: {"gbps", "fixed_us": {kind: us}}}
     gloo: dict = field(default_factory=dict)
+    # CPU (gloo): fixed cost per collective kind
+    collective_us: dict[str, float] = field(default_factory=dict)
+    # the GPU names (nvidia-smi, torch.cuda.get_device_name) that choose this profile under
+    # --hardware.profile=auto, as the driver spells them; matched by their words (name_words)
+    device_names: tuple[str, ...] = ()
 
     def attention_eff(self, head_dim: int) -> float:
         table = sorted((int(k), v) for k, v in self.attention_by_head_dim.items())
@@ -88,37 +100,46 @@ class HardwareProfile:
                 return e0 + (e1 - e0) * math.log(head_dim / d0) / math.log(d1 / d0)
         return table[-1][1]
 
-    collective_us: dict[str, float] = field(
-        default_factory=dict
-    )  # CPU (gloo): fixed cost per collective kind
+    def datasheet_flops(self, dtype: str) -> float:
+        """The dense datasheet peak of `dtype` (bf16's for a dtype the profile does not state):
+        what an MFU divides by, the clock factor not applied (MFU compares with the datasheet)."""
+        return self.peak_tflops.get(dtype, self.peak_tflops.get("bfloat16", 0.0)) * 1e12
 
     def peak_flops(self, dtype: str) -> float:
-        return self.peak_tflops.get(dtype, self.peak_tflops["bfloat16"]) * 1e12 * self.clock_factor
+        """The peak the step-time model reaches a fraction of: the datasheet's at clock_factor."""
+        return self.datasheet_flops(dtype) * self.clock_factor
 
     def record(self) -> dict:
         return dataclasses.asdict(self)
 
 
 # ---------------------------------------------------------------------------- the GPUs
-# Sources (dense figures, no sparsity):
-#  H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet (2023): bf16 989.4 TFLOPS, fp32 66.9,
-#    HBM3 3.35 TB/s, 80 GB, NVLink 4 900 GB/s (both directions: 450 per direction).
-#  H200 SXM: NVIDIA H200 datasheet (2024): bf16 989.4, HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s.
-#  A100 SXM 80GB: NVIDIA A100 datasheet (2021): bf16 312, fp32 19.5, HBM2e 2.039 TB/s,
-#    NVLink 3 600 GB/s (300 per direction).
-#  B200 (HGX): NVIDIA Blackwell datasheet (2024): bf16 2,250 dense, HBM3e 8 TB/s, 180 GB,
-#    NVLink 5 1.8 TB/s (900 per direction).
-# Networks: one 400 Gb/s NIC per GPU (ConnectX-7 InfiniBand / RoCE, the HGX reference
-# design; A100: 200 Gb/s HDR) = 50 GB/s per direction.
+# Sources (dense figures: NVIDIA's tables give sparse tensor-core figures, twice these):
+#  H100 SXM5 / PCIe: NVIDIA H100 Tensor Core GPU whitepaper and datasheet (2023): bf16 989.4 /
+#    756.5 TFLOPS, fp32 66.9 / 51.2, fp8 1,978.9 / 1,513; SXM5 HBM3 3.35 TB/s 80 GB, NVLink 4
+#    900 GB/s (450 per direction); PCIe HBM2e 2 TB/s. H100 NVL datasheet: 94 GB HBM3 3.9 TB/s.
+#  H200 SXM / NVL: NVIDIA H200 datasheet (2024): HBM3e 4.8 TB/s, 141 GB, NVLink 900 GB/s;
+#    NVL bf16 1,671 sparse. H800 / A800: the export parts, NVLink 400 GB/s.
+#  GH200: NVIDIA GH200 Grace Hopper Superchip datasheet (2023): 96 GB HBM3 4 TB/s or 144 GB
+#    HBM3e 4.9 TB/s.
+#  A100 SXM4 / PCIe: NVIDIA A100 datasheet (2021): bf16 312, fp32 19.5; 80 GB HBM2e 2.039 TB/s
+#    (PCIe 1.935), 40 GB HBM2 1.555 TB/s; NVLink 3 600 GB/s (300 per direction).
+#  B200 (HGX): NVIDIA Blackwell datasheet (2024): bf16 2,250 dense, fp8 4,500, HBM3e 8 TB/s,
+#    180 GB, NVLink 5 1.8 TB/s (900 per direction). GB200: the GB200 NVL72 datasheet (2024).
+#  L40S, L40, L4, A10: their NVIDIA datasheets (GDDR6; PCIe Gen4 x16, no NVLink).
+# Networks: one 400 Gb/s NIC per GPU (ConnectX-7 InfiniBand / RoCE, the HGX reference design;
+# A100: 200 Gb/s HDR) = 50 GB/s per direction. PCIe servers (8 cards): collectives cross PCIe
+# (Gen5 x16 64 GB/s per direction, Gen4 32; the cards' NVLink bridges join pairs only, which
+# a ring over 8 does not use), and one 200 Gb/s NIC per GPU is assumed.
 # Efficiencies, from public measurements on these parts: NCCL all-gather / reduce-scatter bus
 # bandwidth ~80% of NVLink's per-direction figure (nccl-tests on HGX H100: ~360 of 450 GB/s) and
-# ~85% of the NIC's; cuBLAS bf16 GEMMs of LLM shapes ~70% of peak on H100 (~75% on A100);
-# FlashAttention-2 (torch's SDPA kernels) ~40% of peak on H100 forward and backward, ~55%
-# on A100; elementwise kernels ~80% of HBM bandwidth; eager PyTorch dispatches an op in
-# ~10 us of host time (Python module call, autograd, launch), DTensor adds ~40 us per op
-# (sharding propagation) and FSDP2 ~150 us around each collective (its hooks and copies) on
+# ~85% of the NIC's (PCIe: 80% assumed alike); cuBLAS bf16 GEMMs of LLM shapes ~70% of peak on
+# H100 (~75% on A100); FlashAttention-2 (torch's SDPA kernels) ~40% of peak on H100 forward and
+# backward, ~55% on A100; elementwise kernels ~80% of HBM bandwidth; eager PyTorch dispatches
+# an op in ~10 us of host time (Python module call, autograd, launch), DTensor adds ~40 us per
+# op (sharding propagation) and FSDP2 ~150 us around each collective (its hooks and copies) on
 # a server CPU (about 2.5x faster than this project's CPU machines, where they measure ~95
-# and ~250-400 us: memory/local_profile.py).
+# and ~250-400 us: planning/step_time/local_profile.py).
 _GPU_COMMON = dict(
     intra_latency_us=5.0,
     inter_latency_us=15.0,
@@ -132,131 +153,210 @@ _GPU_COMMON = dict(
     compiled_ops_per_kernel=4.0,
     host_async=True,
 )
+# (GEMM, grouped GEMM, attention) efficiency by part. Ada (L40S, L40, L4) and GA10x (A10)
+# take A100's: assumed, not measured on those parts.
+HOPPER = (0.70, 0.55, 0.40)
+HOPPER_HBM3E = (0.72, 0.57, 0.42)  # H200: the same silicon fed faster
+AMPERE = (0.75, 0.60, 0.55)
+BLACKWELL = (0.65, 0.50, 0.35)
+# (GPUs per node, intra-node bus GB/s per rank, inter-node bus GB/s per rank)
+NVLINK4 = (8, 360.0, 42.5)  # 450 GB/s per direction x 0.8; 400 Gb/s NIC x 0.85
+NVLINK4_H800 = (8, 160.0, 42.5)  # export part: NVLink 400 GB/s (200 per direction)
+NVLINK3 = (8, 240.0, 21.25)  # 300 per direction x 0.8; 200 Gb/s NIC x 0.85
+NVLINK3_A800 = (8, 160.0, 21.25)  # export part: NVLink 400 GB/s
+NVLINK5 = (8, 720.0, 42.5)  # 900 per direction x 0.8
+PCIE5 = (8, 51.2, 21.25)  # 64 per direction x 0.8
+PCIE4 = (8, 25.6, 21.25)  # 32 per direction x 0.8
 
-PROFILES: dict[str, HardwareProfile] = {
-    "h100_sxm": HardwareProfile(
-        "h100_sxm",
-        "NVIDIA H100 SXM5 80GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
-        {"bfloat16": 989.4, "float32": 66.9},
-        hbm_gbps=3350,
-        memory_gib=80 * 1e9 / 2**30,
-        gpus_per_node=8,
-        intra_node_gbps=360,
-        inter_node_gbps=42.5,
-        gemm_efficiency=0.70,
-        grouped_gemm_efficiency=0.55,
-        attention_efficiency=0.40,
-        **_GPU_COMMON,
-    ),
-    "h200": HardwareProfile(
-        "h200",
-        "NVIDIA H200 SXM 141GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
-        {"bfloat16": 989.4, "float32": 66.9},
-        hbm_gbps=4800,
-        memory_gib=141 * 1e9 / 2**30,
-        gpus_per_node=8,
-        intra_node_gbps=360,
-        inter_node_gbps=42.5,
-        gemm_efficiency=0.72,
-        grouped_gemm_efficiency=0.57,
-        attention_efficiency=0.42,
-        **_GPU_COMMON,
-    ),
-    "a100_80gb": HardwareProfile(
-        "a100_80gb",
-        "NVIDIA A100 SXM4 80GB datasheet; 8 per HGX node, 200 Gb/s NIC per GPU",
-        {"bfloat16": 312.0, "float32": 19.5},
-        hbm_gbps=2039,
-        memory_gib=80 * 1e9 / 2**30,
-        gpus_per_node=8,
-        intra_node_gbps=240,
-        inter_node_gbps=21.25,
-        gemm_efficiency=0.75,
-        grouped_gemm_efficiency=0.60,
-        attention_efficiency=0.55,
-        **_GPU_COMMON,
-    ),
-    "b200": HardwareProfile(
-        "b200",
-        "NVIDIA HGX B200 180GB datasheet; 8 per node, 400 Gb/s NIC per GPU",
-        {"bfloat16": 2250.0, "float32": 80.0},
-        hbm_gbps=8000,
-        memory_gib=180 * 1e9 / 2**30,
-        gpus_per_node=8,
-        intra_node_gbps=720,
-        inter_node_gbps=42.5,
-        gemm_efficiency=0.65,
-        grouped_gemm_efficiency=0.50,
-        attention_efficiency=0.35,
-        **_GPU_COMMON,
-    ),
+
+def _gpu(name, source, names, tflops, hbm_gbps, memory_gb, links, efficiency, **extra):
+    """One GPU entry. tflops: dense (bf16, fp32, fp8 or None: no FP8 tensor cores)."""
+    bf16, fp32, fp8 = tflops
+    gemm, grouped, attention = efficiency
+    gpus, intra, inter = links
+    return HardwareProfile(
+        name,
+        source,
+        {"bfloat16": bf16, "float32": fp32, **({"float8": fp8} if fp8 else {})},
+        hbm_gbps=hbm_gbps,
+        memory_gib=memory_gb * GB / 2**30,
+        gpus_per_node=gpus,
+        intra_node_gbps=intra,
+        inter_node_gbps=inter,
+        gemm_efficiency=gemm,
+        grouped_gemm_efficiency=grouped,
+        attention_efficiency=attention,
+        device_names=tuple(names),
+        **{**_GPU_COMMON, **extra},
+    )
+
+
+# fmt: off
+# dense (bf16, fp32, fp8) TFLOPS shared by several entries
+_H100 = (989.4, 66.9, 1978.9)  # H100 whitepaper (2023), SXM5; H200, H800, GH200: same silicon
+_H100_PCIE = (756.5, 51.2, 1513.0)  # H100 whitepaper, PCIe (lower clocks and power)
+_NVL = (835.5, 60.0, 1670.5)  # H100 NVL and H200 NVL datasheets (1,671 / 3,341 sparse)
+_A100 = (312.0, 19.5, None)  # A100 datasheet (2021), SXM4 and PCIe alike; no FP8
+_GH200 = (1, 360.0, 42.5)  # one superchip per node (MGX); several: --hardware.gpus_per_node
+_ALL = (
+    # name, source, device names, (bf16, fp32, fp8) TFLOPS, memory GB/s, memory GB, links,
+    # efficiencies
+    _gpu("h100_sxm", "NVIDIA H100 SXM5 80GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
+         ["NVIDIA H100 80GB HBM3"], _H100, 3350, 80, NVLINK4, HOPPER),
+    _gpu("h100_pcie", "NVIDIA H100 PCIe 80GB datasheet; 8 per server over PCIe Gen5",
+         ["NVIDIA H100 PCIe", "NVIDIA H100 80GB PCIe"], _H100_PCIE, 2000, 80, PCIE5, HOPPER),
+    _gpu("h100_nvl", "NVIDIA H100 NVL 94GB datasheet; 8 per server over PCIe Gen5",
+         ["NVIDIA H100 NVL"], _NVL, 3900, 94, PCIE5, HOPPER),
     # The hardware of torchtitan's published Llama 3.1 benchmarks (Grand Teton: H100 SXM with
     # 96 GB HBM2e at 2.4 TB/s and a 500 W power limit, 8 per host over NVLink, 400 Gb/s RDMA
     # per GPU). Same silicon and efficiencies as h100_sxm; the 500 W cap lowers the sustained
     # tensor-core clock: `clock_factor` is the one value calibrated on a published run
-    # (docs/step_time.md names the run; CALIBRATED_CLOCK below).
-    "h100_grand_teton": HardwareProfile(
-        "h100_grand_teton",
-        "H100 SXM 96GB HBM2e 2.4 TB/s, 500 W (torchtitan's published benchmarks' hardware)",
-        {"bfloat16": 989.4, "float32": 66.9},
-        hbm_gbps=2400,
-        memory_gib=96 * 1e9 / 2**30,
-        gpus_per_node=8,
-        intra_node_gbps=360,
-        inter_node_gbps=42.5,
-        gemm_efficiency=0.70,
-        grouped_gemm_efficiency=0.55,
-        attention_efficiency=0.40,
-        clock_factor=0.762,
-        **_GPU_COMMON,
-    ),
-}
-PROFILES["h800"] = dataclasses.replace(  # H100 with NVLink cut to 400 GB/s (export part)
-    PROFILES["h100_sxm"],
-    name="h800",
-    source="NVIDIA H800 SXM: H100 silicon, NVLink 400 GB/s; 8 per node, 400 Gb/s NIC per GPU",
-    intra_node_gbps=160,
+    # (docs/step_time.md names the run). No device name chooses it: --hardware.profile only.
+    _gpu("h100_grand_teton",
+         "H100 SXM 96GB HBM2e 2.4 TB/s, 500 W (torchtitan's published benchmarks' hardware)",
+         [], _H100, 2400, 96, NVLINK4, HOPPER, clock_factor=0.762),
+    _gpu("h800", "NVIDIA H800 SXM: H100 silicon, NVLink 400 GB/s; 8 per node, 400 Gb/s NIC per GPU",
+         ["NVIDIA H800", "NVIDIA H800 80GB HBM3"], _H100, 3350, 80, NVLINK4_H800, HOPPER),
+    _gpu("h800_pcie", "NVIDIA H800 PCIe 80GB: H100 PCIe silicon; 8 per server over PCIe Gen5",
+         ["NVIDIA H800 PCIe"], _H100_PCIE, 2000, 80, PCIE5, HOPPER),
+    _gpu("h200", "NVIDIA H200 SXM 141GB datasheet; 8 per HGX node, 400 Gb/s NIC per GPU",
+         ["NVIDIA H200", "NVIDIA H200 141GB HBM3e"], _H100, 4800, 141, NVLINK4, HOPPER_HBM3E),
+    _gpu("h200_nvl", "NVIDIA H200 NVL 141GB datasheet; 8 per server over PCIe Gen5",
+         ["NVIDIA H200 NVL"], _NVL, 4800, 141, PCIE5, HOPPER_HBM3E),
+    _gpu("gh200", "NVIDIA GH200 datasheet, 96 GB HBM3 (480 GB with the CPU's); one per node",
+         ["NVIDIA GH200 480GB"], _H100, 4000, 96, _GH200, HOPPER),
+    _gpu("gh200_144gb", "NVIDIA GH200 datasheet, 144 GB HBM3e; one per node",
+         ["NVIDIA GH200 144G HBM3e"], _H100, 4900, 144, _GH200, HOPPER_HBM3E),
+    _gpu("a100_80gb", "NVIDIA A100 SXM4 80GB datasheet; 8 per HGX node, 200 Gb/s NIC per GPU",
+         ["NVIDIA A100-SXM4-80GB"], _A100, 2039, 80, NVLINK3, AMPERE),
+    _gpu("a100_40gb", "NVIDIA A100 SXM4 40GB datasheet; 8 per HGX node, 200 Gb/s NIC per GPU",
+         ["NVIDIA A100-SXM4-40GB"], _A100, 1555, 40, NVLINK3, AMPERE),
+    _gpu("a100_pcie_80gb", "NVIDIA A100 PCIe 80GB datasheet; 8 per server over PCIe Gen4",
+         ["NVIDIA A100 80GB PCIe"], _A100, 1935, 80, PCIE4, AMPERE),
+    _gpu("a100_pcie_40gb", "NVIDIA A100 PCIe 40GB datasheet; 8 per server over PCIe Gen4",
+         ["NVIDIA A100-PCIE-40GB"], _A100, 1555, 40, PCIE4, AMPERE),
+    _gpu("a800", "NVIDIA A800 SXM4 80GB: A100 silicon, NVLink 400 GB/s; 8 per node, 200 Gb/s NIC",
+         ["NVIDIA A800-SXM4-80GB"], _A100, 2039, 80, NVLINK3_A800, AMPERE),
+    _gpu("a800_pcie", "NVIDIA A800 PCIe 80GB: A100 PCIe silicon; 8 per server over PCIe Gen4",
+         ["NVIDIA A800 80GB PCIe"], _A100, 1935, 80, PCIE4, AMPERE),
+    _gpu("b200", "NVIDIA HGX B200 180GB datasheet; 8 per node, 400 Gb/s NIC per GPU",
+         ["NVIDIA B200"], (2250.0, 80.0, 4500.0), 8000, 180, NVLINK5, BLACKWELL),
+    # GB200 NVL72: 72 GPUs in one NVLink domain (a "node" of the step-time model); per GPU
+    # 1/72 of the rack's figures (360 PFLOPS bf16 sparse, 13.4 TB HBM3e at 576 TB/s)
+    _gpu("gb200", "NVIDIA GB200 NVL72 datasheet, per GPU; 72 per NVLink domain, 400 Gb/s NIC",
+         ["NVIDIA GB200"], (2500.0, 80.0, 5000.0), 8000, 186, (72, 720.0, 42.5), BLACKWELL),
+    _gpu("l40s", "NVIDIA L40S 48GB GDDR6 datasheet; 8 per server over PCIe Gen4",
+         ["NVIDIA L40S"], (362.05, 91.6, 733.0), 864, 48, PCIE4, AMPERE),
+    _gpu("l40", "NVIDIA L40 48GB GDDR6 datasheet; 8 per server over PCIe Gen4",
+         ["NVIDIA L40"], (181.05, 90.5, 362.0), 864, 48, PCIE4, AMPERE),
+    _gpu("l4", "NVIDIA L4 24GB GDDR6 datasheet; 8 per server over PCIe Gen4",
+         ["NVIDIA L4"], (121.0, 30.3, 242.5), 300, 24, PCIE4, AMPERE),
+    _gpu("a10", "NVIDIA A10 24GB GDDR6 datasheet; 8 per server over PCIe Gen4",
+         ["NVIDIA A10"], (125.0, 31.2, None), 600, 24, PCIE4, AMPERE),
 )
-
+# fmt: on
+PROFILES: dict[str, HardwareProfile] = {p.name: p for p in _ALL}
 NAMES = (*PROFILES, "local")
+WITHOUT_GPU = "h100_sxm"  # auto for a GPU job where none is visible (planned on a CPU machine)
 
-# [hardware] keys that override one value of the chosen profile
-OVERRIDES = {
-    "gpus_per_node": "gpus_per_node",
-    "peak_tflops": "peak_tflops",
-    "hbm_gbps": "hbm_gbps",
-    "intra_node_gbps": "intra_node_gbps",
-    "inter_node_gbps": "inter_node_gbps",
-    "gemm_efficiency": "gemm_efficiency",
-    "clock_factor": "clock_factor",
-}
+# Words of a GPU name that say nothing about which part it is (vendor, form SXM: the default).
+_NOISE_WORDS = {"NVIDIA", "TESLA", "SXM", "SXM2", "SXM4", "SXM5", "HBM2", "HBM2E", "HBM3", "HBM3E"}
+
+
+def name_words(device_name: str) -> frozenset[str]:
+    """The words a GPU name is matched by: upper case, split at spaces, dashes, slashes and
+    underscores, vendor and memory-kind words dropped ("NVIDIA A100-SXM4-80GB" -> A100, 80GB)."""
+    words = re.split(r"[\s\-_/]+", device_name.upper())
+    return frozenset(w for w in words if w and w not in _NOISE_WORDS)
+
+
+def _by_words() -> dict[frozenset[str], str]:
+    out: dict[frozenset[str], str] = {}
+    for profile in _ALL:
+        for device_name in profile.device_names:
+            words = name_words(device_name)
+            if out.setdefault(words, profile.name) != profile.name:
+                raise ValueError(f"{device_name!r} names both {out[words]} and {profile.name}")
+    return out
+
+
+_PROFILE_OF_WORDS = _by_words()
 
 
 def gpu_profile_name(device_name: str) -> str | None:
-    """The profile of a GPU by its name (torch.cuda.get_device_name / nvidia-smi), None if none fits."""
-    upper = device_name.upper()
-    for token, name in (
-        ("H200", "h200"),
-        ("H800", "h800"),
-        ("H100", "h100_sxm"),
-        ("A100", "a100_80gb"),
-        ("B200", "b200"),
-    ):
-        if token in upper:
-            return name
-    return None
+    """The profile of a GPU by its name (nvidia-smi / torch.cuda.get_device_name): the entry
+    listing a name of exactly its words; None for a GPU the table does not hold (no guess:
+    "NVIDIA A10G" is not the A10, "NVIDIA GB200" not the B200)."""
+    return _PROFILE_OF_WORDS.get(name_words(device_name))
+
+
+def unknown_gpu_line(device_name: str) -> str:
+    """The one line for a GPU the table does not hold: its name and the keys that describe it."""
+    named = ", ".join(PROFILES)
+    return (
+        f"GPU '{device_name}' is not in the hardware table (torchtitan/hardware.py): set"
+        f" --hardware.profile=<one of {named}> for its step time and MFU, or"
+        " --hardware.peak_tflops=<dense bf16 TFLOPS> for its MFU alone"
+    )
+
+
+class UnknownGPU(ValueError):
+    """profile auto on a GPU job whose visible GPUs the table does not name (one line)."""
+
+
+def auto_profile(gpu_names: list[str]) -> str:
+    """--hardware.profile=auto for a GPU job: the profile of the visible GPUs' name; WITHOUT_GPU
+    when none is visible (a dry run on a CPU machine: planned for the default part, no GPU
+    guessed at); UnknownGPU for a GPU the table does not hold or GPUs of two profiles."""
+    if not gpu_names:
+        return WITHOUT_GPU
+    found = {n: gpu_profile_name(n) for n in dict.fromkeys(gpu_names)}
+    unknown = [n for n, p in found.items() if p is None]
+    if unknown:
+        raise UnknownGPU(unknown_gpu_line(unknown[0]))
+    if len(set(found.values())) > 1:
+        raise UnknownGPU(
+            f"GPUs of different profiles are visible ({', '.join(found)}): set"
+            " --hardware.profile=<name> for the one to plan for"
+        )
+    return next(iter(found.values()))
+
+
+def measured_peak_tflops(device_name: str, profile: str = "auto") -> float | None:
+    """The dense bf16 peak (TFLOPS) the trainer's measured MFU divides by: the figure of
+    --hardware.profile, or (auto, local) of the profile the GPU's name chooses; the predicted
+    MFU of a bf16 job divides by the same entry's figure. None for a GPU the table does not hold."""
+    name = profile if profile in PROFILES else gpu_profile_name(device_name)
+    return None if name is None else PROFILES[name].peak_tflops["bfloat16"]
+
+
+# [hardware] keys that override one value of the chosen profile
+OVERRIDES = (
+    "gpus_per_node",
+    "peak_tflops",
+    "hbm_gbps",
+    "intra_node_gbps",
+    "inter_node_gbps",
+    "gemm_efficiency",
+    "clock_factor",
+)
 
 
 def with_overrides(profile: HardwareProfile, hw) -> HardwareProfile:
-    """`profile` with every [hardware] key that is not "auto" applied (hw: config.Hardware)."""
+    """`profile` with every [hardware] key that is not "auto" applied (hw: config.Hardware).
+    peak_tflops is bf16's: the profile's other dtypes scale by the same ratio."""
     changes = {}
-    for key, attr in OVERRIDES.items():
+    for key in OVERRIDES:
         value = getattr(hw, key, "auto")
         if value == "auto":
             continue
-        if attr == "peak_tflops":
-            value = {**profile.peak_tflops, "bfloat16": float(value)}
-        changes[attr] = value
+        if key == "peak_tflops":
+            bf16 = profile.peak_tflops.get("bfloat16", 0.0)
+            ratio = float(value) / bf16 if bf16 else 1.0
+            value = {d: t * ratio for d, t in profile.peak_tflops.items()} | {
+                "bfloat16": float(value)
+            }
+        changes[key] = value
     return dataclasses.replace(profile, **changes) if changes else profile
 
 
@@ -265,14 +365,10 @@ def resolve(
 ) -> HardwareProfile | None:
     """The profile a job is predicted for ([hardware] section `hw`, its target "cpu" / "cuda"):
     `local` comes from `local()` (None: not measured, no prediction); `gpu_names`: the visible
-    GPUs' names for "auto" on a GPU job."""
+    GPUs' names for "auto" on a GPU job (auto_profile: UnknownGPU for a GPU the table lacks)."""
     name = hw.profile
     if name == "auto":
-        name = (
-            "local"
-            if target == "cpu"
-            else next((n for n in map(gpu_profile_name, gpu_names or []) if n), "h100_sxm")
-        )
+        name = "local" if target == "cpu" else auto_profile(gpu_names or [])
     profile = (local() if local is not None else None) if name == "local" else PROFILES[name]
     return None if profile is None else with_overrides(profile, hw)
 

@@ -1,27 +1,31 @@
-"""MFU inputs: the GPU peak table (exact names, form factors) and the FLOP count convention;
-the memory keys."""
+"""MFU inputs: the measured MFU's peak from the hardware table (exact names, form factors) and
+the FLOP count convention; the memory keys."""
 
 import pytest
 import torch
 
-from torchtitan.observe.metrics import memory_stats
-from torchtitan.observe.peak_flops import peak_bf16_tflops
+from torchtitan.hardware import measured_peak_tflops
+from torchtitan.observe.metrics import memory_stats, peak_tflops
 
 
 @pytest.mark.parametrize(
     "name, tflops",
     [
-        ("NVIDIA H100 80GB HBM3", 989.5),  # SXM
+        ("NVIDIA H100 80GB HBM3", 989.4),  # SXM
         ("NVIDIA H100 PCIe", 756.5),
         ("NVIDIA H100 NVL", 835.5),
-        ("NVIDIA H200", 989.5),
+        ("NVIDIA H200", 989.4),
         ("NVIDIA H200 NVL", 835.5),
-        ("NVIDIA H800", 989.5),
+        ("NVIDIA H800", 989.4),
+        ("NVIDIA GH200 480GB", 989.4),
         ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100-SXM4-40GB", 312.0),
         ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA A800-SXM4-80GB", 312.0),
         ("NVIDIA B200", 2250.0),
+        ("NVIDIA GB200", 2500.0),  # not B200's: whole words, not substrings
         ("NVIDIA L4", 121.0),
-        ("NVIDIA L40", 181.05),  # not L4's figure: whole tokens, not substrings
+        ("NVIDIA L40", 181.05),  # not L4's figure
         ("NVIDIA L40S", 362.05),
         ("NVIDIA A10", 125.0),
         ("NVIDIA A10G", None),  # not A10's datasheet part: unknown rather than wrong
@@ -30,7 +34,16 @@ from torchtitan.observe.peak_flops import peak_bf16_tflops
     ],
 )
 def test_peak_tflops_by_exact_device_name(name, tflops):
-    assert peak_bf16_tflops(name) == tflops
+    assert measured_peak_tflops(name) == tflops
+
+
+def test_measured_peak_follows_the_configured_key_and_profile():
+    cpu = torch.device("cpu")
+    assert peak_tflops(cpu, "auto") is None  # no measured MFU on CPU
+    assert peak_tflops(cpu, 312.0) == 312.0  # --hardware.peak_tflops wins everywhere
+    # a named profile is the figure whatever the GPU's name says (the predicted MFU's too)
+    assert measured_peak_tflops("NVIDIA A10G", "l40s") == 362.05
+    assert measured_peak_tflops("NVIDIA A10G", "local") is None  # local: the name decides
 
 
 def test_llama3_8b_flops_follow_torchtitans_convention():

@@ -286,7 +286,10 @@ def test_profile_choice_and_overrides():
         gemm_efficiency="auto",
     )
     assert hardware.resolve(hw, "cuda", gpu_names=["NVIDIA H200"]).name == "h200"
-    assert hardware.resolve(hw, "cuda", gpu_names=[]).name == "h100_sxm"
+    assert hardware.resolve(hw, "cuda", gpu_names=["NVIDIA H100 PCIe"]).name == "h100_pcie"
+    assert hardware.resolve(hw, "cuda", gpu_names=[]).name == "h100_sxm"  # none visible
+    with pytest.raises(hardware.UnknownGPU):  # a GPU the table lacks: never h100_sxm
+        hardware.resolve(hw, "cuda", gpu_names=["NVIDIA L20"])
     assert hardware.resolve(hw, "cpu", local=lambda: None) is None  # not measured: no prediction
     custom = hardware.resolve(
         NS(**{**vars(hw), "profile": "a100_80gb", "gpus_per_node": 4, "peak_tflops": 300.0}), "cuda"

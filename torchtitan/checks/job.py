@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Callable
 
+from torchtitan import hardware
 from torchtitan.checks.data import (
     check_data_inputs,
     check_dataset_path,
@@ -183,15 +184,7 @@ MEMORY_ENV = {
 def check_hardware_keys(cfg: JobConfig) -> None:
     """[hardware] overrides: positive numbers (clock_factor and gemm_efficiency at most 1)."""
     hw = cfg.hardware
-    for key in (
-        "gpus_per_node",
-        "peak_tflops",
-        "hbm_gbps",
-        "intra_node_gbps",
-        "inter_node_gbps",
-        "gemm_efficiency",
-        "clock_factor",
-    ):
+    for key in hardware.OVERRIDES:  # the keys the profile takes (one list: hardware.py)
         value = getattr(hw, key)
         if value == "auto":
             continue

@@ -450,22 +450,50 @@ class Hardware:
     below override."""
 
     profile: Literal[
-        "auto", "local", "h100_sxm", "h100_grand_teton", "h800", "h200", "a100_80gb", "b200"
+        "auto",
+        "local",
+        "h100_sxm",
+        "h100_pcie",
+        "h100_nvl",
+        "h100_grand_teton",
+        "h800",
+        "h800_pcie",
+        "h200",
+        "h200_nvl",
+        "gh200",
+        "gh200_144gb",
+        "a100_80gb",
+        "a100_40gb",
+        "a100_pcie_80gb",
+        "a100_pcie_40gb",
+        "a800",
+        "a800_pcie",
+        "b200",
+        "gb200",
+        "l40s",
+        "l40",
+        "l4",
+        "a10",
     ] = AUTO
-    """auto: `local` for a CPU job; for a GPU job the profile of the visible GPU's name
-    (nvidia-smi), h100_sxm when none is visible (a dry run on a CPU machine). `local` is this
-    machine as a short micro-benchmark finds it (GEMM, memory-bound ops, attention, op
-    overhead, gloo collectives), cached in ~/.cache/torchtitan by the first dry run; the named
-    profiles are datasheet figures with the sources in torchtitan/hardware.py."""
+    """auto: `local` for a CPU job; for a GPU job the profile the visible GPUs' exact name
+    chooses (nvidia-smi; the names each profile lists in torchtitan/hardware.py, never a guess:
+    a GPU it does not list gets no step-time prediction and one line naming it and this key);
+    h100_sxm when no GPU is visible (a dry run of a GPU job on a CPU machine: a default part,
+    not a guess about a GPU that is there). `local` is this machine as a short micro-benchmark
+    finds it (GEMM, memory-bound ops, attention, op overhead, gloo collectives), cached in
+    ~/.cache/torchtitan by the first dry run; the named profiles are the entries of the one
+    hardware table (torchtitan/hardware.py: datasheet figures with their sources), which both
+    the predicted and the measured MFU read."""
 
     gpus_per_node: int | Literal["auto"] = AUTO
-    """Ranks per node sharing the fast intra-node links (NVLink); auto = the profile's (8 for
-    the GPU profiles)."""
+    """Ranks per node sharing the fast intra-node links (NVLink; PCIe cards: the server's PCIe);
+    auto = the profile's (8 for most GPU profiles, 1 for gh200, 72 for gb200's NVLink domain)."""
 
     peak_tflops: float | Literal["auto"] = AUTO
     """Dense bf16 peak TFLOPS of one device, the one figure both the predicted and the
-    measured MFU divide by (fp32 jobs: the profile's fp32 peak scaled alike); auto = the
-    profile's datasheet figure (none on CPU: no measured MFU)."""
+    measured MFU divide by (the profile's other dtypes, fp32's for fp32 jobs, scaled alike);
+    auto = the profile's datasheet figure: that of `profile`, or (auto) of the GPU's name (a GPU
+    the table does not hold: no MFU; none on CPU: no measured MFU)."""
 
     hbm_gbps: float | Literal["auto"] = AUTO
     """Device memory bandwidth in GB/s; auto = the profile's."""

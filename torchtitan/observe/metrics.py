@@ -12,20 +12,24 @@ import time
 
 import torch
 
+from torchtitan import hardware
 from torchtitan.observe.cpu_memory import CpuPeakMeter
-from torchtitan.observe.peak_flops import peak_bf16_tflops
 from torchtitan.resilience.exit_status import EXIT_PREEMPTED
 from torchtitan.units import GIB
 
 
-def peak_tflops(device: torch.device, configured: float | str) -> float | None:
-    """--metrics.peak_tflops, or ("auto") the GPU's dense bf16 peak from its exact name; None on
-    CPU or for a GPU the table does not know (no MFU then)."""
+def peak_tflops(
+    device: torch.device, configured: float | str, profile: str = "auto"
+) -> float | None:
+    """The dense bf16 peak TFLOPS the measured MFU divides by: --hardware.peak_tflops, or
+    ("auto") the figure of the hardware table (torchtitan/hardware.py, the entry the predicted
+    MFU divides by): --hardware.profile's, or (auto) the one the GPU's exact name chooses. None
+    on CPU or for a GPU the table does not hold (no MFU then: hardware.unknown_gpu_line)."""
     if configured != "auto":
         return configured
     if device.type != "cuda":
         return None
-    return peak_bf16_tflops(torch.cuda.get_device_name(device))
+    return hardware.measured_peak_tflops(torch.cuda.get_device_name(device), profile)
 
 
 def reset_memory_peak(device: torch.device, meter: CpuPeakMeter | None = None) -> None:

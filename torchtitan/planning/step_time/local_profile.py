@@ -46,7 +46,7 @@ import time
 
 import torch
 
-from torchtitan.hardware import HardwareProfile, gpu_names, resolve
+from torchtitan.hardware import HardwareProfile, UnknownGPU, gpu_names, resolve
 from torchtitan.planning.step_time.trace import causal_kept
 
 # (m, k, n, layout): a training step's GEMMs: activations x weight^T (forward), gradient x
@@ -546,14 +546,20 @@ def load(measure_if_missing: bool = True) -> HardwareProfile | None:
 def job_hardware(cfg, target: str, measure: bool) -> HardwareProfile | None:
     """The job's profile ([hardware], hardware.resolve); `local` is measured now when not cached
     and `measure` (the dry run), else None: no step-time prediction (the trainer does not
-    benchmark while its ranks start)."""
-
-    return resolve(
-        cfg.hardware,
-        target,
-        lambda: load(measure_if_missing=measure),
-        gpu_names() if target == "cuda" else [],
-    )
+    benchmark while its ranks start). A visible GPU the table does not hold (profile auto):
+    None, no step-time prediction; the dry run prints the one line naming it and the keys (the
+    trainer says it in its MFU line, once, not from every rank here)."""
+    try:
+        return resolve(
+            cfg.hardware,
+            target,
+            lambda: load(measure_if_missing=measure),
+            gpu_names() if target == "cuda" else [],
+        )
+    except UnknownGPU as unknown:
+        if measure:
+            print(f"[dry run] no step-time prediction: {unknown}")
+        return None
 
 
 def main(argv: list[str]) -> int:

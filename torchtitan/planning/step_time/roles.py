@@ -56,9 +56,10 @@ def add_times(
             cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg)
         )
     shape = batch_shape(cfg, dims.dp)
-    # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's)
+    # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's); bf16
+    # jobs: the figure the trainer's measured MFU divides by (hardware.measured_peak_tflops)
     dtype = param_dtype(cfg.training.mixed_precision_param, target)
-    peak = hardware.peak_tflops.get(dtype, hardware.peak_tflops.get("bfloat16", 0.0)) * 1e12
+    peak = hardware.datasheet_flops(dtype)
     step_shape = step_time.StepShape(
         shape.global_batch * cfg.training.seq_len,
         dims.world_size,
