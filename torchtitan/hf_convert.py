@@ -60,7 +60,8 @@ def export_checkpoint(
     vocab = state["tok_embeddings.weight"].shape[0]
     args = dataclasses.replace(flavors_of(model_name)[flavor], vocab_size=vocab)
     # What the run resolved at its training length (DeepSeek-V3: YaRN rule, MTP depth).
-    fields = {k: v for k, v in (marker.get("hf_args") or {}).items() if hasattr(args, k)}
+    names = {f.name for f in dataclasses.fields(args)}
+    fields = {k: v for k, v in (marker.get("hf_args") or {}).items() if k in names}
     args = dataclasses.replace(args, **fields)
     # The tokenizer the run recorded in the marker, unless another is given.
     if not tokenizer_path and os.path.isfile(marker.get("tokenizer", "")):

@@ -29,7 +29,7 @@ def test_registered_once_for_flavors_spec_and_converter(name):
 
 def _optional_features(args) -> dict:
     """Every optional module on (DeepSeek-V3's multi-token prediction)."""
-    return {"mtp_depth": 1} if hasattr(args, "mtp_depth") else {}
+    return {"mtp_depth": 1} if args.mtp_depth is not None else {}
 
 
 @pytest.mark.parametrize("name", list(MODELS))

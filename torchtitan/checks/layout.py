@@ -14,6 +14,7 @@ from torchtitan.distributed.pipeline_layout import ZERO_BUBBLE, PipelineLayoutEr
 from torchtitan.distributed.reshard_policy import ReshardPolicyError, check_policy
 from torchtitan.messages import one_line
 from torchtitan.models.flavors import flavors_of
+from torchtitan.models.protocol import contract_gaps
 from torchtitan.models.registry import MODELS, load_model_modules
 
 
@@ -50,9 +51,16 @@ def check_model(cfg: JobConfig):
             f"--model.flavor: unknown flavor '{m.flavor}' of {m.name}{suggest(m.flavor, flavors)};"
             f" choose one of {', '.join(flavors)}"
         )
+    args = flavors[m.flavor]
+    gaps = contract_gaps(args)
+    if gaps:  # the checks below and the planner read these of every model's args
+        raise ConfigError(
+            f"--model.name={m.name}: its args ({type(args).__name__}) lack {', '.join(gaps)} of"
+            " torchtitan.models.protocol.ModelArgs; give them (docs/adding_a_model.md)"
+        )
     if m.attn_mask not in ("causal", "block_causal"):
         raise ConfigError(f"--model.attn_mask={m.attn_mask}: choose causal or block_causal")
-    return flavors[m.flavor]
+    return args
 
 
 def check_layout(cfg: JobConfig, args, world_size: int) -> int:
@@ -61,8 +69,9 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
     m, p = cfg.model, cfg.parallelism
     dp_shard = resolve_dp_shard(cfg, world_size)
     tp = p.tensor_parallel_degree
-    for key in ("n_heads", "n_kv_heads"):
-        heads = getattr(args, key, None)
+    att = args.attention
+    heads_of = {"n_heads": att.n_heads, "n_kv_heads": att.n_kv_heads} if att else {}
+    for key, heads in heads_of.items():
         if heads and heads % tp:
             raise ConfigError(
                 f"--parallelism.tensor_parallel_degree={tp} does not divide {m.name} {m.flavor}"
@@ -93,8 +102,8 @@ def check_layout(cfg: JobConfig, args, world_size: int) -> int:
 
 def check_moe(cfg: JobConfig, args) -> None:
     """The [moe] keys: only for models with experts, each within its range."""
-    moe, m = cfg.moe, cfg.model
-    experts = getattr(args, "n_routed_experts", 0)
+    moe, m, shape = cfg.moe, cfg.model, args.moe
+    experts = shape.n_routed_experts if shape else 0
     changed = [
         k
         for k in ("top_k", "score_func", "load_balance_coeff", "aux_loss_coeff")
@@ -108,13 +117,13 @@ def check_moe(cfg: JobConfig, args) -> None:
         return
     if moe.top_k != AUTO and moe.top_k < 1:
         raise ConfigError(
-            f"--moe.top_k={moe.top_k}: must be >= 1 (or auto for the flavor's {args.n_activated_experts})"
+            f"--moe.top_k={moe.top_k}: must be >= 1 (or auto for the flavor's {shape.n_activated_experts})"
         )
-    routable = experts // args.n_expert_groups * args.n_limited_groups
+    routable = experts // shape.n_expert_groups * shape.n_limited_groups
     if moe.top_k != AUTO and moe.top_k > routable:
         raise ConfigError(
             f"--moe.top_k={moe.top_k} exceeds the {routable} experts a token can reach ({m.name} {m.flavor}:"
-            f" {args.n_limited_groups} of {args.n_expert_groups} groups of {experts // args.n_expert_groups});"
+            f" {shape.n_limited_groups} of {shape.n_expert_groups} groups of {experts // shape.n_expert_groups});"
             f" pick at most {routable}"
         )
     for key in ("load_balance_coeff", "aux_loss_coeff"):
@@ -123,17 +132,17 @@ def check_moe(cfg: JobConfig, args) -> None:
             raise ConfigError(
                 f"--moe.{key}={value}: must be >= 0 (0 disables it) or auto for the flavor's value"
             )
-    aux = args.aux_loss_coeff if moe.aux_loss_coeff == AUTO else moe.aux_loss_coeff
+    aux = shape.aux_loss_coeff if moe.aux_loss_coeff == AUTO else moe.aux_loss_coeff
     p = cfg.parallelism
     # Switch-style (Qwen): the statistics travel through the pipeline; sequence-wise (DeepSeek-V3):
     # not every stage reaches the loss. TP and CP: each rank sees a chunk of the sequences.
-    switch = getattr(args, "aux_loss_kind", "sequence") == "switch"
+    switch = shape.aux_loss_kind == "switch"
     what = "Switch-style" if switch else "sequence-wise"
     checks = [] if switch else [("pipeline_parallel_degree", p.pipeline_parallel_degree)]
     checks.append(("tensor_parallel_degree", p.tensor_parallel_degree))
     if switch:
         checks.append(("context_parallel_degree", p.context_parallel_degree))
-    bias = args.load_balance_coeff if moe.load_balance_coeff == AUTO else moe.load_balance_coeff
+    bias = shape.load_balance_coeff if moe.load_balance_coeff == AUTO else moe.load_balance_coeff
     instead = (
         "the bias-based balancing stays on"
         if bias > 0
@@ -164,7 +173,7 @@ def check_mtp(cfg: JobConfig) -> None:
     with_mtp = [
         name
         for name, entry in MODELS.items()
-        if any(hasattr(a, "mtp_depth") for a in entry.flavors.values())
+        if any(a.mtp_depth is not None for a in entry.flavors.values())
     ]
     if m.name not in with_mtp:
         raise ConfigError(
@@ -197,7 +206,7 @@ def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
     """EP borrows all of tp's and cp's ranks, then dp_shard's; experts split evenly over it."""
     p, m = cfg.parallelism, cfg.model
     ep, tp, cp = p.expert_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
-    experts = getattr(args, "n_routed_experts", 0)
+    experts = args.moe.n_routed_experts if args.moe else 0
     if experts and ep > 1 and cp > 1 and ep % (tp * cp):
         raise ConfigError(
             f"--parallelism.expert_parallel_degree={ep} with --parallelism.context_parallel_degree={cp}"

@@ -3,6 +3,7 @@ the config check)."""
 
 import dataclasses
 
+from torchtitan.models.protocol import MOE_OVERRIDES
 from torchtitan.models.registry import MODELS, model_entry
 
 
@@ -26,18 +27,14 @@ def model_args(
     models that have the field) and `rules`: the fields the weights a run starts from fix
     beyond the shapes (training/model_args.initial_rules; e.g. DeepSeek-V3's YaRN rule)."""
     args = flavors_of(name)[flavor]
-    fixed = {k: v for k, v in (rules or {}).items() if hasattr(args, k)}
+    fields = {f.name for f in dataclasses.fields(args)}
+    fixed = {k: v for k, v in (rules or {}).items() if k in fields}
     if fixed:
         args = dataclasses.replace(args, **fixed)
     if mtp_depth:  # the checks refused it for models without MTP
         args = dataclasses.replace(args, mtp_depth=mtp_depth)
-    if moe is not None and getattr(args, "n_routed_experts", 0):
-        overrides = {
-            "n_activated_experts": moe.top_k,
-            "score_func": moe.score_func,
-            "load_balance_coeff": moe.load_balance_coeff,
-            "aux_loss_coeff": moe.aux_loss_coeff,
-        }
+    if moe is not None and args.moe is not None:
+        overrides = {field: getattr(moe, key) for key, field in MOE_OVERRIDES.items()}
         args = dataclasses.replace(args, **{k: v for k, v in overrides.items() if v != "auto"})
     if args.vocab_size and args.vocab_size < vocab_size:
         raise ValueError(

@@ -2,7 +2,8 @@
 shapes and converters from here before any process starts.
 
 A model is one package and one entry. The package holds
-- `args.py`: its args dataclass and `FLAVORS` (name -> args), torch-free;
+- `args.py`: its args dataclass (implements models.protocol.ModelArgs) and `FLAVORS` (name ->
+  args), torch-free;
 - `shapes.py`: `shapes(args) -> models.shapes.ModelShapes`, every parameter with its shape and
   how TP and EP split it, torch-free (the pre-launch model-states check reads it);
 - `model.py`: the model class, which implements models.protocol.TrainableModel;
@@ -28,7 +29,7 @@ from torchtitan.models.qwen3.args import FLAVORS as QWEN3_FLAVORS
 
 @dataclass(frozen=True)
 class ModelEntry:
-    flavors: dict  # flavor name -> args dataclass
+    flavors: dict  # flavor name -> args dataclass (models.protocol.ModelArgs)
     package: str  # holds shapes.py, model.py and parallelize.py (TRAIN_SPEC), imported when needed
     hf_converter: str | None = None  # module of its Hugging Face weight converter, if any
 

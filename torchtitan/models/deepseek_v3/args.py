@@ -6,6 +6,8 @@ Torch-free so that the pre-launch checks read `model.flavor` without importing t
 
 from dataclasses import dataclass
 
+from torchtitan.models.protocol import AttentionShape, MoeShape
+
 
 @dataclass(frozen=True)
 class DeepSeekV3Args:
@@ -92,8 +94,37 @@ class DeepSeekV3Args:
 
     @property
     def n_kv_heads(self) -> int:
-        # MLA expands the latent into one key/value per head; shared validation reads this
+        # MLA expands the latent into one key/value per head
         return self.n_heads
+
+    # --- models.protocol.ModelArgs (n_layers, n_dense_layers, mtp_depth: fields above)
+    @property
+    def attention(self) -> AttentionShape:
+        # a block keeps the compressed key/value latent and the shared rotated key per token
+        return AttentionShape(
+            self.n_heads,
+            self.n_kv_heads,
+            self.qk_head_dim,
+            self.v_head_dim,
+            self.kv_lora_rank + self.qk_rope_head_dim,
+        )
+
+    @property
+    def moe(self) -> MoeShape | None:
+        if not self.n_routed_experts:
+            return None
+        return MoeShape(
+            self.n_routed_experts,
+            self.n_activated_experts,
+            self.moe_inter_dim,
+            self.n_shared_experts,
+            self.n_expert_groups,
+            self.n_limited_groups,
+            self.score_func,
+            "sequence",
+            self.aux_loss_coeff,
+            self.load_balance_coeff,
+        )
 
 
 YARN_RULES = ("beyond_original", "always", "never")

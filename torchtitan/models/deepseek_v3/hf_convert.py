@@ -72,7 +72,7 @@ BLOCK = 128
 
 
 def _mtp(args: DeepSeekV3Args) -> int:
-    return getattr(args, "mtp_depth", 0)
+    return args.mtp_depth
 
 
 def _block_hf(rest: str, layer: int) -> str:

@@ -79,5 +79,5 @@ def shapes(args) -> ModelShapes:
         ]
 
     first, last = decoder_ends(args)
-    last += [p for k in range(getattr(args, "mtp_depth", 0)) for p in mtp(k)]
+    last += [p for k in range(args.mtp_depth) for p in mtp(k)]
     return ModelShapes(first, [block(i) for i in range(args.n_layers)], last)

@@ -254,7 +254,7 @@ def convert_full(tensors, model_name: str, args, dtype: str, writer: ShardWriter
         for name, hf in converter.export_tensors(fqn, full, args):
             writer.add(name, hf.to(device="cpu", dtype=DTYPES[dtype]).contiguous())
     copies = getattr(converter, "mtp_copies", None)
-    if copies is not None and getattr(args, "mtp_depth", 0):
+    if copies is not None and args.mtp_depth:
         for name, hf in copies(args, shared):
             writer.add(name, hf.to(device="cpu", dtype=DTYPES[dtype]).contiguous())
     writer.flush()

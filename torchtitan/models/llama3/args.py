@@ -5,6 +5,8 @@ Torch-free so that the pre-launch checks read `model.flavor` without importing t
 
 from dataclasses import dataclass
 
+from torchtitan.models.protocol import AttentionShape, MoeShape
+
 
 @dataclass(frozen=True)
 class Llama3Args:
@@ -31,6 +33,23 @@ class Llama3Args:
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    # --- models.protocol.ModelArgs: dense GQA decoder, no experts, no MTP
+    @property
+    def n_dense_layers(self) -> int:
+        return 0  # every block is dense: no MoE blocks follow
+
+    @property
+    def attention(self) -> AttentionShape:
+        return AttentionShape.gqa(self.n_heads, self.n_kv_heads, self.head_dim)
+
+    @property
+    def moe(self) -> MoeShape | None:
+        return None
+
+    @property
+    def mtp_depth(self) -> int | None:
+        return None
 
 
 FLAVORS: dict[str, Llama3Args] = {

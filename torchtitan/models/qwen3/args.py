@@ -2,12 +2,14 @@
 small ones for CPU.
 
 Torch-free so that the pre-launch checks read `model.flavor` without importing torch. The
-field names the shared MoE machinery reads (`n_routed_experts`, `n_activated_experts`,
-`score_func`, `load_balance_coeff`, `aux_loss_coeff`) are DeepSeek-V3's; a dense flavor has
-n_routed_experts = 0.
+MoE fields are named as DeepSeek-V3's (`n_routed_experts`, `n_activated_experts`, `score_func`,
+`load_balance_coeff`, `aux_loss_coeff`: the [moe] keys replace them, models.protocol.MOE_OVERRIDES);
+a dense flavor has n_routed_experts = 0 (`moe` is None).
 """
 
 from dataclasses import dataclass
+
+from torchtitan.models.protocol import AttentionShape, MoeShape
 
 
 @dataclass(frozen=True)
@@ -59,19 +61,42 @@ class Qwen3Args:
     load_balance_coeff: float = 0.0
     """Aux-loss-free balancing (a per-expert selection bias, as DeepSeek-V3); 0 = off."""
 
-    @property
-    def moe(self) -> bool:
-        return self.n_routed_experts > 0
-
-    @property
-    def aux_loss_kind(self) -> str:
-        """Which balance loss `aux_loss_coeff` weighs: Qwen's Switch-style one."""
-        return "switch"
-
     # group-limited routing does not exist in Qwen3 (the shared router reads these)
     n_expert_groups: int = 1
     n_limited_groups: int = 1
     route_scale: float = 1.0
+
+    # --- models.protocol.ModelArgs (n_layers, max_seq_len, ...: fields above)
+    @property
+    def n_dense_layers(self) -> int:
+        # dense blocks are chosen by mlp_only_layers / decoder_sparse_step, not by a prefix
+        return 0
+
+    @property
+    def attention(self) -> AttentionShape:
+        return AttentionShape.gqa(self.n_heads, self.n_kv_heads, self.head_dim)
+
+    @property
+    def moe(self) -> MoeShape | None:
+        """The routed experts (None: a dense flavor); balanced by Qwen's Switch-style loss."""
+        if not self.n_routed_experts:
+            return None
+        return MoeShape(
+            self.n_routed_experts,
+            self.n_activated_experts,
+            self.moe_inter_dim,
+            0,  # no shared experts
+            self.n_expert_groups,
+            self.n_limited_groups,
+            self.score_func,
+            "switch",
+            self.aux_loss_coeff,
+            self.load_balance_coeff,
+        )
+
+    @property
+    def mtp_depth(self) -> int | None:
+        return None
 
 
 # A tied flavor's output head is the embedding: the copy's name (a pipeline's last stage
@@ -81,7 +106,11 @@ TIED = {"output.weight": "tok_embeddings.weight"}
 
 def is_moe_layer(args: Qwen3Args, i: int) -> bool:
     """transformers' rule: MoE iff not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0."""
-    return args.moe and i not in args.mlp_only_layers and (i + 1) % args.decoder_sparse_step == 0
+    return (
+        args.moe is not None
+        and i not in args.mlp_only_layers
+        and (i + 1) % args.decoder_sparse_step == 0
+    )
 
 
 def _dense(dim, n_layers, n_heads, ffn, tie) -> Qwen3Args:

@@ -100,7 +100,7 @@ def export_tensors(fqn: str, full, args: Qwen3Args) -> list[tuple[str, object]]:
 def export_refusal(args: Qwen3Args) -> str | None:
     """Why a run of these args cannot be exported (None: it can): Qwen3's routers have no
     selection bias, so a model balanced by one would route differently in transformers."""
-    if args.moe and args.load_balance_coeff > 0:
+    if args.moe is not None and args.load_balance_coeff > 0:
         return (
             f"--moe.load_balance_coeff={args.load_balance_coeff:g} trains a routing bias that"
             " Qwen3MoeForCausalLM cannot hold; balance with --moe.aux_loss_coeff only (set"
@@ -180,8 +180,8 @@ def unread(args: Qwen3Args) -> re.Pattern:
 def hf_config(args: Qwen3Args, dtype: str, bos_id: int, eos_id: int) -> dict:
     """config.json of a `Qwen3ForCausalLM` (dense) or `Qwen3MoeForCausalLM` with these shapes."""
     config = {
-        "architectures": ["Qwen3MoeForCausalLM" if args.moe else "Qwen3ForCausalLM"],
-        "model_type": "qwen3_moe" if args.moe else "qwen3",
+        "architectures": ["Qwen3MoeForCausalLM" if args.moe is not None else "Qwen3ForCausalLM"],
+        "model_type": "qwen3_moe" if args.moe is not None else "qwen3",
         "hidden_size": args.dim,
         "intermediate_size": args.ffn_hidden_dim,
         "num_hidden_layers": args.n_layers,
@@ -203,7 +203,7 @@ def hf_config(args: Qwen3Args, dtype: str, bos_id: int, eos_id: int) -> dict:
         "torch_dtype": dtype,
         "initializer_range": 0.02,
     }
-    if args.moe:
+    if args.moe is not None:
         config.update(
             {
                 "num_experts": args.n_routed_experts,
@@ -222,7 +222,7 @@ def hf_config(args: Qwen3Args, dtype: str, bos_id: int, eos_id: int) -> dict:
 def config_mismatches(config: dict, args: Qwen3Args) -> list[str]:
     """What in a Hugging Face config.json differs from these args, as 'key=value (ours: ...)'."""
     out = []
-    kind = "qwen3_moe" if args.moe else "qwen3"
+    kind = "qwen3_moe" if args.moe is not None else "qwen3"
     if config.get("model_type", kind) != kind:
         out.append(f"model_type={config.get('model_type')!r} (ours: {kind!r})")
     expect = {
@@ -234,7 +234,7 @@ def config_mismatches(config: dict, args: Qwen3Args) -> list[str]:
         "vocab_size": args.vocab_size,
         "tie_word_embeddings": args.tie_word_embeddings,
     }
-    if args.moe:
+    if args.moe is not None:
         expect.update(
             {
                 "num_experts": args.n_routed_experts,
@@ -251,7 +251,9 @@ def config_mismatches(config: dict, args: Qwen3Args) -> list[str]:
     for key, ours in expect.items():
         if config.get(key) is not None and config[key] != ours:
             out.append(f"{key}={config[key]!r} (ours: {ours!r})")
-    if args.moe and list(config.get("mlp_only_layers") or []) != list(args.mlp_only_layers):
+    if args.moe is not None and list(config.get("mlp_only_layers") or []) != list(
+        args.mlp_only_layers
+    ):
         out.append(
             f"mlp_only_layers={config.get('mlp_only_layers')} (ours: {list(args.mlp_only_layers)})"
         )

@@ -47,7 +47,7 @@ class TransformerBlock(nn.Module):
                 route_norm=args.route_norm,
                 load_balance_coeff=args.load_balance_coeff,
                 aux_loss_coeff=args.aux_loss_coeff,
-                aux_loss_kind=args.aux_loss_kind,
+                aux_loss_kind=args.moe.aux_loss_kind,
             )
         else:
             self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
@@ -115,7 +115,7 @@ class Transformer(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         out = self.output(h) if self.output is not None else h
         staged = self.tok_embeddings is None or self.output is None
-        if not (staged and self.args.moe and self.args.aux_loss_coeff > 0):
+        if not (staged and self.args.moe is not None and self.args.aux_loss_coeff > 0):
             return out
         stats = stage_switch_statistics(self, balance, self.args.n_routed_experts, h.device)
         if self.output is None:

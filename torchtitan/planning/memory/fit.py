@@ -53,9 +53,7 @@ def peak_of(spec, model, dims, cfg, target, args, accepts: Accepts) -> int | Non
     """The largest role peak of a candidate job; None when `accepts` refuses it."""
     if not accepts(cfg):
         return None
-    if (
-        getattr(args, "max_seq_len", cfg.training.seq_len) != cfg.training.seq_len
-    ):  # RoPE tables follow seq_len
+    if args.max_seq_len != cfg.training.seq_len:  # RoPE tables follow seq_len
         args = dataclasses.replace(args, max_seq_len=cfg.training.seq_len)
         model = model_on_meta(cfg, args).model
     roles, _ = predict_roles(spec, model, dims, cfg, target, args)

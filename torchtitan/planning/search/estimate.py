@@ -65,18 +65,10 @@ class ModelFacts:
 
 
 def model_facts(shapes, args) -> ModelFacts:
-    experts = getattr(args, "n_routed_experts", 0) or 0
-    active = (getattr(args, "n_activated_experts", 0) / experts) if experts else 1.0
-    head_dim = getattr(args, "head_dim", 0) or (
-        (args.qk_nope_head_dim + args.qk_rope_head_dim + args.v_head_dim) / 2
-        if hasattr(args, "v_head_dim")
-        else args.dim // args.n_heads
-    )
-    kv = (
-        (args.kv_lora_rank + args.qk_rope_head_dim)
-        if hasattr(args, "kv_lora_rank")
-        else 2 * getattr(args, "n_kv_heads", args.n_heads) * head_dim
-    )
+    """`args`: models.protocol.ModelArgs (its attention and experts as the model states them)."""
+    moe, att = args.moe, args.attention
+    # attention FLOPs per head go with the mean of its query/key and value widths
+    width = int(att.n_heads * (att.qk_head_dim + att.v_head_dim) / 2) if att else 0
     dense = [sum(p.numel for p in b if not p.expert) for b in shapes.blocks]
     expert = [sum(p.numel for p in b if p.expert) for b in shapes.blocks]
     first, last = sum(p.numel for p in shapes.first), sum(p.numel for p in shapes.last)
@@ -84,13 +76,13 @@ def model_facts(shapes, args) -> ModelFacts:
         args.dim,
         args.n_layers,
         args.vocab_size,
-        int(args.n_heads * head_dim),
-        int(kv),
+        width,
+        att.kv_width if att else 0,
         dense,
         expert,
-        active,
-        getattr(args, "n_activated_experts", 1) if experts else 1,
-        getattr(args, "moe_inter_dim", 0) if experts else 0,
+        moe.n_activated_experts / moe.n_routed_experts if moe else 1.0,
+        moe.n_activated_experts if moe else 1,
+        moe.moe_inter_dim if moe else 0,
         first,
         last,
         first + last + sum(dense) + sum(expert),

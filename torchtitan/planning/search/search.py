@@ -145,7 +145,7 @@ def cheap_order(
         global_batch,
         cfg.training.seq_len,
         args.n_layers,
-        getattr(args, "n_routed_experts", 0) or 0,
+        args.moe.n_routed_experts if args.moe else 0,
     )
     cache: dict = {}
     fitting, kept = 0, []

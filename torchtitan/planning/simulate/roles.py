@@ -60,7 +60,7 @@ def blocks_per_stage(cfg, dims, args) -> list[list[int]]:
 
 def _reduced(cfg, args, layout, k: int):
     """The job with k blocks per stage, or None when a stage mixes block kinds."""
-    dense = getattr(args, "n_dense_layers", 0)
+    dense = args.n_dense_layers
     stages = layout.stages if layout is not None else (tuple(range(args.n_layers)),)
     kinds = [{i < dense for i in st} for st in stages]
     if any(len(kind) > 1 for kind in kinds):
@@ -145,7 +145,7 @@ def rank_plan(cfg, dims, args, budget_freeing: bool) -> RankPlan:
     """Which pipeline ranks to simulate (shortcut 2 where it applies)."""
     layout = _layout(cfg, dims, args)
     in_flight = _in_flight(cfg, dims, layout)
-    dense = getattr(args, "n_dense_layers", 0)
+    dense = args.n_dense_layers
     if in_flight is not None:
         kinds = {tuple(i < dense for i in layout.stages[r]) for r in range(1, dims.pp - 1)}
         if len(kinds) > 1 or budget_freeing:  # unlike middle stages; per-rank freeing
