@@ -12,6 +12,12 @@ if os.environ.get("TORCHTITAN_TEST_DEVICE", "cpu") == "cpu":
 # this machine (a minute) and every start-up prediction would time the step (memory/local_profile.py)
 os.environ.setdefault("TITAN_PROFILE_CACHE", "none")
 
+# The library logs through logging; the entry points set its console up, and so do the tests
+# that call library functions in-process (their lines land in pytest's captured stdout).
+from torchtitan import log  # noqa: E402
+
+log.setup()
+
 
 def pytest_collection_finish(session):
     """With integration tests to run, start their launcher's fork server (fast_launch.py) now:

@@ -5,17 +5,21 @@
 
 One process joins a fake process group of world size NGPU (collectives do nothing), builds
 the model on meta, and for every pipeline rank splits, plans and parallelizes its stages
-(TP -> AC -> FSDP) exactly as training would (training/build.py), then runs one training step
-of it on fake tensors (torchtitan/memory) to predict the peak of allocated bytes of each rank
-role, with its breakdown, and the time of that step on the job's hardware profile
-([hardware], memory/step_time.py). It prints the reshard plan and the per-role tables and
-writes plan.json.
+(CP -> TP -> EP -> AC -> compile -> data parallel, models/common/parallelize.py) exactly as
+training would (training/build.py), then runs one training step of it on fake tensors
+(planning/simulate/) to predict the peak of allocated bytes of each rank role, with its
+breakdown (planning/memory/), and the time of that step on the job's hardware profile
+([hardware], planning/step_time/). It prints the reshard plan and the per-role tables and
+writes plan.json; `--planning.fit` searches the largest fit or the fastest layout
+(planning/search/).
 """
 
+import logging
 import os
 import sys
 import time
 
+from torchtitan import log
 from torchtitan.checks import load_config_or_exit
 from torchtitan.checks.job import accepts
 from torchtitan.planning.memory.budget import memory_budget, ranks_on_this_node
@@ -28,9 +32,12 @@ from torchtitan.training.build import fake_world, model_on_meta
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
 from torchtitan.units import GIB
 
+logger = logging.getLogger("torchtitan.dry_run")  # by name: run as __main__ too
+
 
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
+    log.setup()
     argv = sys.argv[1:] if argv is None else argv
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("NGPU", "1")))
     cfg = load_config_or_exit(argv, world)
@@ -50,20 +57,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         roles, records = prediction.roles, prediction.plan_records
         p = cfg.parallelism
-        print(
+        logger.info(
             f"[dry run] {cfg.model.name} {cfg.model.flavor}: {n_params / 1e9:,.2f}B parameters, world {world},"
             f" mesh {dims.mesh_shape}, reshard_after_forward {p.reshard_after_forward},"
             f" memory budget {'none' if budget is None else f'{budget.bytes / GIB:.2f} GiB ({budget.origin})'}"
         )
-        print(compress_table(plan_table(records)))
-        print("\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):")
-        print(role_table(roles, None if budget is None else budget.bytes))
+        logger.info(compress_table(plan_table(records)))
+        logger.info(
+            "\npredicted peak of allocated bytes per rank role (one training step, eager; GiB):"
+        )
+        logger.info(role_table(roles, None if budget is None else budget.bytes))
         times = [r.time for r in roles if r.time is not None]
         if times:
-            print(
+            logger.info(
                 f"\npredicted step time per rank role (hardware {hardware.name}: {hardware.source}):"
             )
-            print(time_table(times))
+            logger.info(time_table(times))
         c = cfg.checkpoint
         if (
             c.enable
@@ -75,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 r.breakdown.get("parameters", 0) + r.breakdown.get("optimizer_states", 0)
                 for r in roles
             )
-            print(
+            logger.info(
                 f"async checkpoints: every rank also keeps a staged copy of its checkpoint state in pinned host"
                 f" memory: up to {host / GIB:.3f} GiB per rank (times the ranks of a node)"
             )
@@ -84,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             text, nearby = nearby_report(
                 spec, model, dims, cfg, target, args, accepts(world), hardware, roles
             )
-            print("\n" + text)
+            logger.info("\n" + text)
             extra["nearby_choices"] = nearby
         if cfg.planning.fit:
             text, extra = fit_report(
                 spec, model, dims, cfg, target, args, budget, cfg.planning.fit, accepts(world)
             )
-            print("\n" + text)
+            logger.info("\n" + text)
         path = write_plan_json(
             cfg.job.dump_folder,
             world,
@@ -107,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                 **extra,
             },
         )
-    print(f"\nwrote {path} ({time.perf_counter() - start:.1f}s)")
+    logger.info(f"\nwrote {path} ({time.perf_counter() - start:.1f}s)")
     return 0
 
 
 def layout_main(cfg, world: int, target: str, budget, hardware, start: float) -> int:
-    """--planning.fit=layout: the layout search (memory/layout_search.py) instead of the job's plan."""
+    """--planning.fit=layout: the layout search (planning/search/search.py) instead of the job's plan."""
     import json
 
     from torchtitan.distributed.job_shape import batch_shape, degrees
@@ -121,7 +130,9 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
     from torchtitan.planning.search import space as layout_space
 
     if hardware is None:
-        print("fit=layout: no hardware profile to predict step times with (--hardware.profile)")
+        logger.error(
+            "error: fit=layout: no hardware profile to predict step times with (--hardware.profile)"
+        )
         return 2
     if budget is None:
         budget_bytes = int(hardware.memory_gib * GIB * (1 - CUDA_MARGIN))
@@ -131,7 +142,7 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
     meta = model_on_meta(cfg)
     global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
     configured = layout_space.layout_of(cfg, world, global_batch, meta.args.n_layers)
-    print(
+    logger.info(
         f"[dry run] layout search: {cfg.model.name} {cfg.model.flavor}, {world} devices"
         f" ({hardware.gpus_per_node} per node), hardware {hardware.name}, global batch {global_batch} x"
         f" {cfg.training.seq_len} tokens, compile {'on' if cfg.compile.enable else 'off'},"
@@ -151,13 +162,13 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
         configured,
         max_seconds=cfg.planning.layout_seconds,
     )
-    print("\n" + layout_search.report(result, global_batch))
+    logger.info("\n" + layout_search.report(result, global_batch))
     os.makedirs(cfg.job.dump_folder, exist_ok=True)
     if result.ranked:
         path = layout_search.write_snippet(
             cfg.job.dump_folder, result.ranked[0].layout, global_batch
         )
-        print(f"\nwrote {path}")
+        logger.info(f"\nwrote {path}")
     out = os.path.join(cfg.job.dump_folder, "layout_search.json")
     with open(out, "w") as f:
         json.dump(
@@ -176,7 +187,7 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
             f,
             indent=1,
         )
-    print(f"wrote {out} ({time.perf_counter() - start:.1f}s)")
+    logger.info(f"wrote {out} ({time.perf_counter() - start:.1f}s)")
     return 0 if result.ranked else 1
 
 

@@ -18,7 +18,13 @@ PACKAGE = os.path.join(ROOT, "torchtitan")
 # Bottom first. A module's layer is its first folder under torchtitan/ (or, for a top-level
 # module, its own name). A layer may import its own layer and every layer listed before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("dtypes", "messages", "units", "hardware"),  # base: names, formats, the GPU table; torch-free
+    (
+        "dtypes",
+        "messages",
+        "units",
+        "hardware",
+        "log",
+    ),  # base: names, formats, the GPU table, logging; torch-free
     ("config",),  # job_config.py + manager.py: torch-free, imports nothing of ours
     (
         "distributed",
@@ -26,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),  # registry, model protocol + train spec, flavors, shapes, common/, each model, hf/
     ("data",),  # tokenizer, corpus, sources, datasets, dataloader, validation data
     ("resilience",),  # preemption, hang watchdog + report, exit status, fault injection
-    ("observe",),  # metrics fan-out, profiler, peak FLOPs, comm stats, memory meters
+    ("observe",),  # metrics fan-out, profiler, comm stats, memory meters
     ("checkpoint",),  # DCP manager, files + markers, async saves, state objects
     ("training",),  # the build path, the step, the loss, the optimizer, expert balance, plan report
     # planning/: what is decided before launch, one sub-layer per concern, bottom first

@@ -87,6 +87,8 @@ class AsyncSaves:
             return None
         try:
             p.future.result()
+        # broad on purpose: a background write can fail in any way (disk, permissions, a worker's
+        # error); each becomes one CheckpointError with the cause chained (its traceback kept)
         except (Exception, CheckpointException) as e:
             self.pending = None
             if is_comm_failure(e):

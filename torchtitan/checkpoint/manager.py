@@ -9,6 +9,7 @@ they are restored when the layout is unchanged (states.py). See files.py for the
 layout and how a save becomes visible.
 """
 
+import logging
 import os
 import shutil
 import threading
@@ -43,6 +44,8 @@ from torchtitan.dtypes import DTYPES
 from torchtitan.models.hf.weights import HFSpec, export_hf, load_hf_weights
 from torchtitan.resilience import faults
 from torchtitan.units import MIB
+
+logger = logging.getLogger(__name__)
 
 
 def _is_main() -> bool:
@@ -296,14 +299,13 @@ class CheckpointManager:
         folder = hf_export_path(self.dump_folder, step)
         if self._agree(lambda: os.path.exists(folder)):  # e.g. a resumed run that exported before
             if _is_main():
-                print(
-                    f"[torchtitan] Hugging Face export skipped: '{folder}' already exists (nothing is overwritten)",
-                    flush=True,
+                logger.info(
+                    f"[torchtitan] Hugging Face export skipped: '{folder}' already exists (nothing is overwritten)"
                 )
             return
         export_hf(self.model_parts, folder, self.hf, self.cfg.export_dtype, group=self.pg)
         if _is_main():
-            print(f"[torchtitan] Hugging Face folder written to {folder}", flush=True)
+            logger.info(f"[torchtitan] Hugging Face folder written to {folder}")
 
     def save_seed(self) -> str:
         self._save(0, {"model": ModelState(self.model_parts)}, model_only=True, dtype="float32")
@@ -400,6 +402,8 @@ class CheckpointManager:
         process group goes down; a failure of it changes nothing (it stays step-N.tmp)."""
         try:
             self.wait()
+        # broad on purpose: training already failed with the error the run reports; this is
+        # best-effort cleanup, and a save that fails here stays step-N.tmp (never published)
         except (Exception, CheckpointException):
             pass
 

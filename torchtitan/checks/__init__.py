@@ -9,10 +9,12 @@ errors into lines that name the keys. run_train.sh runs them once (`python -m
 torchtitan.checks`) and every worker again at start-up.
 """
 
-import sys
+import logging
 
 from torchtitan.checks.job import check_job
 from torchtitan.config import ConfigError, JobConfig, build_config
+
+logger = logging.getLogger(__name__)
 
 
 def load_config(argv: list[str], world_size: int) -> tuple[JobConfig, list[str]]:
@@ -28,11 +30,11 @@ def load_config_or_exit(argv: list[str], world_size: int, quiet: bool = False) -
         cfg, warnings = load_config(argv, world_size)
     except ConfigError as e:
         if not quiet:
-            print(f"error: {e}", file=sys.stderr)
+            logger.error(f"error: {e}")
         raise SystemExit(2) from None
     if not quiet:
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            logger.warning(f"warning: {w}")
     return cfg
 
 

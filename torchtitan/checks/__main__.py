@@ -9,13 +9,16 @@ TORCHTITAN_PRINT_MODE=1 it prints how to launch: "train" (torchrun) or "dry_run"
 import os
 import sys
 
+from torchtitan import log
 from torchtitan.checks import load_config_or_exit
 
 
 def main() -> None:
+    log.setup()
     world_size = int(os.environ.get("NGPU", os.environ.get("WORLD_SIZE", "1")))
     cfg = load_config_or_exit(sys.argv[1:], world_size)
     if os.environ.get("TORCHTITAN_PRINT_MODE") == "1":  # run_train.sh asks how to launch
+        # the answer run_train.sh reads from stdout, not a log line: printed as it is
         print("dry_run" if cfg.job.dry_run else "train")
 
 

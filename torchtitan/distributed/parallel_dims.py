@@ -55,7 +55,7 @@ class MeshDim(str, Enum):
     # flattened
     DP = "dp"  # dp_replicate x dp_shard: the ranks that see different data
     DP_SHARD_TP = "dp_shard_tp"  # one collective over FSDP and TP shards (e.g. the grad norm)
-    EP = "ep"  # dp_shard_in_ep x tp: expert parallel's all-to-all group
+    EP = "ep"  # dp_shard_in_ep x cp x tp: expert parallel's all-to-all group
     DP_TP = "dp_tp"  # every rank of one pipeline stage
     DP_SHARD_CP = "dp_shard_cp"  # under CP: dense FSDP's shard dim (ranks holding different tokens)
     DP_CP = "dp_cp"  # under CP: every rank whose loss is part of the global mean

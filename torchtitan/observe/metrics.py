@@ -7,6 +7,7 @@ Every rank writes its own memory peak per step (StepMemoryLog: memory/rank<r>.js
 """
 
 import json
+import logging
 import os
 import time
 
@@ -16,6 +17,8 @@ from torchtitan import hardware
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.resilience.exit_status import EXIT_PREEMPTED
 from torchtitan.units import GIB
+
+logger = logging.getLogger(__name__)
 
 
 def peak_tflops(
@@ -267,7 +270,7 @@ class MetricsLogger:
             "eta_sec": round(eta, 1),
         }
         mfu = values.get("mfu")
-        print(
+        logger.info(
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}"
             f"  loss {values['loss']:.4f}"
             + (f"  aux {values['aux_loss']:.5f}" if "aux_loss" in values else "")
@@ -280,8 +283,7 @@ class MetricsLogger:
             )
             + f"  tok/s/dev {values['tokens_per_sec_per_device']:,.0f}  mfu {'n/a' if mfu is None else f'{mfu:.1%}'}"
             f"  {_memory_text(values)}  step {values['step_time']:.2f}s  eta {_fmt_duration(eta)}"
-            + _mixture_text(values),
-            flush=True,
+            + _mixture_text(values)
         )
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
@@ -297,10 +299,9 @@ class MetricsLogger:
             for k, v in values.items()
             if k.startswith("validation_loss/")
         )
-        print(
+        logger.info(
             f"validation after step {step}:  loss {values['validation_loss']:.4f}"
-            f"  perplexity {values['validation_perplexity']:,.2f}{per_source}  ({batches} batches, {seconds:.2f}s)",
-            flush=True,
+            f"  perplexity {values['validation_perplexity']:,.2f}{per_source}  ({batches} batches, {seconds:.2f}s)"
         )
         record = {
             "step": step,

@@ -17,10 +17,13 @@ rank does whose GPU driver or file system hangs; only SIGCONT or SIGKILL ends it
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 ENV = "TORCHTITAN_FAULT"
 POINTS = ("data", "step", "checkpoint_write")
@@ -81,9 +84,8 @@ def point(name: str, step: int | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     for f in _cache[1]:
         if f.point == name and f.rank in (None, rank) and f.step in (None, step):
-            print(
-                f"[torchtitan] fault injected ({ENV}): {f.action} at {name}, step {step}, rank {rank}",
-                flush=True,
+            logger.info(
+                f"[torchtitan] fault injected ({ENV}): {f.action} at {name}, step {step}, rank {rank}"
             )
             if f.action == "stop":
                 time.sleep(0.2)  # a freeze some way into the point, as a read that hangs

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -38,6 +39,8 @@ import torch
 from torchtitan.resilience import exit_status
 from torchtitan.resilience.hang_report import RankState, summary, table
 from torchtitan.resilience.timeouts import heartbeat_interval
+
+logger = logging.getLogger(__name__)
 
 
 def _short(filename: str) -> str:
@@ -213,13 +216,15 @@ class HangWatchdog:
                 failures = 0
                 if self.armed and self._pauses == 0 and time.monotonic() - self.last > self.limit:
                     self._report(store)  # exits the process, unless progress came back
-            except Exception as e:  # the store is unreachable (a restart, the job ending): retry
+            # the store is unreachable (a restart, the job ending): retry. c10d's store errors are
+            # RuntimeErrors (DistStoreError) or OS-level; anything else is a bug of ours and kills
+            # this thread with its traceback
+            except (RuntimeError, OSError, TimeoutError) as e:
                 store, failures = None, failures + 1
                 if failures == 1 and not self._stop.is_set():
-                    print(
+                    logger.warning(
                         f"[torchtitan] rank {self.rank}: hang watchdog cannot reach the rendezvous store"
-                        f" ({type(e).__name__}: {e}); retrying",
-                        flush=True,
+                        f" ({type(e).__name__}: {e}); retrying"
                     )
             self._wake.wait(
                 self.interval if failures == 0 else min(30.0, self.interval * 2**failures)
@@ -288,9 +293,8 @@ class HangWatchdog:
         )  # every live rank beats at least twice meanwhile
         if self.seq != seq:  # it was slow, not stuck: no report, watch on
             store.delete_key(f"stuck/{self.rank}")
-            print(
-                f"[torchtitan] rank {self.rank}: {quiet:.0f}s without progress, then progress again: no hang",
-                flush=True,
+            logger.info(
+                f"[torchtitan] rank {self.rank}: {quiet:.0f}s without progress, then progress again: no hang"
             )
             return False
         last = self._heartbeats(store)

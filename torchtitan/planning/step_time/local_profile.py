@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import platform
 import socket
@@ -46,8 +47,12 @@ import time
 
 import torch
 
+from torchtitan import log
 from torchtitan.hardware import HardwareProfile, UnknownGPU, gpu_names, resolve
 from torchtitan.planning.step_time.trace import causal_kept
+
+# by name: this module also runs as __main__ (python -m ...local_profile)
+logger = logging.getLogger("torchtitan.planning.step_time.local_profile")
 
 # (m, k, n, layout): a training step's GEMMs: activations x weight^T (forward), gradient x
 # weight (input gradient), gradient^T x activations (weight gradient)
@@ -558,14 +563,15 @@ def job_hardware(cfg, target: str, measure: bool) -> HardwareProfile | None:
         )
     except UnknownGPU as unknown:
         if measure:
-            print(f"[dry run] no step-time prediction: {unknown}")
+            logger.warning(f"[dry run] no step-time prediction: {unknown}")
         return None
 
 
 def main(argv: list[str]) -> int:
+    log.setup()
     if "--show" in argv:
         profile = load(measure_if_missing=False)
-        print(
+        logger.info(
             json.dumps(dataclasses.asdict(profile), indent=1)
             if profile
             else f"no profile cached at {cache_path()}"
@@ -575,8 +581,8 @@ def main(argv: list[str]) -> int:
         os.remove(cache_path())
     t0 = time.perf_counter()
     profile = load()
-    print(json.dumps(dataclasses.asdict(profile), indent=1))
-    print(f"measured in {time.perf_counter() - t0:.1f}s, cached at {cache_path()}")
+    logger.info(json.dumps(dataclasses.asdict(profile), indent=1))
+    logger.info(f"measured in {time.perf_counter() - t0:.1f}s, cached at {cache_path()}")
     return 0
 
 
