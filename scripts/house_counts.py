@@ -97,11 +97,7 @@ def counts(root: str) -> dict[str, list[str]]:
                     for c in ast.walk(node)
                     if isinstance(c, ast.Call)
                 }
-                inner = any(
-                    isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef)) and c is not node
-                    for c in ast.walk(node)
-                )
-                if "clip_grad_norm_" in called and "step" in called and not inner:
+                if "clip_grad_norm_" in called and "step" in called:
                     found["step_tails"].append(f"{rel}:{node.lineno} {node.name}")
             if isinstance(node, ast.ExceptHandler):
                 t = node.type

@@ -7,6 +7,7 @@ checkpoint.create_seed_checkpoint, `write_seed_checkpoint`).
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from torchtitan import hardware, log
 from torchtitan.checkpoint.files import CheckpointError, run_record
 from torchtitan.checkpoint.manager import CheckpointManager
 from torchtitan.checkpoint.states import TrainState
@@ -29,10 +31,8 @@ from torchtitan.distributed.compile import compile_log_lines
 from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.tied_copies import TiedCopies
 from torchtitan.distributed.utils import (
     DeviceError,
-    clip_grad_norm_,
     comm_failure_summary,
     init_distributed,
     is_comm_failure,
@@ -64,7 +64,10 @@ from torchtitan.training.nonfinite import NonFiniteLossError, NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.plan_report import report_plan
 from torchtitan.training.step import StepResult
+from torchtitan.training.step_tail import step_tail, tied_copies
 from torchtitan.units import GIB
+
+logger = logging.getLogger("torchtitan.train")  # by name: run as __main__ too
 
 warnings.filterwarnings("ignore", message=".*set_vital.*")
 
@@ -224,12 +227,7 @@ class Trainer:
             backward_phase=(lambda: self.comm.phase("backward")) if self.comm else None,
         )
         self.balancer = self._expert_balancer()
-        # a tied weight's copies on the first and last pipeline stage (distributed/tied_copies.py)
-        self.tied = (
-            TiedCopies(self.model_parts, self.dims.pp_ends_group())
-            if self.dims.pp > 1 and getattr(self.model_parts[0], "tied_weights", None)
-            else None
-        )
+        self.tied = tied_copies(self.model_parts, self.dims)
         self.dataloader = build_dataloader(
             t,
             self.tokenizer,
@@ -296,26 +294,24 @@ class Trainer:
     # ------------------------------------------------------------------ builders
 
     def _expert_balancer(self) -> ExpertBalancer | None:
-        if not getattr(self.meta.args, "n_routed_experts", 0):
+        if self.meta.args.moe is None:
             return None
         return ExpertBalancer(
             self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group()
         )
 
     def _peak_flops(self) -> float | None:
-        peak = peak_tflops(self.device, self.cfg.hardware.peak_tflops)
+        peak = peak_tflops(self.device, self.cfg.hardware.peak_tflops, self.cfg.hardware.profile)
         if self.device.type == "cuda" and peak is None:
-            self.log(
-                f"[torchtitan] MFU n/a: no peak TFLOPS known for '{torch.cuda.get_device_name(self.device)}';"
-                " set --hardware.peak_tflops (dense bf16) to get it"
-            )
+            name = torch.cuda.get_device_name(self.device)
+            self.log(f"[torchtitan] MFU n/a: {hardware.unknown_gpu_line(name)}")
         return peak
 
     # ------------------------------------------------------------------ log lines
 
     def log(self, msg: str) -> None:
         if self.rank in self.log_ranks:
-            print(msg, flush=True)
+            logger.info(msg)
 
     def _log_header(self, load_note: str) -> None:
         cfg, t, shape = self.cfg, self.cfg.training, self.shape
@@ -406,19 +402,17 @@ class Trainer:
         self.held_bytes = self.runner.held_bytes
         if self.comm is not None:
             self.comm.phase_name = "other"
-        pp_group = self.dims.pp_group() if self.runner.pipeline is not None else None
-        params = [p for m in self.model_parts for p in m.parameters()]
-        copies = []
-        if self.tied is not None:  # one tied weight, two copies: summed gradients, counted once
-            self.tied.sum_gradients()
-            ids = self.tied.copies()
-            copies = [p for p in params if id(p) in ids]
-            params = [p for p in params if id(p) not in ids]
-        grad_norm = clip_grad_norm_(params, self.cfg.training.max_norm, pp_group, also_clip=copies)
-        self.nonfinite.record(step, sums.main, grad_norm)
-        self.optimizers.step()
-        load = self.balancer.step() if self.balancer is not None else None
-        return StepResult(sums, grad_norm, load)
+        return step_tail(  # the simulated step runs the same (planning/simulate/step.py)
+            sums,
+            step,
+            self.model_parts,
+            self.optimizers,
+            self.cfg.training.max_norm,
+            self.dims.pp_group() if self.runner.pipeline is not None else None,
+            self.nonfinite,
+            self.tied,
+            self.balancer,
+        )
 
     def figures(self, result: StepResult) -> tuple[float, float, dict]:
         """A step's figures reduced over the ranks and read on the host: (global loss, grad
@@ -427,7 +421,7 @@ class Trainer:
         loss = self._mean(result.sums.main)
         grad_norm = result.grad_norm.item()
         figures = self.balancer.figures(result.load) if self.balancer is not None else {}
-        if getattr(self.meta.args, "aux_loss_coeff", 0.0) > 0:
+        if self.meta.args.moe is not None and self.meta.args.moe.aux_loss_coeff > 0:
             figures["aux_loss"] = self._mean(result.sums.aux)  # under PP the last stage's
         if self.runner.mtp_depth:  # reduced as the loss: a per-rank mean, averaged over the ranks
             figures["mtp_loss"] = self._mean(result.sums.mtp)
@@ -646,6 +640,7 @@ def _error_line(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    log.setup()
     argv = sys.argv[1:] if argv is None else argv
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = load_config_or_exit(argv, world_size, quiet=int(os.environ.get("RANK", "0")) != 0)
@@ -657,9 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.checkpoint.create_seed_checkpoint:
             path = write_seed_checkpoint(cfg)
             if dist.get_rank() == 0:
-                print(
-                    f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder",
-                    flush=True,
+                logger.info(
+                    f"[torchtitan] seed checkpoint written to {path}; train any layout from this folder"
                 )
         else:
             trainer = Trainer(cfg)
@@ -684,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     ) as e:  # a bad document on this rank's rows only: the others wait in a collective
         _error_line(f"error: rank {os.environ.get('RANK')}: {e}")
         os._exit(1)  # torchrun then stops the other ranks
-    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+    # broad, then re-raised: only a communication failure is handled here (DCP's
+    # CheckpointException is a BaseException); anything else keeps its traceback
+    except (Exception, CheckpointException) as e:
         if not is_comm_failure(e):
             raise
         # A peer died or hung: the group is unusable, so tearing it down could hang too.

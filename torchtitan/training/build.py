@@ -35,6 +35,7 @@ from torchtitan.models.registry import load_model_modules
 from torchtitan.models.train_spec import TrainSpec, get_train_spec
 from torchtitan.training.loss import Loss
 from torchtitan.training.model_args import run_model_args
+from torchtitan.training.phases import StepPhase
 from torchtitan.training.step import StepRunner
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ def step_runner(
     *,
     doc_delimiter: tuple[int, bool] | None,
     held_for_backward: bool = False,
-    on_phase: Callable[[str], None] | None = None,
+    on_phase: Callable[[StepPhase], None] | None = None,
     backward_phase: Callable[[], AbstractContextManager] | None = None,
 ) -> StepRunner:
     """The loss, the pipeline schedule over the parts (under PP) and the runner of a rank's

@@ -17,6 +17,7 @@ from torchtitan.models.common.attention import ContextParallel, document_ids
 from torchtitan.models.common.moe import moe_aux_loss
 from torchtitan.observe.held_for_backward import HeldForBackward
 from torchtitan.training.loss import IGNORE_INDEX, Loss, local_value, mtp_shifted_labels
+from torchtitan.training.phases import StepPhase
 
 
 @dataclass
@@ -53,9 +54,7 @@ class StepRunner:
     layout: object | None = None  # its PipelineLayout
     stage_ids: list[int] = field(default_factory=lambda: [0])
     held_for_backward: bool = False  # measure the first micro-batch's held bytes (trainer metric)
-    on_phase: Callable[[str], None] | None = (
-        None  # told "forward" / "backward" / ... (memory simulation)
-    )
+    on_phase: Callable[[StepPhase], None] | None = None  # told each phase (memory simulation)
     held_bytes: int = 0
     # set: the block-causal mask; documents told apart by (token id, True: it starts one | False: it ends one)
     doc_delimiter: tuple[int, bool] | None = None
@@ -106,9 +105,9 @@ class StepRunner:
         labels = labels.to(self.device, non_blocking=True)
         return [(labels[:, k:] != IGNORE_INDEX).sum() for k in range(1, self.mtp_depth + 1)]
 
-    def _phase(self, name: str) -> None:
+    def _phase(self, phase: StepPhase) -> None:
         if self.on_phase is not None:
-            self.on_phase(name)
+            self.on_phase(phase)
 
     def forward_backward(self, batches) -> StepSums:
         """Gradients of one optimizer step over `accum_steps` micro-batches; returns this
@@ -134,10 +133,10 @@ class StepRunner:
                     if self.held_for_backward and first
                     else contextlib.nullcontext()
                 )
-                self._phase("forward")
+                self._phase(StepPhase.FORWARD)
                 with probe:
                     logits = self.model_parts[0](inputs, **kwargs)
-                    self._phase("loss")
+                    self._phase(StepPhase.LOSS)
                     main, mtp_loss = self.loss.terms(logits, labels, valid)
                     aux = moe_aux_loss(
                         self.model_parts[0]
@@ -147,7 +146,7 @@ class StepRunner:
                     self.held_bytes = probe.held_bytes()
                 first = False
                 del logits
-                self._phase("backward")
+                self._phase(StepPhase.BACKWARD)
                 loss.backward()
                 loss_sum += local_value(main.detach())
                 if aux is not None:

@@ -3,11 +3,12 @@
 The rank's parts are built by the trainer's build path (`build_parts`: split, plan, TP, AC,
 FSDP / SimpleFSDP / DDP, EP), materialised as fake tensors (shapes and dtypes, no memory),
 given AdamW states as after step 1, and run through the trainer's own step code
-(`StepRunner.forward_backward`, gradient clipping, the optimizer). `LiveBytes` counts every
-storage the step creates until it dies; the peak of a step >= 2 is what is alive at its
-start (parameters, optimizer states, buffers, the step's input batches) plus the most the
-step adds. simulation_patches.py lists the three paths that run changed (grouped GEMM in float32,
-expert-parallel split sizes, pipeline start-up).
+(`StepRunner.forward_backward`, then training/step_tail.py's `step_tail`: the tied copies,
+gradient clipping, the non-finite record, the optimizer, the expert balance). `LiveBytes`
+counts every storage the step creates until it dies; the peak of a step >= 2 is what is
+alive at its start (parameters, optimizer states, buffers, the step's input batches) plus
+the most the step adds. simulation_patches.py lists the three paths that run changed
+(grouped GEMM in float32, expert-parallel split sizes, pipeline start-up).
 
 Eager mode: the simulation runs the job with torch.compile off (compiled kernels fuse and
 free their intermediates differently; see docs/memory.md).
@@ -23,20 +24,24 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.distributed.tensor import DTensor
 
 from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
-from torchtitan.distributed.utils import clip_grad_norm_
+from torchtitan.models.common.moe import moe_modules
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.planning.simulate import patches as simulation_patches
 from torchtitan.planning.simulate.tracker import LiveBytes
 from torchtitan.training.build import build_parts, plan_records, step_runner
+from torchtitan.training.expert_balance import ExpertBalancer
+from torchtitan.training.nonfinite import NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
+from torchtitan.training.phases import BACKWARD, TAIL, StepPhase, label, phase_of
 from torchtitan.training.step import StepRunner
+from torchtitan.training.step_tail import step_tail, tied_copies
 
 _c10d = torch.ops.c10d
 _fc = torch.ops._c10d_functional
@@ -85,8 +90,20 @@ class SimulatedStep:
     schedule: tuple | None = None  # (every pipeline rank's actions, number of stages), with a timer
 
 
+# what a storage made in a phase is, unless its op says otherwise; the step tail's are
+# transients of the update (the tied copies' sum, the norm, the expert counts)
+_BY_PHASE = {
+    StepPhase.SETUP: "inputs_and_buffers",
+    StepPhase.FORWARD: "activations",
+    StepPhase.LOSS: "logits_and_loss",
+    StepPhase.PIPELINE: "pipeline_buffers",
+    **{phase: "backward_transients" for phase in BACKWARD},
+    **{phase: "optimizer_transients" for phase in TAIL},
+}
+
+
 class _Categories:
-    """Category of a storage created by `op` during `phase` (see CATEGORIES)."""
+    """Category of a storage created by `op` during the phase labelled `phase` (see CATEGORIES)."""
 
     def __init__(self, fsdp_groups: set[str]):
         self.fsdp_groups = fsdp_groups
@@ -99,15 +116,9 @@ class _Categories:
         if op in _A2A:
             return "ep_dispatch"
         if getattr(op, "namespace", "") == "fsdp":  # FSDP2's all-gather in/out buffers
-            return "unsharded_parameters" if phase != "backward" else "backward_transients"
-        return {
-            "forward": "activations",
-            "loss": "logits_and_loss",
-            "backward": "backward_transients",
-            "clip": "optimizer_transients",
-            "optimizer": "optimizer_transients",
-            "pipeline": "pipeline_buffers",
-        }.get(phase.split()[0], "inputs_and_buffers")
+            # the bare label only: a pipeline's backward of a microbatch keeps them unsharded
+            return "unsharded_parameters" if phase != StepPhase.BACKWARD else "backward_transients"
+        return _BY_PHASE[phase_of(phase)]
 
 
 def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
@@ -121,14 +132,12 @@ def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
         full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
         return "B" if full else "I"
 
-    def wrap(owner, name: str, label: str, kind):
+    def wrap(owner, name: str, phase: StepPhase, kind):
         original = getattr(owner, name)
 
         def run(*args, **kwargs):
             mb = args[0] if kind != "R" and args and isinstance(args[0], int) else None
-            chunk = f" microbatch {mb}" if mb is not None else ""
-            where = f", stage {owner.stage_index}" if hasattr(owner, "stage_index") else ""
-            tracker.phase = f"{label}{chunk}{where}"
+            tracker.phase = label(phase, mb, getattr(owner, "stage_index", None))
             if kind is not None:
                 tracker.action = (
                     owner.stage_index,
@@ -138,18 +147,18 @@ def _label_pipeline_phases(schedule, tracker: LiveBytes) -> None:
             try:
                 return original(*args, **kwargs)
             finally:
-                tracker.phase = "pipeline"
+                tracker.phase = StepPhase.PIPELINE
                 if kind is not None and kind != "F":
                     tracker.action = None
 
         setattr(owner, name, run)
 
     for stage in stages:
-        wrap(stage, "forward_one_chunk", "forward", "F")
-        wrap(stage, "backward_one_chunk", "backward", backward_kind)
-        wrap(stage, "backward_weight_one_chunk", "backward (weights)", "W")
-        wrap(stage, "perform_reduce_grad", "backward (gradient reduction)", "R")
-    wrap(schedule, "_compute_loss", "loss", None)
+        wrap(stage, "forward_one_chunk", StepPhase.FORWARD, "F")
+        wrap(stage, "backward_one_chunk", StepPhase.BACKWARD, backward_kind)
+        wrap(stage, "backward_weight_one_chunk", StepPhase.BACKWARD_WEIGHTS, "W")
+        wrap(stage, "perform_reduce_grad", StepPhase.GRADIENT_REDUCTION, "R")
+    wrap(schedule, "_compute_loss", StepPhase.LOSS, None)
 
 
 def _first_step_setup(runner: StepRunner, parts, batch, cfg, startup) -> None:
@@ -217,6 +226,7 @@ def simulate_pp_rank(
     (planning/step_time/rank.py's RankTimer) into SimulatedStep.times and .schedule."""
     simulation_patches.register_fake_kernels()
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
+    experts = bool(moe_modules(model))  # the trainer balances the experts of a MoE model
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
         model = copy.deepcopy(model)
     parts = build_parts(spec, model, dims, eager, target, pp_rank, free_bytes, budget_note)
@@ -241,10 +251,19 @@ def simulate_pp_rank(
                 cfg,
                 device,
                 doc_delimiter=(0, True),
-                on_phase=lambda name: setattr(tracker, "phase", name),
+                on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
         pipeline = runner.pipeline
         optimizers = PartOptimizers(parts.modules, cfg.optimizer, t.steps, cfg.lr_scheduler)
+        # the rest of the trainer's step tail (train.py), on this rank's parts
+        nonfinite = NonFiniteWatch(device)
+        with unset_fake_temporarily():  # a new process group computes on its mesh's real tensor
+            tied = tied_copies(parts.modules, dims)
+            balancer = (
+                ExpertBalancer(parts.modules, device, dims.batch_group(), dims.pp_group())
+                if experts
+                else None
+            )
         params = [p for m in parts.modules for p in m.parameters()]
         for p in params:  # AdamW states as after step 1
             p.grad = torch.zeros_like(p)
@@ -293,13 +312,21 @@ def simulate_pp_rank(
             simulation_patches.cuda_causal_bias(tracker, target),
             trace.recording() if trace is not None else contextlib.nullcontext(),
         ):
-            tracker.phase = "forward"
-            runner.forward_backward(batches)
+            tracker.phase = StepPhase.FORWARD
+            sums = runner.forward_backward(batches)
             tracker.relabel(_storages(p.grad for p in params), "gradients")
-            tracker.phase = "clip"
-            clip_grad_norm_(params, t.max_norm, dims.pp_group() if pipeline is not None else None)
-            tracker.phase = "optimizer"
-            optimizers.step()
+            step_tail(  # the trainer's own (train.py's train_step), step 2
+                sums,
+                2,
+                parts.modules,
+                optimizers,
+                t.max_norm,
+                dims.pp_group() if pipeline is not None else None,
+                nonfinite,
+                tied,
+                balancer,
+                on_phase=lambda phase: setattr(tracker, "phase", phase),
+            )
     breakdown = tracker.breakdown_at_peak()
     breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(
         cfg, target, breakdown, params
@@ -309,7 +336,7 @@ def simulate_pp_rank(
         pp_rank,
         parts.stage_ids,
         tracker.peak + staged,
-        tracker.peak_phase,
+        str(tracker.peak_phase),
         {k: breakdown.get(k, 0) for k in CATEGORIES},
         start,
         plan_records(parts),

@@ -29,6 +29,7 @@ from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._pytree import tree_leaves
 
 from torchtitan.observe.plain_tensor_ops import PlainTensorOps
+from torchtitan.training.phases import StepPhase
 
 
 class LiveBytes(PlainTensorOps):
@@ -40,7 +41,7 @@ class LiveBytes(PlainTensorOps):
         self.workspaces = workspaces or {}
         self.fake_mode = fake_mode  # count fake tensors of this mode only (None: real tensors only)
         self.categorize = categorize  # (op or None, phase, args) -> category
-        self.phase = "setup"
+        self.phase: str = StepPhase.SETUP  # the running phase's label (training/phases.py)
         self.action = (
             None  # the pipeline action running: (stage, "F" | "B" | "I" | "W", microbatch)
         )

@@ -29,7 +29,8 @@ Everything this model assumes is here, to be checked line by line:
    input has arrived (the previous stage's forward / the next stage's backward of the same
    microbatch, plus the P2P transfer of the stage boundary over the pipeline link); each
    action lasts what its simulated ops take (the same stage's microbatches alike). The step
-   ends when the last rank has finished, then clipping and the optimizer run on every rank.
+   ends when the last rank has finished, then the step tail (training/phases.py's TAIL: tied
+   copies, clipping, the non-finite record, the optimizer, the expert balance) runs on every rank.
    The bubble of a rank is the step time minus its busy time.
 """
 
@@ -41,9 +42,10 @@ from dataclasses import dataclass, field
 
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.step_time.trace import Comm, Compute, Segment
+from torchtitan.training.phases import BACKWARD, TAIL, StepPhase, phase_of
 
-PIPELINE_LABELS = ("pipeline",)
-TAIL_LABELS = ("clip", "optimizer")
+PIPELINE_LABELS = (StepPhase.PIPELINE,)
+TAIL_LABELS = TAIL  # after the pipeline's last action, on every rank
 BREAKDOWN = ("compute", "recompute", "overhead", "optimizer", "pipeline_bubble")  # + "comm_<dim>"
 
 
@@ -147,11 +149,11 @@ class Streams:
         gather = c.kind == "all_gather" and c.group in self.groups.fsdp
         reduction = (
             self.overlap
-            and label.startswith("backward")
+            and phase_of(label) in BACKWARD
             and c.kind in ("reduce_scatter", "all_reduce")
             and c.group in self.groups.data_parallel
         )
-        if gather and self.prefetch and c.api == "c10d" and label.startswith("backward"):
+        if gather and self.prefetch and c.api == "c10d" and phase_of(label) in BACKWARD:
             # FSDP2's backward prefetch: the gather issued in a unit's pre-backward is the next
             # unit's; the unit itself waits for the one issued a unit earlier
             if self.backward_gather is not None:
@@ -211,7 +213,7 @@ class RankTimes:
 
     serial: Timed  # without a pipeline: the whole forward/backward of the step
     actions: dict[tuple, Timed]  # with one: (stage, "F" | "B" | "I" | "W" | "R") -> per microbatch
-    tail: Timed  # clipping and the optimizer
+    tail: Timed  # the step tail: tied copies, clipping, the optimizer, the expert balance
     p2p_s: float = 0.0  # one stage-boundary transfer (the largest P2P) over the pipeline link
 
     def combined(self, other: RankTimes, a: float, b: float) -> RankTimes:

@@ -25,7 +25,7 @@ attention 2 x batch x heads x q x k x (qk_dim + v_dim) forward and 2 x ... x (3 
 
 Ops run while activation checkpointing recomputes a region are marked `recompute`.
 Consecutive compute ops merge into one event; events are grouped in segments, one per phase
-of the step (forward, loss, backward, each pipeline action, clipping, the optimizer).
+of the step (training/phases.py: forward, loss, backward, each pipeline action, the tail).
 """
 
 from __future__ import annotations
@@ -40,8 +40,15 @@ from torch.utils._pytree import tree_leaves
 
 from torchtitan.hardware import HardwareProfile
 from torchtitan.observe.comm_stats import collective_bytes, collective_kind, group_name_of
+from torchtitan.training.phases import StepPhase
 
 aten = torch.ops.aten
+
+# phases whose ops run outside compiled code even in a compiled job: the optimizer and the
+# tail's bookkeeping. (Clipping keeps the cost the model has always given it: as if compiled.)
+UNCOMPILED = frozenset(
+    {StepPhase.TIED_COPIES, StepPhase.NONFINITE, StepPhase.OPTIMIZER, StepPhase.EXPERT_BALANCE}
+)
 
 _GEMM = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 _ATTENTION_FWD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
@@ -180,7 +187,7 @@ class Comm:
 
 @dataclass
 class Segment:
-    label: str  # the step phase (forward, loss, backward, clip, optimizer, pipeline, ...)
+    label: str  # the step phase's label (training/phases.py: a phase, or a pipeline action's)
     action: tuple | None  # a pipeline action: (stage, "F" | "B" | "I" | "W", microbatch)
     events: list = field(default_factory=list)  # Compute and Comm, in order
 
@@ -241,7 +248,7 @@ class OpTrace:
             return
         if namespace == "prim" or name in _NO_KERNEL or getattr(func, "is_view", False):
             # no kernel, but dispatched all the same (profile.host_us_per_op is measured over every op)
-            if not self.compiled or label == "optimizer":
+            if not self.compiled or label in UNCOMPILED:
                 self._host(self.profile.host_us_per_op * 1e-6, label, action)
             return
         if func in _GEMM:
@@ -268,7 +275,7 @@ class OpTrace:
             nbytes,
             dtype,
             self.profile,
-            self.compiled and label != "optimizer",
+            self.compiled and label not in UNCOMPILED,
             head_dim if op == "attention" else 0,
         )
         if (self.checkpointed or self.recomputing) and not self.compiled:
