@@ -11,17 +11,12 @@ import dataclasses
 import difflib
 import inspect
 import math
-import sys
+import tomllib
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
 from torchtitan.config.job_config import JobConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 class ConfigError(ValueError):
