@@ -9,8 +9,8 @@ import pytest
 from check_data_helpers import DEBUG, FIXED, check_error, docs, write_jsonl
 from config_helpers import cfg_of, config_error
 
-from torchtitan.checks import data as check_data
 from torchtitan.checks.data import check_data_inputs
+from torchtitan.data import hub_check
 from torchtitan.models.flavors import flavors_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
@@ -385,6 +385,6 @@ def test_dry_run_reads_no_data(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "d.jsonl", docs(1, field="body"))
     check_data_inputs(cfg_of([f"--training.dataset={path}", "--job.dry_run=true"]), DEBUG)
     monkeypatch.setattr(
-        check_data, "_read_records", lambda *a: pytest.fail("a dry run reads no hub data")
+        hub_check, "read_records", lambda *a: pytest.fail("a dry run reads no hub data")
     )
     check_data_inputs(cfg_of(["--training.dataset=allenai/c4", "--job.dry_run=true"]), DEBUG)

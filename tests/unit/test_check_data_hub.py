@@ -8,8 +8,8 @@ import pytest
 from check_data_helpers import DEBUG, check_error, docs, write_jsonl
 from config_helpers import cfg_of
 
-from torchtitan.checks import data as check_data
 from torchtitan.checks.data import check_data_inputs
+from torchtitan.data import hub_check
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 
@@ -18,11 +18,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWa
 
 
 def _hub_raises(monkeypatch, error):
-    def read(name, split, config, limit):
+    def read(keys, limit):
         assert limit == 1  # the hub gives one record
         raise error
 
-    monkeypatch.setattr(check_data, "_read_records", read)
+    monkeypatch.setattr(hub_check, "read_records", read)
 
 
 def test_hub_offline(monkeypatch):
@@ -94,17 +94,19 @@ def test_hub_config_and_split(monkeypatch):
 
 
 def test_hub_other_failure(monkeypatch):
-    _hub_raises(monkeypatch, RuntimeError("something\nbroke   badly"))
+    from datasets.exceptions import DatasetGenerationError
+
+    _hub_raises(monkeypatch, DatasetGenerationError("something\nbroke   badly"))
     assert check_error(["--training.dataset=me/data"]) == (
-        "--training.dataset='me/data': cannot stream it from the Hugging Face hub (RuntimeError: something broke"
+        "--training.dataset='me/data': cannot stream it from the Hugging Face hub (DatasetGenerationError: something broke"
         " badly); check the name, the --training.dataset_config_name and dataset_split, the network and HF_TOKEN,"
         " or use a local file or 'pydoc'"
     )
 
 
 def test_hub_that_does_not_answer_in_time(monkeypatch):
-    monkeypatch.setattr(check_data, "HUB_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(check_data, "_read_records", lambda *a: time.sleep(5))
+    monkeypatch.setattr(hub_check, "HUB_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(hub_check, "read_records", lambda *a: time.sleep(5))
     start = time.perf_counter()
     assert check_error(["--training.dataset=me/data"]) == (
         "--training.dataset='me/data': no answer from the Hugging Face hub within 0.2 s; check the network (proxy,"
@@ -114,7 +116,7 @@ def test_hub_that_does_not_answer_in_time(monkeypatch):
 
 
 def test_hub_first_record(monkeypatch):
-    monkeypatch.setattr(check_data, "_read_records", lambda *a: [{"content": "x", "url": "u"}])
+    monkeypatch.setattr(hub_check, "read_records", lambda *a: [{"content": "x", "url": "u"}])
     assert check_error(["--training.dataset=me/data"]) == (
         "--training.dataset_text_field='text': document 0 of 'me/data' has no such column; its columns are: content, url; set"
         " --training.dataset_text_field to the one holding the document text"
@@ -122,7 +124,7 @@ def test_hub_first_record(monkeypatch):
     check_data_inputs(
         cfg_of(["--training.dataset=me/data", "--training.dataset_text_field=content"]), DEBUG
     )
-    monkeypatch.setattr(check_data, "_read_records", lambda *a: [])
+    monkeypatch.setattr(hub_check, "read_records", lambda *a: [])
     assert check_error(["--training.dataset=me/data", "--training.dataset_split=test"]) == (
         "--training.dataset='me/data': the hub dataset has no documents in split 'test'; pick another"
         " --training.dataset_split, or use a local file or 'pydoc'"

@@ -319,13 +319,13 @@ def test_local_dataset_path_that_does_not_exist(tmp_path, monkeypatch, name):
 
 
 def test_existing_local_dataset_and_hub_names_are_accepted(tmp_path, monkeypatch):
-    from torchtitan.checks import data as check_data
+    from torchtitan.data.kinds import dataset_kind
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "x"}\n' * 8)  # a global batch of rows: local_batch_size 8 on one rank
     monkeypatch.setattr(
-        check_data, "_check_hub", lambda *a: None
-    )  # no network here; test_check_data.py covers it
+        dataset_kind("hub"), "check", lambda *a: None
+    )  # no network here; test_check_data_hub.py covers it
     for name in (str(data), str(tmp_path), "pydoc", "allenai/c4", "HuggingFaceFW/fineweb-edu"):
         cfg, _ = load_config([f"--training.dataset={name}"], 1)
         assert cfg.training.dataset == name

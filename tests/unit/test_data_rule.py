@@ -13,7 +13,7 @@ from torchtitan.data.dataloader import (
     part_slots,
     worker_layout,
 )
-from torchtitan.data.documents import open_documents
+from torchtitan.data.kinds import open_documents
 from torchtitan.data.mixture import MixError, parse_mix, pattern, quotas, windows_by_source
 from torchtitan.data.slots import empty_slot, read_amplification, read_case, slot_plan
 from torchtitan.data.tokenizer import Tokenizer

@@ -11,7 +11,7 @@ import pytest
 import torchtitan.data.token_writer as tw
 from torchtitan.checks import load_config
 from torchtitan.data.dataloader import build_dataloader
-from torchtitan.data.documents import open_documents
+from torchtitan.data.kinds import open_documents
 from torchtitan.data.token_folder import TokenFolder, check_folder
 from torchtitan.data.tokenizer import Tokenizer
 

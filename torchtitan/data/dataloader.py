@@ -22,7 +22,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from torchtitan.data.datasets import STATE_VERSION, DataError, SlotParts, fresh_state
-from torchtitan.data.documents import describe, open_documents
+from torchtitan.data.documents import describe
+from torchtitan.data.kinds import open_documents
 from torchtitan.data.mixture import MixError, parse_mix, pattern, windows_by_source
 from torchtitan.data.slots import read_case
 
@@ -52,8 +53,8 @@ def _end_workers_at_exit() -> None:
     for it in list(_RUNNING):
         try:
             it._shutdown_workers()
-        except Exception:  # noqa: BLE001 - at exit: kill what is left below
-            pass
+        except Exception:  # noqa: BLE001 -- kept broad: at exit, a worker already gone can fail
+            pass  # its shutdown in many ways, none worth a traceback; the SIGKILL below ends it
         for w in getattr(it, "_workers", []):
             if w.is_alive():
                 os.kill(w.pid, signal.SIGKILL)

@@ -10,23 +10,22 @@
   in this process. Documents of this process's slots passed on the way to another one's are
   kept until read (slots sharing a shard advance at their own pace).
 
-Every kind counts the bytes it reads (`bytes_read`: file bytes for indexed and tokenized
+Which dataset opens as which (and how the config check reads it): data/kinds.py. Every kind
+counts the bytes it reads (`bytes_read`: file bytes for indexed and tokenized
 sources, record text for streams), the measure of read amplification.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from torchtitan.data.sources import DocumentError, document_text, open_source
-from torchtitan.data.token_folder import TokenFolder, TruncatedShard, check_folder, is_token_folder
+from torchtitan.data.input_errors import input_fault
+from torchtitan.data.line_files import line_starts, parse_line
+from torchtitan.data.sources import DocumentError, document_text
+from torchtitan.data.token_folder import TokenFolder, TruncatedShard
 from torchtitan.messages import one_line
-
-INDEX_BLOCK = 8 << 20
-INDEXED_SUFFIXES = (".jsonl", ".json", ".txt")
 
 
 class DataError(RuntimeError):
@@ -56,83 +55,6 @@ class _RawText:
         except DocumentError as e:
             raise DataError(str(e)) from None
         return _token_array(self.tokenizer.encode(text))
-
-
-def line_starts(path: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """(starts, ends) byte offsets of the non-blank lines of `path`, and the bytes scanned."""
-    starts, ends = [], []
-    pos, carry_start = 0, 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            block = f.read(INDEX_BLOCK)
-            if not block:
-                break
-            nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10) + pos
-            if len(nl):
-                starts.append(np.concatenate(([carry_start], nl[:-1] + 1)))
-                ends.append(nl)
-                carry_start = int(nl[-1]) + 1
-            pos += len(block)
-    if carry_start < pos:  # a last line without a newline
-        starts.append(np.array([carry_start]))
-        ends.append(np.array([pos]))
-    s = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-    e = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    short = np.flatnonzero(e - s < 8)  # blank lines are short: look at those only
-    if len(short):
-        with open(path, "rb") as f:
-            blank = [
-                i for i in short if not os.pread(f.fileno(), int(e[i] - s[i]), int(s[i])).strip()
-            ]
-        keep = np.ones(len(s), bool)
-        keep[blank] = False
-        s, e = s[keep], e[keep]
-    return s.astype(np.int64), e.astype(np.int64), pos
-
-
-def is_indexed_file(path: str) -> bool:
-    """A local file the run reads by its line index: .txt, or JSON Lines (.jsonl/.json whose
-    first line holds a JSON object)."""
-    return (
-        os.path.isfile(path)
-        and path.endswith(INDEXED_SUFFIXES)
-        and (path.endswith(".txt") or _is_json_lines(path))
-    )
-
-
-def parse_line(raw: bytes, json_lines: bool) -> dict:
-    """One line of an indexed file as a record ({"text": line} for .txt); ValueError if not JSON."""
-    if not json_lines:
-        return {"text": raw.decode("utf-8", "replace").rstrip("\r\n")}
-    return json.loads(raw)
-
-
-def first_records(path: str, limit: int) -> list[dict]:
-    """The first `limit` records of an indexed file, parsed as the run parses them (the config
-    check's read); ValueError naming the line when one is not JSON."""
-    json_lines, out = not path.endswith(".txt"), []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if len(out) >= limit:
-                break
-            if not raw.strip():
-                continue
-            try:
-                out.append(parse_line(raw, json_lines))
-            except ValueError as e:
-                raise ValueError(f"line {n} is not JSON: {one_line(e, 120)}") from None
-    return out
-
-
-def _is_json_lines(path: str) -> bool:
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    return isinstance(json.loads(line), dict)
-                except ValueError:
-                    return False
-    return True
 
 
 class IndexedText(_RawText):
@@ -230,6 +152,8 @@ class StreamedText(_RawText):
         try:
             return self.make_source()
         except Exception as e:
+            if not input_fault(e):  # a bug of ours: its traceback
+                raise
             raise DataError(
                 f"--{self.section}.dataset: cannot open {self.name} ({one_line(e)}); check that it is"
                 " still there and readable"
@@ -271,6 +195,8 @@ class StreamedText(_RawText):
                 r.done = True
                 break
             except Exception as e:
+                if not input_fault(e):  # a bug of ours: its traceback
+                    raise
                 raise DataError(
                     f"--{self.section}.dataset: cannot read {self.name} ({one_line(e)}); fix or remove"
                     " that record, or use another dataset"
@@ -291,59 +217,10 @@ def describe(dataset: str, split: str) -> str:
     return f"dataset '{dataset}' (split '{split}')"
 
 
-def open_documents(
-    dataset: str,
-    split: str,
-    config_name: str,
-    text_field: str,
-    tokenizer,
-    section: str = "training",
-):
-    """The source of `dataset` as the slot streams read it (see the module docstring)."""
-    name = describe(dataset, split)
-    path = os.path.expanduser(dataset)
-    if dataset == "pydoc":
-        from torchtitan.data.corpus import pydoc_documents
-
-        return IndexedText(
-            name, tokenizer, text_field="text", section=section, texts=pydoc_documents(split)
-        )
-    if os.path.isdir(path) and is_token_folder(path):
-        try:
-            return TokenFolder(path, check_folder(path, tokenizer.fingerprint))
-        except ValueError as e:
-            raise DataError(f"--{section}.dataset: {one_line(e, 400)}") from None
-    if is_indexed_file(path):
-        return IndexedText(
-            name, tokenizer, text_field if not path.endswith(".txt") else "text", section, path=path
-        )
-    if (
-        os.path.isfile(path)
-        and path.endswith(".arrow")
-        or os.path.isfile(os.path.join(path, "state.json"))
-    ):
-        import datasets
-
-        table = (
-            datasets.Dataset.from_file(path)
-            if os.path.isfile(path)
-            else datasets.load_from_disk(path)
-        )
-        if isinstance(table, datasets.DatasetDict):
-            table = table[split]
-        return IndexedText(name, tokenizer, text_field, section, table=table)
-    from functools import partial
-
-    return StreamedText(
-        name, tokenizer, text_field, section, partial(open_source, dataset, split, config_name)
-    )
-
-
 __all__ = [
     "DataError",
     "IndexedText",
     "StreamedText",
     "TokenFolder",
     "TruncatedShard",
-    "open_documents",
 ]

@@ -1,11 +1,12 @@
-"""Where documents come from, torch-free: how a dataset key is opened and what a document's
-text is. The pre-launch data check and the run's datasets both call these, so the check reads
-the data exactly as the run will.
+"""Where documents come from, torch-free: the keys of one dataset, the HF readers of the kinds
+read with HF datasets, and what a document's text is. The pre-launch data check and the run's
+datasets both call these, so the check reads the data exactly as the run will.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from torchtitan.config.manager import suggest
 from torchtitan.messages import one_line
@@ -21,22 +22,56 @@ LOCAL_FILE_BUILDERS = {
 }
 
 
-def open_source(dataset: str, split: str, config_name: str = ""):
-    """A streaming HF IterableDataset of `dataset`: 'pydoc' (embedded), a local file (by its
-    extension's builder), a local folder (one split per file name), or a hub name."""
+@dataclass(frozen=True)
+class DatasetKeys:
+    """One dataset as a [training] or [validation] section names it (or a mixture's source)."""
+
+    dataset: str
+    split: str
+    config_name: str = ""
+    text_field: str = "text"
+    section: str = "training"
+
+    @property
+    def path(self) -> str:
+        return os.path.expanduser(self.dataset)
+
+
+# The HF streams of the kinds read with HF datasets (data/kinds.py says which kind is which).
+
+
+def stream_file(keys: DatasetKeys):
+    """A local data file, by its extension's builder (its one split is 'train')."""
     import datasets
 
-    if dataset == "pydoc":
-        from torchtitan.data.corpus import pydoc_documents
+    builder = LOCAL_FILE_BUILDERS[os.path.splitext(keys.path)[1]]
+    return datasets.load_dataset(builder, data_files=keys.path, split=keys.split, streaming=True)
 
-        return datasets.Dataset.from_dict({"text": pydoc_documents(split)}).to_iterable_dataset()
-    path = os.path.expanduser(dataset)
-    if os.path.isfile(path):
-        builder = LOCAL_FILE_BUILDERS[os.path.splitext(path)[1]]
-        return datasets.load_dataset(builder, data_files=path, split=split, streaming=True)
-    if os.path.isdir(path):
-        return datasets.load_dataset(path, split=split, streaming=True)
-    return datasets.load_dataset(dataset, config_name or None, split=split, streaming=True)
+
+def stream_folder(keys: DatasetKeys):
+    """A local folder of data files, one split per file name."""
+    import datasets
+
+    return datasets.load_dataset(keys.path, split=keys.split, streaming=True)
+
+
+def stream_hub(keys: DatasetKeys):
+    import datasets
+
+    return datasets.load_dataset(
+        keys.dataset, keys.config_name or None, split=keys.split, streaming=True
+    )
+
+
+def read_table(keys: DatasetKeys):
+    """A memory-mapped HF table: an `.arrow` file, or a folder written by `save_to_disk`."""
+    import datasets
+
+    path = keys.path
+    table = (
+        datasets.Dataset.from_file(path) if os.path.isfile(path) else datasets.load_from_disk(path)
+    )
+    return table[keys.split] if isinstance(table, datasets.DatasetDict) else table
 
 
 def per_source_split(dataset: str, split: str) -> str:

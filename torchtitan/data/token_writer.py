@@ -1,7 +1,7 @@
 """Writing pre-tokenized folders (the format: data/token_folder.py), for
 scripts/tokenize_dataset.py.
 
-The source is opened once, as the trainer opens it (data/documents.open_documents: one scan of a
+The source is opened once, as the trainer opens it (data/kinds.open_documents: one scan of a
 JSON Lines file), and its documents are cut into units: ranges of a shard's documents when the
 shard's size is known, one unit per shard of a stream. Forked worker processes each write whole
 units as part files; a unit is published by renaming its files into place, its counts file
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from torchtitan.data import token_folder as tf
-from torchtitan.data.documents import DataError, open_documents
+from torchtitan.data.documents import DataError
+from torchtitan.data.kinds import kind_of, open_documents
 
 DOCS_PER_UNIT = 50_000
 FLUSH_BYTES = 8 << 20
@@ -125,7 +126,7 @@ def tokenize_dataset(
         raise WriteError(f"--num-proc={num_proc}: must be >= 1")
     if os.path.exists(out):
         raise WriteError(f"--out: '{out}' exists; give a new folder (nothing is overwritten)")
-    if os.path.isdir(os.path.expanduser(dataset)) and tf.is_token_folder(dataset):
+    if kind_of(dataset).name == "tokens":
         raise WriteError(
             f"--dataset: '{dataset}' is already a pre-tokenized folder; train on it directly"
         )

@@ -61,7 +61,11 @@ class Tokenizer:
         self.path = path
         try:
             self._tok = HFTokenizer.from_file(path)
-        except Exception as e:  # tokenizers raises a bare Exception
+        except Exception as e:
+            # tokenizers reports a bad or missing file as a plain Exception, nothing narrower;
+            # any subclass (TypeError, ...) is not about the file: its traceback
+            if type(e) is not Exception and not isinstance(e, OSError):
+                raise
             raise TokenizerError(path, "unreadable", _why_unloadable(path, e)) from None
         vocab = self._tok.get_vocab(with_added_tokens=True)
         for bos, eos in _SPECIAL_PAIRS:
