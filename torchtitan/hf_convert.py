@@ -137,7 +137,6 @@ def import_folder(
         )
         write_marker(tmp, marker_record(0, True, dtype, run, hf_source=os.path.abspath(folder)))
         os.replace(tmp, out)
-    except BaseException:
+    finally:  # no partial folder stays, whatever stopped the save (gone after the rename)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out, done

@@ -1,20 +1,21 @@
 """Attention inputs shared by the models: document ids from BOS tokens, the block-causal mask
 (equal to causal on one document, no leakage across documents) and context parallel's
-chunking and per-chunk attention, checked against whole-sequence SDPA without a process group."""
+chunking and per-chunk attention (torchtitan/distributed/context_parallel.py), checked against
+whole-sequence SDPA without a process group."""
 
+import contextlib
 import dataclasses
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan.models.common import attention
+from torchtitan.distributed import context_parallel
+from torchtitan.distributed.context_parallel import ContextParallel, causal_chunk_mask
 from torchtitan.models.common.attention import (
     AttentionInputs,
-    ContextParallel,
     attend,
     attention_inputs,
-    causal_chunk_mask,
     document_ids,
 )
 from torchtitan.models.flavors import model_args
@@ -180,8 +181,8 @@ def test_gather_puts_every_rank_chunks_back_in_global_order(degree, monkeypatch)
         assert gather_dim == 1 and group is None
         return torch.cat(locals_, dim=1)
 
-    monkeypatch.setattr(attention, "all_gather_single_autograd", fake_all_gather)
-    monkeypatch.setattr(attention, "wait_tensor", lambda t: t)
+    monkeypatch.setattr(context_parallel, "all_gather_single_autograd", fake_all_gather)
+    monkeypatch.setattr(context_parallel, "wait_tensor", lambda t: t)
     for cp, local in zip(ranks, locals_):
         assert torch.equal(cp.gather(local), whole)
 
@@ -206,6 +207,29 @@ def test_attention_inputs_without_cp():
 def test_causal_chunk_mask_is_lower_right():
     assert causal_chunk_mask(2, 6, "cpu").int().tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
     assert causal_chunk_mask(3, 3, "cpu").int().tolist() == torch.ones(3, 3).tril().int().tolist()
+
+
+def test_simulation_leaves_the_cpu_chunk_masks_of_a_cuda_job_uncounted():
+    # planning/simulate/patches.py wraps the module's causal_chunk_mask, which the chunks'
+    # masks must go through: a CUDA job never materializes them
+    from torchtitan.planning.simulate.patches import cuda_causal_bias
+
+    paused = []
+
+    class Tracker:
+        @contextlib.contextmanager
+        def paused(self):
+            paused.append(True)
+            yield
+
+    cp = ContextParallel(group=None, rank=0, degree=2)
+    with cuda_causal_bias(Tracker(), "cpu"):
+        cp.chunk_keys(8, None, torch.device("cpu"))
+    assert paused == []
+    with cuda_causal_bias(Tracker(), "cuda"):
+        chunks = cp.chunk_keys(8, None, torch.device("cpu"))
+    assert paused == [True, True] and [end for end, _ in chunks] == [4, 16]
+    assert context_parallel.causal_chunk_mask is causal_chunk_mask  # restored
 
 
 def doc_ids_of(bsz: int, seq: int) -> torch.Tensor:

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from config_helpers import cfg_of, config_error
 
 from torchtitan.checks import load_config
+from torchtitan.distributed.context_parallel import ContextParallel
 from torchtitan.distributed.plan import UnitKind
-from torchtitan.models.common.attention import ContextParallel, attention_inputs
+from torchtitan.models.common.attention import attention_inputs
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import MTPModule, Transformer
 from torchtitan.models.flavors import model_args

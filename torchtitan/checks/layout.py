@@ -32,9 +32,9 @@ def check_model(cfg: JobConfig):
     m = cfg.model
     try:
         load_model_modules(m.module)
-    except (
-        Exception
-    ) as e:  # not importable, or it fails while importing (a syntax error, a bad register call)
+    except (ImportError, SyntaxError, ValueError) as e:
+        # not importable, or it fails while importing (a syntax error, a bad register call);
+        # anything else its import raises is a bug in that code and keeps its traceback
         what = one_line(e) if isinstance(e, ImportError) else f"{type(e).__name__}: {one_line(e)}"
         raise ConfigError(
             f"--model.module={m.module!r}: cannot import it ({what}); give a module that"

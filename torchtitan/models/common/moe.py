@@ -96,6 +96,13 @@ class GroupedExperts(nn.Module):
         return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
 
 
+def is_expert_stack(fqn: str) -> bool:
+    """A model parameter name that is a `GroupedExperts` stack ([E, ...]: `...experts.w1`,
+    `w2` or `w3`): what a MoE model counts as routed weights and draws per expert."""
+    parts = fqn.split(".")
+    return len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in ("w1", "w2", "w3")
+
+
 class TokenChoiceRouter(nn.Module):
     """Scores tokens against experts (`gate`, float32 sigmoid or softmax) and picks each
     token's top-k experts, optionally limited to its best groups of experts.

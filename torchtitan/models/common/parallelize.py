@@ -11,11 +11,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchtitan.config.job_config import Compile, Parallelism
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.context_parallel import apply_context_parallel
 from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
-from torchtitan.models.common.attention import apply_context_parallel
 from torchtitan.models.common.moe import moe_modules
 
 

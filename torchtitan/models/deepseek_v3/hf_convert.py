@@ -15,7 +15,6 @@ model's embedding and output head (ours shares them: exported as copies, not rea
 Torch-free at import (the config check uses hf_shapes and config_mismatches).
 """
 
-import math
 import re
 
 from torchtitan.models.deepseek_v3.args import DeepSeekV3Args, yarn_on
@@ -66,9 +65,6 @@ BUFFERS = re.compile(r"(^|\.)moe\.expert_bias$")
 TIED_FALLBACK: dict[str, str] = {}
 # Stored tensors that carry no weights of the model.
 IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
-# FP8 checkpoints: a float8 weight `W` has a float32 `W_scale_inv` of one value per BLOCK x BLOCK tile.
-SCALE_SUFFIX = "_scale_inv"
-BLOCK = 128
 
 
 def _mtp(args: DeepSeekV3Args) -> int:
@@ -295,11 +291,6 @@ def is_skipped(name: str, args: DeepSeekV3Args, config: dict) -> bool:
     m = _HF_LAYER.match(name)
     mtp = int(config.get("num_nextn_predict_layers", 0) or 0)
     return bool(m) and args.n_layers + _mtp(args) <= int(m.group(1)) < args.n_layers + mtp
-
-
-def scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The `weight_scale_inv` shape of an FP8 weight: one value per BLOCK x BLOCK tile."""
-    return tuple(math.ceil(s / BLOCK) for s in shape)
 
 
 def _topk_method(args: DeepSeekV3Args) -> str:

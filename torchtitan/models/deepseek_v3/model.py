@@ -18,7 +18,7 @@ from torchtitan.distributed.plan import FsdpUnit, UnitKind
 from torchtitan.models.common.attention import AttentionInputs, attend, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
-from torchtitan.models.common.moe import MoE
+from torchtitan.models.common.moe import MoE, is_expert_stack
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import apply_rope
 from torchtitan.models.deepseek_v3.args import DeepSeekV3Args, yarn_mscale, yarn_on
@@ -212,11 +212,6 @@ class MTPModule(nn.Module):
         return h, self.norm(h)
 
 
-def _is_expert_stack(fqn: str) -> bool:
-    parts = fqn.split(".")
-    return len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in ("w1", "w2", "w3")
-
-
 class Transformer(nn.Module):
     """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection.
     Implements models.protocol.TrainableModel."""
@@ -245,7 +240,7 @@ class Transformer(nn.Module):
         )
         self.register_buffer("rope", yarn_rope_cache(args), persistent=False)
         self.context_parallel = (
-            None  # attention.ContextParallel, set by parallelize_deepseekv3 under CP
+            None  # context_parallel.ContextParallel, set by parallelize_deepseekv3 under CP
         )
         self.sequence_shards = (
             1  # the residual stream is split over the sequence into this many (TP)
@@ -328,7 +323,7 @@ class Transformer(nn.Module):
         """Training FLOPs per token: 6 per ACTIVE non-embedding weight (a token runs top-k of
         the routed experts) plus attention scores and values (see Llama3's flops_per_token)."""
         a = self.args
-        routed = sum(p.numel() for n, p in self.named_parameters() if _is_expert_stack(n))
+        routed = sum(p.numel() for n, p in self.named_parameters() if is_expert_stack(n))
         active_routed = routed * a.n_activated_experts / a.n_routed_experts
         n_params = sum(p.numel() for p in self.parameters()) - routed + active_routed
         emb = self.tok_embeddings.weight.numel() if self.tok_embeddings is not None else 0
@@ -347,7 +342,7 @@ class Transformer(nn.Module):
             partial(_init_fn, dim=self.args.dim, n_layers=self.args.n_layers),
             seed,
             device,
-            per_expert=_is_expert_stack,
+            per_expert=is_expert_stack,
         )
         for m in self.modules():
             if isinstance(m, MoE):

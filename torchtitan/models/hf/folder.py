@@ -48,7 +48,7 @@ def read_config(path: str, key: str) -> dict:
 
 def weight_map(path: str, key: str) -> dict[str, str]:
     """Tensor name -> the safetensors file (full path) holding it."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
@@ -73,7 +73,7 @@ def weight_map(path: str, key: str) -> dict[str, str]:
         try:
             with safe_open(file, framework="numpy") as f:
                 out.update({name: file for name in f.keys()})
-        except Exception as e:  # safetensors raises its own SafetensorError
+        except (OSError, SafetensorError) as e:  # unreadable; a header that does not parse
             raise HFFolderError(
                 f"{key}: '{file}' is not a readable safetensors file ({one_line(e, 120)})"
             ) from None
@@ -82,7 +82,7 @@ def weight_map(path: str, key: str) -> dict[str, str]:
 
 def tensor_shapes(wmap: dict[str, str], names, key: str) -> dict[str, tuple[int, ...]]:
     """Shapes of `names` read from the safetensors headers (no tensor data is read)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     by_file: dict[str, list[str]] = {}
     for name in names:
@@ -93,7 +93,7 @@ def tensor_shapes(wmap: dict[str, str], names, key: str) -> dict[str, tuple[int,
             with safe_open(file, framework="numpy") as f:
                 for name in file_names:
                     shapes[name] = tuple(f.get_slice(name).get_shape())
-        except Exception as e:
+        except (OSError, SafetensorError) as e:  # also: the file lacks a tensor named
             raise HFFolderError(
                 f"{key}: '{file}' is not a readable safetensors file or lacks a tensor its"
                 f" index names ({one_line(e, 120)})"

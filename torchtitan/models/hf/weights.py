@@ -207,6 +207,7 @@ class ShardWriter:
         self.total_bytes += nbytes
 
     def flush(self) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         if not self.pending or self.error:
@@ -214,7 +215,7 @@ class ShardWriter:
         file = f"{self.prefix}-{len(set(self.weight_map.values())):04d}.safetensors"
         try:
             save_file(self.pending, os.path.join(self.folder, file), metadata={"format": "pt"})
-        except Exception as e:  # OSError, or safetensors' own error
+        except (OSError, SafetensorError) as e:  # safetensors wraps its I/O errors in its own
             self.error = f"writing {file} failed ({type(e).__name__}: {one_line(e, 160)})"
         self.weight_map.update({name: file for name in self.pending})
         self.pending, self.pending_bytes = {}, 0
@@ -276,7 +277,8 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
     """Write the weights of every rank's parts as the Hugging Face folder `folder`. Collective
     over the world (call on every rank); `group` (default: the world) synchronises the file
     work. A failure on any rank (folder not shared, disk full, target taken) raises
-    HFExportError on every rank, after every rank has finished its gathers."""
+    HFExportError on every rank, after every rank has finished its gathers (an error of
+    rank 0's own code rather than of the files is raised there as it is, with its traceback)."""
     rank = dist.get_rank()
     tmp = folder + ".tmp"
     if rank == 0:
@@ -299,6 +301,7 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
         pieces, (writer.weight_map, writer.total_bytes, writer.error), group=group
     )
     errors = [f"rank {r}: {e}" for r, (_, _, e) in enumerate(pieces) if e]
+    bug = None  # rank 0's own fault: raised as it is once every rank has the error
     if rank == 0 and not errors:
         try:
             wmap = {k: v for m, _, _ in pieces for k, v in m.items()}
@@ -309,13 +312,18 @@ def export_hf(model_parts, folder: str, spec: HFSpec, dtype: str, group=None) ->
             if os.path.exists(folder):
                 raise FileExistsError(f"'{folder}' appeared meanwhile (nothing is overwritten)")
             os.replace(tmp, folder)
-        except Exception as e:
+        except OSError as e:  # the folder cannot be written, or its name is taken
             errors.append(f"rank 0: {type(e).__name__}: {one_line(e, 160)}")
+        except Exception as e:  # broad on purpose: the others must not wait on the broadcast
+            errors.append(f"rank 0: {type(e).__name__}: {one_line(e, 160)}")
+            bug = e
     box = [errors]
     dist.broadcast_object_list(box, src=0, group=group)
     if box[0]:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if bug is not None:
+            raise bug
         raise HFExportError(
             f"--checkpoint.last_save_in_hf: the Hugging Face export to '{folder}' failed ({box[0][0]});"
             " the weights are in the checkpoint, export them with scripts/convert_hf.py"

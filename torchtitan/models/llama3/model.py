@@ -51,7 +51,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope", self._rope(), persistent=False)
-        self.context_parallel = None  # attention.ContextParallel, set by parallelize_llama under CP
+        self.context_parallel = None  # a ContextParallel, set by parallelize_llama under CP
         self.sequence_shards = (
             1  # the residual stream is split over the sequence into this many (TP)
         )

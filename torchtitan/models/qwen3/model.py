@@ -21,7 +21,12 @@ from torchtitan.models.common.attention import AttentionInputs, attention_inputs
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.gqa import GroupedQueryAttention
 from torchtitan.models.common.init import init_parameters, transformer_init_fn
-from torchtitan.models.common.moe import MoE, stage_switch_statistics, switch_balance_loss
+from torchtitan.models.common.moe import (
+    MoE,
+    is_expert_stack,
+    stage_switch_statistics,
+    switch_balance_loss,
+)
 from torchtitan.models.common.rmsnorm import RMSNorm
 from torchtitan.models.common.rope import rope_cache
 from torchtitan.models.common.tied import retie
@@ -58,11 +63,6 @@ class TransformerBlock(nn.Module):
         return h + ffn(self.ffn_norm(h))
 
 
-def _is_expert_stack(fqn: str) -> bool:
-    parts = fqn.split(".")
-    return len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in ("w1", "w2", "w3")
-
-
 class Transformer(nn.Module):
     """Embeddings, `n_layers` blocks (ModuleDict "0".."n-1"), final norm, output projection.
     Implements models.protocol.TrainableModel."""
@@ -83,7 +83,7 @@ class Transformer(nn.Module):
         if self.tied_weights:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope", self._rope(), persistent=False)
-        self.context_parallel = None  # attention.ContextParallel, set under CP
+        self.context_parallel = None  # context_parallel.ContextParallel, set under CP
         self.sequence_shards = (
             1  # the residual stream is split over the sequence into this many (TP)
         )
@@ -148,7 +148,7 @@ class Transformer(nn.Module):
         experts) plus 12 x layers x heads x head_dim x seq for attention (see Llama3's). A
         tied output head counts as the matrix multiply it is."""
         a = self.args
-        routed = sum(p.numel() for n, p in self.named_parameters() if _is_expert_stack(n))
+        routed = sum(p.numel() for n, p in self.named_parameters() if is_expert_stack(n))
         active = routed * a.n_activated_experts / a.n_routed_experts if a.n_routed_experts else 0
         n_params = sum(p.numel() for p in self.parameters()) - routed + active
         emb = self.tok_embeddings.weight.numel() if self.tok_embeddings is not None else 0
@@ -166,7 +166,7 @@ class Transformer(nn.Module):
             partial(_init_fn, dim=self.args.dim, tied=bool(self.tied_weights)),
             seed,
             device,
-            per_expert=_is_expert_stack,
+            per_expert=is_expert_stack,
             aliases=self.tied_weights,
         )
         for m in self.modules():

@@ -232,7 +232,7 @@ def _in_child(fn):
     def child():
         try:
             send.send(("ok", fn()))
-        except BaseException as e:  # noqa: BLE001  (reported in the parent)
+        except BaseException as e:  # broad on purpose: the parent re-raises it, traceback and all
             send.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         finally:
             send.close()

@@ -177,9 +177,9 @@ class PipelineStartup:
 def cuda_causal_bias(tracker, target: str):
     """A CUDA job's context-parallel chunks attend with a lower-right causal bias, never a
     materialized mask; simulated on CPU tensors they build the mask: left uncounted."""
-    from torchtitan.models.common import attention
+    from torchtitan.distributed import context_parallel
 
-    original = attention.causal_chunk_mask
+    original = context_parallel.causal_chunk_mask
     if target != "cuda":
         yield
         return
@@ -188,8 +188,8 @@ def cuda_causal_bias(tracker, target: str):
         with tracker.paused():
             return original(*args, **kwargs)
 
-    attention.causal_chunk_mask = uncounted
+    context_parallel.causal_chunk_mask = uncounted
     try:
         yield
     finally:
-        attention.causal_chunk_mask = original
+        context_parallel.causal_chunk_mask = original
