@@ -22,13 +22,14 @@ def main() -> int:
     ]  # the dry run's checks: no tokenizer file needed
     from torchtitan.checks import load_config_or_exit
     from torchtitan.models.hf.read_plan import folder_bytes, planned_bytes
-    from torchtitan.training.build import build_parts, fake_world, model_on_meta
+    from torchtitan.training.build import build_parts, fake_world
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
 
     world = int(os.environ.get("NGPU", "1"))
     cfg = load_config_or_exit(argv, world)
     with fake_world(cfg, world) as dims:
-        meta = model_on_meta(cfg)
-        total = folder_bytes(cfg.model.name, meta.args, 2, fp8)
+        job = PlannedJob(cfg, model_on_meta(cfg), dims, "cuda")
+        total = folder_bytes(cfg.model.name, job.args, 2, fp8)
         fmt = "fp8 (128 x 128 block scales)" if fp8 else "bfloat16"
         print(
             f"{cfg.model.name} {cfg.model.flavor}, world {world}, mesh {dims.mesh_shape}, folder {fmt}:"
@@ -36,8 +37,8 @@ def main() -> int:
         )
         print(f"{'pp rank':>8} {'GiB read per rank':>18} {'% of folder':>12}")
         for pp_rank in range(dims.pp):
-            parts = build_parts(meta.spec, meta.model, dims, cfg, "cuda", pp_rank)
-            n = planned_bytes(parts.modules, cfg.model.name, meta.args, 2, fp8)
+            parts = build_parts(job, pp_rank)
+            n = planned_bytes(parts.modules, cfg.model.name, job.args, 2, fp8)
             print(f"{pp_rank:>8} {n / 2**30:>18.3f} {n / total * 100:>11.3f}%")
     return 0
 

@@ -38,7 +38,8 @@ def worker(args) -> None:
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models.common import init
     from torchtitan.models.flavors import flavors_of
-    from torchtitan.training.build import build_parts, model_on_meta
+    from torchtitan.training.build import build_parts
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
 
     if args.whole:
         init.CHUNK_ELEMENTS = 1 << 62
@@ -53,7 +54,7 @@ def worker(args) -> None:
         flavor, dim=args.dim or flavor.dim, n_layers=args.layers or flavor.n_layers
     )
     meta = model_on_meta(cfg, flavor)
-    (model,) = build_parts(meta.spec, meta.model, dims, cfg, "cpu", dims.pp_rank()).modules
+    (model,) = build_parts(PlannedJob(cfg, meta, dims, "cpu"), dims.pp_rank()).modules
     model.to_empty(device="cpu")
     shard_bytes = sum(p.to_local().numel() * 4 for p in model.parameters())
     largest = max(p.numel() * 4 for p in model.parameters())

@@ -28,8 +28,9 @@ from torchtitan.planning.memory.predict import predict, role_table
 from torchtitan.planning.search.nearby import nearby_report
 from torchtitan.planning.step_time.local_profile import job_hardware
 from torchtitan.planning.step_time.model import time_table
-from torchtitan.training.build import fake_world, model_on_meta
+from torchtitan.training.build import fake_world
 from torchtitan.training.plan_report import compress_table, plan_table, write_plan_json
+from torchtitan.training.planned_job import PlannedJob, model_on_meta
 from torchtitan.units import GIB
 
 logger = logging.getLogger("torchtitan.dry_run")  # by name: run as __main__ too
@@ -47,14 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         budget = None  # planned for GPUs on a machine without one: the default is unknown here
     hardware = job_hardware(cfg, target, measure=True)
     if cfg.planning.fit == "layout":
-        return layout_main(cfg, world, target, budget, hardware, start)
+        return layout_main(cfg, world, target, budget=budget, hardware=hardware, start=start)
     with fake_world(cfg, world) as dims:
-        meta = model_on_meta(cfg)
-        spec, model, args = meta.spec, meta.model, meta.args
-        n_params = sum(p.numel() for p in model.parameters())
-        prediction = predict(
-            spec, model, dims, cfg, target, args, None if budget is None else budget.bytes, hardware
-        )
+        job = PlannedJob(cfg, model_on_meta(cfg), dims, target)
+        n_params = sum(p.numel() for p in job.model.parameters())
+        prediction = predict(job, None if budget is None else budget.bytes, hardware)
         roles, records = prediction.roles, prediction.plan_records
         p = cfg.parallelism
         logger.info(
@@ -90,15 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         extra = {}
         if times and cfg.planning.nearby:
-            text, nearby = nearby_report(
-                spec, model, dims, cfg, target, args, accepts(world), hardware, roles
-            )
+            text, nearby = nearby_report(job, accepts(world), hardware, roles)
             logger.info("\n" + text)
             extra["nearby_choices"] = nearby
         if cfg.planning.fit:
-            text, extra = fit_report(
-                spec, model, dims, cfg, target, args, budget, cfg.planning.fit, accepts(world)
-            )
+            text, extra = fit_report(job, budget, cfg.planning.fit, accepts(world))
             logger.info("\n" + text)
         path = write_plan_json(
             cfg.job.dump_folder,
@@ -120,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def layout_main(cfg, world: int, target: str, budget, hardware, start: float) -> int:
+def layout_main(cfg, world: int, target: str, *, budget, hardware, start: float) -> int:
     """--planning.fit=layout: the layout search (planning/search/search.py) instead of the job's plan."""
     import json
 
-    from torchtitan.distributed.job_shape import batch_shape, degrees
+    from torchtitan.distributed.job_shape import degrees
     from torchtitan.planning.memory.budget import CUDA_MARGIN
     from torchtitan.planning.search import search as layout_search
     from torchtitan.planning.search import space as layout_space
@@ -139,9 +133,9 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
         origin = f"{hardware.name}: {hardware.memory_gib:.1f} GiB - {CUDA_MARGIN:.0%}"
     else:
         budget_bytes, origin = budget.bytes, budget.origin
-    meta = model_on_meta(cfg)
-    global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
-    configured = layout_space.layout_of(cfg, world, global_batch, meta.args.n_layers)
+    job = PlannedJob(cfg, model_on_meta(cfg), degrees(cfg, world), target)  # no mesh: shapes only
+    global_batch = job.batch.global_batch
+    configured = layout_space.layout_of(cfg, world, global_batch, job.args.n_layers)
     logger.info(
         f"[dry run] layout search: {cfg.model.name} {cfg.model.flavor}, {world} devices"
         f" ({hardware.gpus_per_node} per node), hardware {hardware.name}, global batch {global_batch} x"
@@ -149,17 +143,12 @@ def layout_main(cfg, world: int, target: str, budget, hardware, start: float) ->
         f" budget {budget_bytes / GIB:.2f} GiB ({origin})"
     )
     result = layout_search.search(
-        meta.spec,
-        meta.model,
-        cfg,
-        world,
-        target,
-        meta.args,
+        job,
         hardware,
         budget_bytes,
         accepts(world),
         cfg.planning.layout_candidates,
-        configured,
+        configured=configured,
         max_seconds=cfg.planning.layout_seconds,
     )
     logger.info("\n" + layout_search.report(result, global_batch))

@@ -29,7 +29,6 @@ from torchtitan.data.tokenizer import load_tokenizer
 from torchtitan.data.validation import Validator
 from torchtitan.distributed.compile import compile_log_lines
 from torchtitan.distributed.data_parallel import reshard_after_eval
-from torchtitan.distributed.job_shape import batch_shape
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.utils import (
     DeviceError,
@@ -51,18 +50,13 @@ from torchtitan.resilience import exit_status, faults
 from torchtitan.resilience.hang_watchdog import HangWatchdog
 from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_line
 from torchtitan.resilience.timeouts import hang_timeout
-from torchtitan.training.build import (
-    ModelParts,
-    build_parts,
-    model_on_meta,
-    plan_records,
-    step_runner,
-)
+from torchtitan.training.build import ModelParts, build_parts, plan_records, step_runner
 from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.loss import global_sum
 from torchtitan.training.nonfinite import NonFiniteLossError, NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.plan_report import report_plan
+from torchtitan.training.planned_job import PlannedJob, model_on_meta
 from torchtitan.training.step import StepResult
 from torchtitan.training.step_tail import step_tail, tied_copies
 from torchtitan.units import GIB
@@ -105,30 +99,27 @@ def job_mesh(cfg: JobConfig, device: torch.device) -> ParallelDims:
 
 
 def materialised_parts(
-    meta, dims: ParallelDims, cfg: JobConfig, device: torch.device, predicted=None, log=print
+    job: PlannedJob, device: torch.device, *, predicted=None, log=print
 ) -> ModelParts:
     """This rank's parts, planned (with what the memory budget frees) and parallelized on meta,
     the plan reported, then given memory and their layout-independent initial weights."""
+    cfg, dims = job.cfg, job.dims
     pp_rank = dims.pp_rank()
     free = predicted.free_bytes.get(pp_rank, 0) if predicted is not None else 0
     parts = build_parts(
-        meta.spec,
-        meta.model,
-        dims,
-        cfg,
-        device.type,
+        job,
         pp_rank,
-        free,
-        predicted.budget_note if predicted is not None else "",
+        free_bytes=free,
+        budget_note=predicted.budget_note if predicted is not None else "",
     )
     report_plan(
         plan_records(parts),
         dims,
         cfg,
-        predicted.budget_bytes if predicted is not None else None,
-        [r.record() for r in predicted.roles] if predicted is not None else None,
-        log,
-        [r.time.record() for r in predicted.roles if r.time is not None]
+        budget_bytes=predicted.budget_bytes if predicted is not None else None,
+        roles=[r.record() for r in predicted.roles] if predicted is not None else None,
+        log=log,
+        times=[r.time.record() for r in predicted.roles if r.time is not None]
         if predicted is not None
         else None,
     )
@@ -177,13 +168,13 @@ def write_seed_checkpoint(cfg: JobConfig) -> str:
     seed_and_determinism(cfg, device)
     dims = job_mesh(cfg, device)
     tokenizer = load_tokenizer(cfg.model.tokenizer_path)
-    meta = model_on_meta(cfg)
-    parts = materialised_parts(meta, dims, cfg, device)
+    job = PlannedJob(cfg, model_on_meta(cfg), dims, device.type)
+    parts = materialised_parts(job, device)
     manager = CheckpointManager(
         cfg.checkpoint,
         cfg.job.dump_folder,
         parts.modules,
-        run_info(cfg, dims, tokenizer, meta.args, batch_shape(cfg, dims.dp).global_batch),
+        run_info(cfg, dims, tokenizer, job.args, job.batch.global_batch),
         io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
         device_type=device.type,
     )
@@ -207,20 +198,19 @@ class Trainer:
         seed_and_determinism(cfg, self.device)
         self.dims = job_mesh(cfg, self.device)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
-        self.meta = model_on_meta(cfg)
+        self.job = PlannedJob(cfg, model_on_meta(cfg), self.dims, self.device.type)
         # of the whole model, before parallelizing changes it
-        self.n_params = sum(p.numel() for p in self.meta.model.parameters())
-        self.flops_per_token = self.meta.model.flops_per_token(t.seq_len)
-        self.shape = batch_shape(cfg, self.dims.dp)
+        self.n_params = sum(p.numel() for p in self.job.model.parameters())
+        self.flops_per_token = self.job.model.flops_per_token(t.seq_len)
+        self.shape = self.job.batch
         self.comm = CommStats(self.dims.named_groups()) if cfg.metrics.comm_stats else None
         self.parts = materialised_parts(
-            self.meta, self.dims, cfg, self.device, self.predicted, self.log
+            self.job, self.device, predicted=self.predicted, log=self.log
         )
         self.model_parts = self.parts.modules
         self.runner = step_runner(
             self.parts,
-            self.dims,
-            cfg,
+            self.job,
             self.device,
             doc_delimiter=self.tokenizer.doc_delimiter,
             held_for_backward=cfg.metrics.held_for_backward,
@@ -269,12 +259,12 @@ class Trainer:
             cfg.checkpoint,
             cfg.job.dump_folder,
             self.model_parts,
-            run_info(cfg, self.dims, self.tokenizer, self.meta.args, self.shape.global_batch),
+            run_info(cfg, self.dims, self.tokenizer, self.job.args, self.shape.global_batch),
             optimizers=self.optimizers,
             dataloader=self.dataloader,
             train_state=self.train_state,
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
-            hf=hf_spec(cfg, self.dims, self.tokenizer, self.meta.args),
+            hf=hf_spec(cfg, self.dims, self.tokenizer, self.job.args),
             device_type=self.device.type,
             log=self.log,
         )
@@ -294,7 +284,7 @@ class Trainer:
     # ------------------------------------------------------------------ builders
 
     def _expert_balancer(self) -> ExpertBalancer | None:
-        if self.meta.args.moe is None:
+        if self.job.args.moe is None:
             return None
         return ExpertBalancer(
             self.model_parts, self.device, self.dims.batch_group(), self.dims.pp_group()
@@ -408,10 +398,10 @@ class Trainer:
             self.model_parts,
             self.optimizers,
             self.cfg.training.max_norm,
-            self.dims.pp_group() if self.runner.pipeline is not None else None,
-            self.nonfinite,
-            self.tied,
-            self.balancer,
+            pp_group=self.dims.pp_group() if self.runner.pipeline is not None else None,
+            nonfinite=self.nonfinite,
+            tied=self.tied,
+            balancer=self.balancer,
         )
 
     def figures(self, result: StepResult) -> tuple[float, float, dict]:
@@ -421,7 +411,7 @@ class Trainer:
         loss = self._mean(result.sums.main)
         grad_norm = result.grad_norm.item()
         figures = self.balancer.figures(result.load) if self.balancer is not None else {}
-        if self.meta.args.moe is not None and self.meta.args.moe.aux_loss_coeff > 0:
+        if self.job.args.moe is not None and self.job.args.moe.aux_loss_coeff > 0:
             figures["aux_loss"] = self._mean(result.sums.aux)  # under PP the last stage's
         if self.runner.mtp_depth:  # reduced as the loss: a per-rank mean, averaged over the ranks
             figures["mtp_loss"] = self._mean(result.sums.mtp)
@@ -453,9 +443,9 @@ class Trainer:
             self.cfg.job.dump_folder,
             self.rank,
             self.device,
-            self.train_state.step,
-            self.cfg.training.steps,
-            self.log,
+            start_step=self.train_state.step,
+            last_step=self.cfg.training.steps,
+            log=self.log,
         )
         # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises;
         # the preemption handlers are on for the loop only (preemption.py)
@@ -511,7 +501,15 @@ class Trainer:
                     self._log_step_time_error(step, measured)
                 self.watchdog.step_time(self.clock.longest_step_s)
                 if self._logs(step):
-                    self._log_step(step, step_s, loss, grad_norm, lr, memory, {**figures, **comm})
+                    self._log_step(
+                        step,
+                        step_s,
+                        loss,
+                        grad_norm,
+                        lr,
+                        memory=memory,
+                        figures={**figures, **comm},
+                    )
             else:
                 self.clock.end(synced=False)
             if step == start_step + 1:
@@ -550,6 +548,7 @@ class Trainer:
         loss: float,
         grad_norm: float,
         lr: float,
+        *,
         memory: dict,
         figures: dict,
     ) -> None:

@@ -15,20 +15,18 @@ from torchtitan.checks import load_config  # noqa: E402
 from torchtitan.planning.simulate.patches import PipelineStartup  # noqa: E402
 from torchtitan.planning.simulate.step import simulate_pp_rank  # noqa: E402
 from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
+from torchtitan.training.planned_job import PlannedJob  # noqa: E402
 
 
 def main() -> None:
     world, argv = int(sys.argv[1]), sys.argv[2:]
     cfg, _ = load_config(["--training.device=cpu", "--job.dry_run=true", *argv], world)
     with fake_world(cfg, world) as dims:
-        meta = model_on_meta(cfg)
-        spec, model, args = meta.spec, meta.model, meta.args
+        job = PlannedJob(cfg, model_on_meta(cfg), dims, "cpu")
         fake_startup, real_startup = PipelineStartup(), PipelineStartup()
         for pp_rank in range(dims.pp):
-            fake = simulate_pp_rank(spec, model, dims, cfg, "cpu", pp_rank, args, fake_startup)
-            real = simulate_pp_rank(
-                spec, model, dims, cfg, "cpu", pp_rank, args, real_startup, profile=True
-            )
+            fake = simulate_pp_rank(job, pp_rank, fake_startup)
+            real = simulate_pp_rank(job, pp_rank, real_startup, profile=True)
             print(
                 json.dumps(
                     {

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.checks import load_config
 from torchtitan.models.flavors import model_args
 from torchtitan.training.build import build_parts, fake_world, model_on_meta
+from torchtitan.training.planned_job import PlannedJob
 
 VOCAB = 2048  # the bundled tokenizer's, which the tiny flavors take
 
@@ -26,7 +27,7 @@ def held_per_pp_rank(world: int, argv: list[str]) -> list[int]:
         held = []
         for pp_rank in range(dims.pp):
             meta = model_on_meta(cfg, args)  # fresh: without PP the model itself is parallelized
-            parts = build_parts(meta.spec, meta.model, dims, cfg, "cpu", pp_rank)
+            parts = build_parts(PlannedJob(cfg, meta, dims, "cpu"), pp_rank)
             held.append(
                 sum(
                     (p.to_local() if isinstance(p, DTensor) else p).numel()

@@ -17,6 +17,7 @@ from torchtitan.models.flavors import model_args  # noqa: E402
 from torchtitan.planning.memory import predict  # noqa: E402
 from torchtitan.planning.simulate import roles as derived_roles  # noqa: E402
 from torchtitan.training.build import fake_world, model_on_meta  # noqa: E402
+from torchtitan.training.planned_job import PlannedJob  # noqa: E402
 
 
 def main() -> None:
@@ -31,14 +32,14 @@ def main() -> None:
             model_args(cfg.model.name, flavor, meta.args.vocab_size, cfg.training.seq_len, cfg.moe),
             n_layers=n_layers,
         )
-        spec, model = meta.spec, model_on_meta(cfg, args).model
+        job = PlannedJob(cfg, model_on_meta(cfg, args), dims, "cpu")
         derived_roles.EXACT_LIMIT = 0
-        fast, _ = predict.predict_roles(spec, model, dims, cfg, "cpu", args)
+        fast, _ = predict.predict_roles(job)
         derived_roles.EXACT_LIMIT = 10**9
-        derived_roles.rank_plan = lambda cfg, dims, args, freeing: derived_roles.RankPlan(
-            list(range(dims.pp)), [], {}
+        derived_roles.rank_plan = lambda job, freeing: derived_roles.RankPlan(
+            list(range(job.dims.pp)), [], {}
         )
-        full, _ = predict.predict_roles(spec, model, dims, cfg, "cpu", args)
+        full, _ = predict.predict_roles(job)
         print(
             json.dumps({"fast": [r.record() for r in fast], "full": [r.record() for r in full]}),
             flush=True,

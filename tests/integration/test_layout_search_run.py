@@ -77,14 +77,16 @@ from torchtitan.checks import load_config
 from torchtitan.hardware import PROFILES
 from torchtitan.planning.memory.predict import predict_roles
 from torchtitan.training.build import fake_world, model_on_meta
+from torchtitan.training.planned_job import PlannedJob
 meta = None
 for argv, timed_as in {pairs!r}:
     cfg, _ = load_config(argv, 4)
     real = load_config(timed_as, 4)[0] if timed_as else None
     meta = meta or model_on_meta(cfg)
     with fake_world(cfg, 4) as dims:
-        roles, _ = predict_roles(meta.spec, meta.model, dims, cfg, "cpu", meta.args, hardware=PROFILES["h100_sxm"],
-                                 timed_as=real)
+        job = PlannedJob(cfg, meta, dims, "cpu")
+        roles, _ = predict_roles(job, hardware=PROFILES["h100_sxm"],
+                                 timed_as=job.with_config(real) if real else None)
     print("STEP", repr(max(r.time.predicted_step_seconds for r in roles)))
 """
     env = {**os.environ, "TITAN_MEMORY_WORKERS": "1", "PYTHONPATH": ROOT}
@@ -126,12 +128,14 @@ from torchtitan.planning.search import search as layout_search
 from torchtitan.planning.search import space as layout_space
 from torchtitan.hardware import PROFILES
 from torchtitan.training.build import model_on_meta
+from torchtitan.distributed.job_shape import Degrees, degrees
+from torchtitan.training.planned_job import PlannedJob
 cfg, _ = load_config({[*TINY, "--job.dry_run=true"]!r}, 4)
 meta = model_on_meta(cfg)
 for tp, cp in ((2, 1), (2, 2), (2, 1)):
-    lay = layout_space.Layout(1, 4 // (tp * cp), tp, 1, cp, 1, "", 1, "op", "auto", 2)
+    lay = layout_space.Layout(Degrees(1, 4 // (tp * cp), tp, 1, 1, 4, cp), "", 1, "op", "auto", 2)
     c = layout_search.Candidate(lay, cheap_step.Estimate(1.0, 1.0, 0, {{}}), 1, 0)
-    layout_search._full(meta.spec, meta.model, cfg, 4, "cpu", meta.args, PROFILES["h100_sxm"], c, 8)
+    layout_search._full(PlannedJob(cfg, meta, degrees(cfg, 4), "cpu"), PROFILES["h100_sxm"], c)
     print("TPS", repr(c.tokens_per_second), dist.is_initialized())
 """
     env = {**os.environ, "TITAN_MEMORY_WORKERS": "1", "PYTHONPATH": ROOT}

@@ -3,20 +3,21 @@ snippet (round trips through the config loader), the cheap estimate's direction 
 choice, the search's ordering helpers and the schedule orders it times long pipelines with."""
 
 import dataclasses
+import tomllib
 
 import pytest
-import tomllib
 
 from torchtitan import hardware
 from torchtitan.checks import load_config
 from torchtitan.checks.job import accepts
+from torchtitan.distributed.job_shape import Degrees
 from torchtitan.planning.memory.model_states import model_shapes
 from torchtitan.planning.search import estimate as cheap_step
 from torchtitan.planning.search import search as layout_search
 from torchtitan.planning.search import space as layout_space
 from torchtitan.planning.search.space import Layout
 from torchtitan.planning.step_time import model as step_time
-from torchtitan.training.build import run_model_args
+from torchtitan.training.model_args import run_model_args
 
 H100 = hardware.PROFILES["h100_sxm"]
 DEBUG = [
@@ -38,53 +39,58 @@ def test_enumerated_layouts_cover_the_world_and_follow_the_rules():
     layouts = layout_space.enumerate_layouts(16, 8, global_batch=32, seq_len=8192, n_layers=16)
     assert layouts and len(set(layouts)) == len(layouts)
     for lay in layouts:
-        assert lay.dp * lay.tp * lay.pp * lay.cp == 16
-        assert lay.tp <= 8 and 8192 // lay.cp >= layout_space.MIN_CP_TOKENS
+        d = lay.degrees
+        assert d.dp * d.tp * d.pp * d.cp == 16 == d.world_size
+        assert d.tp <= 8 and 8192 // d.cp >= layout_space.MIN_CP_TOKENS
         assert (
-            32 % (lay.dp * lay.local_batch) == 0
+            32 % (d.dp * lay.local_batch) == 0
         )  # the global batch is kept, accumulation makes up the rest
-        assert (lay.schedule == "1F1B") == (lay.pp > 1) and lay.local_batch % lay.microbatch == 0
+        assert (lay.schedule == "1F1B") == (d.pp > 1) and lay.local_batch % lay.microbatch == 0
         # auto, and the fixed policy auto does not resolve to
         assert (
-            lay.reshard in (("auto", "always") if lay.pp > 1 else ("auto", "never"))
-            or lay.dp_shard == 1
+            lay.reshard in (("auto", "always") if d.pp > 1 else ("auto", "never"))
+            or d.dp_shard == 1
         )
-        assert lay.dp_shard > 1 or lay.reshard == "auto"
+        assert d.dp_shard > 1 or lay.reshard == "auto"
     kinds = {
-        (lay.dp_replicate, lay.dp_shard)
+        (lay.degrees.dp_replicate, lay.degrees.dp_shard)
         for lay in layouts
-        if lay.tp == 1 and lay.pp == 1 and lay.cp == 1
+        if lay.degrees.tp == 1 and lay.degrees.pp == 1 and lay.degrees.cp == 1
     }
     assert kinds == {(1, 16), (2, 8), (16, 1)}  # FSDP, HSDP with one group per node, DDP
     assert {lay.ac for lay in layouts} == {"none", "op", "layer2", "full"}
-    assert max(lay.pp for lay in layouts) == 8  # >= 2 blocks per stage
+    assert max(lay.degrees.pp for lay in layouts) == 8  # >= 2 blocks per stage
 
 
 def test_expert_parallel_degrees_divide_the_experts_and_take_tp_first():
     layouts = layout_space.enumerate_layouts(
         16, 8, global_batch=16, seq_len=4096, n_layers=8, n_experts=8
     )
-    eps = {lay.ep for lay in layouts}
+    eps = {lay.degrees.ep for lay in layouts}
     assert eps == {1, 2, 4, 8}
-    assert all(lay.ep % (lay.tp * lay.cp) == 0 for lay in layouts)
-    assert {lay.ep for lay in layout_space.enumerate_layouts(16, 8, 16, 4096, 8)} == {1}
+    assert all(lay.degrees.ep % (lay.degrees.tp * lay.degrees.cp) == 0 for lay in layouts)
+    no_experts = layout_space.enumerate_layouts(16, 8, global_batch=16, seq_len=4096, n_layers=8)
+    assert {lay.degrees.ep for lay in no_experts} == {1}
+
+
+DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+
+
+def _degrees(dp_replicate=1, dp_shard=2, tp=2, pp=1, cp=1, ep=1) -> Degrees:
+    return Degrees(dp_replicate, dp_shard, tp, pp, ep, dp_replicate * dp_shard * tp * pp * cp, cp)
 
 
 def _layout(**kw) -> Layout:
-    base = dict(
-        dp_replicate=1,
-        dp_shard=2,
-        tp=2,
-        pp=1,
-        cp=1,
-        ep=1,
-        schedule="",
-        microbatch=1,
-        ac="full",
-        reshard="never",
-        local_batch=2,
-    )
-    return Layout(**{**base, **kw})
+    base = dict(schedule="", microbatch=1, ac="full", reshard="never", local_batch=2)
+    degrees = _degrees(**{k: v for k, v in kw.items() if k in DEGREES})
+    return Layout(degrees, **{**base, **{k: v for k, v in kw.items() if k not in DEGREES}})
+
+
+def _replaced(lay: Layout, **kw) -> Layout:
+    """`lay` with some degrees (the world theirs) and other choices changed."""
+    d = lay.degrees
+    degrees = {k: kw.pop(k, getattr(d, k)) for k in DEGREES}
+    return dataclasses.replace(lay, degrees=_degrees(**degrees), **kw)
 
 
 @pytest.mark.parametrize(
@@ -160,10 +166,10 @@ def test_cheap_estimate_moves_the_right_way_with_each_choice():
     facts = _facts()
 
     def est(**kw):
-        lay = dataclasses.replace(
-            _layout(dp_shard=8, tp=1, ac="none", reshard="auto", local_batch=1), **kw
+        lay = _replaced(_layout(dp_shard=8, tp=1, ac="none", reshard="auto", local_batch=1), **kw)
+        return cheap_step.estimate(
+            lay, facts, 10 * 2**30, H100, seq_len=8192, global_batch=16, compiled=False
         )
-        return cheap_step.estimate(lay, facts, 10 * 2**30, H100, 8192, 16, compiled=False)
 
     none, op, layer2, full = (est(ac=a) for a in ("none", "op", "layer2", "full"))
     assert (
@@ -196,10 +202,12 @@ def test_cheap_estimate_counts_expert_parallel_all_to_alls():
     facts = _facts("16B", "deepseek_v3", "train_configs/deepseek_v3_16b.toml")
     assert facts.top_k > 1 and facts.moe_inter > 0 and 0 < facts.active_fraction < 1
     lay = _layout(dp_shard=8, tp=1, ep=8, ac="full", reshard="auto", local_batch=1)
-    est = cheap_step.estimate(lay, facts, 10 * 2**30, H100, 4096, 8, compiled=True)
+    est = cheap_step.estimate(
+        lay, facts, 10 * 2**30, H100, seq_len=4096, global_batch=8, compiled=True
+    )
     assert est.parts["comm_ep"] > 0
     no_ep = cheap_step.estimate(
-        dataclasses.replace(lay, ep=1), facts, 10 * 2**30, H100, 4096, 8, compiled=True
+        _replaced(lay, ep=1), facts, 10 * 2**30, H100, seq_len=4096, global_batch=8, compiled=True
     )
     assert "comm_ep" not in no_ep.parts
 

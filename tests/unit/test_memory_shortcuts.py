@@ -11,12 +11,14 @@ from torchtitan.checks import load_config
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.planning.memory.predict import RolePrediction
 from torchtitan.planning.simulate import roles as shortcuts
+from torchtitan.training.planned_job import MetaModel, PlannedJob
 
 
 def _plan(argv, world):
     cfg, _ = load_config(["--training.device=cpu", "--job.dry_run=true", *argv], world)
     dims = ParallelDims.from_config(cfg, world)
-    return shortcuts.rank_plan(cfg, dims, SimpleNamespace(n_layers=cfg_layers(cfg)), False)
+    args = SimpleNamespace(n_layers=cfg_layers(cfg), n_dense_layers=0)
+    return shortcuts.rank_plan(PlannedJob(cfg, MetaModel(None, None, args), dims, "cpu"), False)
 
 
 def cfg_layers(cfg) -> int:

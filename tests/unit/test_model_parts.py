@@ -11,16 +11,18 @@ from torchtitan.distributed.reshard_policy import resolve
 from torchtitan.models.flavors import model_args
 from torchtitan.models.train_spec import get_train_spec
 from torchtitan.training.build import plan_records, resolve_parts
+from torchtitan.training.planned_job import MetaModel, PlannedJob
 from torchtitan.units import GIB
 
 
 def _parts(model_name: str, argv: list[str], dims: dict, world: int, pp_rank: int = 0):
     cfg, _ = load_config([f"--model.name={model_name}", "--model.flavor=tiny", *argv], world)
     spec = get_train_spec(model_name)
+    args = model_args(model_name, "tiny", 2048, 64, cfg.moe)
     with torch.device("meta"):
-        model = spec.model_cls(model_args(model_name, "tiny", 2048, 64, cfg.moe))
+        model = spec.model_cls(args)
     d = SimpleNamespace(**{"pp": 1, "tp": 1, "ep": 1, "dp_shard": world, **dims})
-    return resolve_parts(spec, model, d, cfg, "cpu", pp_rank)
+    return resolve_parts(PlannedJob(cfg, MetaModel(spec, model, args), d, "cpu"), pp_rank)
 
 
 def test_deepseek_experts_are_units_of_their_block_on_the_experts_mesh():

@@ -132,7 +132,9 @@ def test_stages_equal_the_real_pipeline_split(
 ):
     model = meta_model(name, flavor)
     shapes = model_shapes(name, run_args(name, flavor))
-    layout = plan_pipeline(len(model.layers), pp, schedule, "auto", split_points, microbatches)
+    layout = plan_pipeline(
+        len(model.layers), pp, schedule, "auto", split_points, n_microbatches=microbatches
+    )
     for pp_rank in range(pp):
         for stage_id, stage in split_model(model, layout, pp_rank):
             params = shapes.stage(

@@ -289,7 +289,7 @@ def test_pipeline_stages_carry_the_mtp_embeddings_to_the_last_stage():
     tokens = torch.randint(0, 256, (2, 32))
     mtp_tokens = torch.randint(0, 256, (2, 1, 32))
     layout = plan_pipeline(
-        args.n_layers, 2, "ZBVZeroBubble", "auto", [], 4
+        args.n_layers, 2, "ZBVZeroBubble", "auto", [], n_microbatches=4
     )  # 4 stages, 1 block each
     stages = dict(part for r in range(2) for part in split_model(model, layout, r))
     carried = (tokens,)

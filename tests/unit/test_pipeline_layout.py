@@ -28,7 +28,7 @@ SCHEDULES = list(typing.get_args(field_types(jc.Parallelism)["pipeline_parallel_
 
 def layout_error(*args) -> str:
     with pytest.raises(PipelineLayoutError) as info:
-        plan_pipeline(*args)
+        plan_pipeline(*args[:5], n_microbatches=args[5])
     msg = str(info.value)
     assert "\n" not in msg
     return msg
@@ -79,20 +79,20 @@ def test_schedule_families():
     ],
 )
 def test_default_split(n_layers, pp, schedule, per_rank):
-    layout = plan_pipeline(n_layers, pp, schedule, "auto", [], 48)
+    layout = plan_pipeline(n_layers, pp, schedule, "auto", [], n_microbatches=48)
     assert layout == PipelineLayout(stages=even(n_layers, pp * per_rank), pp=pp, schedule=schedule)
     assert layout.num_stages == pp * per_rank
     assert layout.stages_per_rank == per_rank
 
 
 def test_default_split_covers_every_block_once_in_order():
-    layout = plan_pipeline(6, 2, "Interleaved1F1B", "auto", [], 8)
+    layout = plan_pipeline(6, 2, "Interleaved1F1B", "auto", [], n_microbatches=8)
     assert layout.stages == ((0,), (1,), (2,), (3,), (4,), (5,))
     assert [b for stage in layout.stages for b in stage] == list(range(6))
 
 
 def test_pp_one_is_a_single_stage():
-    layout = plan_pipeline(5, 1, "1F1B", "auto", [], 1)
+    layout = plan_pipeline(5, 1, "1F1B", "auto", [], n_microbatches=1)
     assert layout.stages == ((0, 1, 2, 3, 4),)
     assert layout.stage_ids(0) == [0]
 
@@ -140,7 +140,7 @@ def test_the_six_layer_message_verbatim():
     ],
 )
 def test_layers_per_stage(n_layers, pp, schedule, lps, n_stages):
-    layout = plan_pipeline(n_layers, pp, schedule, lps, [], 64)
+    layout = plan_pipeline(n_layers, pp, schedule, lps, [], n_microbatches=64)
     assert layout.stages == even(n_layers, n_stages)
 
 
@@ -188,12 +188,15 @@ def test_too_few_microbatches(schedule, n_layers, pp, n_stages):
         f"{KEY}_schedule={schedule} needs at least {n_stages} microbatches (one per stage) but gets"
         f" {n_stages - 1}; raise local_batch_size or lower {KEY}_microbatch_size"
     )
-    assert plan_pipeline(n_layers, pp, schedule, "auto", [], n_stages).num_stages == n_stages
+    assert (
+        plan_pipeline(n_layers, pp, schedule, "auto", [], n_microbatches=n_stages).num_stages
+        == n_stages
+    )
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "ZBVZeroBubble", "LoopedBFS"])
 def test_other_schedules_accept_one_microbatch(schedule):
-    assert plan_pipeline(8, 2, schedule, "auto", [], 1).pp == 2
+    assert plan_pipeline(8, 2, schedule, "auto", [], n_microbatches=1).pp == 2
 
 
 @pytest.mark.parametrize("schedule", ["Interleaved1F1B", "InterleavedZeroBubble"])
@@ -209,21 +212,23 @@ def test_interleaved_microbatch_rounds(schedule, pp, n_mb, rounds):
 @pytest.mark.parametrize("pp,n_mb", [(2, 1), (2, 3), (2, 6), (4, 3), (4, 10), (4, 12), (3, 8)])
 def test_interleaved_microbatch_counts_that_work(schedule, pp, n_mb):
     # rounds = max(1, n_mb // pp) divides n_mb
-    assert plan_pipeline(12, pp, schedule, 1, [], n_mb).num_stages == 12
+    assert plan_pipeline(12, pp, schedule, 1, [], n_microbatches=n_mb).num_stages == 12
 
 
 # --------------------------------------------------------------------------- split points
 
 
 def test_explicit_split_points():
-    layout = plan_pipeline(6, 3, "1F1B", "auto", ["layers.2", "layers.4"], 8)
+    layout = plan_pipeline(6, 3, "1F1B", "auto", ["layers.2", "layers.4"], n_microbatches=8)
     assert layout == PipelineLayout(stages=((0, 1), (2, 3), (4, 5)), pp=3, schedule="1F1B")
 
 
 def test_uneven_split_points_override_layers_per_stage():
-    layout = plan_pipeline(6, 3, "GPipe", 2, ["layers.1", "layers.5"], 8)
+    layout = plan_pipeline(6, 3, "GPipe", 2, ["layers.1", "layers.5"], n_microbatches=8)
     assert layout.stages == ((0,), (1, 2, 3, 4), (5,))
-    layout = plan_pipeline(8, 2, "Interleaved1F1B", 4, ["layers.3", "layers.4", "layers.6"], 8)
+    layout = plan_pipeline(
+        8, 2, "Interleaved1F1B", 4, ["layers.3", "layers.4", "layers.6"], n_microbatches=8
+    )
     assert layout.stages == ((0, 1, 2), (3,), (4, 5), (6, 7))
     assert layout.stage_ids(0) == [0, 2]
 
@@ -269,36 +274,36 @@ def test_unparseable_split_points(points):
 
 @pytest.mark.parametrize("schedule", ["Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"])
 def test_stage_ids_loop_order(schedule):
-    layout = plan_pipeline(12, 2, schedule, 2, [], 8)  # 6 stages, 3 per rank
+    layout = plan_pipeline(12, 2, schedule, 2, [], n_microbatches=8)  # 6 stages, 3 per rank
     assert [layout.stage_ids(r) for r in range(2)] == [[0, 2, 4], [1, 3, 5]]
-    layout = plan_pipeline(8, 4, schedule, 1, [], 8)  # 8 stages, 2 per rank
+    layout = plan_pipeline(8, 4, schedule, 1, [], n_microbatches=8)  # 8 stages, 2 per rank
     assert [layout.stage_ids(r) for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
 @pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
 def test_stage_ids_v_order(schedule):
-    layout = plan_pipeline(8, 4, schedule, "auto", [], 8)
+    layout = plan_pipeline(8, 4, schedule, "auto", [], n_microbatches=8)
     assert [layout.stage_ids(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
-    layout = plan_pipeline(4, 2, schedule, "auto", [], 4)
+    layout = plan_pipeline(4, 2, schedule, "auto", [], n_microbatches=4)
     assert [layout.stage_ids(r) for r in range(2)] == [[0, 3], [1, 2]]
 
 
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 def test_stage_ids_single_stage(schedule):
-    layout = plan_pipeline(8, 4, schedule, "auto", [], 8)
+    layout = plan_pipeline(8, 4, schedule, "auto", [], n_microbatches=8)
     assert [layout.stage_ids(r) for r in range(4)] == [[0], [1], [2], [3]]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_stage_has_exactly_one_rank(schedule):
-    layout = plan_pipeline(24, 3, schedule, "auto", [], 24)
+    layout = plan_pipeline(24, 3, schedule, "auto", [], n_microbatches=24)
     held = sorted(s for r in range(3) for s in layout.stage_ids(r))
     assert held == list(range(layout.num_stages))
     assert all(len(layout.stage_ids(r)) == layout.stages_per_rank for r in range(3))
 
 
 def test_layout_is_frozen():
-    layout = plan_pipeline(4, 2, "1F1B", "auto", [], 4)
+    layout = plan_pipeline(4, 2, "1F1B", "auto", [], n_microbatches=4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         layout.pp = 4
 

@@ -317,7 +317,7 @@ def test_fsdp_units_dtype_bytes_scale_every_unit():
 
 def test_fsdp_units_of_pipeline_stages_and_their_plan():
     model = meta_model("debugmodel")
-    layout = plan_pipeline(6, 2, "1F1B", "auto", [], 8)
+    layout = plan_pipeline(6, 2, "1F1B", "auto", [], n_microbatches=8)
     units = {}
     for pp_rank in range(2):
         ((stage_id, part),) = split_model(model, layout, pp_rank)

@@ -77,10 +77,10 @@ def test_the_tail_runs_its_phases_in_order_as_the_trainer_always_did():
         parts,
         PartOptimizers(parts, cfg.optimizer, 10, cfg.lr_scheduler),
         0.5,
-        None,
-        watch := NonFiniteWatch(torch.device("cpu")),
-        TiedCopies(parts, None),
-        ExpertBalancer(parts, torch.device("cpu"), None),  # no MoE layer: the load figure only
+        pp_group=None,
+        nonfinite=(watch := NonFiniteWatch(torch.device("cpu"))),
+        tied=TiedCopies(parts, None),
+        balancer=ExpertBalancer(parts, torch.device("cpu"), None),  # no MoE: the load figure only
         on_phase=seen.append,
     )
     assert seen == list(TAIL)
@@ -113,8 +113,8 @@ def test_without_tied_copies_or_experts_their_phases_are_skipped():
         parts,
         PartOptimizers(parts, cfg.optimizer, 10, cfg.lr_scheduler),
         0.0,
-        None,
-        NonFiniteWatch(torch.device("cpu")),
+        pp_group=None,
+        nonfinite=NonFiniteWatch(torch.device("cpu")),
         on_phase=seen.append,
     )
     assert seen == [StepPhase.CLIP, StepPhase.NONFINITE, StepPhase.OPTIMIZER]
@@ -172,7 +172,8 @@ def _simulated_tail(monkeypatch, argv: list[str], world: int, pp_rank: int):
     from torchtitan.checks import load_config
     from torchtitan.planning.simulate import step as simulate_step
     from torchtitan.planning.simulate.patches import PipelineStartup
-    from torchtitan.training.build import fake_world, model_on_meta
+    from torchtitan.training.build import fake_world
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
 
     calls = []
 
@@ -189,10 +190,8 @@ def _simulated_tail(monkeypatch, argv: list[str], world: int, pp_rank: int):
     monkeypatch.setattr(simulate_step, "step_tail", spy)
     cfg, _ = load_config(["--training.seq_len=32", "--training.local_batch_size=2", *argv], world)
     with fake_world(cfg, world) as dims:
-        meta = model_on_meta(cfg)
-        simulate_step.simulate_pp_rank(
-            meta.spec, meta.model, dims, cfg, "cpu", pp_rank, meta.args, PipelineStartup()
-        )
+        job = PlannedJob(cfg, model_on_meta(cfg), dims, "cpu")
+        simulate_step.simulate_pp_rank(job, pp_rank, PipelineStartup())
     return calls
 
 

@@ -308,7 +308,8 @@ def test_every_role_of_a_pipeline_job_gets_a_step_time():
     for both (the step is synchronous), a bubble on each, the breakdown summing to it."""
     from torchtitan.checks import load_config
     from torchtitan.planning.memory.predict import predict
-    from torchtitan.training.build import fake_world, model_on_meta
+    from torchtitan.training.build import fake_world
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
 
     cfg, _ = load_config(
         [
@@ -323,8 +324,7 @@ def test_every_role_of_a_pipeline_job_gets_a_step_time():
         4,
     )
     with fake_world(cfg, 4) as dims:
-        meta = model_on_meta(cfg)
-        roles = predict(meta.spec, meta.model, dims, cfg, "cuda", meta.args, hardware=H100).roles
+        roles = predict(PlannedJob(cfg, model_on_meta(cfg), dims, "cuda"), hardware=H100).roles
     times = [r.time for r in roles]
     assert [t.role for t in times] == ["pp0", "pp1"] and [t.ranks for t in times] == [
         r.ranks for r in roles
@@ -407,6 +407,7 @@ def test_fsdp2_backward_prefetch_waits_for_the_gather_issued_a_unit_earlier():
 def test_the_nearby_choices_of_a_job():
     from torchtitan.checks import load_config
     from torchtitan.planning.search.nearby import nearby_choices
+    from torchtitan.training.planned_job import PlannedJob
 
     cfg, _ = load_config(
         [
@@ -418,8 +419,8 @@ def test_the_nearby_choices_of_a_job():
         ],
         4,
     )
-    dims = NS(dp_shard=2, pp=2, dp=2)
-    changes = [c for c, _ in nearby_choices(cfg, dims)]
+    job = PlannedJob(cfg, None, NS(dp_shard=2, pp=2, dp=2), "cuda")  # no model: only choices
+    changes = [c for c, _ in nearby_choices(job)]
     assert changes == [
         "--activation_checkpoint.mode=none",
         "--activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=2",
@@ -429,15 +430,15 @@ def test_the_nearby_choices_of_a_job():
         "--training.local_batch_size=3",
         "--compile.enable=true",
     ]
-    candidates = dict(nearby_choices(cfg, dims))
+    candidates = dict(nearby_choices(job))
     assert candidates["--training.local_batch_size=5"].training.local_batch_size == 5
     assert (
         candidates["--compile.enable=true"].compile.enable and not cfg.compile.enable
     )  # the job is untouched
     # without FSDP or PP: only the AC neighbours and compile
-    assert [c for c, _ in nearby_choices(cfg, NS(dp_shard=1, pp=1, dp=1))] == changes[:2] + changes[
-        -1:
-    ]
+    assert [
+        c for c, _ in nearby_choices(PlannedJob(cfg, None, NS(dp_shard=1, pp=1, dp=1), "cuda"))
+    ] == changes[:2] + changes[-1:]
 
 
 @pytest.mark.parametrize(

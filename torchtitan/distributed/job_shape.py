@@ -19,7 +19,7 @@ class ShapeError(ValueError):
     """A degree or batch setting that cannot work; the text names the key and the fix."""
 
 
-@dataclass
+@dataclass(unsafe_hash=True)  # never changed once made: hashable (the layout search's keys)
 class Degrees:
     """Parallel degrees of a job whose world size they multiply to."""
 

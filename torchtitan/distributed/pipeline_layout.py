@@ -54,7 +54,7 @@ def pipeline_layout(p: Parallelism, n_layers: int, n_microbatches: int) -> Pipel
         p.pipeline_parallel_schedule,
         p.pipeline_parallel_layers_per_stage,
         p.pipeline_parallel_split_points,
-        n_microbatches,
+        n_microbatches=n_microbatches,
     )
 
 
@@ -64,6 +64,7 @@ def plan_pipeline(
     schedule: str,
     layers_per_stage: int | str,
     split_points: list[str],
+    *,
     n_microbatches: int,
 ) -> PipelineLayout:
     """Raise PipelineLayoutError (one line, naming the key) when the split is impossible."""

@@ -94,6 +94,7 @@ def build_pipeline(
     device: torch.device,
     pp_group: ProcessGroup,
     n_microbatches: int,
+    *,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     backward_phase: Callable[[], AbstractContextManager] | None = None,
 ) -> _PipelineSchedule:
@@ -121,6 +122,7 @@ def run_schedule(
     stage_ids: list[int],
     inputs: torch.Tensor,
     labels: torch.Tensor,
+    *,
     train: bool = True,
     kwargs: dict | None = None,
 ) -> list[torch.Tensor]:

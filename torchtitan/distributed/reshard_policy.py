@@ -48,6 +48,7 @@ def resolve(
     schedule: str,
     n_microbatches: int,
     parts: list[list[FsdpUnit]],
+    *,
     free_bytes: int = 0,
     budget_note: str = "",
 ) -> list[dict[str, Decision]]:
@@ -89,7 +90,9 @@ def resolve(
         plan.append(decisions)
 
     if policy == "auto" and free_bytes > 0:
-        _free_for_budget(plan, parts, free_bytes, budget_note, zero_bubble, schedule)
+        _free_for_budget(
+            plan, parts, free_bytes, budget_note, zero_bubble=zero_bubble, schedule=schedule
+        )
     return plan
 
 
@@ -98,6 +101,7 @@ def _free_for_budget(
     parts: list[list[FsdpUnit]],
     free_bytes: int,
     note: str,
+    *,
     zero_bubble: bool,
     schedule: str,
 ) -> None:

@@ -49,6 +49,7 @@ _fc = torch.ops._c10d_functional
 _SHARDS_KWARG, _VALUES_KWARG = "_simple_fsdp_shards", "_simple_fsdp_values"
 
 
+# the op's schema (positional, as torch.library registers and calls it): exempt from keyword-only
 @torch.library.custom_op("torchtitan::simple_fsdp_gather", mutates_args=())
 def _gather_op(
     shards: list[torch.Tensor],
@@ -70,7 +71,7 @@ def _gather_op(
     return [part.view(shape) for part, shape in zip(parts, _unflatten_shapes(shapes))]
 
 
-@_gather_op.register_fake
+@_gather_op.register_fake  # torch calls it with the op's arguments, positionally
 def _(shards, group_size, group_name, dtype, numels, shapes):
     return [shards[0].new_empty(shape, dtype=dtype) for shape in _unflatten_shapes(shapes)]
 
@@ -296,6 +297,7 @@ class _Unit:
         tp_specs,
         step: _StepState | None,
         regather: bool,
+        *,
         aliases=(),
     ):
         self.entries, self.layout, self.tp_specs, self.step = entries, layout, tp_specs, step
@@ -527,7 +529,7 @@ def simple_fsdp(
             if gathers_once_per_step(spec, plan.microbatches)
             else None
         )
-        unit = _Unit(entries, layout, tp_specs, step, regathers_by_hooks(spec), aliases)
+        unit = _Unit(entries, layout, tp_specs, step, regathers_by_hooks(spec), aliases=aliases)
         module._simple_fsdp_unit = unit
         module.__class__ = _unit_class(module.__class__)
         holder.register_forward_pre_hook(_pass_inputs(unit), with_kwargs=True)  # outermost wrapper

@@ -222,6 +222,7 @@ class MetricsLogger:
         tensorboard: bool,
         total_steps: int,
         resume_step: int = 0,
+        *,
         wandb_config: dict | None = None,
         run_name: str = "",
     ):

@@ -37,6 +37,7 @@ class Profiler:
         dump_folder: str,
         rank: int,
         device: torch.device,
+        *,
         start_step: int,
         last_step: int,
         log,

@@ -96,23 +96,14 @@ def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> S
     """Every role's peak, the budget, and (over it) the refusal lines with what would fit.
     Joins a fake process group of `world` ranks for the time it takes."""
     from torchtitan.planning.step_time.local_profile import job_hardware
-    from torchtitan.training.build import fake_world, model_on_meta
+    from torchtitan.training.build import fake_world
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
 
     budget = memory_budget(cfg, ranks_on_this_node(world), started_rank=True)
     hardware = job_hardware(cfg, device_type, measure=False)
     with fake_world(cfg, world) as dims:
-        meta = model_on_meta(cfg)
-        spec, model, args = meta.spec, meta.model, meta.args
-        prediction = predict(
-            spec,
-            model,
-            dims,
-            cfg,
-            device_type,
-            args,
-            None if budget is None else budget.bytes,
-            hardware,
-        )
+        job = PlannedJob(cfg, model_on_meta(cfg), dims, device_type)
+        prediction = predict(job, None if budget is None else budget.bytes, hardware)
         roles = prediction.roles
         out = StartupMemory(
             roles,
@@ -124,7 +115,7 @@ def predict_at_startup(cfg, world: int, device_type: str, accepts: Accepts) -> S
         )
         over = [r for r in roles if budget is not None and r.predicted_peak_bytes > budget.bytes]
         if over and not cfg.planning.allow_over_budget:
-            fixes = suggestions(spec, model, dims, cfg, device_type, args, budget.bytes, accepts)
+            fixes = suggestions(job, budget.bytes, accepts)
             hint = (
                 "; would fit: " + ", ".join(fixes)
                 if fixes

@@ -92,6 +92,7 @@ class HangWatchdog:
         rank: int,
         world: int,
         device: torch.device,
+        *,
         watch_compile: bool = False,
     ):
         self.timeout = float(timeout_s)

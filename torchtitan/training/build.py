@@ -1,7 +1,9 @@
 """The one build path. The trainer, the dry run, the memory simulation, the start-up check and
-the scripts all build here:
+the scripts all build here, from the job as one value (training/planned_job.py's PlannedJob:
+its config, its model on meta, its degrees, its target device):
 
-- `model_on_meta`: the job's model on meta, with the args the run takes (training/model_args.py);
+- `model_on_meta` (planned_job.py): the job's model on meta, with the args the run takes
+  (training/model_args.py);
 - `build_parts`: what one pipeline rank trains: pipeline split -> FSDP units -> the plan
   (reshard decisions resolved once over all of the rank's stages, AC regions) -> the model's
   parallelize function per part (TP -> AC -> compile -> data parallel), still on meta;
@@ -25,40 +27,20 @@ from torch import nn
 from torchtitan.distributed import reshard_policy
 from torchtitan.distributed.activation_checkpoint import region_specs
 from torchtitan.distributed.data_parallel import Precision, size_units
-from torchtitan.distributed.job_shape import batch_shape, pipeline_microbatches
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.pipeline_layout import PipelineLayout, pipeline_layout
+from torchtitan.distributed.pipeline_layout import PipelineLayout
 from torchtitan.distributed.pipeline_parallel import build_pipeline, split_model
-from torchtitan.distributed.plan import BLOCKS, FsdpUnit, PartPlan, RegionSpec
+from torchtitan.distributed.plan import FsdpUnit, PartPlan, RegionSpec
 from torchtitan.dtypes import dtype_bytes, param_dtype
-from torchtitan.models.registry import load_model_modules
-from torchtitan.models.train_spec import TrainSpec, get_train_spec
 from torchtitan.training.loss import Loss
-from torchtitan.training.model_args import run_model_args
 from torchtitan.training.phases import StepPhase
+from torchtitan.training.planned_job import MetaModel as MetaModel  # re-exported (importers)
+from torchtitan.training.planned_job import PlannedJob
+from torchtitan.training.planned_job import model_on_meta as model_on_meta  # re-exported
 from torchtitan.training.step import StepRunner
 
 if TYPE_CHECKING:
     from torchtitan.config.job_config import JobConfig
-
-
-@dataclass
-class MetaModel:
-    """The job's model on meta, its registered spec and the args it was built from."""
-
-    spec: TrainSpec
-    model: nn.Module
-    args: object
-
-
-def model_on_meta(cfg: JobConfig, args=None) -> MetaModel:
-    """The job's model on meta (`args`: the run's model args, run_model_args by default)."""
-    load_model_modules(cfg.model.module)
-    spec = get_train_spec(cfg.model.name)
-    args = run_model_args(cfg) if args is None else args
-    with torch.device("meta"):
-        model = spec.model_cls(args)
-    return MetaModel(spec, model, args)
 
 
 @dataclass
@@ -122,36 +104,28 @@ def precision(cfg: JobConfig, device_type: str) -> Precision:
 
 
 def resolve_parts(
-    spec: TrainSpec,
-    model: nn.Module,
-    dims: ParallelDims,
-    cfg: JobConfig,
-    device_type: str,
-    pp_rank: int,
-    free_bytes: int = 0,
-    budget_note: str = "",
+    job: PlannedJob, pp_rank: int, *, free_bytes: int = 0, budget_note: str = ""
 ) -> ModelParts:
     """Split (on meta) and plan, without parallelizing: what pipeline rank `pp_rank` holds.
     `free_bytes`: kept unsharded bytes the memory budget makes auto free (torchtitan/memory)."""
-    mixed = precision(cfg, device_type)
-    layout = pipeline_layout(
-        cfg.parallelism, len(getattr(model, BLOCKS)), pipeline_microbatches(cfg)
-    )
+    cfg, model, dims, spec = job.cfg, job.model, job.dims, job.spec
+    mixed = precision(cfg, job.target)
+    layout = job.layout
     split = split_model(model, layout, pp_rank) if layout is not None else [(0, model)]
     units = [
         size_units(m, dims.tp, dims.ep, dtype_bytes(mixed.param), spec.tp_replicated)
         for _, m in split
     ]
     p = cfg.parallelism
-    microbatches = pipeline_microbatches(cfg)
+    microbatches = job.microbatches
     decisions = reshard_policy.resolve(
         p.reshard_after_forward,
         dims.pp > 1,
         p.pipeline_parallel_schedule,
         microbatches,
         units,
-        free_bytes,
-        budget_note,
+        free_bytes=free_bytes,
+        budget_note=budget_note,
     )
     simple = p.fsdp_implementation == "simple_fsdp" and dims.dp_shard > 1
     parts = []
@@ -165,21 +139,20 @@ def resolve_parts(
 
 
 def build_parts(
-    spec: TrainSpec,
-    model: nn.Module,
-    dims: ParallelDims,
-    cfg: JobConfig,
-    device_type: str,
-    pp_rank: int,
-    free_bytes: int = 0,
-    budget_note: str = "",
+    job: PlannedJob, pp_rank: int, *, free_bytes: int = 0, budget_note: str = ""
 ) -> ModelParts:
-    """What pipeline rank `pp_rank` trains, planned and parallelized, still on meta. The
-    parameter dtype follows the device the job targets (`device_type`)."""
-    parts = resolve_parts(spec, model, dims, cfg, device_type, pp_rank, free_bytes, budget_note)
+    """What pipeline rank `pp_rank` of `job` trains, planned and parallelized, still on meta.
+    The parameter dtype follows the device the job targets (`job.target`)."""
+    parts = resolve_parts(job, pp_rank, free_bytes=free_bytes, budget_note=budget_note)
+    cfg = job.cfg
     for part in parts.parts:
-        part.module = spec.parallelize_fn(
-            part.module, dims, part.plan, cfg.parallelism, cfg.compile, parts.precision
+        part.module = job.spec.parallelize_fn(
+            part.module,
+            job.dims,
+            part.plan,
+            parallelism=cfg.parallelism,
+            compile_cfg=cfg.compile,
+            precision=parts.precision,
         )
     return parts
 
@@ -191,8 +164,7 @@ def plan_records(parts: ModelParts) -> list[dict]:
 
 def step_runner(
     parts: ModelParts,
-    dims: ParallelDims,
-    cfg: JobConfig,
+    job: PlannedJob,
     device: torch.device,
     *,
     doc_delimiter: tuple[int, bool] | None,
@@ -204,8 +176,9 @@ def step_runner(
     steps. `doc_delimiter`: the tokenizer's
     (BOS id, True) or, without BOS, (EOS id, False), used under the block-causal mask; `on_phase`,
     `backward_phase`: the memory simulation's and comm stats' phase marks."""
+    cfg, dims = job.cfg, job.dims
     t, p = cfg.training, cfg.parallelism
-    accum = batch_shape(cfg, dims.dp).accum_steps
+    accum = job.batch.accum_steps
     loss = Loss(
         parts.microbatches * accum,
         cfg.model.mtp_depth,

@@ -72,6 +72,7 @@ def report_plan(
     records: list[dict],
     dims,
     cfg,
+    *,
     budget_bytes: int | None,
     roles: list[dict] | None,
     log,

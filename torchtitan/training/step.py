@@ -186,7 +186,13 @@ class StepRunner:
         every stage's model, split by microbatch."""
         self.loss.reset()
         losses = run_schedule(
-            self.pipeline, self.layout, self.stage_ids, inputs, labels, train, kwargs or {}
+            self.pipeline,
+            self.layout,
+            self.stage_ids,
+            inputs,
+            labels,
+            train=train,
+            kwargs=kwargs or {},
         )
         if (
             self.loss.mains

@@ -40,6 +40,7 @@ def step_tail(
     model_parts: list[nn.Module],
     optimizers: PartOptimizers,
     max_norm: float,
+    *,
     pp_group: dist.ProcessGroup | None,
     nonfinite: NonFiniteWatch,
     tied: TiedCopies | None = None,

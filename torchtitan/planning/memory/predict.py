@@ -28,6 +28,7 @@ from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time import roles as role_times
 from torchtitan.planning.step_time.rank import RankTimer
 from torchtitan.training.build import resolve_parts
+from torchtitan.training.planned_job import PlannedJob
 from torchtitan.units import GIB
 
 
@@ -75,23 +76,14 @@ class Prediction:
     budget_note: str = ""
 
 
-def predict(
-    spec,
-    model,
-    dims: ParallelDims,
-    cfg,
-    target: str,
-    args,
-    budget: int | None = None,
-    hardware=None,
-) -> Prediction:
+def predict(job: PlannedJob, budget: int | None = None, hardware=None) -> Prediction:
     """Every role's peak. With reshard_after_forward=auto and a budget some role exceeds,
     the plan frees kept units (reshard_policy) by what the prediction says is over, and
     predicts again, until every role fits or nothing kept is left to free."""
     free: dict[int, int] = {}
     note = ""
-    roles, records = predict_roles(spec, model, dims, cfg, target, args, hardware=hardware)
-    if budget is None or cfg.parallelism.reshard_after_forward != "auto":
+    roles, records = predict_roles(job, hardware=hardware)
+    if budget is None or job.cfg.parallelism.reshard_after_forward != "auto":
         return Prediction(roles, records, free)
     for _ in range(4):
         over = {
@@ -116,7 +108,7 @@ def predict(
         note = f"predicted peak {worst / GIB:.2f} GiB > budget {budget / GIB:.2f} GiB"
         for pp, b in over.items():
             free[pp] = free.get(pp, 0) + b
-        roles, records = predict_roles(spec, model, dims, cfg, target, args, free, note, hardware)
+        roles, records = predict_roles(job, free=free, note=note, hardware=hardware)
     return Prediction(roles, records, free, note)
 
 
@@ -125,41 +117,33 @@ def _stages(roles: list[RolePrediction], pp_rank: int) -> list[int]:
 
 
 def predict_roles(
-    spec,
-    model,
-    dims: ParallelDims,
-    cfg,
-    target: str,
-    args,
+    job: PlannedJob,
+    *,
     free: dict[int, int] | None = None,
     note: str = "",
     hardware=None,
     worst_case: bool = True,
-    timed_as=None,
+    timed_as: PlannedJob | None = None,
 ) -> tuple[list[RolePrediction], list[dict]]:
     """Every role's peak, and the plan.json entries of every stage. What is simulated and
     what is derived from simulations (large jobs, middle pipeline ranks): derived_roles.py.
     With a hardware profile every role also gets its step time (RolePrediction.time).
     worst_case=False skips the worst-case routing simulations of expert parallel (the
     layout search; worst_case_peak_bytes is then the planned peak). timed_as: a job that
-    differs from `cfg` only in its local batch (more pipeline microbatches): the step time
-    is that job's, from `cfg`'s per-action times run through `timed_as`'s schedule order
+    differs from `job` only in its local batch (more pipeline microbatches): the step time
+    is that job's, from `job`'s per-action times run through `timed_as`'s schedule order
     (step_time.order_for; the layout search simulates many-microbatch layouts this way)."""
     free = free or {}
-    variants = derived_roles.variants(spec, model, dims, cfg, args, bool(free))
+    cfg, dims = job.cfg, job.dims
+    variants = derived_roles.variants(job, bool(free))
     moe = worst_case and dims.ep > 1 and cfg.planning.memory_skew < dims.ep
-    job = simulation_pool.Job(
-        spec,
-        dims,
-        target,
+    pool_job = simulation_pool.Job(
         variants,
         free,
         note,
         timer=RankTimer(hardware) if hardware is not None else None,
     )
-    plans = [
-        derived_roles.rank_plan(v_cfg, dims, v_args, bool(free)) for v_cfg, v_args, _ in variants
-    ]
+    plans = [derived_roles.rank_plan(v, bool(free)) for v in variants]
 
     def tasks(v: int, ranks) -> list[simulation_pool.Task]:
         return [
@@ -169,7 +153,7 @@ def predict_roles(
         ]
 
     steps = simulation_pool.run(
-        job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)]
+        pool_job, [t for v, plan in enumerate(plans) for t in tasks(v, plan.simulated)]
     )
     per_variant = []
     for v, plan in enumerate(plans):
@@ -190,7 +174,7 @@ def predict_roles(
 
         roles = {r: role(r) for r in plan.simulated}
         if plan.derived and not derived_roles.interpolable(roles, plan):
-            steps.update(simulation_pool.run(job, tasks(v, plan.derived)))
+            steps.update(simulation_pool.run(pool_job, tasks(v, plan.derived)))
             roles.update({r: role(r) for r in plan.derived})
         for r in plan.derived:
             roles.setdefault(
@@ -202,13 +186,9 @@ def predict_roles(
             per_variant[0],
             steps,
             len(variants),
-            dims,
-            timed_as or cfg,
-            args,
-            model,
+            job if timed_as is None else timed_as,
             hardware,
             reorder=timed_as is not None,
-            target=target,
         )
     if len(variants) == 1:
         records = []
@@ -220,23 +200,18 @@ def predict_roles(
                 else [
                     p.record()
                     for p in resolve_parts(
-                        spec, model, dims, cfg, target, r, free.get(r, 0), note
+                        job, r, free_bytes=free.get(r, 0), budget_note=note
                     ).plans
                 ]
             )
         return per_variant[0], records
-    counts = derived_roles.blocks_per_stage(cfg, dims, args)
+    counts = derived_roles.blocks_per_stage(job)
     roles = [
         dataclasses.replace(derived_roles.extrapolated(r1, r2, c), time=r1.time)
         for r1, r2, c in zip(*per_variant, counts)
     ]
-    records = [
-        plan.record()
-        for r in range(dims.pp)
-        for plan in resolve_parts(
-            spec, copy.deepcopy(model) if dims.pp == 1 else model, dims, cfg, target, r
-        ).plans
-    ]
+    own = job.with_model(copy.deepcopy(job.model)) if dims.pp == 1 else job
+    records = [plan.record() for r in range(dims.pp) for plan in resolve_parts(own, r).plans]
     return roles, records
 
 

@@ -124,21 +124,22 @@ def estimate(
     facts: ModelFacts,
     states_bytes: int,
     hw: HardwareProfile,
+    *,
     seq_len: int,
     global_batch: int,
     compiled: bool,
 ) -> Estimate:
     """The cheap step time and peak of `layout` (module docstring); `states_bytes`: the
     model-states floor of its busiest rank (model_states.py)."""
-    L, h = layout, facts.dim
-    world = L.dp * L.tp * L.pp * L.cp
-    accum = global_batch // (L.dp * L.local_batch)
-    microbatches = L.local_batch // L.microbatch if L.pp > 1 else 1
+    L, D, h = layout, layout.degrees, facts.dim
+    world = D.dp * D.tp * D.pp * D.cp
+    accum = global_batch // (D.dp * L.local_batch)
+    microbatches = L.local_batch // L.microbatch if D.pp > 1 else 1
     stages_per_rank = 2 if L.schedule == "Interleaved1F1B" else 1
     tokens_mb = (
-        (L.microbatch if L.pp > 1 else L.local_batch) * seq_len // L.cp
+        (L.microbatch if D.pp > 1 else L.local_batch) * seq_len // D.cp
     )  # a rank's tokens per (micro)batch
-    blocks_rank = facts.n_layers / L.pp
+    blocks_rank = facts.n_layers / D.pp
     step_tokens = global_batch * seq_len
     # compute (per device, the whole step)
     active_block = sum(
@@ -148,7 +149,7 @@ def estimate(
     attn_flops = 6.0 * facts.n_layers * facts.heads_x_head_dim * seq_len / 2 * step_tokens / world
     recompute = RECOMPUTE[L.ac] / 3.0
     size = (
-        2.0 * tokens_mb * h * h / L.tp
+        2.0 * tokens_mb * h * h / D.tp
     )  # a typical matmul's FLOPs (tokens x hidden^2, split by TP)
     eff = hw.gemm_efficiency * size / (size + hw.gemm_half_gflop * 1e9)
     peak = hw.peak_flops("bfloat16")
@@ -163,67 +164,67 @@ def estimate(
     )
     compute *= 1.0 + recompute
     # TP, CP, EP: on the critical path, per block and microbatch
-    passes = accum * (microbatches if L.pp > 1 else 1) * blocks_rank
+    passes = accum * (microbatches if D.pp > 1 else 1) * blocks_rank
     comm = {}
-    if L.tp > 1:
+    if D.tp > 1:
         act = 2 * tokens_mb * h  # bf16 activations of a microbatch
         per = 2 * (
-            collective_seconds("all_gather", act, _link_ranks(L.tp, 1), hw)
-            + collective_seconds("reduce_scatter", act, _link_ranks(L.tp, 1), hw)
+            collective_seconds("all_gather", act, _link_ranks(D.tp, 1), hw)
+            + collective_seconds("reduce_scatter", act, _link_ranks(D.tp, 1), hw)
         )
         comm["tp"] = passes * per * (2 + RECOMPUTE[L.ac])
-    if L.cp > 1:
-        kv = 2 * tokens_mb * L.cp * facts.kv_width / L.tp
-        comm["cp"] = passes * 2 * collective_seconds("all_gather", kv, _link_ranks(L.cp, L.tp), hw)
-    if L.ep > 1:
-        moe_blocks = sum(1 for e in facts.expert_per_block if e) / L.pp
+    if D.cp > 1:
+        kv = 2 * tokens_mb * D.cp * facts.kv_width / D.tp
+        comm["cp"] = passes * 2 * collective_seconds("all_gather", kv, _link_ranks(D.cp, D.tp), hw)
+    if D.ep > 1:
+        moe_blocks = sum(1 for e in facts.expert_per_block if e) / D.pp
         a2a = (
-            2 * tokens_mb / L.tp * h * facts.top_k
+            2 * tokens_mb / D.tp * h * facts.top_k
         )  # bf16 token copies a rank sends (and receives)
-        per = collective_seconds("all_to_all", a2a, _link_ranks(L.ep, 1), hw)
+        per = collective_seconds("all_to_all", a2a, _link_ranks(D.ep, 1), hw)
         comm["ep"] = (
-            accum * (microbatches if L.pp > 1 else 1) * moe_blocks * per * (4 + 2 * RECOMPUTE[L.ac])
+            accum * (microbatches if D.pp > 1 else 1) * moe_blocks * per * (4 + 2 * RECOMPUTE[L.ac])
         )
     # FSDP / HSDP: overlapped with compute
     dense_rank = (
-        sum(facts.dense_per_block) / L.pp + (facts.embed_elements + facts.head_elements) / L.pp
-    ) / L.tp
-    expert_rank = sum(facts.expert_per_block) / L.pp / max(L.ep, 1)
-    shard = L.dp_shard * L.cp
+        sum(facts.dense_per_block) / D.pp + (facts.embed_elements + facts.head_elements) / D.pp
+    ) / D.tp
+    expert_rank = sum(facts.expert_per_block) / D.pp / max(D.ep, 1)
+    shard = D.dp_shard * D.cp
     fsdp = 0.0
     if shard > 1:
         gathers = (
             1
-            if (L.pp > 1 and L.reshard != "always")
-            else (2 * accum * (microbatches if L.pp > 1 else 1) if L.reshard != "never" else accum)
+            if (D.pp > 1 and L.reshard != "always")
+            else (2 * accum * (microbatches if D.pp > 1 else 1) if L.reshard != "never" else accum)
         )
-        reductions = 1 if L.pp > 1 else accum
-        group = _link_ranks(shard, L.tp)
+        reductions = 1 if D.pp > 1 else accum
+        group = _link_ranks(shard, D.tp)
         fsdp = gathers * collective_seconds(
             "all_gather", 2 * (dense_rank + expert_rank), group, hw
         ) + reductions * collective_seconds(
             "reduce_scatter", 4 * (dense_rank + expert_rank), group, hw
         )
-    if L.dp_replicate > 1:
+    if D.dp_replicate > 1:
         fsdp += collective_seconds(
             "all_reduce",
             4 * (dense_rank + expert_rank) / shard,
-            _link_ranks(L.dp_replicate, shard * L.tp),
+            _link_ranks(D.dp_replicate, shard * D.tp),
             hw,
         )
     first_gather = fsdp / max(1, blocks_rank) / 2
     comm["fsdp"] = max(0.0, fsdp - compute) + first_gather
     # pipeline
     bubble = 0.0
-    if L.pp > 1:
-        bubble = compute * (L.pp - 1) / (microbatches * stages_per_rank)
-        p2p = 2 * tokens_mb * h / L.tp
+    if D.pp > 1:
+        bubble = compute * (D.pp - 1) / (microbatches * stages_per_rank)
+        p2p = 2 * tokens_mb * h / D.tp
         comm["pp"] = (
             accum
             * microbatches
             * stages_per_rank
             * 2
-            * collective_seconds("send", p2p, [0, L.tp * L.cp * L.dp], hw)
+            * collective_seconds("send", p2p, [0, D.tp * D.cp * D.dp], hw)
         )
     optimizer = 3 * 16 * states_bytes / 16 / (hw.hbm_gbps * 1e9 * hw.memory_efficiency)
     step = compute + bubble + sum(comm.values()) + optimizer
@@ -240,14 +241,14 @@ def estimate(
         moe_extra if L.ac == "none" else moe_extra / 2 if L.ac != "full" else 0
     )
     transient = SAVED_PER_TOKEN_BLOCK["none"] * h + moe_extra if L.ac in ("full", "layer2") else 0
-    in_flight = min(microbatches, L.pp) * (1.5 if stages_per_rank > 1 else 1.0) if L.pp > 1 else 1
-    activations = (saved * blocks_rank * in_flight + transient) * tokens_mb / L.tp
+    in_flight = min(microbatches, D.pp) * (1.5 if stages_per_rank > 1 else 1.0) if D.pp > 1 else 1
+    activations = (saved * blocks_rank * in_flight + transient) * tokens_mb / D.tp
     unsharded = dense_rank + expert_rank
-    if L.pp > 1 or L.reshard == "never":
-        gathered = 2 * unsharded + (4 * unsharded if L.pp > 1 else 0)
+    if D.pp > 1 or L.reshard == "never":
+        gathered = 2 * unsharded + (4 * unsharded if D.pp > 1 else 0)
     else:
         gathered = 6 * 2 * unsharded / max(blocks_rank, 1)
-    logits = 10 * tokens_mb * facts.vocab / L.tp
+    logits = 10 * tokens_mb * facts.vocab / D.tp
     peak_bytes = states_bytes + activations + gathered + logits
     parts = {
         "compute": compute,

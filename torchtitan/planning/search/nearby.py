@@ -7,14 +7,16 @@ from __future__ import annotations
 from torchtitan.config.job_config import JobConfig
 from torchtitan.planning.memory.fit import AC_MODES, Accepts, with_local_batch, with_values
 from torchtitan.planning.memory.predict import predict_roles
+from torchtitan.training.planned_job import PlannedJob
 from torchtitan.units import GIB
 
 
-def nearby_choices(cfg, dims) -> list[tuple[str, JobConfig]]:
-    """(override, candidate job) for the choices next to the job as configured: the AC modes
-    on either side of its own (AC_MODES' order), reshard never / always (with FSDP), one
-    microbatch more or fewer (with PP: the local batch +/- one microbatch, accumulation held),
-    compile switched."""
+def nearby_choices(job: PlannedJob) -> list[tuple[str, JobConfig]]:
+    """(override, candidate job's config) for the choices next to the job as configured: the
+    AC modes on either side of its own (AC_MODES' order), reshard never / always (with FSDP),
+    one microbatch more or fewer (with PP: the local batch +/- one microbatch, accumulation
+    held), compile switched."""
+    cfg, dims = job.cfg, job.dims
     out = []
     ac = cfg.activation_checkpoint
     here = next(
@@ -49,9 +51,7 @@ def nearby_choices(cfg, dims) -> list[tuple[str, JobConfig]]:
         for delta in (1, -1):
             local = cfg.training.local_batch_size + delta * mbs
             if local >= mbs:
-                out.append(
-                    (f"--training.local_batch_size={local}", with_local_batch(cfg, dims, local))
-                )
+                out.append((f"--training.local_batch_size={local}", with_local_batch(job, local)))
     out.append(
         (
             f"--compile.enable={str(not cfg.compile.enable).lower()}",
@@ -61,9 +61,7 @@ def nearby_choices(cfg, dims) -> list[tuple[str, JobConfig]]:
     return out
 
 
-def nearby_report(
-    spec, model, dims, cfg, target, args, accepts: Accepts, hardware, roles
-) -> tuple[str, list[dict]]:
+def nearby_report(job: PlannedJob, accepts: Accepts, hardware, roles) -> tuple[str, list[dict]]:
     """The dry run's table of the nearby choices: each predicted like the job (one more
     simulation each), beside the job's own step time and peak. Nothing about the job changes."""
     step = max(r.time.predicted_step_seconds for r in roles)
@@ -74,11 +72,11 @@ def nearby_report(
         f" {tps:,.0f} tok/s/dev, peak {peak / GIB:.2f} GiB):"
     ]
     records = []
-    for change, candidate in nearby_choices(cfg, dims):
+    for change, candidate in nearby_choices(job):
         if not accepts(candidate):
             lines.append(f"  {change:<70} refused by the checks")
             continue
-        got, _ = predict_roles(spec, model, dims, candidate, target, args, hardware=hardware)
+        got, _ = predict_roles(job.with_config(candidate), hardware=hardware)
         c_step = max(r.time.predicted_step_seconds for r in got)
         c_tps = min(r.time.tokens_per_second_per_device for r in got)
         c_peak = max(r.predicted_peak_bytes for r in got)

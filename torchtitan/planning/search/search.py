@@ -44,9 +44,11 @@ import os
 import time
 from dataclasses import dataclass
 
+from torchtitan.distributed.job_shape import Degrees
 from torchtitan.planning.search import estimate as cheap_step
 from torchtitan.planning.search import space as layout_space
 from torchtitan.planning.search.space import Layout
+from torchtitan.training.planned_job import PlannedJob
 from torchtitan.units import GIB
 
 CHEAP_MEMORY_SLACK = 1.1  # keep layouts whose cheap peak is at most this times the budget
@@ -100,62 +102,57 @@ class SearchResult:
     stopped: bool = False  # the full stage ran out of planning.layout_seconds
 
 
-def _states(cfg, world, args, shapes, layout: Layout, global_batch: int, cache: dict) -> int | None:
+def _states(job: PlannedJob, shapes, layout: Layout, cache: dict) -> int | None:
     from torchtitan.distributed.job_shape import degrees
     from torchtitan.distributed.pipeline_layout import PipelineLayoutError, pipeline_layout
     from torchtitan.planning.memory import model_states
 
-    key = (
-        layout.dp_replicate,
-        layout.dp_shard,
-        layout.tp,
-        layout.pp,
-        layout.cp,
-        layout.ep,
-        layout.schedule,
-        layout.split_points,
-    )
+    key = (layout.degrees, layout.schedule, layout.split_points)
     if key not in cache:
-        c = layout_space.apply(cfg, layout, global_batch)
+        c = layout_space.apply(job.cfg, layout, job.batch.global_batch)
         try:
             # the states do not depend on the microbatch count: any the split accepts (the
             # checks refuse a count the schedule cannot take, later)
-            split = pipeline_layout(c.parallelism, args.n_layers, 4 * layout.pp)
-            ranks = model_states.rank_states(shapes, degrees(c, world), split)
+            split = pipeline_layout(c.parallelism, job.args.n_layers, 4 * layout.degrees.pp)
+            ranks = model_states.rank_states(shapes, degrees(c, job.dims.world_size), split)
             cache[key] = model_states.busiest(ranks).total_bytes
         except (PipelineLayoutError, ValueError):
             cache[key] = None
     return cache[key]
 
 
-def cheap_order(
-    cfg, world: int, args, hw, budget: int
-) -> tuple[list[Candidate], int, int, int, int]:
+def cheap_order(job: PlannedJob, hw, budget: int) -> tuple[list[Candidate], int, int, int, int]:
     """Stages 1-3: (candidates best first, enumerated, after the states floor, after the cheap
     memory estimate, global batch)."""
-    from torchtitan.distributed.job_shape import batch_shape, degrees
     from torchtitan.planning.memory.model_states import model_shapes
 
-    global_batch = batch_shape(cfg, degrees(cfg, world).dp).global_batch
+    cfg, args = job.cfg, job.args
+    global_batch = job.batch.global_batch
     shapes = model_shapes(cfg.model.name, args)
     facts = cheap_step.model_facts(shapes, args)
     layouts = layout_space.enumerate_layouts(
-        world,
+        job.dims.world_size,
         hw.gpus_per_node,
-        global_batch,
-        cfg.training.seq_len,
-        args.n_layers,
-        args.moe.n_routed_experts if args.moe else 0,
+        global_batch=global_batch,
+        seq_len=cfg.training.seq_len,
+        n_layers=args.n_layers,
+        n_experts=args.moe.n_routed_experts if args.moe else 0,
     )
     cache: dict = {}
     fitting, kept = 0, []
     for lay in layouts:
-        states = _states(cfg, world, args, shapes, lay, global_batch, cache)
+        states = _states(job, shapes, lay, cache)
         if states is None or states > budget:
             continue
         fitting += 1
         est = cheap_step.estimate(
-            lay, facts, states, hw, cfg.training.seq_len, global_batch, cfg.compile.enable
+            lay,
+            facts,
+            states,
+            hw,
+            seq_len=cfg.training.seq_len,
+            global_batch=global_batch,
+            compiled=cfg.compile.enable,
         )
         if est.peak_bytes <= CHEAP_MEMORY_SLACK * budget:
             kept.append((est, lay, states))
@@ -166,7 +163,7 @@ def cheap_order(
     return cands, len(layouts), fitting, len(kept), global_batch
 
 
-def _full(spec, model, cfg, world, target, args, hw, cand: Candidate, global_batch: int) -> None:
+def _full(job: PlannedJob, hw, cand: Candidate) -> None:
     """Stage 4 for one candidate: its prediction in a fake world of its own mesh."""
     import warnings
 
@@ -177,31 +174,28 @@ def _full(spec, model, cfg, world, target, args, hw, cand: Candidate, global_bat
     # simulation worker is a new process, so the search would repeat it hundreds of times
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
+    cfg, global_batch = job.cfg, job.batch.global_batch
     c = layout_space.apply(cfg, cand.layout, global_batch)
     sim, timed_as = c, None
-    lay = cand.layout
-    if lay.pp > 1:
+    lay, d = cand.layout, cand.layout.degrees
+    if d.pp > 1:
         # many microbatches: simulated at the fewest that reach the schedule's steady state
         # (the same microbatches in flight at the peak; every microbatch of a stage costs the
         # same), the step timed through the real count's order (predict_roles' timed_as)
-        fewest = lay.pp * (2 if lay.schedule == "Interleaved1F1B" else 1)
+        fewest = d.pp * (2 if lay.schedule == "Interleaved1F1B" else 1)
         if lay.local_batch // lay.microbatch > fewest:
-            accum = global_batch // (lay.dp * lay.local_batch)
+            accum = global_batch // (d.dp * lay.local_batch)
             fewer = dataclasses.replace(lay, local_batch=fewest * lay.microbatch)
-            sim, timed_as = layout_space.apply(cfg, fewer, fewer.local_batch * lay.dp * accum), c
+            sim, timed_as = layout_space.apply(cfg, fewer, fewer.local_batch * d.dp * accum), c
 
     def predicted() -> tuple:
-        with fake_world(sim, world) as dims:
+        with fake_world(sim, job.dims.world_size) as dims:
+            simulated = job.with_config(sim, dims=dims)
             roles, _ = predict_roles(
-                spec,
-                model,
-                dims,
-                sim,
-                target,
-                args,
+                simulated,
                 hardware=hw,
                 worst_case=False,
-                timed_as=timed_as,
+                timed_as=None if timed_as is None else simulated.with_config(timed_as),
             )
         slowest = min(roles, key=lambda r: r.time.tokens_per_second_per_device)
         t = slowest.time
@@ -271,23 +265,21 @@ def disagreement(cands: list[Candidate]) -> float | None:
 
 
 def search(
-    spec,
-    model,
-    cfg,
-    world: int,
-    target: str,
-    args,
+    job: PlannedJob,
     hw,
     budget: int,
     accepts,
     n_full: int,
+    *,
     configured: Layout | None = None,
     log=print,
     max_seconds: float = float("inf"),
 ) -> SearchResult:
-    """Stages 1-5 (module docstring)."""
+    """Stages 1-5 (module docstring) for `job` (its degrees without a mesh: each layout gets
+    a fake world of its own)."""
+    cfg, args = job.cfg, job.args
     t0 = time.perf_counter()
-    cands, n_enum, n_states, n_cheap, global_batch = cheap_order(cfg, world, args, hw, budget)
+    cands, n_enum, n_states, n_cheap, global_batch = cheap_order(job, hw, budget)
     t1 = time.perf_counter()
     chosen: list[Candidate] = []
     if configured is not None:
@@ -296,15 +288,15 @@ def search(
             from torchtitan.planning.memory.model_states import model_shapes
 
             shapes = model_shapes(cfg.model.name, args)
-            states = _states(cfg, world, args, shapes, configured, global_batch, {}) or 0
+            states = _states(job, shapes, configured, {}) or 0
             est = cheap_step.estimate(
                 configured,
                 cheap_step.model_facts(shapes, args),
                 states,
                 hw,
-                cfg.training.seq_len,
-                global_batch,
-                cfg.compile.enable,
+                seq_len=cfg.training.seq_len,
+                global_batch=global_batch,
+                compiled=cfg.compile.enable,
             )
             mine = Candidate(configured, est, 0, states)
         mine.configured = True
@@ -313,7 +305,7 @@ def search(
     stopped, failed, longest = False, [], 0.0
     if configured is not None:  # the reference, simulated first (its time counts in the budget)
         start = time.perf_counter()
-        _full(spec, model, cfg, world, target, args, hw, mine, global_batch)
+        _full(job, hw, mine)
         longest = time.perf_counter() - start
         log(
             f"  [as configured] {mine.layout.short()}: {mine.tokens_per_second:,.0f} tok/s/dev,"
@@ -343,7 +335,7 @@ def search(
             flush=True,
         )
         try:
-            _full(spec, model, cfg, world, target, args, hw, cand, global_batch)
+            _full(job, hw, cand)
         except RuntimeError as e:  # one layout's simulation failing does not end the search
             log(f"failed, skipped ({str(e).splitlines()[0][:300]})", flush=True)
             failed.append(cand)
@@ -402,8 +394,8 @@ def search(
     )
 
 
-def _degrees(lay: Layout) -> tuple:
-    return lay.dp_replicate, lay.dp_shard, lay.tp, lay.pp, lay.cp, lay.ep
+def _degrees(lay: Layout) -> Degrees:
+    return lay.degrees
 
 
 def _median(values: list[float]) -> float:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from torchtitan.distributed.job_shape import Degrees, degrees
 from torchtitan.planning.memory.fit import AC_CHOICES  # every AC mode the fit and the search try
 
 MIN_CP_TOKENS = 2048  # tokens of a sequence a context-parallel rank keeps at least
@@ -42,12 +43,7 @@ MAX_PP = 16  # deepest pipeline searched (DeepSeek-V3's; a 32-stage step takes m
 
 @dataclass(frozen=True)
 class Layout:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
+    degrees: Degrees  # dp_replicate, dp_shard, tp, pp, cp, ep (and the world they multiply to)
     schedule: str  # "" without PP
     microbatch: int  # sequences per pipeline microbatch (1 without PP)
     ac: str  # an AC_CHOICES label
@@ -55,22 +51,19 @@ class Layout:
     local_batch: int
     split_points: tuple[str, ...] = ()
 
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
     def overrides(self, global_batch: int) -> list[str]:
         """The exact command-line overrides that set this layout."""
         ac = dict(AC_CHOICES)[self.ac]
+        d = self.degrees
         out = [
-            f"--parallelism.data_parallel_replicate_degree={self.dp_replicate}",
-            f"--parallelism.data_parallel_shard_degree={self.dp_shard}",
-            f"--parallelism.tensor_parallel_degree={self.tp}",
-            f"--parallelism.pipeline_parallel_degree={self.pp}",
-            f"--parallelism.context_parallel_degree={self.cp}",
-            f"--parallelism.expert_parallel_degree={self.ep}",
+            f"--parallelism.data_parallel_replicate_degree={d.dp_replicate}",
+            f"--parallelism.data_parallel_shard_degree={d.dp_shard}",
+            f"--parallelism.tensor_parallel_degree={d.tp}",
+            f"--parallelism.pipeline_parallel_degree={d.pp}",
+            f"--parallelism.context_parallel_degree={d.cp}",
+            f"--parallelism.expert_parallel_degree={d.ep}",
         ]
-        if self.pp > 1:
+        if d.pp > 1:
             out += [
                 f"--parallelism.pipeline_parallel_schedule={self.schedule}",
                 f"--parallelism.pipeline_parallel_microbatch_size={self.microbatch}",
@@ -87,24 +80,26 @@ class Layout:
 
     def short(self) -> str:
         """'dp 2x4 tp 8 pp 4 (1F1B, mb 1) cp 1 ep 1 | AC full | reshard auto | local 2'."""
-        pp = f"pp {self.pp} ({self.schedule}, mb {self.microbatch})" if self.pp > 1 else "pp 1"
-        ep = f" ep {self.ep}" if self.ep > 1 else ""
+        d = self.degrees
+        pp = f"pp {d.pp} ({self.schedule}, mb {self.microbatch})" if d.pp > 1 else "pp 1"
+        ep = f" ep {d.ep}" if d.ep > 1 else ""
         return (
-            f"dp {self.dp_replicate}x{self.dp_shard} tp {self.tp} {pp} cp {self.cp}{ep} | AC {self.ac}"
+            f"dp {d.dp_replicate}x{d.dp_shard} tp {d.tp} {pp} cp {d.cp}{ep} | AC {self.ac}"
             f" | reshard {self.reshard} | local {self.local_batch}"
         )
 
 
 def apply(cfg, layout: Layout, global_batch: int):
     """`cfg` with `layout`'s choices (a JobConfig; nothing else changes)."""
+    d = layout.degrees
     p = dataclasses.replace(
         cfg.parallelism,
-        data_parallel_replicate_degree=layout.dp_replicate,
-        data_parallel_shard_degree=layout.dp_shard,
-        tensor_parallel_degree=layout.tp,
-        pipeline_parallel_degree=layout.pp,
-        context_parallel_degree=layout.cp,
-        expert_parallel_degree=layout.ep,
+        data_parallel_replicate_degree=d.dp_replicate,
+        data_parallel_shard_degree=d.dp_shard,
+        tensor_parallel_degree=d.tp,
+        pipeline_parallel_degree=d.pp,
+        context_parallel_degree=d.cp,
+        expert_parallel_degree=d.ep,
         pipeline_parallel_schedule=layout.schedule or cfg.parallelism.pipeline_parallel_schedule,
         pipeline_parallel_microbatch_size=layout.microbatch,
         pipeline_parallel_layers_per_stage="auto",
@@ -146,6 +141,7 @@ def split_points(n_layers: int, stages: int) -> tuple[str, ...]:
 def enumerate_layouts(
     world: int,
     gpus_per_node: int,
+    *,
     global_batch: int,
     seq_len: int,
     n_layers: int,
@@ -193,12 +189,7 @@ def enumerate_layouts(
                                     for reshard in reshards:
                                         out.append(
                                             Layout(
-                                                rep,
-                                                shard,
-                                                tp,
-                                                pp,
-                                                cp,
-                                                ep,
+                                                Degrees(rep, shard, tp, pp, ep, world, cp),
                                                 schedule,
                                                 mb,
                                                 ac,
@@ -212,8 +203,6 @@ def enumerate_layouts(
 
 def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | None:
     """The layout a job as configured has (to show its rank), None if outside the space."""
-    from torchtitan.distributed.job_shape import degrees
-
     p, a = cfg.parallelism, cfg.activation_checkpoint
     d = degrees(cfg, world)
     ac = next(
@@ -229,12 +218,7 @@ def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | Non
         return None
     splits = tuple(p.pipeline_parallel_split_points)
     return Layout(
-        d.dp_replicate,
-        d.dp_shard,
-        d.tp,
-        d.pp,
-        d.cp,
-        d.ep,
+        d,
         p.pipeline_parallel_schedule if d.pp > 1 else "",
         p.pipeline_parallel_microbatch_size if d.pp > 1 else 1,
         ac,

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 from torchtitan.planning.simulate.patches import PipelineStartup
 from torchtitan.planning.simulate.step import SimulatedStep, simulate_pp_rank
+from torchtitan.training.planned_job import PlannedJob
 
 
 @dataclass(frozen=True)
 class Task:
-    variant: int  # index into the variants (cfg, args, model) being simulated
+    variant: int  # index into the variants (jobs) being simulated
     pp_rank: int
     worst: bool  # worst-case routing (every token copy of the EP group to one rank)
 
@@ -33,10 +34,7 @@ class Task:
 class Job:
     """What every task of one prediction shares (inherited by forked workers)."""
 
-    spec: object
-    dims: object
-    target: str
-    variants: list[tuple]  # (cfg, args, model)
+    variants: list[PlannedJob]  # the job, or its reductions (planning/simulate/roles.py)
     free: dict[int, int]  # per pipeline rank: kept bytes the budget frees (reshard auto)
     note: str
     startups: dict = field(default_factory=dict)  # variant -> the first stage's boundary metadata
@@ -50,18 +48,13 @@ _JOB: Job | None = None  # set while a wave runs; forked workers read it
 
 def _run_one(task: Task) -> tuple[Task, SimulatedStep, object]:
     job = _JOB
-    cfg, args, model = job.variants[task.variant]
+    variant = job.variants[task.variant]
     startup = PipelineStartup()
     startup.forward = job.startups.get(task.variant)
-    skew = job.dims.ep if task.worst else cfg.planning.memory_skew
+    skew = variant.dims.ep if task.worst else variant.cfg.planning.memory_skew
     step = simulate_pp_rank(
-        job.spec,
-        model,
-        job.dims,
-        cfg,
-        job.target,
+        variant,
         task.pp_rank,
-        args,
         startup,
         ep_skew=skew,
         free_bytes=job.free.get(task.pp_rank, 0),
@@ -90,7 +83,7 @@ def _wave(tasks: list[Task]) -> list[tuple[Task, SimulatedStep, object]]:
     if n == 1:
         return [_run_one(t) for t in tasks]
     # longest first (a 2-block variant's rank costs about twice a 1-block one's)
-    ordered = sorted(tasks, key=lambda t: -_JOB.variants[t.variant][1].n_layers)
+    ordered = sorted(tasks, key=lambda t: -_JOB.variants[t.variant].args.n_layers)
     with multiprocessing.get_context("fork").Pool(n) as pool:
         return pool.map(_run_one, ordered, chunksize=1)
 

@@ -34,9 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from torchtitan.distributed.job_shape import pipeline_microbatches
-from torchtitan.distributed.pipeline_layout import pipeline_layout
-from torchtitan.training.build import model_on_meta
+from torchtitan.training.planned_job import PlannedJob
 
 # Above this many block-microbatches per rank a step is simulated with 1 and 2 blocks per
 # stage and extrapolated linearly to the real count; below it, exactly.
@@ -46,20 +44,17 @@ EXACT_LIMIT: int | None = (
 FROM_BLOCKS = (1, 2)  # the blocks per stage of the two simulated reductions
 
 
-def _layout(cfg, dims, args):
-    return pipeline_layout(cfg.parallelism, args.n_layers, pipeline_microbatches(cfg))
-
-
-def blocks_per_stage(cfg, dims, args) -> list[list[int]]:
+def blocks_per_stage(job: PlannedJob) -> list[list[int]]:
     """Per pipeline rank, the block counts of its stages."""
-    layout = _layout(cfg, dims, args)
+    layout = job.layout
     if layout is None:
-        return [[args.n_layers]]
-    return [[len(layout.stages[s]) for s in layout.stage_ids(r)] for r in range(dims.pp)]
+        return [[job.args.n_layers]]
+    return [[len(layout.stages[s]) for s in layout.stage_ids(r)] for r in range(job.dims.pp)]
 
 
-def _reduced(cfg, args, layout, k: int):
-    """The job with k blocks per stage, or None when a stage mixes block kinds."""
+def _reduced(job: PlannedJob, k: int):
+    """(cfg, args) of the job with k blocks per stage, or None when a stage mixes block kinds."""
+    cfg, args, layout = job.cfg, job.args, job.layout
     dense = args.n_dense_layers
     stages = layout.stages if layout is not None else (tuple(range(args.n_layers)),)
     kinds = [{i < dense for i in st} for st in stages]
@@ -77,29 +72,21 @@ def _reduced(cfg, args, layout, k: int):
     return dataclasses.replace(cfg, parallelism=p), small
 
 
-def variants(spec, model, dims, cfg, args, budget_freeing: bool) -> list[tuple]:
-    """(cfg, args, model on meta) to simulate: the job itself, or its 1- and 2-block-per-
-    stage reductions (shortcut 1)."""
-    layout = _layout(cfg, dims, args)
-    microbatches = (
-        layout is not None
-        and cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
-    ) or 1
-    work = max(sum(c) for c in blocks_per_stage(cfg, dims, args)) * microbatches
+def variants(job: PlannedJob, budget_freeing: bool) -> list[PlannedJob]:
+    """The jobs to simulate: the job itself, or its 1- and 2-block-per-stage reductions
+    (shortcut 1), each with its model on meta."""
+    work = max(sum(c) for c in blocks_per_stage(job)) * (job.microbatches or 1)
     limit = (
         EXACT_LIMIT
         if EXACT_LIMIT is not None
         else int(os.environ.get("TITAN_MEMORY_EXACT_LIMIT") or 48)
     )
     if work <= limit or budget_freeing:
-        return [(cfg, args, model)]
-    small = [_reduced(cfg, args, layout, k) for k in FROM_BLOCKS]
+        return [job]
+    small = [_reduced(job, k) for k in FROM_BLOCKS]
     if any(s is None for s in small):
-        return [(cfg, args, model)]
-    out = []
-    for s_cfg, s_args in small:
-        out.append((s_cfg, s_args, model_on_meta(s_cfg, s_args).model))
-    return out
+        return [job]
+    return [job.with_args(s_cfg, s_args) for s_cfg, s_args in small]
 
 
 def extrapolated(r1, r2, blocks: list[int]):
@@ -127,7 +114,8 @@ class RankPlan:
     in_flight: dict[int, int]  # middle rank -> microbatches in flight at its peak
 
 
-def _in_flight(cfg, dims, layout) -> dict[int, int] | None:
+def _in_flight(job: PlannedJob) -> dict[int, int] | None:
+    cfg, dims, layout = job.cfg, job.dims, job.layout
     if layout is None or dims.pp < 5 or layout.stages_per_rank != 1:
         return None
     n = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
@@ -141,11 +129,11 @@ def _in_flight(cfg, dims, layout) -> dict[int, int] | None:
     return None
 
 
-def rank_plan(cfg, dims, args, budget_freeing: bool) -> RankPlan:
+def rank_plan(job: PlannedJob, budget_freeing: bool) -> RankPlan:
     """Which pipeline ranks to simulate (shortcut 2 where it applies)."""
-    layout = _layout(cfg, dims, args)
-    in_flight = _in_flight(cfg, dims, layout)
-    dense = args.n_dense_layers
+    dims, layout = job.dims, job.layout
+    in_flight = _in_flight(job)
+    dense = job.args.n_dense_layers
     if in_flight is not None:
         kinds = {tuple(i < dense for i in layout.stages[r]) for r in range(1, dims.pp - 1)}
         if len(kinds) > 1 or budget_freeing:  # unlike middle stages; per-rank freeing

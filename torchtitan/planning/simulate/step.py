@@ -27,8 +27,6 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.distributed.tensor import DTensor
 
-from torchtitan.distributed.job_shape import batch_shape
-from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
 from torchtitan.models.common.moe import moe_modules
@@ -40,6 +38,7 @@ from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.nonfinite import NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.phases import BACKWARD, TAIL, StepPhase, label, phase_of
+from torchtitan.training.planned_job import PlannedJob
 from torchtitan.training.step import StepRunner
 from torchtitan.training.step_tail import step_tail, tied_copies
 
@@ -199,22 +198,18 @@ def _storages(tensors):
 
 
 def simulate_pp_rank(
-    spec,
-    model,
-    dims: ParallelDims,
-    cfg,
-    target: str,
+    job: PlannedJob,
     pp_rank: int,
-    args,
     startup: simulation_patches.PipelineStartup,
+    *,
     ep_skew: float = 1.0,
     profile: bool = False,
     free_bytes: int = 0,
     budget_note: str = "",
     timer=None,
 ) -> SimulatedStep:
-    """The peak of one training step (>= 2) of pipeline rank `pp_rank`, as seen from its
-    first data/tensor/expert-parallel coordinate (the others hold the same shapes).
+    """The peak of one training step (>= 2) of pipeline rank `pp_rank` of `job`, as seen from
+    its first data/tensor/expert-parallel coordinate (the others hold the same shapes).
 
     profile=True is the deterministic reference the tests compare with: the same step on
     REAL tensors (on the fake process group: collectives move nothing), measured by the CPU
@@ -225,12 +220,18 @@ def simulate_pp_rank(
     `times(observer, dims, cfg, pipeline) -> (times, schedule)`: the step is also timed
     (planning/step_time/rank.py's RankTimer) into SimulatedStep.times and .schedule."""
     simulation_patches.register_fake_kernels()
+    cfg, dims, target, model = job.cfg, job.dims, job.target, job.model
     eager = dataclasses.replace(cfg, compile=dataclasses.replace(cfg.compile, enable=False))
     experts = bool(moe_modules(model))  # the trainer balances the experts of a MoE model
     if dims.pp == 1:  # without a pipeline split, parallelizing changes the model itself
         model = copy.deepcopy(model)
-    parts = build_parts(spec, model, dims, eager, target, pp_rank, free_bytes, budget_note)
-    shape = batch_shape(cfg, dims.dp)
+    parts = build_parts(
+        job.with_model(model, cfg=eager),
+        pp_rank,
+        free_bytes=free_bytes,
+        budget_note=budget_note,
+    )
+    shape = job.batch
     t = cfg.training
     mode = FakeTensorMode(allow_non_fake_inputs=True) if not profile else contextlib.nullcontext()
     device = torch.device("cpu")
@@ -247,8 +248,7 @@ def simulate_pp_rank(
         with simulation_patches.as_pipeline_rank(dims.pp_group(), pp_rank):
             runner = step_runner(
                 parts,
-                dims,
-                cfg,
+                job,
                 device,
                 doc_delimiter=(0, True),
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
@@ -321,10 +321,10 @@ def simulate_pp_rank(
                 parts.modules,
                 optimizers,
                 t.max_norm,
-                dims.pp_group() if pipeline is not None else None,
-                nonfinite,
-                tied,
-                balancer,
+                pp_group=dims.pp_group() if pipeline is not None else None,
+                nonfinite=nonfinite,
+                tied=tied,
+                balancer=balancer,
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
     breakdown = tracker.breakdown_at_peak()

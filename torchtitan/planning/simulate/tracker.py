@@ -177,7 +177,7 @@ class LiveBytes(PlainTensorOps):
         if self._paused:
             return
         if self.observer is not None:
-            self.observer.seen(func, args, kwargs or {}, out, self.phase, self.action)
+            self.observer.seen(func, args, kwargs or {}, out, label=self.phase, action=self.action)
         category = None
         for t in tree_leaves(out):
             # DTensor's sharding propagation makes fake tensors of its own: not memory

@@ -189,7 +189,7 @@ def measure_host_per_op() -> tuple[float, float, float]:
     )
 
     from torchtitan.config.manager import build_config
-    from torchtitan.training.build import model_on_meta
+    from torchtitan.training.planned_job import model_on_meta
 
     cfg, _ = build_config(["--model.name=llama3", "--model.flavor=tiny", "--training.seq_len=16"])
     model = model_on_meta(cfg).model

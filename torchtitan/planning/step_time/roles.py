@@ -6,30 +6,27 @@ schedule's order (planning/step_time/model.py)."""
 
 from __future__ import annotations
 
-from torchtitan.distributed.job_shape import batch_shape, pipeline_microbatches
 from torchtitan.dtypes import param_dtype
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.simulate import pool as simulation_pool
 from torchtitan.planning.simulate import roles as derived_roles
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.training.planned_job import PlannedJob
 
 
 def add_times(
     roles: list,
     steps: dict,
     n_variants: int,
-    dims,
-    cfg,
-    args,
-    model,
+    job: PlannedJob,
     hardware: HardwareProfile,
     *,
     reorder: bool = False,
-    target: str = "cuda",
 ) -> None:
-    """Set `role.time` of every role (RolePrediction) from `steps`, the prediction's simulated
-    steps by simulation_pool.Task. reorder: time `cfg`'s pipeline order (more microbatches than
-    were simulated; step_time.order_for)."""
+    """Set `role.time` of every role (RolePrediction) of `job` from `steps`, the prediction's
+    simulated steps by simulation_pool.Task. reorder: time `job`'s pipeline order (more
+    microbatches than were simulated; step_time.order_for)."""
+    cfg, dims = job.cfg, job.dims
 
     def times_of(v: int) -> dict[int, step_time.RankTimes]:
         out = {}
@@ -46,24 +43,24 @@ def add_times(
     times = per[0]
     if n_variants == 2:
         lo, hi = derived_roles.FROM_BLOCKS
-        counts = derived_roles.blocks_per_stage(cfg, dims, args)
+        counts = derived_roles.blocks_per_stage(job)
         for r in range(dims.pp):
             x = (sum(counts[r]) / len(counts[r]) - lo) / (hi - lo)
             times[r] = per[0][r].combined(per[1][r], 1 - x, x)
     schedule = steps[simulation_pool.Task(0, 0, False)].schedule
     if reorder and dims.pp > 1:
         schedule = step_time.order_for(
-            cfg.parallelism.pipeline_parallel_schedule, dims.pp, pipeline_microbatches(cfg)
+            cfg.parallelism.pipeline_parallel_schedule, dims.pp, job.microbatches
         )
-    shape = batch_shape(cfg, dims.dp)
+    shape = job.batch
     # MFU against the datasheet peak of the dtype the matmuls run in (fp32 jobs: fp32's); bf16
     # jobs: the figure the trainer's measured MFU divides by (hardware.measured_peak_tflops)
-    dtype = param_dtype(cfg.training.mixed_precision_param, target)
+    dtype = param_dtype(cfg.training.mixed_precision_param, job.target)
     peak = hardware.datasheet_flops(dtype)
     step_shape = step_time.StepShape(
         shape.global_batch * cfg.training.seq_len,
         dims.world_size,
-        model.flops_per_token(cfg.training.seq_len),
+        job.model.flops_per_token(cfg.training.seq_len),
         peak,
         shape.accum_steps,
     )

@@ -146,6 +146,7 @@ def op_seconds(
     nbytes: int,
     dtype: str,
     p: HardwareProfile,
+    *,
     compiled: bool,
     head_dim: int = 0,
 ) -> tuple[float, float]:
@@ -226,7 +227,7 @@ class OpTrace:
         if self.active:
             self._host(self.profile.dtensor_us_per_op * 1e-6, label, action)
 
-    def seen(self, func, args, kwargs, out, label: str, action) -> None:
+    def seen(self, func, args, kwargs, out, *, label: str, action) -> None:
         if not self.active:
             return
         namespace, name = func._overloadpacket._qualified_op_name.split("::")
@@ -275,8 +276,8 @@ class OpTrace:
             nbytes,
             dtype,
             self.profile,
-            self.compiled and label not in UNCOMPILED,
-            head_dim if op == "attention" else 0,
+            compiled=self.compiled and label not in UNCOMPILED,
+            head_dim=head_dim if op == "attention" else 0,
         )
         if (self.checkpointed or self.recomputing) and not self.compiled:
             host_s += self._ac_host_s()
