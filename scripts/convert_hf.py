@@ -67,7 +67,7 @@ def _import_hf(args) -> int:
             args.model,
             args.flavor,
             args.tokenizer_path,
-            args.dtype or "float32",
+            dtype=args.dtype or "float32",
         )
     except (HFFolderError, TokenizerError, ValueError) as e:
         return _fail(str(e).strip().splitlines()[0])

@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer,
             args.num_proc,
             args.split,
-            args.text_field,
-            args.config_name,
+            text_field=args.text_field,
+            config_name=args.config_name,
             log=lambda line: print(line, flush=True),
         )
     except WriteError as e:

@@ -93,6 +93,7 @@ def import_folder(
     model_name: str,
     flavor: str,
     tokenizer_path: str = "",
+    *,
     dtype: str = "float32",
 ) -> tuple[str, HFLoad]:
     """A Hugging Face folder -> the model-only DCP step folder `out` that a run's
@@ -133,7 +134,7 @@ def import_folder(
             {},
             tokenizer.path,
             export_fields(model_name, args),
-            model_rules(model_name, args),
+            model_rules=model_rules(model_name, args),
         )
         write_marker(tmp, marker_record(0, True, dtype, run, hf_source=os.path.abspath(folder)))
         os.replace(tmp, out)

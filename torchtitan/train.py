@@ -139,8 +139,8 @@ def run_info(cfg: JobConfig, dims: ParallelDims, tokenizer, args, global_batch: 
         dict(dims.mesh_shape),
         tokenizer.path,
         export_fields(m.name, args),
-        model_rules(m.name, args),
-        global_batch,
+        model_rules=model_rules(m.name, args),
+        global_batch=global_batch,
     )
 
 

@@ -461,14 +461,14 @@ def test_init_deterministic_layout_independent_and_buffers_zeroed():
 
 def test_expert_stack_is_the_concatenation_of_per_expert_draws():
     fn = trunc_normal(0.02)
-    full = expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", (6, 4, 8), range(6))
-    part = expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", (6, 4, 8), [2, 3, 4])
+    full = expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", (6, 4, 8), experts=range(6))
+    part = expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", (6, 4, 8), experts=[2, 3, 4])
     assert torch.equal(full[2:5], part)
     model = cpu_model(seed=7)
     w1 = model.layers["1"].moe.experts.w1
     shape = tuple(w1.shape)
     assert torch.equal(
-        w1, expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", shape, range(shape[0]))
+        w1, expert_slices("layers.1.moe.experts.w1", fn, 7, "cpu", shape, experts=range(shape[0]))
     )
 
 
@@ -494,7 +494,7 @@ def test_sharded_expert_init_draws_only_local_experts(monkeypatch):
     import torchtitan.models.common.init as init_mod
 
     name, shape, fn = "layers.1.moe.experts.w2", (8, 4, 8), trunc_normal(0.01)
-    full = expert_slices(name, fn, 11, "cpu", shape, range(shape[0]))
+    full = expert_slices(name, fn, 11, "cpu", shape, experts=range(shape[0]))
     drawn, real_generator = [], init_mod._generator
     monkeypatch.setattr(
         init_mod, "_generator", lambda nm, *a: drawn.append(nm) or real_generator(nm, *a)

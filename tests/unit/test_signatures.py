@@ -3,9 +3,8 @@ the rest are keyword-only (after `*`), so every call names what it passes. A job
 planned travels as one value (training/planned_job.py's PlannedJob), not as a positional
 group. Read with `ast`: nothing is imported.
 
-EXEMPT holds the callables whose signature torch fixes; TODO_KEYWORD_ONLY the functions
-still to change (their files are being edited elsewhere): the list only shrinks, and an entry
-that no longer needs it fails the test until it is removed.
+EXEMPT holds the callables whose signature torch fixes; an entry that no longer needs it
+fails the test until it is removed.
 """
 
 from __future__ import annotations
@@ -24,36 +23,6 @@ EXEMPT = {
     "torchtitan/distributed/simple_fsdp.py::_gather_op": "torch.library custom op",
     # the custom op's register_fake kernel: torch calls it with the op's arguments, positionally
     "torchtitan/distributed/simple_fsdp.py::_": "register_fake of the custom op",
-}
-
-# To make keyword-only past the fifth parameter, with their call sites (to empty)
-TODO_KEYWORD_ONLY = {
-    # models/ and hf_convert.py
-    "torchtitan/hf_convert.py::import_folder",
-    "torchtitan/models/flavors.py::model_args",
-    "torchtitan/models/llama3/parallelize.py::parallelize_llama",
-    "torchtitan/models/qwen3/parallelize.py::parallelize_qwen3",
-    "torchtitan/models/deepseek_v3/parallelize.py::parallelize_deepseekv3",
-    "torchtitan/models/common/parallelize.py::parallelize_decoder",
-    "torchtitan/models/common/init.py::init_parameters",
-    "torchtitan/models/common/init.py::init_in_blocks",
-    "torchtitan/models/common/init.py::expert_slices",
-    "torchtitan/models/common/moe.py::TokenChoiceRouter.__init__",
-    "torchtitan/models/common/moe.py::MoE.__init__",
-    "torchtitan/models/common/rope.py::rope_cache",
-    "torchtitan/models/hf/experts.py::prefer_fused",
-    # data/
-    "torchtitan/data/datasets.py::SlotStream.__init__",
-    "torchtitan/data/datasets.py::SlotParts.__init__",
-    "torchtitan/data/kinds.py::open_documents",
-    "torchtitan/data/token_writer.py::tokenize_dataset",
-    "torchtitan/data/token_writer.py::_publish",
-    "torchtitan/data/dataloader.py::SlotLoader.__init__",
-    "torchtitan/data/dataloader.py::build_dataloader",
-    # checkpoint/files.py: called positionally from hf_convert.py (run_record) and
-    # checks/outputs.py (start_point)
-    "torchtitan/checkpoint/files.py::run_record",
-    "torchtitan/checkpoint/files.py::start_point",
 }
 
 
@@ -90,7 +59,7 @@ def too_many_positional() -> dict[str, str]:
 
 def test_functions_take_at_most_five_positional_parameters():
     found = too_many_positional()
-    new = sorted(v for k, v in found.items() if k not in EXEMPT and k not in TODO_KEYWORD_ONLY)
+    new = sorted(v for k, v in found.items() if k not in EXEMPT)
     assert new == [], (
         f"more than {MAX_POSITIONAL} positional parameters: make the rest keyword-only (`*`)"
         " and pass them by keyword (a job being planned: training/planned_job.PlannedJob):\n"
@@ -98,10 +67,9 @@ def test_functions_take_at_most_five_positional_parameters():
     )
 
 
-def test_the_exemptions_and_the_todo_list_name_only_functions_that_need_them():
+def test_the_exemptions_name_only_functions_that_need_them():
     found = too_many_positional()
-    stale = sorted(k for k in (*EXEMPT, *TODO_KEYWORD_ONLY) if k not in found)
-    assert stale == [], "no longer over the limit (or gone): remove from the lists:\n" + "\n".join(
+    stale = sorted(k for k in EXEMPT if k not in found)
+    assert stale == [], "no longer over the limit (or gone): remove from EXEMPT:\n" + "\n".join(
         stale
     )
-    assert not set(EXEMPT) & TODO_KEYWORD_ONLY

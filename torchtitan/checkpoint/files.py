@@ -188,6 +188,7 @@ def run_record(
     mesh: dict,
     tokenizer_path: str,
     hf_args: dict,
+    *,
     model_rules: dict,
     global_batch: int | None = None,
 ) -> dict:
@@ -239,6 +240,7 @@ def start_point(
     load_step: int | str,
     initial_load_path: str,
     model_name: str,
+    *,
     flavor: str,
     args,
     global_batch: int,

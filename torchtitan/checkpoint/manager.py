@@ -162,9 +162,9 @@ class CheckpointManager:
                 c.load_step,
                 c.initial_load_path,
                 model_name,
-                flavor,
-                args,
-                self.run_info.get("global_batch"),
+                flavor=flavor,
+                args=args,
+                global_batch=self.run_info.get("global_batch"),
             )
         )
         if start.kind == "fresh":

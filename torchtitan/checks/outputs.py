@@ -156,9 +156,9 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
             c.load_step,
             c.initial_load_path,
             cfg.model.name,
-            cfg.model.flavor,
-            run_model_args(cfg),
-            global_batch,
+            flavor=cfg.model.flavor,
+            args=run_model_args(cfg),
+            global_batch=global_batch,
         )
     except CheckpointError as e:
         raise ConfigError(str(e)) from None

@@ -107,6 +107,7 @@ class SlotLoader:
         dp_rank: int,
         dp_degree: int,
         accum_steps: int,
+        *,
         section: str = "training",
         workers: int = 0,
         log: Callable[[str], None] | None = None,
@@ -132,7 +133,7 @@ class SlotLoader:
                 training.dataset_config_name,
                 training.dataset_text_field,
                 tokenizer,
-                section,
+                section=section,
             )
             for ds, _, _ in mix
         ]
@@ -182,9 +183,9 @@ class SlotLoader:
             self.pattern,
             self.part_slots,
             self.num_slots,
-            self.seq_len,
-            dict(self.states),
-            self.section,
+            seq_len=self.seq_len,
+            states=dict(self.states),
+            section=self.section,
         )
         return DataLoader(
             dataset,
@@ -256,9 +257,19 @@ def build_dataloader(
     dp_rank: int,
     dp_degree: int,
     accum_steps: int,
+    *,
     section: str = "training",
     workers: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> SlotLoader:
     """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step."""
-    return SlotLoader(training, tokenizer, dp_rank, dp_degree, accum_steps, section, workers, log)
+    return SlotLoader(
+        training,
+        tokenizer,
+        dp_rank,
+        dp_degree,
+        accum_steps,
+        section=section,
+        workers=workers,
+        log=log,
+    )

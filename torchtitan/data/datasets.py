@@ -51,6 +51,7 @@ class SlotStream:
         slot: int,
         num_slots: int,
         window: int,
+        *,
         section: str,
         position: tuple | None = None,
     ):
@@ -146,6 +147,7 @@ class SlotParts(IterableDataset):
         pattern: list[int] | None,
         part_slots: list[list[int]],
         num_slots: int,
+        *,
         seq_len: int,
         states: dict[int, dict],
         section: str = "training",
@@ -176,8 +178,8 @@ class SlotParts(IterableDataset):
                     s,
                     self.num_slots,
                     self.seq_len + 1,
-                    self.section,
-                    pos,
+                    section=self.section,
+                    position=pos,
                 )
         while True:
             for p in mine:

@@ -152,6 +152,7 @@ def open_documents(
     config_name: str,
     text_field: str,
     tokenizer,
+    *,
     section: str = "training",
 ):
     """The documents of `dataset` as the slot streams read them (data/documents.py)."""

@@ -112,6 +112,7 @@ def tokenize_dataset(
     tokenizer,
     num_proc: int = 1,
     split: str = "train",
+    *,
     text_field: str = "text",
     config_name: str = "",
     log: Callable[[str], None] = print,
@@ -190,12 +191,22 @@ def tokenize_dataset(
             pool.terminate()
         _SOURCE = None
     return _publish(
-        partial, out, units, tokenizer, dtype, dataset, split, text_field, config_name, start, log
+        partial,
+        out,
+        units,
+        tokenizer,
+        dtype,
+        dataset=dataset,
+        split=split,
+        text_field=text_field,
+        config_name=config_name,
+        start=start,
+        log=log,
     )
 
 
 def _publish(
-    partial, out, units, tokenizer, dtype, dataset, split, text_field, config_name, start, log
+    partial, out, units, tokenizer, dtype, *, dataset, split, text_field, config_name, start, log
 ) -> dict:
     files, shard_docs = [], [0] * (max(u.shard for u in units) + 1)
     for i, unit in enumerate(units):

@@ -18,6 +18,7 @@ def model_args(
     vocab_size: int,
     seq_len: int,
     moe=None,
+    *,
     mtp_depth: int = 0,
     rules: dict | None = None,
 ):

@@ -70,6 +70,7 @@ def init_parameters(
     seed: int,
     device,
     per_expert: Callable[[str], bool] | None = None,
+    *,
     aliases: dict[str, str] | None = None,
 ) -> None:
     """Fill every (possibly sharded) parameter of `model` in place; parameters whose clean
@@ -94,6 +95,7 @@ def init_in_blocks(
     fqn: str,
     seed: int,
     device,
+    *,
     chunk_elements: int | None = None,
 ) -> None:
     """Fill `param` (its local shard if a DTensor): one draw of the whole tensor if it fits
@@ -161,7 +163,7 @@ def _generator(name: str, seed: int, device) -> torch.Generator:
 
 
 def expert_slices(
-    fqn: str, init_fn: InitFn, seed: int, device, shape, experts: Sequence[int]
+    fqn: str, init_fn: InitFn, seed: int, device, shape, *, experts: Sequence[int]
 ) -> torch.Tensor:
     """Experts `experts` (global indices) of the [E, *shape[1:]] stack `fqn`, expert e drawn
     whole from the generator of the name f"{fqn}[{e}]": the same values whichever experts a
@@ -201,9 +203,11 @@ def init_expert_stack(param: torch.Tensor, fqn: str, init_fn: InitFn, seed: int,
     """Fill an [E, ...] expert stack in place, drawing only the experts this rank holds."""
     shape = tuple(param.shape)
     if not isinstance(param, DTensor):
-        param.copy_(expert_slices(fqn, init_fn, seed, device, shape, range(shape[0])))
+        param.copy_(expert_slices(fqn, init_fn, seed, device, shape, experts=range(shape[0])))
         return
-    block = expert_slices(fqn, init_fn, seed, device, shape, local_indices(param, 0).tolist())
+    block = expert_slices(
+        fqn, init_fn, seed, device, shape, experts=local_indices(param, 0).tolist()
+    )
     for d in range(1, len(shape)):
         if any(getattr(p, "dim", None) == d for p in param.placements):  # TP / FSDP on dim d
             block = block.index_select(d, local_indices(param, d).to(block.device))

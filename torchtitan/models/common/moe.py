@@ -118,6 +118,7 @@ class TokenChoiceRouter(nn.Module):
         top_k: int,
         n_groups: int = 1,
         n_limited_groups: int = 1,
+        *,
         score_func: str = "sigmoid",
         route_norm: bool = True,
         route_scale: float = 1.0,
@@ -244,6 +245,7 @@ class MoE(nn.Module):
         n_experts: int,
         top_k: int,
         n_shared_experts: int = 0,
+        *,
         n_groups: int = 1,
         n_limited_groups: int = 1,
         score_func: str = "sigmoid",
@@ -260,7 +262,14 @@ class MoE(nn.Module):
         self.load_balance_coeff = load_balance_coeff
         self.aux_loss_coeff, self.aux_loss_kind = aux_loss_coeff, aux_loss_kind
         self.router = TokenChoiceRouter(
-            dim, n_experts, top_k, n_groups, n_limited_groups, score_func, route_norm, route_scale
+            dim,
+            n_experts,
+            top_k,
+            n_groups,
+            n_limited_groups,
+            score_func=score_func,
+            route_norm=route_norm,
+            route_scale=route_scale,
         )
         self.experts = GroupedExperts(dim, hidden, n_experts)
         # How sorted rows reach the experts; expert parallelism swaps in its all-to-all one.

@@ -25,6 +25,7 @@ def parallelize_decoder(
     plan: PartPlan,
     parallelism: Parallelism,
     compile_cfg: Compile,
+    *,
     precision: Precision,
     apply_tp: Callable[[nn.Module, DeviceMesh, bool], None],
     moe: bool = False,

@@ -27,7 +27,7 @@ def rope_frequencies(
 
 
 def rope_cache(
-    seq_len: int, head_dim: int, theta: float, scaling: bool, device=None, factor: float = 8.0
+    seq_len: int, head_dim: int, theta: float, scaling: bool, device=None, *, factor: float = 8.0
 ) -> torch.Tensor:
     """[seq_len, head_dim]: cos of every (position, frequency) pair, then sin."""
     freqs = rope_frequencies(head_dim, theta, scaling, factor).to(device)

@@ -252,7 +252,12 @@ def required(args: DeepSeekV3Args, available) -> dict[str, tuple[int, ...]]:
     MTP layers only with mtp_depth > 0."""
     layers = [f"model.layers.{i}." for i in range(args.n_dense_layers, args.n_layers + _mtp(args))]
     shapes = prefer_fused(
-        hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim
+        hf_shapes(args),
+        available,
+        layers,
+        args.n_routed_experts,
+        args.dim,
+        hidden=args.moe_inter_dim,
     )
     # The MTP layers' embedding / head copies are written, never read (ours are shared).
     copies = unread(args)

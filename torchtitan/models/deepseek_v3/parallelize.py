@@ -103,6 +103,7 @@ def parallelize_deepseekv3(
     plan: PartPlan,
     parallelism: Parallelism,
     compile_cfg: Compile,
+    *,
     precision: Precision,
 ) -> nn.Module:
     return parallelize_decoder(
@@ -111,8 +112,8 @@ def parallelize_deepseekv3(
         plan,
         parallelism,
         compile_cfg,
-        precision,
-        apply_tp,
+        precision=precision,
+        apply_tp=apply_tp,
         moe=True,
         compiled=("layers", "mtp"),
     )

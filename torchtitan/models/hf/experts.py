@@ -32,7 +32,7 @@ def fused_shapes(
 
 
 def prefer_fused(
-    shapes: dict, available, layer_prefixes, n_experts: int, dim: int, hidden: int
+    shapes: dict, available, layer_prefixes, n_experts: int, dim: int, *, hidden: int
 ) -> dict:
     """`shapes` (the per-expert layout) with each MoE layer whose fused tensors the folder
     holds (`available` names) switched to the fused layout."""

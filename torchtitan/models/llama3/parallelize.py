@@ -45,9 +45,12 @@ def parallelize_llama(
     plan: PartPlan,
     parallelism: Parallelism,
     compile_cfg: Compile,
+    *,
     precision: Precision,
 ) -> nn.Module:
-    return parallelize_decoder(model, dims, plan, parallelism, compile_cfg, precision, apply_tp)
+    return parallelize_decoder(
+        model, dims, plan, parallelism, compile_cfg, precision=precision, apply_tp=apply_tp
+    )
 
 
 # TP splits every weight matrix (see apply_tp) and replicates the norm vectors.

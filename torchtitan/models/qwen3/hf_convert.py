@@ -168,7 +168,12 @@ def required(args: Qwen3Args, available) -> dict[str, tuple[int, ...]]:
     """hf_shapes, with each MoE layer's experts fused where the folder has transformers 5's layout."""
     layers = [f"model.layers.{i}." for i in range(args.n_layers) if is_moe_layer(args, i)]
     return prefer_fused(
-        hf_shapes(args), available, layers, args.n_routed_experts, args.dim, args.moe_inter_dim
+        hf_shapes(args),
+        available,
+        layers,
+        args.n_routed_experts,
+        args.dim,
+        hidden=args.moe_inter_dim,
     )
 
 

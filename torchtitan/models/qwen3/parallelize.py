@@ -57,11 +57,12 @@ def parallelize_qwen3(
     plan: PartPlan,
     parallelism: Parallelism,
     compile_cfg: Compile,
+    *,
     precision: Precision,
 ) -> nn.Module:
     moe = any(block.moe_enabled for block in model.layers.values())  # this part's blocks
     return parallelize_decoder(
-        model, dims, plan, parallelism, compile_cfg, precision, apply_tp, moe=moe
+        model, dims, plan, parallelism, compile_cfg, precision=precision, apply_tp=apply_tp, moe=moe
     )
 
 

@@ -44,6 +44,7 @@ from torchtitan.distributed.expert_parallel import AllToAllDispatcher, wait_coll
 aten = torch.ops.aten
 
 
+# positional: torch's fake-tensor dispatch calls it with aten._grouped_mm's own arguments
 def _grouped_mm_fake(fake_mode: FakeTensorMode, func, a, b, offs=None, bias=None, out_dtype=None):
     with fake_impls.in_kernel_invocation_manager(fake_mode):
         if a.dtype == torch.bfloat16:  # the meta kernel's own path
