@@ -180,7 +180,17 @@ def _without_times(obj):
     return obj
 
 
-def compare(before: str, after: str) -> int:
+def _json_diff(a, b, path: str = "") -> list[str]:
+    """'path: before -> after' for every leaf where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _json_diff(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _json_diff(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path or '.'}: {json.dumps(a)[:60]} -> {json.dumps(b)[:60]}"]
+
+
+def compare(before: str, after: str, show: int = 0) -> int:
     with open(before) as f:
         a = json.load(f)
     with open(after) as f:
@@ -196,6 +206,11 @@ def compare(before: str, after: str) -> int:
         print(
             f"{name:<28} {len(x):>8}  {'yes' if same else 'NO: ' + ', '.join(diff[:5])}   ({', '.join(kinds)})"
         )
+        if show and not same and "plan.json" in x and "plan.json" in y:
+            changes = _json_diff(json.loads(x["plan.json"]), json.loads(y["plan.json"]))
+            print(f"    {len(changes)} plan.json leaves differ:")
+            for line in changes[:show]:
+                print(f"      {line}")
     return 1 if bad else 0
 
 
@@ -209,11 +224,14 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("before")
     c.add_argument("after")
+    c.add_argument(
+        "--show", type=int, default=0, help="list up to this many differing plan.json leaves"
+    )
     args = p.parse_args()
     if args.cmd == "record":
         record(args.tree, args.out, args.only)
     else:
-        sys.exit(compare(args.before, args.after))
+        sys.exit(compare(args.before, args.after, args.show))
 
 
 if __name__ == "__main__":
