@@ -21,11 +21,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity_cases  # noqa: E402
 import run_tests  # noqa: E402
 
 CKPT = ["--checkpoint.enable=true", "--checkpoint.interval=5"]
-PP, TP = run_tests.PP, run_tests.TP
-# name -> (ranks, overrides); global batch 8 in every layout (run_tests.BASE)
+PP, TP = parity_cases.PP, parity_cases.TP
+# name -> (ranks, overrides); global batch 8 in every layout (parity_cases.BASE)
 LAYOUTS = {
     "fsdp": (4, []),
     "fsdp+tp": (4, [TP, "--training.local_batch_size=4"]),
@@ -39,13 +40,13 @@ LAYOUTS = {
     ),
     "simple_fsdp": (2, ["--parallelism.fsdp_implementation=simple_fsdp"]),
     # DeepSeek-V3 (tiny): experts split 2 and 4 ways
-    "deepseek_ep2": (2, [run_tests.EP]),
+    "deepseek_ep2": (2, [parity_cases.EP]),
     "deepseek_ep4": (
         4,
         ["--parallelism.expert_parallel_degree=4", "--training.local_batch_size=2"],
     ),
     # context parallel: every rank holds half of each sequence; and the same batch on 1 rank
-    "cp2": (2, [run_tests.CP2, "--training.local_batch_size=8"]),
+    "cp2": (2, [parity_cases.CP2, "--training.local_batch_size=8"]),
     "cp1": (1, ["--training.local_batch_size=8"]),
 }
 
@@ -62,7 +63,7 @@ def straight_losses(dump: str) -> dict[int, float]:
 
 def train(layout: str, dump: str, extra: list[str] = ()) -> str:
     ngpu, overrides = LAYOUTS[layout]
-    model = run_tests.DS if layout.startswith("deepseek") else "llama3"
+    model = parity_cases.DS if layout.startswith("deepseek") else "llama3"
     rc, _, log = run_tests.run(ngpu, [*overrides, *CKPT, *extra], dump, model=model)
     if rc != 0:
         raise RuntimeError(f"{layout} run in {dump} failed (exit {rc}):\n{log[-3000:]}")
@@ -145,7 +146,7 @@ def kill_run(
     run's environment."""
     cmd = [
         run_tests.RUN_TRAIN,
-        *run_tests.BASE,
+        *parity_cases.BASE,
         f"--training.steps={steps}",
         *CKPT,
         *extra,

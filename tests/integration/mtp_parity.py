@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Multi-token prediction: `loss` and `mtp_loss` per step of DeepSeek-V3 tiny with
---model.mtp_depth=1 in multi-rank layouts vs 1 rank (the suite's settings, run_tests.BASE).
+--model.mtp_depth=1 in multi-rank layouts vs 1 rank (the suite's settings, parity_cases.BASE).
 
     PYTHONPATH=$PWD .venv/bin/python tests/integration/mtp_parity.py [--steps 4] [layout ...]
 
@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity_cases  # noqa: E402
 import run_tests  # noqa: E402
 
 MTP = ["--model.mtp_depth=1"]
@@ -82,7 +83,7 @@ class RunFailed(RuntimeError):
 
 def metrics(ngpu: int, overrides: list[str], dump: str) -> dict[str, list[float]]:
     """Per-step loss, mtp_loss and grad_norm of one run."""
-    rc, _, out = run_tests.run(ngpu, [*MTP, *overrides], dump, model=run_tests.DS)
+    rc, _, out = run_tests.run(ngpu, [*MTP, *overrides], dump, model=parity_cases.DS)
     if rc != 0:
         raise RunFailed(f"run failed ({ngpu} ranks, {' '.join(overrides)}):\n{out[-4000:]}")
     return {key: run_tests.read_losses(dump, key) for key in ("loss", "mtp_loss", "grad_norm")}

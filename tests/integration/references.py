@@ -1,4 +1,4 @@
-"""The runs of the run_tests.py cases that several test files compare against: each case, and
+"""The runs of the parity cases (parity_cases.py) that several test files compare against: each case, and
 each 1-rank reference (reference*), run at most once per session; its losses, gradient norms,
 the collective counts of its last step and the expert loads per step kept here. Used by
 test_parity_suite.py (every case against its reference) and test_checkpoint.py (a straight
@@ -6,13 +6,11 @@ run against the reference)."""
 
 import json
 
+import parity_cases
 import run_tests
 
-CASES = {c.name: c for c in run_tests.CASES}
-REFERENCES = {
-    run_tests.reference_name(c.model, c.dtype, c.attn_mask): (c.model, c.dtype, c.attn_mask)
-    for c in run_tests.CASES
-}
+CASES = parity_cases.BY_NAME
+REFERENCES = parity_cases.REFERENCES
 
 LOSSES: dict[str, list[float]] = {}
 GRAD_NORMS: dict[str, list[float]] = {}
@@ -26,7 +24,7 @@ def losses(name: str, tmp_path_factory) -> list[float]:
     if name not in LOSSES:
         if name in REFERENCES:
             (model, dtype, mask), ngpu, launcher = REFERENCES[name], 1, None
-            overrides = [f"--model.attn_mask={mask}"] if mask != "causal" else []
+            overrides = parity_cases.reference_overrides(mask)
         else:
             c = CASES[name]
             ngpu, overrides, model, dtype, launcher = (

@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkpoint_checks as cc  # noqa: E402
+import parity_cases  # noqa: E402
 import run_tests  # noqa: E402
 
 STEPS = 10
@@ -53,7 +54,7 @@ def preempt_run(
     `sig` to the launcher (target "launcher") or to worker `rank` ("worker")."""
     os.makedirs(dump, exist_ok=True)
     env = {**os.environ, "NGPU": "4", "TORCHTITAN_FAULT": f"sleep=1.5@data:step={SLOW_STEP}"}
-    cmd = [run_tests.RUN_TRAIN, *run_tests.BASE, *PREEMPT, *extra, f"--job.dump_folder={dump}"]
+    cmd = [run_tests.RUN_TRAIN, *parity_cases.BASE, *PREEMPT, *extra, f"--job.dump_folder={dump}"]
     log_path = dump + ".log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(

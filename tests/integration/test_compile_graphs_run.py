@@ -13,6 +13,7 @@ eager mode. The aot_eager backend runs the kernels eager runs: losses bitwise eq
 import json
 import os
 
+import parity_cases
 import pytest
 import references as refs
 import run_tests
@@ -64,7 +65,7 @@ def test_deepseek_ep_op_sac_compiled_equals_eager(tmp_path_factory):
     reverse of dispatch and combine) as eager."""
     case = refs.CASES["deepseek_ep_ac_op"]
     losses, stats, comm = _compiled_run(
-        tmp_path_factory, "ds_ep_op_compile", 2, [*case.overrides, *AOT], run_tests.DS
+        tmp_path_factory, "ds_ep_op_compile", 2, [*case.overrides, *AOT], parity_cases.DS
     )
     _no_recompiles(stats, whole=False)
     _moe_blocks_break_once_at_the_dispatch(stats, ["layers.1", "layers.2", "layers.3"])
@@ -77,9 +78,10 @@ def test_deepseek_ep_op_sac_compiled_equals_eager(tmp_path_factory):
     assert comm["forward/all_to_all/ep"] == eager["forward/all_to_all/ep"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ac", ["full", "op"])
-def test_deepseek_simple_fsdp_ep_compiles_whole_blocks(ac, tmp_path_factory):
+# full AC over 3 steps in `make test` (steps 2 and 3 route anew: no compile after step 1); op
+# SAC over the suite's 10 steps with --slow
+@pytest.mark.parametrize("ac, steps", [("full", 3), pytest.param("op", 10, marks=pytest.mark.slow)])
+def test_deepseek_simple_fsdp_ep_compiles_whole_blocks(ac, steps, tmp_path_factory):
     """SimpleFSDP + EP 2, compiled under full AC / op SAC: with SimpleFSDP's unit hook
     traced, every block is one graph (dense, MoE, the last MoE block kept gathered: 3
     kinds), 0 graph breaks. Losses bitwise those of the eager run of the same layout."""
@@ -88,24 +90,30 @@ def test_deepseek_simple_fsdp_ep_compiles_whole_blocks(ac, tmp_path_factory):
         if ac == "full"
         else ["--activation_checkpoint.mode=selective"]
     )
-    overrides = [run_tests.EP, SIMPLE, *mode]
+    overrides = [parity_cases.EP, SIMPLE, *mode, f"--training.steps={steps}"]
     losses, stats, _ = _compiled_run(
-        tmp_path_factory, f"ds_simple_ep_{ac}", 2, [*overrides, *AOT], run_tests.DS
+        tmp_path_factory, f"ds_simple_ep_{ac}", 2, [*overrides, *AOT], parity_cases.DS
     )
     _no_recompiles(stats)
     assert all(s["graphs"] == 3 for s in stats), stats
     reference = _eager_losses(
-        tmp_path_factory, f"ds_simple_ep_{ac}_eager", 2, overrides, run_tests.DS
+        tmp_path_factory, f"ds_simple_ep_{ac}_eager", 2, overrides, parity_cases.DS
     )
     assert losses == reference
 
 
-@pytest.mark.slow
 def test_llama_tp_full_ac_compiles_whole_blocks(tmp_path_factory):
     """TP 2 with full AC: DTensor parameters in a recomputed, compiled region (the random
-    state of SDPA's recompute saved beside their DeviceMesh: compile.py's partitioner fix).
-    Every block one graph, no break; losses bitwise those of eager full AC."""
-    overrides = [run_tests.TP, "--training.local_batch_size=8", "--activation_checkpoint.mode=full"]
+    state of SDPA's recompute saved beside their DeviceMesh: compile.py's partitioner fix),
+    and the embeddings' TP collective still in flight when the first block starts. Every
+    block one graph, no break, nothing compiled after step 1 (3 steps); losses bitwise those
+    of eager full AC."""
+    overrides = [
+        parity_cases.TP,
+        "--training.local_batch_size=8",
+        "--activation_checkpoint.mode=full",
+        "--training.steps=3",
+    ]
     losses, stats, _ = _compiled_run(
         tmp_path_factory, "llama_tp_full_compile", 2, [*overrides, *AOT], "llama3"
     )
@@ -123,7 +131,7 @@ def test_deepseek_ep_inductor_compile_seconds(tmp_path_factory):
         "ds_ep_inductor",
         2,
         [*case.overrides, "--compile.enable=true"],
-        run_tests.DS,
+        parity_cases.DS,
     )
     _no_recompiles(stats, whole=False)
     _moe_blocks_break_once_at_the_dispatch(stats, ["layers.1", "layers.2", "layers.3"])

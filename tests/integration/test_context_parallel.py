@@ -1,9 +1,10 @@
 """Context parallel, judged by collective counts and bytes per step, checkpoints across CP
-degrees, and what it saves for backward. Parity with one rank: run_tests.py's cp cases."""
+degrees, and what it saves for backward. Parity with one rank: parity_cases.py's cp cases."""
 
 import json
 
 import checkpoint_checks as cc
+import parity_cases
 import pytest
 import run_tests
 
@@ -17,7 +18,7 @@ TINY = [
     "--training.deterministic=true",
     "--metrics.enable_tensorboard=false",
     "--planning.memory_budget_gib=none",
-    run_tests.CP2,
+    parity_cases.CP2,
 ]
 LAYERS = 4  # both tiny flavors
 

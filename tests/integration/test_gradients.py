@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import fast_launch
+import parity_cases
 import pytest
 import run_tests
 import torch
@@ -62,16 +63,16 @@ def _compare(got: dict, one_rank: dict) -> None:
     "name, ngpu, overrides",
     [
         # TP splits MLA's heads: the shared RoPE key's and the router's gradients are summed over TP.
-        ("tp+ep", 2, [run_tests.TP, run_tests.EP, "--training.local_batch_size=4"]),
+        ("tp+ep", 2, [parity_cases.TP, parity_cases.EP, "--training.local_batch_size=4"]),
         # EP = all of dp_shard: the experts' FSDP group has size 1, their gradients must still be
         # divided by the 2 data-parallel ranks (exactly once).
-        ("ep_all_of_dp_shard", 2, [run_tests.EP, "--training.local_batch_size=2"]),
+        ("ep_all_of_dp_shard", 2, [parity_cases.EP, "--training.local_batch_size=2"]),
         # SimpleFSDP: experts' gradients reduced over what EP left of dp_shard, averaged over all dp.
         (
             "simple_fsdp+ep",
             2,
             [
-                run_tests.EP,
+                parity_cases.EP,
                 "--training.local_batch_size=2",
                 "--parallelism.fsdp_implementation=simple_fsdp",
             ],
@@ -85,9 +86,9 @@ def test_deepseek_gradients_match_one_rank(name, ngpu, overrides, one_rank, tmp_
 @pytest.mark.slow
 def test_deepseek_gradients_pp_fsdp_tp_ep_on_8_ranks(one_rank, tmp_path):
     overrides = [
-        run_tests.PP,
-        run_tests.TP,
-        run_tests.EP,
+        parity_cases.PP,
+        parity_cases.TP,
+        parity_cases.EP,
         "--training.local_batch_size=2",
         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
     ]

@@ -8,6 +8,7 @@ import json
 import os
 import re
 
+import parity_cases
 import pytest
 import run_tests
 import torch
@@ -71,8 +72,8 @@ def _reads(dump: str, ngpu: int) -> list[float]:
 @pytest.mark.parametrize(
     "flavor,ngpu,layout",
     [
-        ("tiny", 4, [run_tests.TP, "--training.local_batch_size=4"]),
-        ("tiny_moe", 2, [run_tests.EP]),
+        ("tiny", 4, [parity_cases.TP, "--training.local_batch_size=4"]),
+        ("tiny_moe", 2, [parity_cases.EP]),
     ],
     ids=["dense_fsdp2_tp2", "moe_ep2"],
 )
@@ -91,7 +92,7 @@ def test_transformers_folder_in_and_out_bitwise(tmp_path, flavor, ngpu, layout):
             *layout,
         ],
         dump,
-        model=run_tests.QWEN,
+        model=parity_cases.QWEN,
         extra_env={"LOG_RANK": ",".join(map(str, range(ngpu)))},
     )
     assert rc == 0, out[-3000:]

@@ -98,14 +98,21 @@ PREDICTION_CASES = {
 # SimpleFSDP's all-gather keeps the gather's flat input (a copy of the unit's local shards)
 # alive, so the allocator holds one more copy of every local shard than a real gloo run does
 # (+9.5% here). On real gloo the prediction is exact to the KiB:
-# tests/integration/test_memory_budget.py::test_prediction_against_a_real_gloo_run.
+# tests/integration/test_memory_budget.py::test_prediction_against_a_real_gloo_run (in
+# `make test`). That the gap is still there (strict xfail): with --slow.
 KNOWN_GAPS = {"simple_fsdp", "simple_fsdp_op_sac"}
 
 
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known gap, see KNOWN_GAPS"))
+        pytest.param(
+            n,
+            marks=[
+                pytest.mark.xfail(strict=True, reason="known gap, see KNOWN_GAPS"),
+                pytest.mark.slow,
+            ],
+        )
         if n in KNOWN_GAPS
         else n
         for n in PREDICTION_CASES

@@ -1,15 +1,23 @@
-"""run_train.sh across nodes: two launches on this machine, as two "nodes" of 2 ranks each
-(c10d rendezvous on localhost), train the same losses as one 4-rank launch."""
+"""run_train.sh across nodes: two launches on this machine, as two "nodes" (c10d rendezvous on
+localhost), train the same losses as one launch of all their ranks: 2 x 1 rank in `make test`,
+2 x 2 ranks with --slow."""
 
 import json
 import os
 import socket
 import subprocess
 
+import parity_cases
 import pytest
 import run_tests
 
-ARGS = [*run_tests.BASE, "--training.steps=3", "--parallelism.data_parallel_shard_degree=4"]
+
+def _args(world: int) -> list[str]:
+    return [
+        *parity_cases.BASE,
+        "--training.steps=3",
+        f"--parallelism.data_parallel_shard_degree={world}",
+    ]
 
 
 def _free_port() -> int:
@@ -22,14 +30,16 @@ def _losses(dump) -> list[float]:
     return [json.loads(line)["loss"] for line in (dump / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_two_nodes_train_like_one(tmp_path):
-    port = _free_port()
+# `make test`: 2 nodes of 1 rank against one 2-rank launch (the fast launcher's, which gives a
+# run run_train.sh's argv and environment); --slow: 2 nodes of 2 ranks against run_train.sh on 4
+@pytest.mark.parametrize("per_node", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_two_nodes_train_like_one(tmp_path, per_node):
+    port, world = _free_port(), 2 * per_node
     nodes = []
     for node in (0, 1):  # each its own dump folder: whichever node gets global rank 0 writes
         env = {
             **os.environ,
-            "NGPU": "2",
+            "NGPU": str(per_node),
             "NNODES": "2",
             "NODE_RANK": str(node),
             "MASTER_ADDR": "127.0.0.1",
@@ -38,7 +48,11 @@ def test_two_nodes_train_like_one(tmp_path):
         }
         nodes.append(
             subprocess.Popen(
-                [run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / f'node{node}'}"],
+                [
+                    run_tests.RUN_TRAIN,
+                    *_args(world),
+                    f"--job.dump_folder={tmp_path / f'node{node}'}",
+                ],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -51,14 +65,21 @@ def test_two_nodes_train_like_one(tmp_path):
         tmp_path / f"node{n}" for n in (0, 1) if (tmp_path / f"node{n}" / "metrics.jsonl").exists()
     ]
     assert len(written) == 1
-    proc = subprocess.run(
-        [run_tests.RUN_TRAIN, *ARGS, f"--job.dump_folder={tmp_path / 'one'}"],
-        env={**os.environ, "NGPU": "4"},
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    two, one = _losses(written[0]), _losses(tmp_path / "one")
+    one = tmp_path / "one"
+    if per_node == 1:
+        rc, _, out = run_tests.launch(
+            world, [*_args(world), f"--job.dump_folder={one}"], str(one / "ranks")
+        )
+        assert rc == 0, out[-2000:]
+    else:
+        proc = subprocess.run(
+            [run_tests.RUN_TRAIN, *_args(world), f"--job.dump_folder={one}"],
+            env={**os.environ, "NGPU": str(world)},
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    two, one = _losses(written[0]), _losses(one)
     assert len(two) == 3 and run_tests.max_rel_diff(two, one) <= 1e-6, (two, one)
 
 

@@ -1,20 +1,21 @@
-"""The run_tests.py cases under pytest: each case's losses vs the 1-rank reference, and
+"""The parity cases (parity_cases.py) under pytest: each case's losses vs the 1-rank reference, and
 numerics-neutral features (activation checkpointing) bitwise identical to running without.
 (The runs, once per session: references.py.)"""
 
+import parity_cases
 import pytest
 import references as refs
 import run_tests
 
-FAST = [c for c in run_tests.CASES if not c.slow]
-SLOW = [c for c in run_tests.CASES if c.slow]
+FAST = [c for c in parity_cases.CASES if not c.slow]
+SLOW = [c for c in parity_cases.CASES if c.slow]
 
 
 def _check(case, tmp_path_factory):
-    ref_name = run_tests.reference_name(case.model, case.dtype, case.attn_mask)
+    ref_name = parity_cases.reference_name(case.model, case.dtype, case.attn_mask)
     reference = refs.losses(ref_name, tmp_path_factory)
     losses = refs.losses(case.name, tmp_path_factory)
-    assert len(losses) == run_tests.STEPS
+    assert len(losses) == parity_cases.STEPS
     assert run_tests.max_rel_diff(losses, reference) <= run_tests.tolerance(case), (
         losses,
         reference,
@@ -107,5 +108,5 @@ def test_qwen3_switch_balance_loss_equals_one_rank(case, tmp_path_factory):
     refs.losses(case, tmp_path_factory)
     refs.losses("reference_qwen3_moe", tmp_path_factory)
     ours, reference = refs.AUX[case], refs.AUX["reference_qwen3_moe"]
-    assert len(ours) == run_tests.STEPS and all(a > 0 for a in ours), ours
+    assert len(ours) == parity_cases.STEPS and all(a > 0 for a in ours), ours
     assert run_tests.max_rel_diff(ours, reference) <= 1e-5, (ours, reference)

@@ -1,17 +1,18 @@
 """Qwen3 on real multi-rank runs, judged by collective counts, checkpoint names and losses:
 reshard auto vs always under PP, SimpleFSDP + full AC under auto, and the tied embedding's
 two pipeline copies checkpointed under one name (resumed bitwise, loaded without PP).
-(Parity of every layout vs 1 rank: run_tests.py's qwen3_* cases, test_parity_suite.py.)"""
+(Parity of every layout vs 1 rank: parity_cases.py's qwen3_* cases, test_parity_suite.py.)"""
 
 import json
 import os
 import shutil
 
+import parity_cases
 import run_tests
 
 COMM = "--metrics.comm_stats=true"
 PP4 = [
-    run_tests.PP,
+    parity_cases.PP,
     "--training.local_batch_size=4",
 ]  # 4 ranks: pp 2 x dp_shard 2, 1F1B, 4 microbatches
 _RUNS: dict = {}
@@ -21,7 +22,7 @@ def _run(tmp_path_factory, ngpu: int, *args: str, dump=None) -> tuple[list[dict]
     key = (ngpu, args)
     if dump is not None or key not in _RUNS:
         folder = dump or str(tmp_path_factory.mktemp("qwen3"))
-        rc, _, log = run_tests.run(ngpu, list(args), folder, model=run_tests.QWEN)
+        rc, _, log = run_tests.run(ngpu, list(args), folder, model=parity_cases.QWEN)
         assert rc == 0, log[-3000:]
         with open(os.path.join(folder, "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f if line.strip()]
@@ -97,9 +98,9 @@ def _checkpoint_keys(folder: str) -> set[str]:
 
 def test_tied_copies_checkpoint_under_one_name_resume_bitwise_and_load_without_pp(tmp_path):
     ckpt = ["--checkpoint.enable=true", "--checkpoint.interval=5"]
-    pp = [run_tests.PP, "--training.local_batch_size=8"]
+    pp = [parity_cases.PP, "--training.local_batch_size=8"]
     dump = str(tmp_path / "pp")
-    rc, _, log = run_tests.run(2, [*pp, *ckpt], dump, model=run_tests.QWEN)
+    rc, _, log = run_tests.run(2, [*pp, *ckpt], dump, model=parity_cases.QWEN)
     assert rc == 0, log[-3000:]
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         straight = {r["step"]: r["loss"] for r in map(json.loads, f)}
@@ -111,7 +112,7 @@ def test_tied_copies_checkpoint_under_one_name_resume_bitwise_and_load_without_p
     # resume in the same layout: bitwise
     shutil.rmtree(os.path.join(dump, "checkpoint", "step-10"))
     os.replace(os.path.join(dump, "metrics.jsonl"), os.path.join(dump, "first.jsonl"))
-    rc, _, log = run_tests.run(2, [*pp, *ckpt], dump, model=run_tests.QWEN)
+    rc, _, log = run_tests.run(2, [*pp, *ckpt], dump, model=parity_cases.QWEN)
     assert rc == 0 and "resumed from step 5" in log, log[-3000:]
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         resumed = {r["step"]: r["loss"] for r in map(json.loads, f)}
@@ -126,6 +127,6 @@ def test_tied_copies_checkpoint_under_one_name_resume_bitwise_and_load_without_p
             "--training.local_batch_size=4",
         ],
         other,
-        model=run_tests.QWEN,
+        model=parity_cases.QWEN,
     )
     assert rc == 0, log[-3000:]

@@ -62,14 +62,7 @@ def losses(records) -> list[float]:
     return [r["loss"] for r in records]
 
 
-@pytest.mark.parametrize(
-    "ac",
-    [
-        "op",
-        pytest.param("layer", marks=pytest.mark.slow),
-        pytest.param("full", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("ac", ["op", "layer", "full"])
 def test_save_keeps_zero2_under_ac_and_recompute_regathers(tmp_path_factory, ac):
     auto = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac])
     save = run(
@@ -106,8 +99,8 @@ def test_auto_follows_the_reshard_plan(tmp_path_factory):
         )
 
 
-@pytest.mark.slow
 def test_ac_modes_and_policies_are_bitwise_identical_and_match_fsdp2(tmp_path_factory):
+    # (the runs of the test above, and SimpleFSDP without AC)
     simple = [
         losses(run(tmp_path_factory, SIMPLE, NEVER, *AC[ac])) for ac in ("op", "layer", "full")
     ]
@@ -117,28 +110,30 @@ def test_ac_modes_and_policies_are_bitwise_identical_and_match_fsdp2(tmp_path_fa
     assert run_tests.max_rel_diff(simple[0], fsdp2) <= 1e-5
 
 
-@pytest.mark.parametrize(
-    "ac",
-    [
-        pytest.param("op", marks=pytest.mark.slow),
-        "full",
-        pytest.param("layer", marks=pytest.mark.slow),
-    ],
-)
-def test_compiled_policy_is_honoured(tmp_path_factory, ac):
+# Compiled: in `make test` full AC with the aot_eager backend (AOTAutograd's partitioner, which
+# decides what the compiled backward recomputes, without inductor's code generation); inductor
+# under every AC mode with --slow. (Inductor itself in `make test`: the fsdp_compile parity case.)
+COMPILED = [
+    ("aot_eager", "full"),
+    *[pytest.param("inductor", ac, marks=pytest.mark.slow) for ac in ("op", "full", "layer")],
+]
+BACKEND = {"inductor": (), "aot_eager": ("--compile.backend=aot_eager",)}
+
+
+@pytest.mark.parametrize("backend, ac", COMPILED)
+def test_compiled_policy_is_honoured(tmp_path_factory, backend, ac):
     # Whole-block recompute (full AC, layer SAC) compiles too: no DTensor enters the compiled
     # region (the unit's shards come in as plain tensors), and the gather is one op.
-    extra = ("--compile.enable=true",)
+    extra = ("--compile.enable=true", *BACKEND[backend])
     auto = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac], extra=extra)
     assert bwd_gathers(auto) == 0
     eager = losses(run(tmp_path_factory, SIMPLE, NEVER, *AC["op"]))
     assert run_tests.max_rel_diff(losses(auto), eager) <= 1e-5
 
 
-@pytest.mark.slow  # (the eager recompute counts run in `make test`)
-@pytest.mark.parametrize("ac", ["op", "full", "layer"])
-def test_compiled_recompute_policy_regathers(tmp_path_factory, ac):
-    extra = ("--compile.enable=true",)
+@pytest.mark.parametrize("backend, ac", COMPILED)
+def test_compiled_recompute_policy_regathers(tmp_path_factory, backend, ac):
+    extra = ("--compile.enable=true", *BACKEND[backend])
     auto = run(tmp_path_factory, SIMPLE, NEVER, *AC[ac], extra=extra)
     recompute = run(
         tmp_path_factory,

@@ -63,9 +63,8 @@ def losses(records) -> list[float]:
     return [r["loss"] for r in records]
 
 
-# (in `make test`: 8 microbatches, under the zero-bubble schedule below)
-@pytest.mark.slow
-@pytest.mark.parametrize("microbatches", [4, 8])
+# (8 microbatches under 1F1B with --slow; in `make test` 8 under the zero-bubble schedule below)
+@pytest.mark.parametrize("microbatches", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_kept_units_gather_once_per_step_whatever_the_microbatches(tmp_path_factory, microbatches):
     records = run(tmp_path_factory, microbatches, SIMPLE)  # reshard auto under PP: every unit kept
     assert counts(records) == {
@@ -73,7 +72,6 @@ def test_kept_units_gather_once_per_step_whatever_the_microbatches(tmp_path_fact
     }  # 3 units: one gather and one reduce-scatter each per step
 
 
-@pytest.mark.slow  # (in `make test` the zero-bubble case below is compared with FSDP2)
 def test_once_per_step_matches_fsdp2(tmp_path_factory):
     assert (
         run_tests.max_rel_diff(
@@ -83,7 +81,6 @@ def test_once_per_step_matches_fsdp2(tmp_path_factory):
     )
 
 
-@pytest.mark.slow
 def test_resharded_units_gather_per_microbatch(tmp_path_factory):
     records = run(tmp_path_factory, 4, SIMPLE, "--parallelism.reshard_after_forward=always")
     # 3 units x 4 microbatches in forward; in backward the two blocks again (the embeddings'

@@ -7,6 +7,7 @@ changes training: the same losses and gradient norms as a run without it."""
 import json
 import os
 
+import parity_cases
 import run_tests
 
 ON_TRAIN_DATA = [
@@ -87,7 +88,7 @@ def test_pipeline_with_multi_token_prediction_validates_the_main_head_like_step_
             *ON_TRAIN_DATA,
         ],
         dump,
-        model=run_tests.DS,
+        model=parity_cases.DS,
     )
     assert rc == 0, out[-3000:]
     records = _records(dump)
