@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     trainer.train()
     if trainer.rank == 0:
         _report(cfg.job.dump_folder, checked, args.device == "cuda")
-    from torchtitan.distributed.utils import shutdown_distributed
+    from torchtitan.distributed.process_groups import shutdown_distributed
 
     shutdown_distributed()
     return 0

@@ -30,7 +30,7 @@ from torchtitan.data.validation import Validator
 from torchtitan.distributed.compile import compile_log_lines
 from torchtitan.distributed.data_parallel import reshard_after_eval
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.utils import (
+from torchtitan.distributed.process_groups import (
     DeviceError,
     comm_failure_summary,
     init_distributed,

@@ -4,7 +4,7 @@ before any process group, instead of ranks dying in set_device."""
 import pytest
 import torch
 
-from torchtitan.distributed import utils
+from torchtitan.distributed import process_groups
 
 
 def test_more_ranks_than_gpus_is_refused_on_every_rank(monkeypatch):
@@ -15,18 +15,18 @@ def test_more_ranks_than_gpus_is_refused_on_every_rank(monkeypatch):
     for rank in ("0", "5"):
         monkeypatch.setenv("LOCAL_RANK", rank)
         with pytest.raises(
-            utils.DeviceError,
+            process_groups.DeviceError,
             match=r"^8 ranks per node \(NGPU\) but 4 GPU\(s\) visible: one rank per"
             r" GPU; set NGPU=4 or fewer, or --training.device=cpu$",
         ):
-            utils.pick_device("auto")
+            process_groups.pick_device("auto")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert utils.pick_device("auto") == torch.device("cuda", 3)
+    assert process_groups.pick_device("auto") == torch.device("cuda", 3)
 
 
 def test_cuda_asked_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(utils.DeviceError, match="no CUDA device is visible"):
-        utils.pick_device("cuda")
-    assert utils.pick_device("auto") == torch.device("cpu")
+    with pytest.raises(process_groups.DeviceError, match="no CUDA device is visible"):
+        process_groups.pick_device("cuda")
+    assert process_groups.pick_device("auto") == torch.device("cpu")

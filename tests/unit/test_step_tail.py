@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from torchtitan.distributed.grad_norm import clip_grad_norm_
 from torchtitan.distributed.tied_copies import TiedCopies
-from torchtitan.distributed.utils import clip_grad_norm_
 from torchtitan.training import step_tail as tail_module
 from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.nonfinite import NonFiniteWatch

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from torchtitan.checkpoint.files import CheckpointError
-from torchtitan.distributed.utils import is_comm_failure
+from torchtitan.distributed.process_groups import is_comm_failure
 from torchtitan.messages import one_line
 
 

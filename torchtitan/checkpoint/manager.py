@@ -39,7 +39,7 @@ from torchtitan.checkpoint.states import (
     OptimizerState,
 )
 from torchtitan.data.dataloader import StateVersionError
-from torchtitan.distributed.utils import is_comm_failure
+from torchtitan.distributed.process_groups import is_comm_failure
 from torchtitan.dtypes import DTYPES
 from torchtitan.models.hf.weights import HFSpec, export_hf, load_hf_weights
 from torchtitan.resilience import faults

@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torchtitan.config.job_config import JobConfig
 from torchtitan.distributed.job_shape import Degrees, degrees
 from torchtitan.distributed.plan import UnitKind
-from torchtitan.distributed.utils import group_options
+from torchtitan.distributed.process_groups import group_options
 
 # Slicing by a flattened dim name (dp_shard under EP) is what this module is for; torch 2.13
 # warns that a later release will want the flattened mesh kept by hand.

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch.distributed as dist
 from torch import nn
 
+from torchtitan.distributed.grad_norm import clip_grad_norm_
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tied_copies import TiedCopies
-from torchtitan.distributed.utils import clip_grad_norm_
 from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.nonfinite import NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers

@@ -122,14 +122,6 @@ class LiveBytes(PlainTensorOps):
             out[self._category[serial]] += delta
         return {k: v for k, v in out.items() if v}
 
-    def largest_at_peak(self, n: int = 10) -> list[tuple[int, str, str]]:
-        """The n largest storages alive at the peak: (bytes, category, origin)."""
-        size: Counter = Counter()
-        for serial, delta in self._log[: self._peak_event]:
-            size[serial] += delta
-        top = sorted(((b, s) for s, b in size.items() if b), reverse=True)[:n]
-        return [(b, self._category[s], self._origin[s]) for b, s in top]
-
     @contextlib.contextmanager
     def paused(self):
         """Storages created inside are not counted (not memory of the simulated job)."""
