@@ -98,16 +98,12 @@ def in_entry(name: str, section: str, key: str, check) -> None:
 
 def check_mix_delimiters(t) -> None:
     """The pre-tokenized sources of a mixture must delimit documents alike (same BOS/EOS)."""
-    from torchtitan.data.token_folder import FolderError, read_manifest
-
     seen = {}
     for name in training_datasets(t) if t.dataset_mix else []:
-        if kind_of(name).name == "tokens":
-            try:
-                tk = read_manifest(name)["tokenizer"]
-            except FolderError:
-                continue  # check_dataset said it
-            seen[name] = (tk.get("bos_id"), tk.get("eos_id"), tk.get("has_bos"))
+        delimiters = kind_of(name).delimiters
+        found = delimiters(name) if delimiters is not None else None
+        if found is not None:  # None: the run's tokenizer delimits, or check_dataset said why
+            seen[name] = found
     if len(set(seen.values())) > 1:
         parts = ", ".join(f"'{n}' BOS {b} EOS {e}" for n, (b, e, _) in seen.items())
         raise ConfigError(

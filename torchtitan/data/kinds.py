@@ -35,7 +35,13 @@ from torchtitan.data.sources import (
     stream_folder,
     stream_hub,
 )
-from torchtitan.data.token_folder import TokenFolder, check_folder, is_token_folder
+from torchtitan.data.token_folder import (
+    FolderError,
+    TokenFolder,
+    check_folder,
+    is_token_folder,
+    read_manifest,
+)
 from torchtitan.messages import one_line
 
 
@@ -49,6 +55,9 @@ class DatasetKind:
     check: Callable[[DatasetCheck], None]  # reads what the run will read; ConfigError if bad
     # (dataset, section) -> ConfigError for a path it cannot be, before anything is opened
     path_check: Callable[[str, str], None] | None = None
+    # dataset -> how its stored documents are delimited (bos_id, eos_id, has_bos), for kinds
+    # tokenized ahead of the run (a mixture's sources must agree); None: the run's tokenizer
+    delimiters: Callable[[str], tuple | None] | None = None
 
 
 # How each kind opens: (keys, tokenizer) -> the documents (data/documents.py, imported here
@@ -99,6 +108,16 @@ def streamed(stream):
     return open_stream
 
 
+def _folder_delimiters(dataset: str) -> tuple | None:
+    """A token folder's document delimiters from its manifest (None: unreadable, which
+    check_token_folder reports)."""
+    try:
+        tk = read_manifest(dataset)["tokenizer"]
+    except FolderError:
+        return None
+    return tk.get("bos_id"), tk.get("eos_id"), tk.get("has_bos")
+
+
 def _file(dataset: str) -> bool:
     return os.path.isfile(os.path.expanduser(dataset))
 
@@ -110,6 +129,7 @@ KINDS: list[DatasetKind] = [
         lambda d: os.path.isdir(os.path.expanduser(d)) and is_token_folder(d),
         open_token_folder,
         check_token_folder,
+        delimiters=_folder_delimiters,
     ),
     DatasetKind(  # .txt, JSON Lines: random access by a line index
         "lines", lambda d: is_indexed_file(os.path.expanduser(d)), open_lines, check_lines
