@@ -15,8 +15,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from torchtitan.config import manager  # noqa: E402  (torch-free)
+from torchtitan.config import manager  # noqa: E402
 from torchtitan.config.manager import LEGACY_VALUES  # noqa: E402
+from torchtitan.config.upstream import spelling_lines  # noqa: E402  (torch-free)
 
 OUT = os.path.join(ROOT, "docs", "config.md")
 
@@ -43,7 +44,7 @@ def render() -> str:
         "",
     ]
     for name in manager.sections():
-        lines.append(f"- [`[{name}]`](#{name})")
+        lines.append(f"- [`[{name}]`](#{name.replace('.', '')})")
     lines.append("")
     for name, cls in manager.sections().items():
         lines += [f"## {name}", ""]
@@ -58,6 +59,16 @@ def render() -> str:
             )
         lines.append("")
     lines += [
+        "## Upstream spellings",
+        "",
+        "upstream torchtitan's (v0.2.2) names for keys above, accepted silently with the same meaning:",
+        "",
+    ]
+    lines += [
+        f"- `{line.split(': ', 1)[0]}`: {line.split(': ', 1)[1]}" for line in spelling_lines()
+    ]
+    lines += [
+        "",
         "## Older spellings",
         "",
         'Accepted with the meaning of the new one; "silently" where it is torchtitan\'s own spelling,',

@@ -224,7 +224,7 @@ class Trainer:
             self.dims.dp_rank(),
             self.dims.dp,
             self.shape.accum_steps,
-            workers=loader_workers(t.dataloader_workers, self.device),
+            workers=loader_workers(t.dataloader.num_workers, self.device),
             log=self.log,
         )
         self.validator = (
@@ -626,7 +626,7 @@ class Trainer:
 
 
 def loader_workers(setting, device: torch.device) -> int:
-    """[training] dataloader_workers: auto = 2 on CUDA (the GPU's thread never tokenises), 0 on CPU."""
+    """[training.dataloader] num_workers: auto = 2 on CUDA (the GPU's thread never tokenises), 0 on CPU."""
     if setting == "auto":
         return 2 if device.type == "cuda" else 0
     return int(setting)

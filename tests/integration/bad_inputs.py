@@ -457,8 +457,8 @@ CASES = [
     ),
     BadInput(
         "negative loader workers",
-        ["--training.dataloader_workers=-1"],
-        "--training.dataloader_workers=-1: must be >= 0",
+        ["--training.dataloader.num_workers=-1"],
+        "--training.dataloader.num_workers=-1: must be >= 0",
     ),
     # ---- hub datasets (offline here, so they fail at once)
     BadInput(

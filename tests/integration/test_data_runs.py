@@ -92,14 +92,14 @@ def test_mixture_resumes_bitwise_with_other_worker_counts(tmp_path, corpora):
         "--metrics.log_freq=1",
     ]
     dump = str(tmp_path / "mix")
-    straight, out = _train(tmp_path, "mix", 2, [*args, "--training.dataloader_workers=2"], dump)
+    straight, out = _train(tmp_path, "mix", 2, [*args, "--training.dataloader.num_workers=2"], dump)
     assert "2 loader worker(s)" in out and "mix long_tokens 7" in out
     with open(os.path.join(dump, "metrics.jsonl")) as f:
         last = [json.loads(line) for line in f if line.strip()][-1]
     windows = 6 * 4
     assert last["tokens_seen/long_tokens"] + last["tokens_seen/short"] == windows * 64
     shutil.rmtree(os.path.join(dump, "checkpoint", "step-6"))
-    resumed, out = _train(tmp_path, "mix", 2, [*args, "--training.dataloader_workers=0"], dump)
+    resumed, out = _train(tmp_path, "mix", 2, [*args, "--training.dataloader.num_workers=0"], dump)
     assert "resumed from step 3" in out
     assert [resumed[s] for s in (4, 5, 6)] == [straight[s] for s in (4, 5, 6)]
 

@@ -55,11 +55,11 @@ def training_datasets(t) -> list[str]:
     """The training datasets: the mixture's sources, or the one dataset; [training] loader keys checked."""
     from torchtitan.data.mixture import MixError, parse_mix
 
-    if t.dataloader_workers != "auto" and (
-        not isinstance(t.dataloader_workers, int) or t.dataloader_workers < 0
+    if t.dataloader.num_workers != "auto" and (
+        not isinstance(t.dataloader.num_workers, int) or t.dataloader.num_workers < 0
     ):
         raise ConfigError(
-            f"--training.dataloader_workers={t.dataloader_workers}: must be >= 0 (0: read on the"
+            f"--training.dataloader.num_workers={t.dataloader.num_workers}: must be >= 0 (0: read on the"
             " training thread) or auto"
         )
     if not t.dataset_mix:

@@ -14,7 +14,21 @@ the older spellings, see LEGACY_VALUES there).
 from dataclasses import dataclass, field
 from typing import Literal
 
-AUTO = "auto"  # derive the value from the rest of the job
+from torchtitan.config.output_sections import AUTO, Checkpoint, Comm, Metrics, Profiling
+from torchtitan.config.parallel_sections import (
+    ActivationCheckpoint,
+    Compile,
+    Float8GroupedMM,
+    Float8Linear,
+    MoE,
+    MXGroupedMM,
+    MXLinear,
+    Parallelism,
+    Quantize,
+    QuantizedGroupedMM,
+    QuantizedLinear,
+)
+from torchtitan.config.planning_sections import Hardware, MemoryEstimation, Planning
 
 
 @dataclass
@@ -37,6 +51,16 @@ class Job:
     """Plan only: one process with a fake process group of world size NGPU builds the model
     on meta, applies the whole parallel plan, prints it with the predicted peak memory of
     every rank role, writes plan.json and exits, without allocating weights."""
+
+    save_config_file: str = ""
+    """Write the fully resolved configuration (every key, after TOML and overrides) as TOML to
+    <dump_folder>/<this file name> at start-up; empty: don't (upstream's key)."""
+
+    custom_config_module: str = ""
+    """A Python module whose `JobConfig` dataclass extends this one: its new sections and keys
+    are accepted like ours (TOML, --section.key, --help), keys of existing sections are added
+    to them (config/extensions.py). The upstream modules naming keys this config has already
+    (SimpleFSDP's compile.graph_passes, the fault-tolerance extension) import nothing."""
 
 
 @dataclass
@@ -70,6 +94,38 @@ class Model:
     the last block, module k predicting the token k+2 ahead; they share the embeddings and the
     output head. 0 = off; DeepSeek-V3 used 1. Models whose args have mtp_depth only (deepseek_v3);
     under pipeline parallel the MTP modules sit on the last stage."""
+
+    hf_assets_path: str = ""
+    """Folder holding tokenizer.json (and, for a Hugging Face checkpoint, config.json), upstream's
+    key: when tokenizer_path is empty the tokenizer is <hf_assets_path>/tokenizer.json; empty:
+    the project's own tokenizer. Upstream's example value ./tests/assets/tokenizer ships here."""
+
+    converters: list[str] = field(default_factory=list)
+    """Model converters applied after the model is built (upstream: float8 /
+    quantize.linear.float8, quantize.grouped_mm.float8, mx / quantize.linear.mx). Float8 and MX
+    training are refused in one line until float8 training (torchao) lands."""
+
+    print_after_conversion: bool = False
+    """Log the model's module tree after it is built and converted (rank 0)."""
+
+
+@dataclass
+class DataLoader:
+    """The data loader's worker processes (torchdata StatefulDataLoader's options)."""
+
+    num_workers: int | Literal["auto"] = AUTO
+    """Processes that read and tokenize ahead of the step: auto = 2 on CUDA (the GPU's thread
+    never tokenizes), 0 on CPU (read on the training thread; two cores are the budget)."""
+
+    persistent_workers: bool = False
+    """Keep the worker processes alive between passes over the data (num_workers > 0)."""
+
+    pin_memory: bool = False
+    """Put each batch in page-locked host memory for a faster copy to the GPU (CUDA only;
+    ignored on CPU)."""
+
+    prefetch_factor: int | Literal["auto"] = AUTO
+    """Batches each worker reads ahead (num_workers > 0); auto = torch's default (2)."""
 
 
 @dataclass
@@ -130,12 +186,6 @@ class Training:
     tokens each source gave are logged (tokens_seen/<name>). A source that runs dry starts
     its next epoch, and the log says so. dataset_split/text_field/config_name apply to all."""
 
-    dataloader_workers: int | Literal["auto"] = AUTO
-    """Loader processes per rank that read and tokenise ahead of the trainer (torch
-    DataLoader workers; each owns whole rows of the batch). auto = 2 on CUDA, 0 on CPU (the
-    training thread reads). The count used divides local_batch_size x accumulation steps
-    suitably and is on the start line; the data position saved does not depend on it."""
-
     dataset_split: str = "train"
     """Split of an HF dataset to read."""
 
@@ -145,114 +195,37 @@ class Training:
     dataset_config_name: str = ""
     """Config (subset) name of an HF hub dataset, if it has several."""
 
+    dataset_path: str = ""
+    """Where a named dataset (c4_test, c4, ...) is read from instead of its default location
+    (upstream's key): a local file or folder in the same format; empty: the default."""
 
-@dataclass
-class Parallelism:
-    """The parallel layout (degrees, schedule) and the FSDP reshard policy with the memory budget."""
+    enable_cpu_offload: bool = False
+    """FSDP2: keep parameters, gradients and optimizer states in host memory and step the
+    optimizer there (torch's CPUOffloadPolicy); each unit's parameters are copied to the device
+    for its forward and backward. Saves device memory at the cost of host-device copies."""
 
-    data_parallel_replicate_degree: int = 1
-    """Replicas of the model (DDP, or HSDP's outer dimension when data_parallel_shard_degree > 1)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype when no FSDP mixed precision applies (upstream's key): bfloat16 trains
+    in bf16 throughout, only on jobs without data-parallel sharding; with FSDP use
+    mixed_precision_param."""
 
-    data_parallel_shard_degree: int | Literal["auto"] = AUTO
-    """Ranks the parameters are sharded over (FSDP). auto = whatever the other degrees leave
-    (distributed/job_shape.degrees)."""
+    gc_freq: int = 50
+    """Python's garbage collector runs every this many steps (on every rank at once) instead of
+    whenever it likes, so no rank stalls the others mid-step; 0: Python's own schedule."""
 
-    tensor_parallel_degree: int = 1
-    """Ranks each layer's matrices are split over (Megatron-style TP)."""
+    gc_debug: bool = False
+    """Collect garbage after every step and log what the collector found (slow; to find
+    reference cycles)."""
 
-    pipeline_parallel_degree: int = 1
-    """Pipeline stages the layers are split over."""
-
-    context_parallel_degree: int = 1
-    """Ranks each sequence is split over (context parallel, for long sequences): every rank
-    holds 2 of 2 x CP chunks (head and tail, equal causal work), computes Q/K/V for its
-    tokens and all-gathers K and V over its CP group (DeepSeek-V3: MLA's latent and RoPE
-    key, 576 values per token). FSDP shards over data_parallel_shard_degree x CP; EP borrows
-    all of CP (and TP) first. training.seq_len must be a multiple of 2 x CP."""
-
-    expert_parallel_degree: int = 1
-    """Ranks the routed experts are split over (models with experts only); tokens reach
-    their experts by all-to-all. EP takes every TP rank (each routes its own tokens) and the
-    rest from data_parallel_shard_degree (with CP: every CP rank too, then dp_shard); experts
-    are FSDP-sharded over the data-parallel ranks EP did not take. It must be a multiple of
-    tensor_parallel_degree x context_parallel_degree."""
-
-    fsdp_implementation: Literal["fsdp2", "simple_fsdp"] = "fsdp2"
-    """Data-parallel implementation: fsdp2 (torch fully_shard, gathers in module hooks) or
-    simple_fsdp (DTensor parameters gathered by one op per FSDP unit inside its forward,
-    visible to AC and torch.compile; under PP kept units are gathered once per step). Both
-    shard over dp_shard, replicate over dp_replicate (HSDP / DDP)."""
-
-    reshard_after_forward: Literal["auto", "always", "never"] = "auto"
-    """FSDP: free each unit's gathered parameters after its forward (ZeRO-3) or keep them for
-    backward (ZeRO-2). auto: under PP keep all (one gather per step instead of one per
-    microbatch); without PP reshard every block but the last, keep norm + output; with
-    a memory budget, keep units gathered only while every rank role's predicted peak stays
-    under planning.memory_budget_gib (distributed/reshard_policy.resolve, the one place that decides).
-    The plan is printed at start-up and written to plan.json."""
-
-    loss_parallel: bool = True
-    """With TP: keep the output logits sharded over the vocabulary and compute the loss on
-    the shards (saves the all-gather of the logits)."""
-
-    pipeline_parallel_schedule: Literal[
-        "GPipe",
-        "1F1B",
-        "Interleaved1F1B",
-        "LoopedBFS",
-        "InterleavedZeroBubble",
-        "ZBVZeroBubble",
-        "DualPipeV",
-    ] = "1F1B"
-    """Pipeline schedule (torch.distributed.pipelining). GPipe and 1F1B run one stage per
-    rank; Interleaved1F1B, LoopedBFS and InterleavedZeroBubble several per rank (loop
-    order); ZBVZeroBubble and DualPipeV exactly two per rank (V order)."""
-
-    pipeline_parallel_microbatch_size: int = 1
-    """Sequences per pipeline microbatch; local_batch_size must be a multiple of it
-    (distributed/job_shape.pipeline_microbatches)."""
-
-    pipeline_parallel_layers_per_stage: int | Literal["auto"] = AUTO
-    """Transformer blocks per pipeline stage. auto = split the blocks evenly over one stage
-    per rank (GPipe, 1F1B), two (ZBVZeroBubble, DualPipeV), or the fewest >= 2 per rank that
-    divide the blocks evenly (the other multi-stage schedules; distributed/pipeline_layout.py)."""
-
-    pipeline_parallel_split_points: list[str] = field(default_factory=list)
-    """Explicit stage boundaries as the first block of each later stage, e.g.
-    layers.2,layers.4 (three stages); overrides pipeline_parallel_layers_per_stage."""
-
-
-@dataclass
-class MoE:
-    """Routing and load balancing of mixture-of-experts models."""
-
-    top_k: int | Literal["auto"] = AUTO
-    """Routed experts each token goes to (n_activated_experts); auto = the flavor's value."""
-
-    score_func: Literal["auto", "sigmoid", "softmax"] = AUTO
-    """Router affinity: sigmoid (DeepSeek-V3) or softmax (V2); auto = the flavor's choice."""
-
-    load_balance_coeff: float | Literal["auto"] = AUTO
-    """Auxiliary-loss-free balancing: after every optimizer step each MoE layer's routing
-    bias moves by this much toward balance (up for experts that got fewer tokens than the
-    mean over the global batch, down for busier ones); the bias only selects experts, it
-    never weighs them (models/common/moe.update_expert_bias). 0 disables it; auto = the
-    flavor's value."""
-
-    aux_loss_coeff: float | Literal["auto"] = AUTO
-    """Weight of the model's MoE balance loss added to the training loss (logged as aux_loss);
-    0 disables it; auto = the flavor's value. DeepSeek-V3: the sequence-wise loss of its report
-    (which used 1e-4; 0 in every shipped flavor; not yet with pipeline or tensor parallel).
-    Qwen3: Qwen's Switch-style loss over all MoE layers of a micro-batch (0.001 in the MoE
-    flavors, as published; with pipeline parallel too, not yet with tensor or context
-    parallel). See models/common/moe.py."""
+    dataloader: DataLoader = field(default_factory=DataLoader)
+    """The training data loader's worker options ([training.dataloader])."""
 
 
 @dataclass
 class Optimizer:
     """AdamW."""
 
-    name: Literal["AdamW"] = "AdamW"
+    name: Literal["AdamW", "Adam"] = "AdamW"
     """Optimizer class."""
 
     lr: float = 8e-4
@@ -270,10 +243,15 @@ class Optimizer:
     weight_decay: float = 0.1
     """Decoupled weight decay."""
 
-    implementation: Literal["auto", "fused", "foreach"] = "auto"
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
     """AdamW's kernels: fused (one kernel for every tensor of a group; CUDA's fastest), foreach
     (a few multi-tensor kernels), or auto = fused on CUDA, foreach elsewhere. Same math; the
     last bits of the update may differ between the two."""
+
+    early_step_in_backward: bool = False
+    """Step the optimizer for each parameter inside its gradient hook, as soon as its gradient
+    is ready, so no rank holds every gradient at once. Refused with PP, EP, fault tolerance
+    and gradient clipping (max_norm > 0), as upstream does."""
 
 
 @dataclass
@@ -286,280 +264,15 @@ class LRScheduler:
     decay_ratio: float = 1.0
     """Fraction of the steps after warmup spent decaying (the rest stays at peak lr)."""
 
-    decay_type: Literal["linear", "cosine"] = "linear"
+    decay_type: Literal["linear", "sqrt", "cosine"] = "linear"
     """Shape of the decay."""
 
     min_lr_factor: float = 0.0
     """Final lr as a fraction of the peak lr."""
 
-
-@dataclass
-class ActivationCheckpoint:
-    """What backward recomputes instead of keeping, and FSDP's gathers inside those regions."""
-
-    mode: Literal["none", "full", "selective"] = "none"
-    """Recompute activations in backward: none, full (every block), selective."""
-
-    selective_ac_option: str = "op"
-    """For mode=selective: 'op' (save compute-heavy ops, recompute the rest) or an integer
-    n (checkpoint every n-th block)."""
-
-    fsdp_ac_policy: Literal["auto", "save", "recompute"] = "auto"
-    """simple_fsdp only: inside each AC region, FSDP's parameter all-gathers are saved (the
-    unit stays ZeRO-2 under recompute), recomputed (re-gathered in backward), or, with auto,
-    saved exactly where the reshard plan keeps the unit unsharded. Recognised by process
-    group, so TP/EP collectives and other ops follow the AC mode. With fsdp2 only auto is
-    valid: its hooks already gather once for recompute and backward
-    (distributed/activation_checkpoint.region_specs)."""
-
-
-@dataclass
-class Compile:
-    """torch.compile of each transformer block."""
-
-    enable: bool = False
-    """Compile each transformer block with torch.compile (one graph per block kind, static shapes;
-    docs/compile.md). Refused with a zero-bubble pipeline schedule, which torch 2.13 cannot run
-    on compiled stages."""
-
-    backend: str = "inductor"
-    """torch.compile backend: inductor (fused kernels), aot_eager (no codegen, for debugging)."""
-
-
-@dataclass
-class Checkpoint:
-    """Saving, resuming, starting from other weights, exporting to Hugging Face."""
-
-    enable: bool = False
-    """Save checkpoints (torch.distributed.checkpoint) and resume from the latest one."""
-
-    folder: str = "checkpoint"
-    """Checkpoint folder, relative to job.dump_folder."""
-
-    interval: int = 500
-    """Save every this many steps (and at the last step)."""
-
-    keep_latest_k: int = 0
-    """Keep only the newest k full checkpoints, deleting older ones after each save; 0 keeps
-    all. Seed and model-only checkpoints are never deleted."""
-
-    load_step: int | Literal["auto"] = AUTO
-    """Step to resume from: auto = the most recently saved complete checkpoint in the folder
-    (checkpoint/files.resolve_resume); N = exactly step-N (an error if it is missing or incomplete). Use it to go back past a
-    bad one; the checkpoints saved after that are then newer than the abandoned later steps."""
-
-    initial_load_path: str = ""
-    """Weights that start this run when its own checkpoint folder holds none: a checkpoint
-    folder (e.g. another run's <dump>/checkpoint/step-N; only the weights are read) or a
-    Hugging Face model folder (config.json + *.safetensors, with or without an index, e.g.
-    a published Llama 3.1 download), recognised by its config.json. Hugging Face weights are
-    converted (names, RoPE row order) and checked against the flavor's shapes."""
-
-    last_save_model_only: bool = False
-    """At the last step save only the model weights (in export_dtype), for export or
-    fine-tuning, instead of a full resumable checkpoint."""
-
-    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype of the weights written by last_save_model_only and last_save_in_hf."""
-
-    last_save_in_hf: bool = False
-    """After the last step also write the weights as a Hugging Face model folder
-    (config.json, safetensors with an index, tokenizer.json) in <dump_folder>/hf/step-N,
-    loadable by transformers' LlamaForCausalLM. Works without checkpoint.enable; an existing
-    folder is never overwritten. scripts/convert_hf.py exports a saved checkpoint the same way."""
-
-    create_seed_checkpoint: bool = False
-    """Initialise the model on one rank (NGPU=1, no parallelism), save it as step-0 (weights
-    only) and exit; every layout that then trains from this folder starts from these weights."""
-
-    async_mode: Literal["disabled", "async"] = "disabled"
-    """disabled: a save stops training until every rank's files are written. async: training
-    stops only while each rank copies its state into host memory (staging); DCP writes the copy
-    from a background thread during the next steps, over a gloo group of its own. A save waits
-    for the previous one; the last save and a preemption save are synchronous; a save counts
-    (becomes step-N) only once all of it is written. Memory: every rank keeps a staged copy of
-    its parameters and optimizer states from the first save on (pinned host memory on CUDA, the
-    same memory as training on CPU; the memory prediction counts it)."""
-
-
-@dataclass
-class Comm:
-    """How long collectives, checkpoint I/O and a silent rank may take."""
-
-    timeout_seconds: int = 300
-    """Longest a collective may wait for the other ranks before the run fails. A rank that
-    died or hangs makes every other rank exit non-zero within this time instead of hanging.
-    (On CUDA, NCCL's watchdog aborts the process at the timeout, without an error line.)"""
-
-    checkpoint_timeout_seconds: int = 1800
-    """Longest a checkpoint save or load may wait for the slowest rank's file I/O. Separate
-    from timeout_seconds so that writing a large checkpoint to a slow file system does not
-    fail a healthy run."""
-
-    hang_timeout_seconds: int | Literal["auto"] = AUTO
-    """A rank that passes no progress point of the training loop (data read, forward/backward,
-    metrics ...) for this long reports a hang, before the collective timeout ends the job
-    without saying who was where: the stuck ranks write their Python stacks (and NCCL's flight
-    recorder on CUDA) to <dump_folder>/hang/, the lowest live one prints one line naming the
-    rank(s) that stopped - also a frozen rank, silent in the per-rank heartbeats of the
-    rendezvous store - and where the others wait, then the job exits 1. Paused during
-    checkpoint saves, validation, compilation and the first step; raised to 1.5 x the longest
-    step when the steps are longer. auto = 60% of timeout_seconds; 0 = off; at most what
-    leaves time for the report before timeout_seconds (resilience/timeouts.py)."""
-
-
-@dataclass
-class Metrics:
-    """What each step logs and where."""
-
-    log_freq: int = 1
-    """Log every this many steps (console, TensorBoard, metrics.jsonl)."""
-
-    enable_tensorboard: bool = True
-    """Write TensorBoard event files under <dump_folder>/tb."""
-
-    enable_wandb: bool = False
-    """Log to Weights & Biases (rank 0) the scalars TensorBoard gets, with the job config as the
-    run config. Needs the wandb extra (pip install -e '.[wandb]') and, unless WANDB_MODE is
-    offline or disabled, a login (WANDB_API_KEY or `wandb login`). Project WANDB_PROJECT
-    (default "torchtitan"), entity WANDB_ENTITY, run name job.description or the dump folder's
-    name; the run's files go under <dump_folder>/wandb."""
-
-    comm_stats: bool = False
-    """Count collectives per step (rank 0): adds `comm` (counts) and `comm_bytes` to each
-    metrics.jsonl record, keyed "<forward|backward|other>/<collective>/<mesh dim>";
-    compiled code included. Adds Python overhead to every op: for measurement runs."""
-
-    held_for_backward: bool = False
-    """Measure the bytes one micro-batch's forward leaves alive for backward (saved
-    activations, checkpoint caches, gathered parameters kept) and log them as
-    held_for_backward_bytes. Eager mode only (compiled kernels allocate out of sight)."""
-
-    cpu_memory_peak: bool = False
-    """On CPU, measure each step's peak of allocated tensor bytes (the analogue of CUDA's
-    max_memory_allocated) with the torch profiler's allocator events and log it as
-    memory_peak_allocated_gib; every rank also writes its peaks to <dump_folder>/memory/rank<r>.jsonl
-    (as every CUDA run does). Off by default: it slows the step, and only one profiler
-    runs at a time, so it cannot be combined with profiling.enable_profiling."""
-
-
-@dataclass
-class Hardware:
-    """The machine a job is predicted for and measured on (torchtitan/hardware.py, the one GPU
-    table; planning/step_time/model.py): a named profile, single values of which the keys
-    below override."""
-
-    profile: Literal[
-        "auto",
-        "local",
-        "h100_sxm",
-        "h100_pcie",
-        "h100_nvl",
-        "h100_grand_teton",
-        "h800",
-        "h800_pcie",
-        "h200",
-        "h200_nvl",
-        "gh200",
-        "gh200_144gb",
-        "a100_80gb",
-        "a100_40gb",
-        "a100_pcie_80gb",
-        "a100_pcie_40gb",
-        "a800",
-        "a800_pcie",
-        "b200",
-        "gb200",
-        "l40s",
-        "l40",
-        "l4",
-        "a10",
-    ] = AUTO
-    """auto: `local` for a CPU job; for a GPU job the profile the visible GPUs' exact name
-    chooses (nvidia-smi; the names each profile lists in torchtitan/hardware.py, never a guess:
-    a GPU it does not list gets no step-time prediction and one line naming it and this key);
-    h100_sxm when no GPU is visible (a dry run of a GPU job on a CPU machine: a default part,
-    not a guess about a GPU that is there). `local` is this machine as a short micro-benchmark
-    finds it (GEMM, memory-bound ops, attention, op overhead, gloo collectives), cached in
-    ~/.cache/torchtitan by the first dry run; the named profiles are the entries of the one
-    hardware table (torchtitan/hardware.py: datasheet figures with their sources), which both
-    the predicted and the measured MFU read."""
-
-    gpus_per_node: int | Literal["auto"] = AUTO
-    """Ranks per node sharing the fast intra-node links (NVLink; PCIe cards: the server's PCIe);
-    auto = the profile's (8 for most GPU profiles, 1 for gh200, 72 for gb200's NVLink domain)."""
-
-    peak_tflops: float | Literal["auto"] = AUTO
-    """Dense bf16 peak TFLOPS of one device, the one figure both the predicted and the
-    measured MFU divide by (the profile's other dtypes, fp32's for fp32 jobs, scaled alike);
-    auto = the profile's datasheet figure: that of `profile`, or (auto) of the GPU's name (a GPU
-    the table does not hold: no MFU; none on CPU: no measured MFU)."""
-
-    hbm_gbps: float | Literal["auto"] = AUTO
-    """Device memory bandwidth in GB/s; auto = the profile's."""
-
-    intra_node_gbps: float | Literal["auto"] = AUTO
-    """Achievable collective bus bandwidth per rank inside a node, GB/s; auto = the profile's."""
-
-    inter_node_gbps: float | Literal["auto"] = AUTO
-    """Achievable collective bus bandwidth per rank across nodes (its NIC), GB/s; auto = the profile's."""
-
-    gemm_efficiency: float | Literal["auto"] = AUTO
-    """Fraction of peak FLOPS a large GEMM reaches; auto = the profile's."""
-
-    clock_factor: float | Literal["auto"] = AUTO
-    """Sustained fraction of the boost clock the compute units hold (a power cap lowers it),
-    scaling every peak FLOPS figure; auto = the profile's (1, or h100_grand_teton's calibrated
-    value: docs/step_time.md)."""
-
-
-@dataclass
-class Planning:
-    """What is decided before launch from the simulated step (planning/): the memory budget a
-    job must fit, the routing skew it is planned for, and the dry run's searches (the largest
-    fit, the fastest layout, the nearby choices). The machine they are predicted for is
-    [hardware]."""
-
-    memory_budget_gib: float | Literal["auto", "none"] = AUTO
-    """Most GiB of tensor memory one rank may use at its peak (the dry run's prediction:
-    parameters, gradients, optimizer states, gathered parameters, activations, buffers).
-    auto: the device's memory (CUDA: minus a margin; CPU: the available memory shared by the
-    ranks of this node, less what a process needs beyond its tensors; planning/memory/budget.py).
-    none: no budget. Jobs over it are refused (see allow_over_budget)."""
-
-    memory_skew: float = 1.0
-    """Routing skew the memory prediction plans for: the busiest expert-parallel rank receives
-    memory_skew times its balanced share of token copies (1 = balanced; the EP degree = every
-    token to one rank, the worst case, always reported beside the planned figure)."""
-
-    fit: Literal["", "local_batch_size", "seq_len", "layout"] = ""
-    """With dry_run: search the largest training.local_batch_size (or seq_len) whose predicted
-    peak fits planning.memory_budget_gib, per activation-checkpoint mode (gradient
-    accumulation steps held fixed, so the global batch grows with the local batch).
-    layout: search the fastest layout for NGPU devices on the hardware profile (degrees,
-    pipeline schedule and microbatch, AC mode, reshard policy, local batch under the job's
-    global batch; planning/search/search.py), print the top 10 with their overrides and write
-    the best to <dump_folder>/best_layout.toml."""
-
-    layout_candidates: int = 10
-    """With fit = layout: how many layouts (best first by the cheap estimate) are simulated in
-    full, besides the layout as configured; each costs about one dry run of the job
-    (docs/step_time.md has the measured times). More finds more, slower."""
-
-    layout_seconds: float = 420.0
-    """With fit = layout: no full simulation starts that could end after this many seconds of
-    them (judged by the longest so far; the layout as configured is simulated first), so a
-    search of the largest jobs stays within minutes; the search then ranks those done."""
-
-    nearby: bool = True
-    """With dry_run and a hardware profile: also predict the choices next to the job (the AC
-    modes on either side, reshard never / always, one microbatch more or fewer, compile
-    switched) and print what each would gain in step time and cost in memory; one more
-    simulation per choice (false skips them). Nothing about the job's own plan changes."""
-
-    allow_over_budget: bool = False
-    """Train even when a rank role's predicted peak exceeds memory_budget_gib
-    (by default the job stops before the first step and prints changes that would fit)."""
+    total_steps: int | Literal["auto"] = AUTO
+    """Length of the schedule in steps: auto = training.steps; a larger value keeps the lr of a
+    longer run when a job trains only part of it (upstream's key)."""
 
 
 @dataclass
@@ -604,30 +317,83 @@ class Validation:
     at_start: bool = True
     """Also validate before the first step (logged as step 0): the untrained baseline."""
 
+    dataset_path: str = ""
+    """Where the named validation dataset is read from instead of its default location."""
+
+    local_batch_size: int | Literal["auto"] = AUTO
+    """Sequences per rank in a validation step; auto = training.local_batch_size."""
+
+    seq_len: int | Literal["auto"] = AUTO
+    """Tokens per validation sequence; auto = training.seq_len."""
+
+    dataloader: DataLoader = field(default_factory=DataLoader)
+    """The validation data loader's worker options ([validation.dataloader])."""
+
 
 @dataclass
-class Profiling:
-    """Traces and memory snapshots of chosen steps."""
+class FaultTolerance:
+    """Replica-group fault tolerance (torchft; [fault_tolerance])."""
 
-    enable_profiling: bool = False
-    """Record torch.profiler traces (CPU and, on GPU, CUDA activity, with shapes and stacks)
-    of one step every profile_freq steps; each rank writes a Chrome trace (open it in
-    chrome://tracing or https://ui.perfetto.dev)."""
+    enable: bool = False
+    """Train with torchft replica groups: refused until fault tolerance lands (torchft)."""
 
-    save_traces_folder: str = "profile_traces"
-    """Folder for the traces, relative to job.dump_folder: <folder>/iteration_N/rankR_trace.json."""
+    process_group: str = "gloo"
+    """torchft's process group between replica groups (gloo or nccl)."""
 
-    profile_freq: int = 10
-    """Trace the step whose number is a multiple of this (the steps just before it warm the
-    profiler up)."""
+    process_group_timeout_ms: int = 10000
+    """Timeout of operations on that process group, in milliseconds."""
 
-    enable_memory_snapshot: bool = False
-    """CUDA only: record the CUDA caching allocator's history and write a snapshot (open it at
-    https://pytorch.org/memory_viz) every profile_freq steps, and on an out-of-memory error.
-    On CPU one line says it is CUDA-only and the run goes on."""
+    replica_id: int = 0
+    """This replica group's id."""
 
-    save_memory_snapshot_folder: str = "memory_snapshot"
-    """Folder for the snapshots, relative to job.dump_folder: <folder>/iteration_N/rankR_memory_snapshot.pickle."""
+    group_size: int = 0
+    """Number of replica groups."""
+
+    min_replica_size: int = 1
+    """Fewest replica groups that keep training."""
+
+    semi_sync_method: str = ""
+    """Semi-synchronous training between replica groups: local_sgd or diloco; empty: none."""
+
+    sync_steps: int = 5
+    """Steps between synchronisations (semi_sync_method)."""
+
+    should_quantize: bool = False
+    """Quantize the pseudo-gradients before their all-reduce (semi_sync_method)."""
+
+    fragment_sync_delay: int = 0
+    """Inner steps before blocking on a fragment's synchronisation (Streaming DiLoCo's tau)."""
+
+    fragment_update_alpha: float = 0.0
+    """Mix of local and global parameters after a fragment syncs (0: the global ones)."""
+
+    module_fqns_per_model_fragment: list[list[str]] = field(default_factory=list)
+    """Module names of each model fragment, one list per fragment (DiLoCo)."""
+
+    num_fragments: int = 1
+    """Fragments the model is split into (DiLoCo)."""
+
+
+@dataclass
+class Experimental:
+    """Upstream's experimental extension points."""
+
+    custom_import: str = ""
+    """A Python module imported before the model is built, e.g. one that registers a model
+    (same as model.module, upstream's key)."""
+
+
+@dataclass
+class Debug:
+    """Debug switches ([debug]; upstream's seed and deterministic are training.seed and
+    training.deterministic here)."""
+
+    deterministic_warn_only: bool = False
+    """With deterministic: warn instead of failing at an op without a deterministic kernel."""
+
+    moe_force_load_balance: bool = False
+    """Route tokens to experts round-robin instead of by score, so every expert gets the same
+    load (to measure the balanced case)."""
 
 
 @dataclass
@@ -650,3 +416,41 @@ class JobConfig:
     hardware: Hardware = field(default_factory=Hardware)
     validation: Validation = field(default_factory=Validation)
     profiling: Profiling = field(default_factory=Profiling)
+    quantize: Quantize = field(default_factory=Quantize)
+    memory_estimation: MemoryEstimation = field(default_factory=MemoryEstimation)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+    experimental: Experimental = field(default_factory=Experimental)
+    debug: Debug = field(default_factory=Debug)
+
+
+__all__ = [
+    "AUTO",
+    "ActivationCheckpoint",
+    "Checkpoint",
+    "Comm",
+    "Compile",
+    "DataLoader",
+    "Debug",
+    "Experimental",
+    "FaultTolerance",
+    "Float8GroupedMM",
+    "Float8Linear",
+    "Hardware",
+    "JobConfig",
+    "LRScheduler",
+    "MXGroupedMM",
+    "MXLinear",
+    "MemoryEstimation",
+    "Metrics",
+    "Model",
+    "MoE",
+    "Optimizer",
+    "Parallelism",
+    "Planning",
+    "Profiling",
+    "Quantize",
+    "QuantizedGroupedMM",
+    "QuantizedLinear",
+    "Training",
+    "Validation",
+]

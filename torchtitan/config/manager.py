@@ -10,13 +10,16 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import json
 import math
+import textwrap
 import tomllib
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
 from torchtitan.config.job_config import JobConfig
+from torchtitan.config.upstream import UPSTREAM_SPELLINGS, spelling_lines
 
 
 class ConfigError(ValueError):
@@ -29,19 +32,65 @@ def suggest(word: str, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _nested(cls: type) -> dict[str, type]:
+    """The fields of a dataclass that are sections themselves (e.g. training.dataloader)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if _is_section(hints[f.name])}
+
+
+def _is_section(tp) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
 def sections() -> dict[str, type]:
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+    """Every section by its dotted TOML name, nested ones after their parent ("training",
+    "training.dataloader", "quantize.linear.float8"); a section holding only sections (e.g.
+    "quantize") is not listed, it has no keys of its own."""
+    out: dict[str, type] = {}
+
+    def walk(prefix: str, cls: type) -> None:
+        for name, sub in _nested(cls).items():
+            path = f"{prefix}{name}"
+            if field_types(sub):
+                out[path] = sub
+            walk(path + ".", sub)
+
+    walk("", JobConfig)
+    return out
+
+
+def section_of(cfg: JobConfig, section: str) -> Any:
+    """The section object of `cfg` at a dotted name (cfg.training.dataloader)."""
+    obj: Any = cfg
+    for part in section.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def field_types(section_cls: type) -> dict[str, Any]:
+    """A section's keys and their types (nested sections left out: they are sections)."""
     hints = typing.get_type_hints(section_cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(section_cls)
+        if not _is_section(hints[f.name])
+    }
 
 
 def field_docs(section_cls: type) -> dict[str, str]:
     """The string literal under each field of a dataclass (attribute docstrings)."""
-    tree = ast.parse(inspect.getsource(section_cls))
+    docs: dict[str, str] = {}
+    for cls in reversed(section_cls.__mro__):
+        if cls is not object and dataclasses.is_dataclass(cls):
+            docs.update(_class_docs(cls))
+    return docs
+
+
+def _class_docs(cls: type) -> dict[str, str]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # made at run time (config/extensions.py): no source
+        return {}
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
@@ -97,7 +146,12 @@ def convert(key: str, tp, value: Any) -> Any:
         return value
     if origin is list:
         (item_tp,) = get_args(tp)
-        if isinstance(value, str):
+        if isinstance(value, str) and value.strip().startswith("["):  # JSON, e.g. [["a"], ["b"]]
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"--{key}: {value!r} is not a JSON list: {e}") from None
+        elif isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"--{key}: expected a list ({type_name(tp)}), got {value!r}")
@@ -140,10 +194,15 @@ def convert(key: str, tp, value: Any) -> Any:
 def _lookup(section: str, key: str) -> tuple[type, Any]:
     secs = sections()
     if section not in secs:
-        raise ConfigError(
-            f"unknown config section '{section}' in '{section}.{key}'{suggest(section, secs)};"
-            f" sections: {', '.join(secs)}"
-        )
+        top = section.split(".")[0]
+        tops = list(dict.fromkeys(s.split(".")[0] for s in secs))
+        if top not in tops:
+            raise ConfigError(
+                f"unknown config section '{top}' in '{section}.{key}'{suggest(top, tops)};"
+                f" sections: {', '.join(tops)}"
+            )
+        hint = suggest(section, secs)
+        raise ConfigError(f"unknown config key '{section}.{key}'{hint}; see --help for all keys")
     types = field_types(secs[section])
     if key not in types:
         # A key that exists under another section was most likely put in the wrong one.
@@ -174,6 +233,16 @@ DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
             ("moe", "memory_skew"),
         )
     },
+    ("training", "dataloader_workers"): (
+        "training.dataloader.num_workers",
+        None,
+        "use 'training.dataloader.num_workers' (upstream's [training.dataloader] table)",
+    ),
+    ("experimental", "custom_args_module"): (
+        "job.custom_config_module",
+        None,
+        "use 'job.custom_config_module' (upstream moved it there)",
+    ),
     ("metrics", "peak_tflops"): (
         "hardware.peak_tflops",
         None,
@@ -240,18 +309,39 @@ def _legacy(section: str, key: str, value: Any, warnings: list[str]) -> Any:
 
 
 def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[str]) -> None:
-    if dotted.count(".") != 1:
+    if "." not in dotted:
         raise ConfigError(f"config key '{dotted}' ({origin}) must look like section.key")
-    section, key = dotted.split(".")
+    section, key = dotted.rsplit(".", 1)
     if (section, key) in DEPRECATED_KEYS:
         new_key, mapping, note = DEPRECATED_KEYS[(section, key)]
         if mapping is not None and isinstance(value, str):
             value = mapping.get(value, value)
         warnings.append(f"'{section}.{key}' is deprecated: {note}")
-        section, _, key = new_key.rpartition(".") if "." in new_key else (section, "", new_key)
+        section, key = new_key.rsplit(".", 1) if "." in new_key else (section, new_key)
+    if (section, key) in UPSTREAM_SPELLINGS:
+        spelling = UPSTREAM_SPELLINGS[(section, key)]
+        section, key = spelling.target.rsplit(".", 1)
+        if spelling.to_ours is not None:
+            value = spelling.to_ours(convert(dotted, spelling.upstream_type, value))
     _, tp = _lookup(section, key)
     value = _legacy(section, key, value, warnings)
-    setattr(getattr(cfg, section), key, convert(f"{section}.{key}", tp, value))
+    setattr(section_of(cfg, section), key, convert(f"{section}.{key}", tp, value))
+
+
+def _flatten(prefix: str, table: dict, origin: str) -> list[tuple[str, Any]]:
+    """A TOML table -> (dotted key, value) pairs; nested tables that are sections
+    ([quantize.linear.float8], [training.dataloader]) become longer dotted keys. A table
+    where a key belongs stays a value (and is then reported as the wrong type)."""
+    pairs, secs = [], sections()
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and (
+            path in secs or any(s.startswith(path + ".") for s in secs)
+        ):
+            pairs.extend(_flatten(f"{path}.", value, origin))
+        else:
+            pairs.append((f"{prefix}{key}", value))
+    return pairs
 
 
 def parse_cli(argv: list[str]) -> tuple[list[tuple[str, str]], bool]:
@@ -300,6 +390,10 @@ def help_text() -> str:
             lines.append(f"  --{name}.{key} ({type_name(tp)}, default {getattr(defaults, key)!r})")
             lines.append(f"      {docs.get(key, '')}")
         lines.append("")
+    lines.append(
+        "[upstream spellings] (upstream torchtitan's names for keys above, accepted as they are)"
+    )
+    lines.extend(f"  {line}" for line in spelling_lines())
     return "\n".join(lines)
 
 
@@ -331,8 +425,8 @@ def build_config(argv: list[str]) -> tuple[JobConfig, list[str]]:
                 raise ConfigError(
                     f"{config_file}: top-level key '{section}' must be a [section] table"
                 )
-            for key, value in table.items():
-                _set(cfg, f"{section}.{key}", value, config_file, warnings)
+            for key, value in _flatten(f"{section}.", table, config_file):
+                _set(cfg, key, value, config_file, warnings)
     for key, value in pairs:
         _set(cfg, key, value, "command line", warnings)
     return cfg, warnings

@@ -1,0 +1,58 @@
+"""Upstream torchtitan's spellings (v0.2.2) of keys this fork names differently.
+
+A torchtitan user's TOML and command line run here unchanged: each key below is upstream's
+current name for one of ours, so it is accepted silently (no deprecation line; renamed keys
+of earlier releases are in manager.DEPRECATED_KEYS and do warn). `--help` and docs/config.md
+list them under "upstream spellings". Torch-free and imports nothing of ours.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Spelling:
+    target: str  # our "section.key"
+    meaning: str  # one line for --help and docs/config.md
+    upstream_type: Any = None  # the upstream value's type when it is not ours (with to_ours)
+    to_ours: Callable[[Any], Any] | None = None  # upstream's value -> ours
+
+
+def _negate(value: bool) -> bool:
+    return not value
+
+
+UPSTREAM_SPELLINGS: dict[tuple[str, str], Spelling] = {
+    ("parallelism", "disable_loss_parallel"): Spelling(
+        "parallelism.loss_parallel",
+        "true = loss_parallel false (upstream states the opposite switch)",
+        bool,
+        _negate,
+    ),
+    ("debug", "seed"): Spelling("training.seed", "the run's random seed"),
+    ("debug", "deterministic"): Spelling(
+        "training.deterministic", "deterministic algorithms and fixed kernel choices"
+    ),
+    ("comm", "init_timeout_seconds"): Spelling(
+        "comm.timeout_seconds",
+        "collective timeout up to the end of the first step (train_timeout_seconds after it)",
+    ),
+}
+
+# Modules upstream's own TOMLs and suite name in job.custom_config_module: the keys they add
+# are keys of this config already (compile.graph_passes; fault_tolerance's DiLoCo keys), so
+# naming them imports nothing.
+BUILT_IN_EXTENSIONS = {
+    "torchtitan.experiments.simple_fsdp.job_config": "compile.graph_passes",
+    "torchtitan.components.ft.config": "the fault_tolerance keys",
+    "torchtitan.components.ft.config.job_config": "the fault_tolerance keys",
+}
+
+
+def spelling_lines() -> list[str]:
+    """`--upstream.key  ->  ours: meaning` lines for --help and docs/config.md."""
+    return [
+        f"--{section}.{key} -> --{s.target}: {s.meaning}"
+        for (section, key), s in UPSTREAM_SPELLINGS.items()
+    ]
