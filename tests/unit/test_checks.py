@@ -189,8 +189,8 @@ def test_unknown_model_flavor_with_suggestion():
 
 
 def test_unknown_model_name():
-    assert config_error(["--model.name=llama4"]) == (
-        f"--model.name: unknown model 'llama4' (did you mean 'llama3'?); choose one of {MODEL_NAMES}"
+    assert config_error(["--model.name=llama5"]) == (
+        f"--model.name: unknown model 'llama5' (did you mean 'llama3'?); choose one of {MODEL_NAMES}"
     )
 
 

@@ -27,6 +27,7 @@ from torchtitan.checks.layout import (
     check_model,
 )
 from torchtitan.checks.outputs import check_outputs, check_wandb
+from torchtitan.checks.upstream_only import check_upstream_only
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError
 from torchtitan.distributed.job_shape import ShapeError, batch_shape
@@ -38,6 +39,7 @@ from torchtitan.units import gib_text
 
 def check_job(cfg: JobConfig, world_size: int) -> None:
     """Raise ConfigError for the first problem found, one concern after another."""
+    check_upstream_only(cfg)
     args = check_model(cfg)
     dp_shard = check_layout(cfg, args, world_size)
     global_batch = check_training(cfg, args, dp_shard)

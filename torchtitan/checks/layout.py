@@ -7,6 +7,7 @@ that name the keys.
 
 import math
 
+from torchtitan.checks.upstream_only import unknown_model_reason
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError, suggest
 from torchtitan.distributed.job_shape import ShapeError, degrees, pipeline_microbatches
@@ -41,6 +42,9 @@ def check_model(cfg: JobConfig):
             " registers a model, importable from PYTHONPATH"
         ) from None
     if m.name not in MODELS:
+        reason = unknown_model_reason(m.name)
+        if reason:
+            raise ConfigError(reason)
         raise ConfigError(
             f"--model.name: unknown model '{m.name}'{suggest(m.name, MODELS)};"
             f" choose one of {', '.join(MODELS)}"

@@ -375,15 +375,6 @@ class FaultTolerance:
 
 
 @dataclass
-class Experimental:
-    """Upstream's experimental extension points."""
-
-    custom_import: str = ""
-    """A Python module imported before the model is built, e.g. one that registers a model
-    (same as model.module, upstream's key)."""
-
-
-@dataclass
 class Debug:
     """Debug switches ([debug]; upstream's seed and deterministic are training.seed and
     training.deterministic here)."""
@@ -419,7 +410,6 @@ class JobConfig:
     quantize: Quantize = field(default_factory=Quantize)
     memory_estimation: MemoryEstimation = field(default_factory=MemoryEstimation)
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
-    experimental: Experimental = field(default_factory=Experimental)
     debug: Debug = field(default_factory=Debug)
 
 
@@ -431,7 +421,6 @@ __all__ = [
     "Compile",
     "DataLoader",
     "Debug",
-    "Experimental",
     "FaultTolerance",
     "Float8GroupedMM",
     "Float8Linear",

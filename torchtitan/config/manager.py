@@ -18,8 +18,9 @@ import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
+from torchtitan.config.extensions import ExtensionError, extended
 from torchtitan.config.job_config import JobConfig
-from torchtitan.config.upstream import UPSTREAM_SPELLINGS, spelling_lines
+from torchtitan.config.upstream import UPSTREAM_SPELLINGS, apply_upstream_values, spelling_lines
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,11 @@ def suggest(word: str, choices) -> str:
     """ " (did you mean 'x'?)" for the closest of `choices`, or "" when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# The JobConfig class of this process: ours, or ours extended by job.custom_config_module
+# (config/extensions.py); set by build_config before it reads any key.
+_ROOT: list[type] = [JobConfig]
 
 
 def _nested(cls: type) -> dict[str, type]:
@@ -55,7 +61,7 @@ def sections() -> dict[str, type]:
                 out[path] = sub
             walk(path + ".", sub)
 
-    walk("", JobConfig)
+    walk("", _ROOT[0])
     return out
 
 
@@ -409,17 +415,36 @@ def load_toml(path: str) -> dict:
         raise ConfigError(f"--job.config_file: '{path}' is not valid TOML: {e}") from None
 
 
+def _extension_module(pairs: list[tuple[str, str]], data: dict) -> str:
+    """job.custom_config_module (or upstream's older experimental.custom_args_module) from the
+    command line, else from the TOML: it decides which keys exist, so it is read first."""
+    names = ("job.custom_config_module", "experimental.custom_args_module")
+    cli = [v for k, v in pairs if k in names]
+    if cli:
+        return cli[-1]
+    job, experimental = data.get("job", {}), data.get("experimental", {})
+    if isinstance(job, dict) and job.get("custom_config_module"):
+        return str(job["custom_config_module"])
+    if isinstance(experimental, dict) and experimental.get("custom_args_module"):
+        return str(experimental["custom_args_module"])
+    return ""
+
+
 def build_config(argv: list[str]) -> tuple[JobConfig, list[str]]:
     """argv (without the program name) -> (JobConfig, deprecation warnings). Raises ConfigError."""
     pairs, want_help = parse_cli(argv)
+    # The last --job.config_file wins, like every other key (run_train.sh passes its default first).
+    config_file = next((v for k, v in reversed(pairs) if k == "job.config_file"), "")
+    data = load_toml(config_file) if config_file else {}
+    try:
+        _ROOT[0] = extended(JobConfig, _extension_module(pairs, data))
+    except ExtensionError as e:
+        raise ConfigError(str(e)) from None
     if want_help:
         print(help_text())
         raise SystemExit(0)
-    cfg, warnings = JobConfig(), []
-    # The last --job.config_file wins, like every other key (run_train.sh passes its default first).
-    config_file = next((v for k, v in reversed(pairs) if k == "job.config_file"), "")
+    cfg, warnings = _ROOT[0](), []
     if config_file:
-        data = load_toml(config_file)
         for section, table in data.items():
             if not isinstance(table, dict):
                 raise ConfigError(
@@ -429,4 +454,5 @@ def build_config(argv: list[str]) -> tuple[JobConfig, list[str]]:
                 _set(cfg, key, value, config_file, warnings)
     for key, value in pairs:
         _set(cfg, key, value, "command line", warnings)
+    apply_upstream_values(cfg, warnings)
     return cfg, warnings

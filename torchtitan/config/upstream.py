@@ -38,7 +38,13 @@ UPSTREAM_SPELLINGS: dict[tuple[str, str], Spelling] = {
         "comm.timeout_seconds",
         "collective timeout up to the end of the first step (train_timeout_seconds after it)",
     ),
+    ("experimental", "custom_import"): Spelling(
+        "model.module", "a module imported before the model is built (it may register one)"
+    ),
 }
+
+# Upstream's model names that are one of ours in another layout: prefix -> (key, value) set.
+MODEL_PREFIXES = {"simple_fsdp.": ("fsdp_implementation", "simple_fsdp")}
 
 # Modules upstream's own TOMLs and suite name in job.custom_config_module: the keys they add
 # are keys of this config already (compile.graph_passes; fault_tolerance's DiLoCo keys), so
@@ -56,3 +62,20 @@ def spelling_lines() -> list[str]:
         f"--{section}.{key} -> --{s.target}: {s.meaning}"
         for (section, key), s in UPSTREAM_SPELLINGS.items()
     ]
+
+
+def apply_upstream_values(cfg: Any, warnings: list[str]) -> None:
+    """Upstream values that mean one of our settings elsewhere: model.name=simple_fsdp.llama3
+    is llama3 with parallelism.fsdp_implementation=simple_fsdp (silently, upstream's own
+    spelling); comm.mode=fake_backend plans on a fake process group, which is job.dry_run
+    here (with a line saying so)."""
+    for prefix, (key, value) in MODEL_PREFIXES.items():
+        if cfg.model.name.startswith(prefix):
+            cfg.model.name = cfg.model.name[len(prefix) :]
+            setattr(cfg.parallelism, key, value)
+    if cfg.comm.mode == "fake_backend":
+        cfg.job.dry_run = True
+        warnings.append(
+            "'comm.mode = fake_backend' runs this fork's dry run (--job.dry_run): the job is"
+            " planned on a fake process group and every rank role's memory is predicted"
+        )
