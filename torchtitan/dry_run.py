@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         c = cfg.checkpoint
         if (
             c.enable
-            and c.async_mode == "async"
+            and c.async_mode in ("async", "async_with_pinned_mem")
             and c.interval < cfg.training.steps
             and target == "cuda"
         ):

@@ -23,9 +23,10 @@ from torchtitan.checkpoint.manager import CheckpointManager
 from torchtitan.checkpoint.states import TrainState
 from torchtitan.checks import load_config_or_exit
 from torchtitan.config import JobConfig
-from torchtitan.data.dataloader import build_dataloader
+from torchtitan.config.toml_writer import config_toml
+from torchtitan.data.dataloader import build_dataloader, loader_options, resolve_workers
 from torchtitan.data.datasets import DataError
-from torchtitan.data.tokenizer import load_tokenizer
+from torchtitan.data.tokenizer import load_model_tokenizer
 from torchtitan.data.validation import Validator
 from torchtitan.distributed.compile import compile_log_lines
 from torchtitan.distributed.data_parallel import reshard_after_eval
@@ -36,23 +37,38 @@ from torchtitan.distributed.process_groups import (
     init_distributed,
     is_comm_failure,
     pick_device,
+    set_collective_timeout,
     shutdown_distributed,
+    start_flight_recorder,
 )
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import export_args, export_fields, model_rules
 from torchtitan.models.hf.weights import HFExportError, HFSpec
 from torchtitan.observe.comm_stats import CommStats
-from torchtitan.observe.metrics import MetricsLogger, StepMemoryLog, peak_tflops
+from torchtitan.observe.metrics import (
+    MetricsLogger,
+    StepMemoryLog,
+    peak_tflops,
+    tensorboard_folder,
+)
 from torchtitan.observe.profiling import Profiler
 from torchtitan.observe.step_clock import StepClock, StepTimeCheck
-from torchtitan.planning.startup import MemoryBudgetError, share, start_prediction, wanted
+from torchtitan.planning.startup import (
+    MemoryBudgetError,
+    estimate_lines,
+    share,
+    start_prediction,
+    wanted,
+)
 from torchtitan.resilience import exit_status, faults
 from torchtitan.resilience.hang_watchdog import HangWatchdog
 from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_line
 from torchtitan.resilience.timeouts import hang_timeout
 from torchtitan.training.build import ModelParts, build_parts, plan_records, step_runner
 from torchtitan.training.expert_balance import ExpertBalancer
+from torchtitan.training.garbage import GarbageSchedule
 from torchtitan.training.loss import global_sum
+from torchtitan.training.lr_schedule import schedule_steps
 from torchtitan.training.nonfinite import NonFiniteLossError, NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.plan_report import report_plan
@@ -77,8 +93,12 @@ def join_job(cfg: JobConfig, device: torch.device):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     first = int(os.environ.get("RANK", "0")) == 0
     child = start_prediction(cfg, world, device.type, PREDICTION_CHILD) if first else None
+    start_flight_recorder(cfg.comm, cfg.job.dump_folder, device.type)
     init_distributed(device, cfg.comm.timeout_seconds)
     predicted = share(child) if wanted(cfg, device.type) else None
+    if predicted is not None and first and cfg.memory_estimation.enable:
+        for line in estimate_lines(predicted):
+            logger.info(line)
     if predicted is not None and predicted.refusal:
         raise MemoryBudgetError("\n".join(predicted.refusal))
     return predicted
@@ -86,10 +106,22 @@ def join_job(cfg: JobConfig, device: torch.device):
 
 def seed_and_determinism(cfg: JobConfig, device: torch.device) -> None:
     torch.manual_seed(cfg.training.seed)
-    if cfg.training.deterministic:
-        torch.use_deterministic_algorithms(True)
+    if cfg.training.deterministic:  # debug.deterministic_warn_only: warn at an op without one
+        torch.use_deterministic_algorithms(True, warn_only=cfg.debug.deterministic_warn_only)
         if device.type == "cuda":
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def save_config(cfg: JobConfig, log) -> None:
+    """job.save_config_file: the resolved config as TOML in the dump folder (rank 0), which
+    --job.config_file reads back to the same config."""
+    if not cfg.job.save_config_file or dist.get_rank() != 0:
+        return
+    path = os.path.join(cfg.job.dump_folder, cfg.job.save_config_file)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(config_toml(cfg))
+    log(f"[torchtitan] config written to {path}")
 
 
 def job_mesh(cfg: JobConfig, device: torch.device) -> ParallelDims:
@@ -167,7 +199,7 @@ def write_seed_checkpoint(cfg: JobConfig) -> str:
     init_distributed(device, cfg.comm.timeout_seconds)
     seed_and_determinism(cfg, device)
     dims = job_mesh(cfg, device)
-    tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+    tokenizer = load_model_tokenizer(cfg.model)
     job = PlannedJob(cfg, model_on_meta(cfg), dims, device.type)
     parts = materialised_parts(job, device)
     manager = CheckpointManager(
@@ -197,8 +229,11 @@ class Trainer:
         )
         seed_and_determinism(cfg, self.device)
         self.dims = job_mesh(cfg, self.device)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
-        self.job = PlannedJob(cfg, model_on_meta(cfg), self.dims, self.device.type)
+        self.tokenizer = load_model_tokenizer(cfg.model)
+        meta = model_on_meta(cfg)
+        if cfg.model.print_after_conversion:
+            self.log(f"[torchtitan] model after conversion:\n{meta.model}")
+        self.job = PlannedJob(cfg, meta, self.dims, self.device.type)
         # of the whole model, before parallelizing changes it
         self.n_params = sum(p.numel() for p in self.job.model.parameters())
         self.flops_per_token = self.job.model.flops_per_token(t.seq_len)
@@ -224,18 +259,28 @@ class Trainer:
             self.dims.dp_rank(),
             self.dims.dp,
             self.shape.accum_steps,
-            workers=loader_workers(t.dataloader.num_workers, self.device),
+            workers=resolve_workers(t.dataloader.num_workers, self.device.type),
+            options=loader_options(t.dataloader, self.device.type),
             log=self.log,
         )
         self.validator = (
             Validator(
-                cfg, self.tokenizer, self.dims.dp_rank(), self.dims.dp, self.shape.accum_steps
+                cfg,
+                self.tokenizer,
+                self.dims.dp_rank(),
+                self.dims.dp,
+                self.shape.accum_steps,
+                device_type=self.device.type,
             )
             if cfg.validation.enable
             else None
         )
         self.optimizers = PartOptimizers(
-            self.model_parts, cfg.optimizer, t.steps, cfg.lr_scheduler, self.device.type
+            self.model_parts,
+            cfg.optimizer,
+            schedule_steps(cfg.lr_scheduler, t.steps),
+            cfg.lr_scheduler,
+            self.device.type,
         )
         self.train_state = TrainState(self.rank)
         self.watchdog = HangWatchdog(
@@ -267,6 +312,7 @@ class Trainer:
             hf=hf_spec(cfg, self.dims, self.tokenizer, self.job.args),
             device_type=self.device.type,
             log=self.log,
+            hf_assets_path=cfg.model.hf_assets_path,
         )
         load_note = self.checkpoint.load()
         self.metrics = MetricsLogger(
@@ -277,8 +323,15 @@ class Trainer:
             resume_step=self.train_state.step,
             wandb_config=dataclasses.asdict(cfg) if cfg.metrics.enable_wandb else None,
             run_name=cfg.job.description,
+            tb_folder=tensorboard_folder(
+                cfg.job.dump_folder,
+                cfg.metrics.save_tb_folder,
+                self.rank,
+                cfg.metrics.save_for_all_ranks,
+            ),
         )
         self.peak_flops = self._peak_flops()
+        save_config(cfg, self.log)
         self._log_header(load_note)
 
     # ------------------------------------------------------------------ builders
@@ -312,7 +365,8 @@ class Trainer:
             f"[torchtitan] {cfg.job.description + ': ' if cfg.job.description else ''}"
             f"{cfg.model.name} {cfg.model.flavor}: {self.n_params:,} parameters,"
             f" device {self.device.type}, world {self.dims.world_size}, mesh {dict(self.dims.mesh_shape)},"
-            f" params {self.parts.param_dtype}, reduce {t.mixed_precision_reduce}"
+            f" params {t.dtype + ' (training.dtype)' if t.dtype != 'float32' else self.parts.param_dtype},"
+            f" reduce {t.mixed_precision_reduce}"
         )
         self.log(
             f"[torchtitan] global batch {shape.global_batch} x {t.seq_len} tokens"
@@ -334,10 +388,7 @@ class Trainer:
 
     def _pipeline_note(self) -> str:
         layout, parts = self.parts.layout, self.parts
-        held = ", ".join(
-            f"{sid}: layers {layout.stages[sid][0]}-{layout.stages[sid][-1]}"
-            for sid in parts.stage_ids
-        )
+        held = ", ".join(f"{sid}: {layout.blocks_note(sid)}" for sid in parts.stage_ids)
         return (
             f"pipeline {self.cfg.parallelism.pipeline_parallel_schedule}: {layout.num_stages} stages"
             f" ({layout.stages_per_rank} per rank), {parts.microbatches} microbatches; rank {self.rank} holds"
@@ -438,6 +489,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> None:
+        t = self.cfg.training
         profiler = Profiler(
             self.cfg.profiling,
             self.cfg.job.dump_folder,
@@ -447,11 +499,13 @@ class Trainer:
             last_step=self.cfg.training.steps,
             log=self.log,
         )
+        self.garbage = GarbageSchedule(t.gc_freq, t.gc_debug, log=self.log)
         # self.metrics last in: closed first, failed (W&B run marked so) when the loop raises;
         # the preemption handlers are on for the loop only (preemption.py)
         with (
             self.comm if self.comm is not None else contextlib.nullcontext(),
             profiler,
+            self.garbage,
             self.memory,
             self.metrics,
             self.preemption,
@@ -514,11 +568,19 @@ class Trainer:
                 self.clock.end(synced=False)
             if step == start_step + 1:
                 self.watchdog.arm()  # the first step (set-up, compilation) may take longer
+                if self.cfg.comm.train_timeout_seconds != "auto":
+                    seconds = self.cfg.comm.train_timeout_seconds
+                    groups = set_collective_timeout(seconds)
+                    self.log(
+                        f"[torchtitan] collective timeout from step {step + 1} on: {seconds} s"
+                        f" on {groups} process groups (comm.train_timeout_seconds)"
+                    )
                 if self.cfg.compile.enable:
                     for line in compile_log_lines():
                         self.log(line)
             if step == start_step + 2:
                 self._log_memory_error(memory)
+            self.garbage.after_step(step)  # every rank at the same steps (training.gc_freq)
             if self._between_steps(step, start_step):
                 return
 
@@ -623,13 +685,6 @@ class Trainer:
         )
         self.log(f"[torchtitan] {self.preempted}")
         return True
-
-
-def loader_workers(setting, device: torch.device) -> int:
-    """[training.dataloader] num_workers: auto = 2 on CUDA (the GPU's thread never tokenises), 0 on CPU."""
-    if setting == "auto":
-        return 2 if device.type == "cuda" else 0
-    return int(setting)
 
 
 def _error_line(text: str) -> None:

@@ -502,16 +502,6 @@ CASES = [
         " Qwen3MoeForCausalLM cannot hold",
     ),
     BadInput(
-        "Qwen3 MoE balance loss with TP",
-        [
-            "--job.config_file=train_configs/qwen3_moe_debug.toml",
-            "--parallelism.tensor_parallel_degree=2",
-        ],
-        "--moe.aux_loss_coeff=0.001 (the Switch-style balance loss) is not supported with"
-        " --parallelism.tensor_parallel_degree=2 yet; set --moe.aux_loss_coeff=0 (and --moe.load_balance_coeff=1e-3"
-        " to balance by bias)",
-    ),
-    BadInput(
         "Qwen3 MoE TP above its KV heads",
         [
             "--job.config_file=train_configs/qwen3_moe_debug.toml",

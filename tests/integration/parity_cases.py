@@ -92,6 +92,9 @@ COMM = "--metrics.comm_stats=true"
 PP = "--parallelism.pipeline_parallel_degree=2"
 TP = "--parallelism.tensor_parallel_degree=2"
 CP2 = "--parallelism.context_parallel_degree=2"
+ETP = "--parallelism.expert_tensor_parallel_degree=2"
+EP4 = "--parallelism.expert_parallel_degree=4"
+NO_LOSS_PARALLEL = "--parallelism.loss_parallel=false"
 BLOCK_CAUSAL = "--model.attn_mask=block_causal"
 
 
@@ -606,6 +609,53 @@ CASES = [
         model=QWEN_MOE_NOAUX,
         slow=True,
     ),
+    # Expert tensor parallel (etp = tp): each expert's matrices split over TP, EP from the
+    # data-parallel ranks (upstream's cases of the same names). Qwen3 MoE with its Switch loss
+    # under TP: the statistics are summed over TP.
+    # (loss_parallel off: its DTensor loss does not yet add the plain balance loss, see
+    # training/loss.py objective)
+    Case(
+        "qwen3_fsdp+tp+ep+etp",
+        4,
+        [TP, EP, ETP, "--training.local_batch_size=2"],
+        model=QWEN_MOE,
+    ),
+    Case(
+        "qwen3_moe_tp+ep4",
+        4,
+        [TP, EP4, "--training.local_batch_size=2"],
+        model=QWEN_MOE,
+        slow=True,
+    ),
+    Case("deepseek_fsdp+tp+ep+etp", 4, [TP, EP, ETP, "--training.local_batch_size=4"], model=DS),
+    Case("deepseek_tp+etp", 2, [TP, ETP, "--training.local_batch_size=8"], model=DS, slow=True),
+    Case(
+        "deepseek_v3_pp+fsdp+tp+ep+etp",
+        8,
+        [PP, TP, EP, ETP, "--training.local_batch_size=4", _schedule("Interleaved1F1B")],
+        model=DS,
+        slow=True,
+    ),
+    Case(
+        "deepseek_v3_pp+fsdp+tp+ep",
+        8,
+        [PP, TP, EP4, "--training.local_batch_size=4", _schedule("Interleaved1F1B")],
+        model=DS,
+        slow=True,
+    ),
+    Case(
+        "deepseek_simple_fsdp+tp+ep+etp",
+        4,
+        [
+            TP,
+            EP,
+            ETP,
+            "--parallelism.fsdp_implementation=simple_fsdp",
+            "--training.local_batch_size=4",
+        ],
+        model=DS,
+        slow=True,
+    ),
 ]
 
 
@@ -616,6 +666,14 @@ CASES = [
 # DeepSeek-V3 TP + EP one (its embeddings once got no gradient when compiled: an in-flight TP
 # collective entered the first compiled block) and Qwen3 MoE with EP (the Switch statistics,
 # grouped GEMM and dynamic tokens per expert in the graph); Llama3's is fsdp_compile above.
+# The cases of upstream's pipeline split and of its feature keys, in files of their own (they
+# import Case from here, so they come in after it is defined).
+import feature_cases  # noqa: E402
+import pipeline_cases  # noqa: E402
+
+MODELS.update(pipeline_cases.MODELS)
+CASES += pipeline_cases.CASES + feature_cases.CASES
+
 COMPILED_IN_MAKE_TEST = {"deepseek_fsdp+tp+ep", "qwen3_moe_ep"}
 COMPILE_RTOL = 2e-5
 

@@ -153,8 +153,8 @@ PP6 = [
 DSV3_CONFIG = "--job.config_file=train_configs/deepseek_v3_debug.toml"
 
 SHORTCUT_CASES = {  # world, flavor simulated, blocks, overrides
-    # Llama3 1F1B: 3 blocks per stage from 1 and 2; pipeline rank 2 interpolated
-    "llama_1f1b": (5, "tiny", 15, [*PP5, "--training.local_batch_size=5"]),
+    # Llama3 1F1B: 13 blocks split 2 3 3 3 2 (the ends weigh one block each); rank 2 interpolated
+    "llama_1f1b": (5, "tiny", 13, [*PP5, "--training.local_batch_size=5"]),
     # DeepSeek-V3 with EP 2: the worst case too; a dense first stage; peaks at the last warm-up forward
     "dsv3_ep2_1f1b": (
         12,

@@ -31,7 +31,8 @@ def budget_freed(note: str = NOTE) -> str:
 # every schedule --parallelism.pipeline_parallel_schedule accepts; the zero-bubble ones (their
 # backward split in two) named here, as the tests expect them
 ALL_SCHEDULES = list(typing.get_args(field_types(jc.Parallelism)["pipeline_parallel_schedule"]))
-ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+# a CSV schedule (PipelineScheduleMulti) may split backward into I and W: zero-bubble for FSDP
+ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "PipelineScheduleMulti"]
 OTHER_SCHEDULES = [s for s in ALL_SCHEDULES if s not in ZERO_BUBBLE]
 
 

@@ -135,7 +135,7 @@ def test_compile_with_a_zero_bubble_schedule_is_refused(schedule):
     ]
     assert config_error(argv, world_size=2) == (
         f"--compile.enable=true with --parallelism.pipeline_parallel_schedule={schedule}: torch's zero-bubble"
-        " schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) refuse compiled stages (they split each"
+        " schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV, PipelineScheduleMulti) refuse compiled stages (they split each"
         " backward into input and weight passes); use 1F1B, Interleaved1F1B, GPipe or LoopedBFS, or"
         " --compile.enable=false"
     )

@@ -1,9 +1,6 @@
 """Upstream torchtitan's (v0.2.2) keys: every key of its job_config accepted, its spellings of
 our keys, its extension point (job.custom_config_module) and what is refused here."""
 
-import subprocess
-import sys
-
 import pytest
 
 from torchtitan.checks import load_config
@@ -212,24 +209,3 @@ def test_what_cannot_run_here_is_refused_in_one_line(argv, expected):
     with pytest.raises(ConfigError) as e:
         load_config(argv, 1)
     assert str(e.value).startswith(expected) and "\n" not in str(e.value)
-
-
-def test_refusal_happens_before_any_process_starts(tmp_path):
-    # run_train.sh's pre-launch check: exit 2, one error line, nothing written
-    dump = tmp_path / "dump"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchtitan.checks",
-            "--model.name=llama4",
-            f"--job.dump_folder={dump}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 2
-    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
-        line for line in r.stderr.splitlines() if "llama4" in line
-    ]
-    assert not dump.exists()

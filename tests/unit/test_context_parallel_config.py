@@ -91,11 +91,10 @@ def test_attn_mask_values():
     for mask in ("causal", "block_causal"):
         cfg, warnings = load_config([f"--model.attn_mask={mask}", f"{CP}=2"], 8)
         assert warnings == [] and cfg.model.attn_mask == mask
-    assert cfg_of([]).model.attn_mask == "causal"  # the default
+    assert cfg_of([]).model.attn_mask == "auto"  # the default: the flavor's (causal here)
     for bad in ("blockcausal", "sliding", "Causal"):
-        assert (
-            config_error([f"--model.attn_mask={bad}"])
-            == f"--model.attn_mask={bad}: choose causal or block_causal"
+        assert config_error([f"--model.attn_mask={bad}"]).startswith(
+            f"--model.attn_mask: invalid value '{bad}'; choose one of 'auto', 'causal', 'block_causal'"
         )
 
 

@@ -68,7 +68,7 @@ def tokens(bsz: int = 2, seq: int = 16, seed: int = 0) -> torch.Tensor:
 
 
 def test_flavors_and_derived_fields():
-    assert list(FLAVORS) == ["debugmodel", "tiny", "16B", "671B"]
+    assert list(FLAVORS) == ["debugmodel", "debugmodel_flex_attn", "tiny", "16B", "671B"]
     for a in FLAVORS.values():
         assert (
             a.qk_head_dim == a.qk_nope_head_dim + a.qk_rope_head_dim and a.n_kv_heads == a.n_heads

@@ -44,7 +44,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planning.search",),  # the layout space, its cheap estimate, the search, the nearby choices
     ("planning.startup", "planning"),  # the trainer's start-up gate (and the package's docstring)
     ("checks",),  # the pre-launch checks: each owner's torch-free rules, called in order
-    ("train", "dry_run", "launcher", "hf_convert", "predict_rank_roles"),  # entry points
+    (
+        "train",
+        "dry_run",
+        "launcher",
+        "hf_convert",
+        "predict_rank_roles",
+        "generate",
+    ),  # entry points
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

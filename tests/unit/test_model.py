@@ -49,7 +49,19 @@ def expected_params(a: Llama3Args) -> int:
 
 
 def test_flavor_registry():
-    assert list(FLAVORS) == ["debugmodel", "tiny", "1B", "3B", "8B", "70B", "405B"]
+    assert list(FLAVORS) == [
+        "debugmodel",
+        "debugmodel_flex_attn",
+        "debugmodel_varlen_attn",
+        "tiny",
+        "1B",
+        "3B",
+        "8B",
+        "8B_flex",
+        "8B_varlen",
+        "70B",
+        "405B",
+    ]
     assert flavors_of("llama3") is FLAVORS
     spec = get_train_spec("llama3")
     assert spec.name == "llama3" and spec.model_cls is Transformer and spec.flavors is FLAVORS

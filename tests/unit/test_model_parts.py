@@ -21,7 +21,8 @@ def _parts(model_name: str, argv: list[str], dims: dict, world: int, pp_rank: in
     args = model_args(model_name, "tiny", 2048, 64, cfg.moe)
     with torch.device("meta"):
         model = spec.model_cls(args)
-    d = SimpleNamespace(**{"pp": 1, "tp": 1, "ep": 1, "dp_shard": world, **dims})
+    d = SimpleNamespace(**{"pp": 1, "tp": 1, "ep": 1, "etp": 1, "dp_shard": world, **dims})
+    d.expert_shards = d.ep * d.etp
     return resolve_parts(PlannedJob(cfg, MetaModel(spec, model, args), d, "cpu"), pp_rank)
 
 

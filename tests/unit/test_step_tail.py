@@ -22,7 +22,13 @@ from torchtitan.training.step import StepResult, StepSums
 def _cfg():
     return NS(
         optimizer=NS(
-            implementation="auto", lr=0.1, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1
+            name="AdamW",
+            implementation="auto",
+            lr=0.1,
+            beta1=0.9,
+            beta2=0.95,
+            eps=1e-8,
+            weight_decay=0.1,
         ),
         lr_scheduler=NS(warmup_steps=0, decay_ratio=0.0, decay_type="linear", min_lr_factor=0.1),
     )

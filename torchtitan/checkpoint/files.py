@@ -177,8 +177,9 @@ def check_compatible(path: str, marker: dict, model: str, global_batch: int | No
     if global_batch is not None and saved is not None and saved != global_batch:
         raise CheckpointError(
             f"checkpoint '{path}' was saved with global batch {saved} rows, this run has {global_batch}:"
-            f" the data position cannot be carried over; set --training.global_batch_size={saved}, or start"
-            f" from its weights with --checkpoint.initial_load_path={path} and a fresh --checkpoint.folder"
+            f" the data position cannot be carried over; set --training.global_batch_size={saved}, start the"
+            " data over with --checkpoint.exclude_from_loading=dataloader, or start from its weights with"
+            f" --checkpoint.initial_load_path={path} and a fresh --checkpoint.folder"
         )
 
 
@@ -225,56 +226,137 @@ def marker_rules(path: str) -> dict:
     return dict(marker.get("model_rules") or {})
 
 
+# The parts of a full checkpoint besides the model, by their names in exclude_from_loading.
+LOADABLE_PARTS = ("optimizer", "lr_scheduler", "dataloader", "train_state")
+
+
 @dataclass(frozen=True)
 class StartPoint:
     """What a run starts from (start_point)."""
 
-    kind: str  # "fresh", "resume", "seed", "initial_checkpoint" or "initial_hf"
+    # "fresh", "resume", "seed", "initial_checkpoint" (weights), "initial_full" (another run's
+    # full checkpoint) or "initial_hf"
+    kind: str
     path: str = ""
-    info: CheckpointInfo | None = None  # resume / seed: the checkpoint found in the run's folder
+    info: CheckpointInfo | None = (
+        None  # resume / seed / initial_full: the checkpoint and its marker
+    )
+    key: str = "--checkpoint.initial_load_path"  # the key that named `path` (initial_hf)
+
+
+def _hf_twin(path: str) -> str:
+    """The Hugging Face export of checkpoint `path` (last_save_in_hf), named by its marker; ""."""
+    from torchtitan.models.hf.folder import is_hf_folder
+
+    try:
+        hf = (read_marker(path) or {}).get("hf_export", "")
+    except CheckpointError:
+        return ""
+    return hf if hf and is_hf_folder(hf) else ""
+
+
+def _not_hf(path: str, key: str) -> str:
+    """initial_load_in_hf on a folder that is not a Hugging Face one: what it is, and the fix."""
+    from torchtitan.models.hf.folder import CONFIG
+
+    what = (
+        f"has no {CONFIG}"
+        if not os.path.isfile(os.path.join(path, CONFIG))
+        else "has no *.safetensors"
+    )
+    try:
+        hf = (read_marker(path) or {}).get("hf_export", "")
+    except CheckpointError:
+        hf = ""
+    if hf:  # this fork's last_save_in_hf writes the folder next to the checkpoints (upstream: in step-N)
+        fix = (
+            f"its weights were exported by checkpoint.last_save_in_hf to '{hf}': point {key} there"
+        )
+    elif os.path.isfile(os.path.join(path, DCP_METADATA)):
+        fix = "it is a DCP checkpoint: drop --checkpoint.initial_load_in_hf to load it"
+    else:
+        fix = "give a Hugging Face model folder (config.json + *.safetensors)"
+    return f"--checkpoint.initial_load_in_hf: {key} '{path}' {what}, it is not a Hugging Face model folder; {fix}"
+
+
+def _initial_full(path: str, marker: dict | None) -> CheckpointInfo:
+    """initial_load_model_only=false: `path` must be a complete full checkpoint."""
+    flag = "--checkpoint.initial_load_model_only=false"
+    if marker is None:
+        raise CheckpointError(
+            f"{flag}: '{path}' has no {COMPLETE_MARKER} marker (an unfinished save, or not a checkpoint"
+            " of this trainer), so its training state is not loaded; give a complete step-N folder, or"
+            " load only its weights with --checkpoint.initial_load_model_only=true"
+        )
+    if marker.get("model_only", False):
+        raise CheckpointError(
+            f"{flag}: '{path}' holds weights only (no optimizer, schedule or data position); load it"
+            " with --checkpoint.initial_load_model_only=true"
+        )
+    return CheckpointInfo(int(marker.get("step", 0)), path, True, marker)
 
 
 def start_point(
     folder: str,
-    enable: bool,
-    load_step: int | str,
-    initial_load_path: str,
+    c,
     model_name: str,
     *,
     flavor: str,
     args,
     global_batch: int,
+    hf_assets_path: str = "",
 ) -> StartPoint:
-    """What a run in `folder` starts from, each candidate checked (CheckpointError, one line):
-    with checkpointing on, the checkpoint resolve_resume picks (its model and, for a full
-    resume, its global batch must be this run's); else `initial_load_path`: a Hugging Face
-    folder (its config and shapes against `args`, the run's model args) or a checkpoint step
-    folder (weights only, its model this run's); else a fresh start. The checks and the
-    checkpoint manager (on rank 0, for every rank) both decide with it."""
+    """What a run in `folder` starts from, by the [checkpoint] section `c`, each candidate
+    checked (CheckpointError, one line): with checkpointing on, the checkpoint resolve_resume
+    picks (its model and, for a full resume that loads the data position, its global batch
+    must be this run's); else `initial_load_path` (with initial_load_in_hf and none given,
+    `hf_assets_path`, as upstream): a Hugging Face folder (its config and shapes against
+    `args`, the run's model args), or a checkpoint step folder - its weights, or with
+    initial_load_model_only=false its whole training state; else a fresh start. The checks and
+    the checkpoint manager (on rank 0, for every rank) both decide with it."""
     from torchtitan.models.hf.folder import HFFolderError, check_folder, is_hf_folder
 
     model = f"{model_name}/{flavor}"
-    info = resolve_resume(folder, load_step) if enable else None
+    data_batch = None if "dataloader" in c.exclude_from_loading else global_batch
+    info = resolve_resume(folder, c.load_step) if c.enable else None
     if info is not None:
-        check_compatible(info.path, info.marker, model, None if info.model_only else global_batch)
+        check_compatible(info.path, info.marker, model, None if info.model_only else data_batch)
         return StartPoint("seed" if info.model_only else "resume", info.path, info)
-    path = initial_load_path
+    path, key = c.initial_load_path, "--checkpoint.initial_load_path"
+    if not path and c.initial_load_in_hf:
+        path, key = hf_assets_path, "--model.hf_assets_path"
     if not path:
         return StartPoint("fresh")
+    if c.initial_load_in_hf and not is_hf_folder(path):
+        # upstream's last_save_in_hf writes the Hugging Face folder as step-N itself, so its
+        # users point here at the step; this fork wrote it beside (the marker names it)
+        path = _hf_twin(path) or path
+        if not is_hf_folder(path):
+            raise CheckpointError(_not_hf(path, key))
     if is_hf_folder(path):
+        if not c.initial_load_model_only:
+            raise CheckpointError(
+                f"--checkpoint.initial_load_model_only=false: {key} '{path}' is a Hugging Face folder,"
+                " which holds weights only; set --checkpoint.initial_load_model_only=true"
+            )
         if args is None:
             raise CheckpointError(
-                f"--checkpoint.initial_load_path: '{path}' is a Hugging Face folder, which this"
+                f"{key}: '{path}' is a Hugging Face folder, which this"
                 " run cannot read (no model args to check it against)"
             )
         try:
-            check_folder(path, model_name, flavor, args)
+            check_folder(path, model_name, flavor, args, key=key)
         except HFFolderError as e:
             raise CheckpointError(str(e)) from None
-        return StartPoint("initial_hf", path)
+        return StartPoint("initial_hf", path, key=key)
     check_initial_load_path(path)
-    check_compatible(path, read_marker(path) or {}, model, None)
-    return StartPoint("initial_checkpoint", path)
+    marker = read_marker(path)
+    if c.initial_load_model_only:
+        check_compatible(path, marker or {}, model, None)
+        return StartPoint("initial_checkpoint", path)
+    info = _initial_full(path, marker)
+    check_compatible(path, info.marker, model, data_batch)
+    return StartPoint("initial_full", path, info)
 
 
 def write_marker(path: str, record: dict) -> None:

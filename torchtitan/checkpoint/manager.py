@@ -7,6 +7,13 @@ parameter name (DCP reshards DTensors), the data position by global batch row ("
 so FSDP 4 can resume as FSDP 2 x TP 2 or PP 2 x FSDP 2. Only the RNG states are per rank;
 they are restored when the layout is unchanged (states.py). See files.py for the folder
 layout and how a save becomes visible.
+
+Upstream's [checkpoint] keys act here as there: exclude_from_loading leaves parts of a full
+checkpoint fresh, initial_load_model_only=false starts from another run's full checkpoint,
+load_only never saves, enable_first_step_checkpoint also saves after step 1. Where upstream
+writes last_save_in_hf's folder in place of step-N, this trainer writes it beside the
+checkpoints (<dump_folder>/hf/step-N) and names it in step-N's marker.
+enable_ft_dataloader_checkpoints is torchft's, whose fault tolerance is refused (checks/).
 """
 
 import logging
@@ -23,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from torchtitan.checkpoint.async_saves import AsyncSaves
 from torchtitan.checkpoint.files import (
+    LOADABLE_PARTS,
     CheckpointError,
     hf_export_path,
     marker_record,
@@ -46,6 +54,10 @@ from torchtitan.resilience import faults
 from torchtitan.units import MIB
 
 logger = logging.getLogger(__name__)
+
+# async_mode values that write in the background; pinned staging is what CUDA does in both
+# (async_saves.py), so they differ only in name
+ASYNC_MODES = ("async", "async_with_pinned_mem")
 
 
 def _is_main() -> bool:
@@ -87,11 +99,14 @@ class CheckpointManager:
         hf: HFSpec | None = None,
         device_type: str = "cpu",
         log=lambda line: None,
+        hf_assets_path: str = "",
     ):
         """`run_info`: what every marker records (files.run_record). The training state
         (optimizers, dataloader, train_state) is what a full checkpoint holds besides the model;
-        without it (a seed checkpoint) only the model is saved."""
+        without it (a seed checkpoint) only the model is saved. `hf_assets_path`: the folder
+        initial_load_in_hf reads when initial_load_path is empty (upstream's fallback)."""
         self.cfg = cfg
+        self.hf_assets_path = hf_assets_path
         self.folder = os.path.join(dump_folder, cfg.folder)
         self.dump_folder = dump_folder
         self.hf = hf
@@ -112,11 +127,16 @@ class CheckpointManager:
         self._pg = None
         self._deleting: threading.Thread | None = None
         self.async_saves = (
-            AsyncSaves(device_type, io_timeout_seconds) if cfg.async_mode == "async" else None
+            AsyncSaves(device_type, io_timeout_seconds) if cfg.async_mode in ASYNC_MODES else None
         )
         self.saved_step = -1  # the step of the newest save this run started (sync or async)
         self.save_s = 0.0  # the longest synchronous save so far
         self.log = log  # rank 0's console (a line per save)
+        if cfg.enable and cfg.async_mode == "async_with_pinned_mem" and device_type != "cuda":
+            self.log(
+                f"[torchtitan] checkpoint.async_mode=async_with_pinned_mem: pinned memory is CUDA's;"
+                f" on {device_type} the saves are async, staged in ordinary host memory"
+            )
 
     @property
     def pg(self):
@@ -151,26 +171,27 @@ class CheckpointManager:
         """Restore what this run starts from (files.start_point, decided on rank 0 for every
         rank); return a log line ("" for a fresh start)."""
         c, spec = self.cfg, self.hf
-        if not c.enable and not c.initial_load_path:
+        if not (c.enable or c.initial_load_path or (c.initial_load_in_hf and self.hf_assets_path)):
             return ""  # nothing to look at: no checkpoint group is made
         model_name, flavor = self.run_info["model"].split("/", 1)
         args = spec.args if spec is not None else None
         start = self._agree(
             lambda: start_point(
                 self.folder,
-                c.enable,
-                c.load_step,
-                c.initial_load_path,
+                c,
                 model_name,
                 flavor=flavor,
                 args=args,
                 global_batch=self.run_info.get("global_batch"),
+                hf_assets_path=self.hf_assets_path,
             )
         )
         if start.kind == "fresh":
             return ""
         if start.kind == "initial_hf":
-            done = load_hf_weights(self.model_parts, start.path, spec.model_name, spec.args)
+            done = load_hf_weights(
+                self.model_parts, start.path, spec.model_name, spec.args, key=start.key
+            )
             note = f"; {done.note}" if done.note else ""
             return (
                 f"weights loaded from Hugging Face folder {start.path} ({done.tensors} tensors,"
@@ -182,7 +203,13 @@ class CheckpointManager:
         if start.kind == "seed":
             self._load({"model": self.states["model"]}, start.path)
             return f"seed weights loaded from {start.path}; starting at step 0"
-        info = start.info
+        return self._load_full(start.info, own=start.kind == "resume")
+
+    def _load_full(self, info, own: bool) -> str:
+        """A full checkpoint - this run's, or another run's (initial_load_model_only=false) -
+        without the parts in exclude_from_loading, which start fresh; the log line."""
+        skipped = [k for k in LOADABLE_PARTS if k in self.cfg.exclude_from_loading]
+        states = {k: v for k, v in self.states.items() if k not in skipped}
         # Per-rank RNG states mean something only for the same rank layout.
         same_layout = (info.marker.get("world_size"), info.marker.get("mesh")) == (
             self.run_info["world_size"],
@@ -190,18 +217,21 @@ class CheckpointManager:
         )
         self.train_state.restore_rng = same_layout
         try:
-            self._load(self.states, info.path)
+            self._load(states, info.path, own=own)
         finally:
             self.train_state.restore_rng = True
-        rng = (
-            ""
-            if same_layout
-            else (
+        self.states["lr_scheduler"].apply()  # the schedule, loaded or fresh, sets the lr
+        where = info.path if own else f"{info.path}, initial_load_path"
+        line = f"resumed from step {info.step} ({where})"
+        if "train_state" not in skipped and not same_layout:
+            line += (
                 f"; RNG states not restored (saved by mesh {info.marker.get('mesh')},"
                 f" world size {info.marker.get('world_size')})"
             )
-        )
-        return f"resumed from step {info.step} ({info.path}){rng}"
+        if skipped:
+            fresh = [f"{k} (starting at step 0)" if k == "train_state" else k for k in skipped]
+            line += f"; not loaded, starting fresh: {', '.join(fresh)}"
+        return line
 
     def _load(self, states: dict, path: str, own: bool = True) -> None:
         try:
@@ -241,17 +271,31 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
+    def _saves(self) -> bool:
+        """Whether this run writes checkpoints at all (load_only: it only reads them)."""
+        return self.cfg.enable and not self.cfg.load_only
+
+    def _checkpoint_due(self, step: int, last: bool) -> bool:
+        c = self.cfg
+        first = step == 1 and c.enable_first_step_checkpoint
+        return self._saves() and (last or first or step % c.interval == 0)
+
     def due(self, step: int, last: bool) -> bool:
         """Whether `maybe_save(step, last)` writes anything (a checkpoint or an HF export)."""
-        return (self.cfg.enable and (last or step % self.cfg.interval == 0)) or (
-            last and self.cfg.last_save_in_hf
-        )
+        return self._checkpoint_due(step, last) or (last and self.cfg.last_save_in_hf)
 
     def maybe_save(self, step: int, last: bool) -> None:
-        """Between steps: publish a finished asynchronous save; save at the interval and the
-        last step (the last one synchronously, so a finished run's checkpoint is complete)."""
+        """Between steps: publish a finished asynchronous save; save at the interval, after the
+        first step (enable_first_step_checkpoint) and at the last step (synchronously, so a
+        finished run's checkpoint is complete)."""
         self.poll()
-        if self.cfg.enable and (last or step % self.cfg.interval == 0):
+        if self._checkpoint_due(step, last):
+            # an export's marker names its Hugging Face twin (the path upstream's users look for)
+            twin = (
+                {"hf_export": hf_export_path(self.dump_folder, step)}
+                if last and self.cfg.last_save_in_hf
+                else {}
+            )
             if last and self.cfg.last_save_model_only:
                 dtype = DTYPES[self.cfg.export_dtype]
                 self._save(
@@ -259,16 +303,17 @@ class CheckpointManager:
                     {"model": ModelState(self.model_parts, dtype)},
                     model_only=True,
                     dtype=self.cfg.export_dtype,
+                    extra=twin,
                 )
             else:
-                self._save(step, self.states, model_only=False, background=not last)
+                self._save(step, self.states, model_only=False, background=not last, extra=twin)
         if last and self.cfg.last_save_in_hf:  # after the checkpoint: a failed export loses nothing
             self._export_hf(step)
 
     def save_now(self, step: int) -> tuple[str, float] | None:
         """A preemption's save of `step`, synchronous (a save of it in flight is waited for);
         (its folder, the seconds it took), or None when checkpointing is off."""
-        if not self.cfg.enable:
+        if not self._saves():
             return None
         start = time.monotonic()
         if self.saved_step != step:
@@ -312,11 +357,18 @@ class CheckpointManager:
         return step_path(self.folder, 0)
 
     def _save(
-        self, step: int, states: dict, model_only: bool, dtype: str = "", background: bool = False
+        self,
+        step: int,
+        states: dict,
+        model_only: bool,
+        dtype: str = "",
+        background: bool = False,
+        *,
+        extra: dict | None = None,
     ) -> None:
         """DCP files into step-N.tmp, then the marker, then the rename: the step becomes
         visible only complete, and an existing step-N is replaced only after that. With
-        async_mode=async and `background`, the files are written while training goes on
+        an async async_mode and `background`, the files are written while training goes on
         (async_saves.py) and the marker and rename follow once they are all written."""
         self.wait()  # one save in flight
         final = step_path(self.folder, step)
@@ -327,7 +379,7 @@ class CheckpointManager:
             os.makedirs(tmp, exist_ok=True)
         self._barrier()
         self._check_shared(tmp)
-        record = marker_record(step, model_only, dtype, self.run_info)
+        record = marker_record(step, model_only, dtype, self.run_info, **(extra or {}))
         self.saved_step = step
         if background and self.async_saves is not None:
             staged = self.async_saves.start(

@@ -107,6 +107,15 @@ class LRSchedulerState(Stateful):
         for s in self.schedulers:
             s.load_state_dict(state)
 
+    def apply(self) -> None:
+        """Set every optimizer's lr to its schedule's current value, after a load: a loaded
+        optimizer brings the lr saved with it, which must give way to a schedule that starts
+        fresh (exclude_from_loading=lr_scheduler); a schedule loaded without the optimizer
+        must move the fresh optimizer's lr to the loaded step. After a full load both agree."""
+        for s in self.schedulers:
+            for group, lr in zip(s.optimizer.param_groups, s.get_last_lr()):
+                group["lr"] = lr
+
 
 class DataloaderState(Stateful):
     """The data position as one pickled record per global batch row ("slot_<i>").

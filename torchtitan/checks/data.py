@@ -124,27 +124,36 @@ def check_dataset_path(dataset: str, section: str = "training") -> None:
 
 
 def check_tokenizer(cfg: JobConfig, args) -> None:
-    """Loads the tokenizer as the run will; its size must fit a flavor's fixed vocab_size. A dry
-    run of such a flavor reads no tokenizer, so neither does its check."""
+    """Loads the tokenizer as the run will (model.tokenizer_path, else upstream's
+    <model.hf_assets_path>/tokenizer.json: data/tokenizer.tokenizer_file); its size must fit a
+    flavor's fixed vocab_size. A dry run of such a flavor reads no tokenizer, so neither does
+    its check."""
     if cfg.job.dry_run and args.vocab_size:
         return
-    from torchtitan.data.tokenizer import TokenizerError, load_tokenizer
+    from torchtitan.data.tokenizer import TokenizerError, load_tokenizer, tokenizer_file
 
     m = cfg.model
+    path = tokenizer_file(m)
     if m.tokenizer_path:
-        full = os.path.expanduser(m.tokenizer_path)
+        name, value = "tokenizer_path", m.tokenizer_path
+        fix = "give an HF tokenizer.json file (or its folder), or leave it empty for the bundled tokenizer"
+    else:
+        name, value = "hf_assets_path", m.hf_assets_path
+        fix = (
+            "give the folder that holds the model's tokenizer.json, or set --model.tokenizer_path,"
+            " or leave both empty for the bundled tokenizer"
+        )
+    if path:
+        full = os.path.expanduser(path)
         if os.path.isdir(full):
             full = os.path.join(full, "tokenizer.json")
         if not os.path.isfile(full):
-            raise ConfigError(
-                f"--model.tokenizer_path: '{full}' not found; give an HF tokenizer.json file (or its"
-                " folder), or leave it empty for the bundled tokenizer"
-            )
-    key = f"--model.tokenizer_path={m.tokenizer_path!r}"
+            raise ConfigError(f"--model.{name}: '{full}' not found; {fix}")
+    key = f"--model.{name}={value!r}"
     try:
-        tokenizer = load_tokenizer(m.tokenizer_path)
+        tokenizer = load_tokenizer(path)
     except TokenizerError as e:
-        where = "" if e.path == os.path.expanduser(m.tokenizer_path) else f" ('{e.path}')"
+        where = "" if e.path == os.path.expanduser(path) else f" ('{e.path}')"
         if e.kind == "no_bos_eos":
             raise ConfigError(
                 f"{key}: the tokenizer{where} has {e.reason}; use a tokenizer that defines one of these"
@@ -177,6 +186,10 @@ def check_dataset(
     src = getattr(cfg, section)
     name = name or src.dataset
     split = per_source_split(name, src.dataset_split) if per_source else src.dataset_split
-    keys = DatasetKeys(name, split, src.dataset_config_name, src.dataset_text_field, section)
-    job = DatasetCheck(keys, rows, cfg.job.dry_run, cfg.model.tokenizer_path)
+    mixed = per_source or (section == "training" and bool(src.dataset_mix))
+    path = "" if mixed else src.dataset_path
+    keys = DatasetKeys(name, split, src.dataset_config_name, src.dataset_text_field, section, path)
+    from torchtitan.data.tokenizer import tokenizer_file
+
+    job = DatasetCheck(keys, rows, cfg.job.dry_run, tokenizer_file(cfg.model))
     kind_of(name).check(job)

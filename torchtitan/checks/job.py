@@ -26,11 +26,14 @@ from torchtitan.checks.layout import (
     check_layout,
     check_model,
 )
+from torchtitan.checks.optimizer import check_optimizer_placement
 from torchtitan.checks.outputs import check_outputs, check_wandb
+from torchtitan.checks.upstream_keys import check_upstream_keys
 from torchtitan.checks.upstream_only import check_upstream_only
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError
 from torchtitan.distributed.job_shape import ShapeError, batch_shape
+from torchtitan.models.common.attn_backend import ATTN_BACKENDS, attn_backend_of, implied_attn_mask
 from torchtitan.planning.memory import budget as memory_budget
 from torchtitan.planning.memory import model_states
 from torchtitan.training.model_args import run_model_args
@@ -41,8 +44,11 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     """Raise ConfigError for the first problem found, one concern after another."""
     check_upstream_only(cfg)
     args = check_model(cfg)
+    check_attention_backend(cfg, args)
     dp_shard = check_layout(cfg, args, world_size)
     global_batch = check_training(cfg, args, dp_shard)
+    check_upstream_keys(cfg, args, dp_shard)
+    check_optimizer_placement(cfg, dp_shard)
     check_activation_checkpoint(cfg)
     check_validation_and_profiling(cfg)
     check_inputs(cfg, args, global_batch)
@@ -65,6 +71,23 @@ def accepts(world_size: int) -> Callable[[JobConfig], bool]:
         return True
 
     return ok
+
+
+def check_attention_backend(cfg: JobConfig, args) -> None:
+    """The flavor's attention kernel is known; a flex / varlen flavor attends within documents,
+    which the causal mask contradicts (models/common/attn_backend.py)."""
+    m = cfg.model
+    backend = attn_backend_of(args)
+    if backend not in ATTN_BACKENDS:
+        raise ConfigError(
+            f"--model.flavor={m.flavor}: attn_backend {backend!r} of {m.name} is not one of"
+            f" {', '.join(ATTN_BACKENDS)}; fix the flavor's args"
+        )
+    if implied_attn_mask(args) and m.attn_mask == "causal":
+        raise ConfigError(
+            f"--model.attn_mask=causal: flavor {m.flavor} attends with {backend} attention within"
+            f" documents; set --model.attn_mask=block_causal or pick a flavor without {backend}"
+        )
 
 
 def check_training(cfg: JobConfig, args, dp_shard: int) -> int:

@@ -62,8 +62,8 @@ def check_model(cfg: JobConfig):
             f"--model.name={m.name}: its args ({type(args).__name__}) lack {', '.join(gaps)} of"
             " torchtitan.models.protocol.ModelArgs; give them (docs/adding_a_model.md)"
         )
-    if m.attn_mask not in ("causal", "block_causal"):
-        raise ConfigError(f"--model.attn_mask={m.attn_mask}: choose causal or block_causal")
+    if m.attn_mask not in ("auto", "causal", "block_causal"):
+        raise ConfigError(f"--model.attn_mask={m.attn_mask}: choose auto, causal or block_causal")
     return args
 
 
@@ -139,11 +139,14 @@ def check_moe(cfg: JobConfig, args) -> None:
     aux = shape.aux_loss_coeff if moe.aux_loss_coeff == AUTO else moe.aux_loss_coeff
     p = cfg.parallelism
     # Switch-style (Qwen): the statistics travel through the pipeline; sequence-wise (DeepSeek-V3):
-    # not every stage reaches the loss. TP and CP: each rank sees a chunk of the sequences.
+    # not every stage reaches the loss. TP: each rank routes a chunk of the sequences; the Switch
+    # statistics are summed over TP (models/common/moe.sum_over_group; the sequence-wise loss's
+    # too, not yet proven by a parity case); CP: not yet.
     switch = shape.aux_loss_kind == "switch"
     what = "Switch-style" if switch else "sequence-wise"
     checks = [] if switch else [("pipeline_parallel_degree", p.pipeline_parallel_degree)]
-    checks.append(("tensor_parallel_degree", p.tensor_parallel_degree))
+    if not switch:
+        checks.append(("tensor_parallel_degree", p.tensor_parallel_degree))
     if switch:
         checks.append(("context_parallel_degree", p.context_parallel_degree))
     bias = shape.load_balance_coeff if moe.load_balance_coeff == AUTO else moe.load_balance_coeff
@@ -187,63 +190,94 @@ def check_mtp(cfg: JobConfig) -> None:
 
 
 def check_context_parallel(cfg: JobConfig) -> None:
-    """Each CP rank holds two equal chunks of every sequence; sequence parallel then splits
-    a rank's tokens over TP."""
+    """Each CP rank holds two equal chunks of every sequence (one with the balancer none;
+    ptrr refused); sequence parallel then splits a rank's tokens over TP."""
     p, t = cfg.parallelism, cfg.training
     cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
     if cp == 1:
         return
-    if t.seq_len % (2 * cp):
+    if p.context_parallel_load_balancer == "ptrr":
         raise ConfigError(
-            f"--parallelism.context_parallel_degree={cp} cuts each sequence into 2 x {cp} chunks but"
-            f" --training.seq_len={t.seq_len} is not a multiple of {2 * cp}; pick a seq_len that is"
+            "--parallelism.context_parallel_load_balancer=ptrr is FlexAttention's per-document"
+            " balancer and CP here runs SDPA, not FlexAttention; use headtail (or none)"
+        )
+    pieces = 2 * cp if p.context_parallel_load_balancer == "headtail" else cp
+    if t.seq_len % pieces:
+        cut = f"2 x {cp}" if pieces > cp else f"{cp}"
+        raise ConfigError(
+            f"--parallelism.context_parallel_degree={cp} cuts each sequence into {cut} chunks but"
+            f" --training.seq_len={t.seq_len} is not a multiple of {pieces}; pick a seq_len that is"
         )
     if tp > 1 and (t.seq_len // cp) % tp:
         raise ConfigError(
             f"--training.seq_len={t.seq_len}: a CP rank's {t.seq_len // cp} tokens do not split over"
             f" --parallelism.tensor_parallel_degree={tp} (sequence parallel); pick a seq_len that is a"
-            f" multiple of {math.lcm(2 * cp, cp * tp)}"
+            f" multiple of {math.lcm(pieces, cp * tp)}"
         )
 
 
 def check_expert_parallel(cfg: JobConfig, args, dp_shard: int) -> None:
-    """EP borrows all of tp's and cp's ranks, then dp_shard's; experts split evenly over it."""
+    """EP borrows all of tp's and cp's ranks, then dp_shard's; experts split evenly over it.
+    Under expert tensor parallel (etp = tp) the experts are split over tp by hidden unit
+    instead, and EP borrows only cp's and dp_shard's ranks."""
     p, m = cfg.parallelism, cfg.model
     ep, tp, cp = p.expert_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
+    etp = p.expert_tensor_parallel_degree  # 1 or tp: job_shape.degrees checked it
     experts = args.moe.n_routed_experts if args.moe else 0
-    if experts and ep > 1 and cp > 1 and ep % (tp * cp):
+    if etp > 1 and not experts:
+        raise ConfigError(
+            f"--parallelism.expert_tensor_parallel_degree={etp}: model {m.name} has no experts;"
+            " set it to 1"
+        )
+    takes = cp if etp > 1 else tp * cp  # the ranks EP borrows whole
+    if experts and ep > 1 and cp > 1 and ep % takes:
+        by = (
+            "context_parallel_degree"
+            if etp > 1
+            else "tensor_parallel_degree x context_parallel_degree"
+        )
         raise ConfigError(
             f"--parallelism.expert_parallel_degree={ep} with --parallelism.context_parallel_degree={cp}"
-            f" must be a multiple of tensor_parallel_degree x context_parallel_degree = {tp * cp}:"
-            " every CP rank routes its own tokens, so EP takes all of CP"
+            f" must be a multiple of {by} = {takes}: every CP rank routes its own tokens, so EP takes"
+            " all of CP"
         )
-    if experts and tp > 1 and ep % tp:
+    if experts and tp > 1 and etp == 1 and ep % tp:
         raise ConfigError(
             f"--parallelism.tensor_parallel_degree={tp} with {m.name} needs --parallelism.expert_parallel_degree"
             f" a multiple of {tp} (it is {ep}): under sequence parallel each TP rank routes its own tokens"
             " and EP, which takes every TP rank, brings them to their experts"
         )
-    if ep == 1:
-        return
-    if not experts:
+    if etp > 1:
+        hidden = args.moe.moe_inter_dim
+        if hidden % (8 * etp):
+            raise ConfigError(
+                f"--parallelism.expert_tensor_parallel_degree={etp} splits {m.name} {m.flavor}"
+                f" moe_inter_dim={hidden} into slices that are not multiples of 8 (the grouped GEMM's"
+                " alignment); use expert_tensor_parallel_degree=1"
+            )
+    if ep > 1 and not experts:
         raise ConfigError(
             f"--parallelism.expert_parallel_degree={ep}: model {m.name} has no experts; set it to 1"
         )
-    if dp_shard % (ep // (tp * cp)):
-        by = "tp x cp" if cp > 1 else "tp"
+    if ep > 1 and dp_shard % (ep // takes):
+        if etp > 1:
+            what, by = ("ep / cp", "cp x ") if cp > 1 else ("ep", "")
+        else:
+            what, by = ("ep / (tp x cp)", "tp x cp x ") if cp > 1 else ("ep / tp", "tp x ")
         raise ConfigError(
-            f"--parallelism.expert_parallel_degree={ep} takes {ep // (tp * cp)} ranks from data_parallel_shard_degree"
-            f"={dp_shard} (ep / {'(tp x cp)' if cp > 1 else 'tp'}), which does not divide it; pick an"
-            f" expert_parallel_degree of {by} x a divisor of {dp_shard}"
+            f"--parallelism.expert_parallel_degree={ep} takes {ep // takes} ranks from data_parallel_shard_degree"
+            f"={dp_shard} ({what}), which does not divide it; pick an"
+            f" expert_parallel_degree of {by}a divisor of {dp_shard}"
         )
-    if experts % ep:
+    if ep > 1 and experts % ep:
         raise ConfigError(
             f"--parallelism.expert_parallel_degree={ep} does not divide {m.name} {m.flavor}"
             f" n_routed_experts={experts}; pick a divisor of {experts}"
         )
-    if dp_shard == 1 and p.data_parallel_replicate_degree > 1:
+    if (ep > 1 or etp > 1) and dp_shard == 1 and p.data_parallel_replicate_degree > 1:
+        key = "expert_parallel_degree" if ep > 1 else "expert_tensor_parallel_degree"
         raise ConfigError(
-            f"--parallelism.expert_parallel_degree={ep} with DDP (data_parallel_shard_degree=1) is not"
+            f"--parallelism.{key}={ep if ep > 1 else etp} with DDP (data_parallel_shard_degree=1) is not"
             " supported; shard the data-parallel ranks (data_parallel_shard_degree > 1)"
         )
 

@@ -5,11 +5,20 @@ the hang watchdog, Weights & Biases. Part of check_job: no process group, one li
 
 import os
 
-from torchtitan.checkpoint.files import CheckpointError, hf_export_path, start_point
+from torchtitan.checkpoint.files import (
+    LOADABLE_PARTS,
+    CheckpointError,
+    hf_export_path,
+    start_point,
+)
 from torchtitan.config.job_config import AUTO, JobConfig
 from torchtitan.config.manager import ConfigError
 from torchtitan.resilience import faults
-from torchtitan.resilience.timeouts import REPORT_INTERVALS, longest_hang_timeout
+from torchtitan.resilience.timeouts import (
+    REPORT_INTERVALS,
+    longest_hang_timeout,
+    shortest_collective_timeout,
+)
 from torchtitan.training.model_args import run_model_args
 
 
@@ -29,12 +38,18 @@ def check_comm(cfg: JobConfig) -> None:
     for key in ("timeout_seconds", "checkpoint_timeout_seconds"):
         if getattr(c, key) < 1:
             raise ConfigError(f"--comm.{key}={getattr(c, key)}: must be >= 1")
-    hang, longest = c.hang_timeout_seconds, longest_hang_timeout(c.timeout_seconds)
+    if c.train_timeout_seconds != AUTO and c.train_timeout_seconds < 1:
+        raise ConfigError(
+            f"--comm.train_timeout_seconds={c.train_timeout_seconds}: must be >= 1 or auto"
+        )
+    timeout = shortest_collective_timeout(c)
+    hang, longest = c.hang_timeout_seconds, longest_hang_timeout(timeout)
+    which = "timeout_seconds" if timeout == c.timeout_seconds else "train_timeout_seconds"
     if hang != AUTO and (hang < 0 or hang > longest):
         allowed = f"1..{longest}" if longest >= 1 else "none"
         raise ConfigError(
             f"--comm.hang_timeout_seconds={hang}: must be auto, 0 (off) or seconds ({allowed} with"
-            f" --comm.timeout_seconds={c.timeout_seconds}: a hang report takes up to {REPORT_INTERVALS} heartbeat"
+            f" --comm.{which}={timeout}: a hang report takes up to {REPORT_INTERVALS} heartbeat"
             " intervals more, and must come before the collective timeout ends the job)"
         )
     try:
@@ -124,15 +139,27 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
         raise ConfigError(
             f"--checkpoint.load_step={c.load_step}: must be >= 0, or auto for the newest"
         )
+    check_initial_load(cfg)
     if not c.enable and not c.create_seed_checkpoint:
         for key, value, default in (
             ("load_step", c.load_step, AUTO),
             ("last_save_model_only", c.last_save_model_only, False),
             ("async_mode", c.async_mode, "disabled"),
+            ("load_only", c.load_only, False),
+            ("enable_first_step_checkpoint", c.enable_first_step_checkpoint, False),
         ):
             if value != default:
                 raise ConfigError(
                     f"--checkpoint.{key}={value} has no effect without --checkpoint.enable=true; enable checkpointing or drop it"
+                )
+    if c.load_only:
+        for key, value in (
+            ("last_save_in_hf", c.last_save_in_hf),
+            ("enable_first_step_checkpoint", c.enable_first_step_checkpoint),
+        ):
+            if value:
+                raise ConfigError(
+                    f"--checkpoint.{key} writes a save, --checkpoint.load_only=true forbids every save; drop one of them"
                 )
     if c.create_seed_checkpoint:
         if world_size != 1:
@@ -152,16 +179,55 @@ def check_checkpoint(cfg: JobConfig, world_size: int, global_batch: int) -> None
     try:  # what the run would start from, decided as the checkpoint manager decides it
         start_point(
             ckpt,
-            c.enable,
-            c.load_step,
-            c.initial_load_path,
+            c,
             cfg.model.name,
             flavor=cfg.model.flavor,
             args=run_model_args(cfg),
             global_batch=global_batch,
+            hf_assets_path=cfg.model.hf_assets_path,
         )
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_initial_load(cfg: JobConfig) -> None:
+    """What a run loads, before any folder is read: initial_load_in_hf(_quantized), the
+    model-only switch, and exclude_from_loading's names (upstream's keys)."""
+    c = cfg.checkpoint
+    if c.initial_load_in_hf_quantized:
+        raise ConfigError(
+            "--checkpoint.initial_load_in_hf_quantized: quantized Hugging Face weights (e.g."
+            " DeepSeek-V3's fp8 blocks) are not read here; give a folder of unquantized (bf16 or"
+            " fp32) weights and drop the key"
+        )
+    if c.initial_load_in_hf and not c.initial_load_model_only:
+        raise ConfigError(
+            "--checkpoint.initial_load_in_hf: a Hugging Face folder holds weights only, so"
+            " --checkpoint.initial_load_model_only=false cannot load its training state; set it true"
+        )
+    if c.initial_load_in_hf and not (c.initial_load_path or cfg.model.hf_assets_path):
+        raise ConfigError(
+            "--checkpoint.initial_load_in_hf: no folder to read; set --checkpoint.initial_load_path"
+            " (or --model.hf_assets_path) to the Hugging Face model folder"
+        )
+    for name in c.exclude_from_loading:
+        if name == "model":
+            raise ConfigError(
+                "--checkpoint.exclude_from_loading=model: the model is always loaded; exclude"
+                f" any of {', '.join(LOADABLE_PARTS)}, or start without the checkpoint"
+            )
+        if name not in LOADABLE_PARTS:
+            raise ConfigError(
+                f"--checkpoint.exclude_from_loading: unknown part '{name}'; the parts are"
+                f" {', '.join(LOADABLE_PARTS)}"
+            )
+    full_initial = c.initial_load_path and not c.initial_load_model_only
+    if c.exclude_from_loading and not (c.enable or full_initial):
+        raise ConfigError(
+            f"--checkpoint.exclude_from_loading={','.join(c.exclude_from_loading)} has no effect"
+            " without --checkpoint.enable=true (or --checkpoint.initial_load_model_only=false); enable"
+            " checkpointing or drop it"
+        )
 
 
 def check_hf_export(cfg: JobConfig) -> None:

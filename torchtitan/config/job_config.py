@@ -84,10 +84,11 @@ class Model:
     """HF tokenizer.json file (or a folder holding one). Empty = the small BPE tokenizer
     bundled in torchtitan/assets (built by scripts/build_tokenizer.py)."""
 
-    attn_mask: str = "causal"
+    attn_mask: Literal["auto", "causal", "block_causal"] = AUTO
     """causal: a token attends to every earlier token of its window. block_causal: only to
     those of its own document (documents are told apart by their BOS tokens; a window may
-    start mid-document), as long-context recipes train."""
+    start mid-document), as long-context recipes train. auto: the flavor's (block_causal for
+    the flex / varlen attention flavors, e.g. debugmodel_flex_attn; causal otherwise)."""
 
     mtp_depth: int = 0
     """Multi-token prediction (DeepSeek-V3 report, section 2.2): sequential MTP modules after

@@ -254,11 +254,6 @@ DEPRECATED_KEYS: dict[tuple[str, str], tuple[str, dict | None, str]] = {
         None,
         "use 'hardware.peak_tflops' (one figure for the predicted and the measured MFU)",
     ),
-    ("parallelism", "fsdp_reshard_after_forward"): (
-        "reshard_after_forward",
-        {"default": "auto"},
-        "use 'parallelism.reshard_after_forward' (auto|always|never; 'default' means auto)",
-    ),
     ("parallelism", "reshard_budget_gib"): (
         "planning.memory_budget_gib",
         None,
@@ -328,7 +323,12 @@ def _set(cfg: JobConfig, dotted: str, value: Any, origin: str, warnings: list[st
         spelling = UPSTREAM_SPELLINGS[(section, key)]
         section, key = spelling.target.rsplit(".", 1)
         if spelling.to_ours is not None:
-            value = spelling.to_ours(convert(dotted, spelling.upstream_type, value))
+            typed = (
+                value
+                if spelling.upstream_type is None
+                else convert(dotted, spelling.upstream_type, value)
+            )
+            value = spelling.to_ours(typed)
     _, tp = _lookup(section, key)
     value = _legacy(section, key, value, warnings)
     setattr(section_of(cfg, section), key, convert(f"{section}.{key}", tp, value))

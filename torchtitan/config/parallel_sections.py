@@ -68,16 +68,19 @@ class Parallelism:
     ] = "1F1B"
     """Pipeline schedule (torch.distributed.pipelining). GPipe and 1F1B run one stage per
     rank; Interleaved1F1B, LoopedBFS and InterleavedZeroBubble several per rank (loop
-    order); ZBVZeroBubble and DualPipeV exactly two per rank (V order)."""
+    order); ZBVZeroBubble and DualPipeV exactly two per rank (V order);
+    PipelineScheduleMulti runs the actions of pipeline_parallel_schedule_csv."""
 
     pipeline_parallel_microbatch_size: int = 1
     """Sequences per pipeline microbatch; local_batch_size must be a multiple of it
     (distributed/job_shape.pipeline_microbatches)."""
 
     pipeline_parallel_layers_per_stage: int | Literal["auto"] = AUTO
-    """Transformer blocks per pipeline stage. auto = split the blocks evenly over one stage
-    per rank (GPipe, 1F1B), two (ZBVZeroBubble, DualPipeV), or the fewest >= 2 per rank that
-    divide the blocks evenly (the other multi-stage schedules; distributed/pipeline_layout.py)."""
+    """Transformer blocks per pipeline stage, counting the embedding and the output as
+    first/last_stage_less_layers blocks each (upstream's rule): a number n gives
+    ceil((blocks + first + last) / n) stages; auto = one stage per rank (GPipe, 1F1B) or two
+    (every other schedule), the blocks dealt out as evenly as the weighted ends allow
+    (distributed/pipeline_layout.py)."""
 
     pipeline_parallel_split_points: list[str] = field(default_factory=list)
     """Explicit stage boundaries as the first block of each later stage, e.g.
@@ -86,7 +89,7 @@ class Parallelism:
     pipeline_parallel_first_stage_less_layers: int = 1
     """How many blocks fewer the first pipeline stage gets, because it also runs the embedding
     (upstream's rule: the embedding counts as this many blocks). Used when the split is not
-    given by split points, module_fqns_per_model_part or layers_per_stage."""
+    given by split points or module_fqns_per_model_part."""
 
     pipeline_parallel_last_stage_less_layers: int = 1
     """How many blocks fewer the last pipeline stage gets, because it also runs the final norm,
@@ -195,9 +198,10 @@ class ActivationCheckpoint:
     """mode=memory_budget: write the partitioner's runtime vs memory trade-off curve as SVG to
     <dump_folder>/memory_budget_pareto."""
 
-    preserve_rng_state: bool = True
+    preserve_rng_state: bool = False
     """Save and restore the RNG state around each recompute so that dropout-like ops recompute
-    the same values (torch.utils.checkpoint's preserve_rng_state)."""
+    the same values (torch.utils.checkpoint's preserve_rng_state). Default false here: the
+    models have no random ops, saving and restoring the RNG costs time for nothing."""
 
     determinism_check: str = "default"
     """torch.utils.checkpoint's check that the recompute matches the forward: default (shape,

@@ -23,12 +23,22 @@ def _negate(value: bool) -> bool:
     return not value
 
 
+def _default_is_auto(value: Any) -> Any:
+    return "auto" if isinstance(value, str) and value.strip() == "default" else value
+
+
 UPSTREAM_SPELLINGS: dict[tuple[str, str], Spelling] = {
     ("parallelism", "disable_loss_parallel"): Spelling(
         "parallelism.loss_parallel",
         "true = loss_parallel false (upstream states the opposite switch)",
         bool,
         _negate,
+    ),
+    ("parallelism", "fsdp_reshard_after_forward"): Spelling(
+        "parallelism.reshard_after_forward",
+        "default|always|never; default is auto (the per-unit plan)",
+        None,
+        _default_is_auto,
     ),
     ("debug", "seed"): Spelling("training.seed", "the run's random seed"),
     ("debug", "deterministic"): Spelling(

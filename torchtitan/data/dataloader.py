@@ -12,10 +12,12 @@ workers read ahead, and it is per global slot: it loads into any layout and any 
 from __future__ import annotations
 
 import atexit
+import gc
 import math
 import os
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,14 +30,45 @@ from torchtitan.data.mixture import MixError, parse_mix, pattern, windows_by_sou
 from torchtitan.data.slots import read_case
 
 
-def _worker_ignores_stop_signals(worker_id: int) -> None:
+def _worker_init(worker_id: int) -> None:
     """Loader workers leave SIGTERM / SIGUSR1 / SIGINT / SIGHUP to their rank: Slurm signals every
     process of a job, and a worker killed by it would fail the rank's preemption save. A worker
-    ends when its rank does (torch's loader watches the parent)."""
+    ends when its rank does (torch's loader watches the parent). The collector, which the rank
+    may have switched off (training.gc_freq), runs on its own schedule again: a worker takes
+    part in no step."""
     import signal
 
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    gc.enable()
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """A [training.dataloader] / [validation.dataloader] section's options besides num_workers
+    (loader_options)."""
+
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None  # batches each worker reads ahead; None: torch's (2)
+    pin_memory: bool = False  # page-locked batches, for a faster copy to a GPU
+
+
+def resolve_workers(setting, device_type: str) -> int:
+    """num_workers: auto = 2 on CUDA (the GPU's thread never tokenises), 0 on CPU."""
+    if setting == "auto":
+        return 2 if device_type == "cuda" else 0
+    return int(setting)
+
+
+def loader_options(section, device_type: str) -> LoaderOptions:
+    """A DataLoader config section's options; pin_memory only on CUDA (there is no faster copy
+    to make on CPU)."""
+    prefetch = section.prefetch_factor
+    return LoaderOptions(
+        persistent_workers=section.persistent_workers,
+        prefetch_factor=None if prefetch == "auto" else int(prefetch),
+        pin_memory=section.pin_memory and device_type == "cuda",
+    )
 
 
 _RUNNING: weakref.WeakSet = weakref.WeakSet()  # DataLoader iterators with workers, ended at exit
@@ -110,9 +143,11 @@ class SlotLoader:
         *,
         section: str = "training",
         workers: int = 0,
+        options: LoaderOptions | None = None,
         log: Callable[[str], None] | None = None,
     ):
         self.section, self.log = section, log or (lambda line: None)
+        self.options = options or LoaderOptions()
         self.local_batch, self.accum_steps, self.seq_len = (
             training.local_batch_size,
             accum_steps,
@@ -134,6 +169,8 @@ class SlotLoader:
                 training.dataset_text_field,
                 tokenizer,
                 section=section,
+                # a named dataset's location; a mixture names each source's own
+                dataset_path=training.dataset_path if len(mix) == 1 else "",
             )
             for ds, _, _ in mix
         ]
@@ -187,14 +224,15 @@ class SlotLoader:
             states=dict(self.states),
             section=self.section,
         )
+        opts = self.options
         return DataLoader(
             dataset,
             batch_size=None,
             collate_fn=_as_is,
             num_workers=self.workers,
-            persistent_workers=self.workers > 0,
-            prefetch_factor=4 if self.workers else None,
-            worker_init_fn=_worker_ignores_stop_signals if self.workers else None,
+            persistent_workers=opts.persistent_workers and self.workers > 0,
+            prefetch_factor=opts.prefetch_factor if self.workers else None,
+            worker_init_fn=_worker_init if self.workers else None,
         )
 
     def __iter__(self):
@@ -221,6 +259,8 @@ class SlotLoader:
                 else np.concatenate([p["windows"] for p in parts])
             )
             batch = torch.from_numpy(windows)
+            if self.options.pin_memory:  # here: the workers hand out numpy, which torch never pins
+                batch = batch.pin_memory()
             yield batch[:, :-1], batch[:, 1:]
 
     def state_dict(self) -> dict:
@@ -260,9 +300,11 @@ def build_dataloader(
     *,
     section: str = "training",
     workers: int = 0,
+    options: LoaderOptions | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SlotLoader:
-    """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step."""
+    """Batches of (input_ids, labels), [local_batch_size, seq_len] each, one per micro-step.
+    `workers`: loader processes (resolve_workers); `options`: the rest of the section's keys."""
     return SlotLoader(
         training,
         tokenizer,
@@ -271,5 +313,6 @@ def build_dataloader(
         accum_steps,
         section=section,
         workers=workers,
+        options=options,
         log=log,
     )

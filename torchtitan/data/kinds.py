@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from torchtitan.config.manager import ConfigError
 from torchtitan.data.dataset_checks import (
     DatasetCheck,
     check_file,
@@ -28,6 +29,7 @@ from torchtitan.data.dataset_checks import (
 )
 from torchtitan.data.hub_check import check_hub
 from torchtitan.data.line_files import is_indexed_file
+from torchtitan.data.named import is_named, rename, resolve
 from torchtitan.data.sources import (
     DatasetKeys,
     read_table,
@@ -118,11 +120,42 @@ def _folder_delimiters(dataset: str) -> tuple | None:
     return tk.get("bos_id"), tk.get("eos_id"), tk.get("has_bos")
 
 
+def dataset_path_of(keys: DatasetKeys) -> str:
+    """[section] dataset_path as the keys carry it ("": the named dataset's default place)."""
+    return keys.dataset_path
+
+
+def open_named(keys: DatasetKeys, tokenizer):
+    """A named dataset (data/named.py): opened as the kind of what its name stands for."""
+    from torchtitan.data.documents import DataError
+
+    try:
+        resolved = resolve(keys, dataset_path_of(keys))
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    return kind_of(resolved.dataset).open(resolved, tokenizer)
+
+
+def check_named(c: DatasetCheck) -> None:
+    """A named dataset is checked as what it stands for; its messages name the name (and a hub
+    name's offer the bundled sample, which needs no network)."""
+    resolved = resolve(c.keys, dataset_path_of(c.keys))
+    kind = kind_of(resolved.dataset)
+    try:
+        if kind.path_check is not None:
+            kind.path_check(resolved.dataset, resolved.section)
+        kind.check(replace(c, keys=resolved))
+    except ConfigError as e:
+        raise ConfigError(rename(str(e), c.keys, resolved)) from None
+
+
 def _file(dataset: str) -> bool:
     return os.path.isfile(os.path.expanduser(dataset))
 
 
 KINDS: list[DatasetKind] = [
+    # upstream's names (c4_test, c4, c4_validation): what each stands for, as its own kind
+    DatasetKind("named", is_named, open_named, check_named),
     DatasetKind("pydoc", lambda d: d == "pydoc", open_pydoc, check_pydoc),
     DatasetKind(  # scripts/tokenize_dataset.py's folders: random access, no tokenizer work
         "tokens",
@@ -174,7 +207,11 @@ def open_documents(
     tokenizer,
     *,
     section: str = "training",
+    dataset_path: str = "",
 ):
-    """The documents of `dataset` as the slot streams read them (data/documents.py)."""
+    """The documents of `dataset` as the slot streams read them (data/documents.py).
+    `dataset_path`: [section] dataset_path, the location of a named dataset (data/named.py)."""
     keys = DatasetKeys(dataset, split, config_name, text_field, section)
+    if dataset_path:
+        keys = replace(keys, dataset_path=dataset_path)
     return kind_of(dataset).open(keys, tokenizer)

@@ -31,6 +31,9 @@ class DatasetKeys:
     config_name: str = ""
     text_field: str = "text"
     section: str = "training"
+    dataset_path: str = (
+        ""  # [section] dataset_path: the location of a named dataset (data/named.py)
+    )
 
     @property
     def path(self) -> str:

@@ -117,6 +117,19 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
 
+def tokenizer_file(model_cfg) -> str:
+    """The tokenizer a job's [model] names: tokenizer_path; when it is empty, upstream's
+    <hf_assets_path>/tokenizer.json; "" (the bundled tokenizer) when both are empty."""
+    if model_cfg.tokenizer_path or not model_cfg.hf_assets_path:
+        return model_cfg.tokenizer_path
+    return os.path.join(model_cfg.hf_assets_path, "tokenizer.json")
+
+
+def load_model_tokenizer(model_cfg) -> Tokenizer:
+    """load_tokenizer of the job's tokenizer (tokenizer_file)."""
+    return load_tokenizer(tokenizer_file(model_cfg))
+
+
 _LOADED: dict[str, Tokenizer] = {}
 
 

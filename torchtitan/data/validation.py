@@ -3,15 +3,25 @@
 The batches come from their own dataloader, laid out like training batches (the same
 global batch rows per data-parallel rank and gradient-accumulation micro-step), read at the
 first measurement and kept, so each measurement sees the same batches and the training data
-stream (and its checkpointed position) is never touched.
+stream (and its checkpointed position) is never touched. Its rows per rank and tokens per row
+are validation.local_batch_size and seq_len (auto: training's); its loader's workers are
+[validation.dataloader]'s.
 """
 
 import dataclasses
 import math
 import os
 
-from torchtitan.data.dataloader import build_dataloader
+from torchtitan.data.dataloader import build_dataloader, loader_options, resolve_workers
 from torchtitan.data.sources import per_source_split
+
+
+def validation_shape(cfg) -> tuple[int, int]:
+    """(rows per rank per micro-step, tokens per row) of a validation batch: validation's
+    local_batch_size and seq_len, auto = training's."""
+    v, t = cfg.validation, cfg.training
+    rows = t.local_batch_size if v.local_batch_size == "auto" else int(v.local_batch_size)
+    return rows, t.seq_len if v.seq_len == "auto" else int(v.seq_len)
 
 
 def per_source_sets(entries: list[str]) -> list[tuple[str, str]]:
@@ -28,11 +38,25 @@ def per_source_sets(entries: list[str]) -> list[tuple[str, str]]:
 
 
 class Validator:
-    def __init__(self, cfg, tokenizer, dp_rank: int, dp_degree: int, accum_steps: int):
+    def __init__(
+        self,
+        cfg,
+        tokenizer,
+        dp_rank: int,
+        dp_degree: int,
+        accum_steps: int,
+        *,
+        device_type: str = "cpu",
+    ):
         v = cfg.validation
         self.cfg = v
+        self.workers = resolve_workers(v.dataloader.num_workers, device_type)
+        self.options = loader_options(v.dataloader, device_type)
+        rows, seq_len = validation_shape(cfg)
         self.data_cfg = dataclasses.replace(
             cfg.training,
+            local_batch_size=rows,
+            seq_len=seq_len,
             dataset=v.dataset,
             dataset_split=v.dataset_split,
             dataset_text_field=v.dataset_text_field,
@@ -74,6 +98,8 @@ class Validator:
                 self.dp_degree,
                 self.accum_steps,
                 section="validation",
+                workers=self.workers,
+                options=self.options,
             )
             data = iter(loader)
             self._batches[name] = [

@@ -15,15 +15,26 @@ Op SAC also keeps expert parallel's all-to-alls and context parallel's K/V gathe
 wait that completes each: a wait is matched to its own collective by the storage its
 argument lives in, not by position, so another collective's wait (TP's) in between is not
 taken for it.
+
+torch.utils.checkpoint's own arguments (preserve_rng_state, determinism_check, debug,
+early_stop) and op SAC's forced recomputes come from the [activation_checkpoint] keys through
+`configure_checkpointing`, called once per build (process-wide, as torch's partitioner
+settings are). mode=memory_budget builds no region: the compiler's partitioner chooses what
+to recompute within `torch._functorch.config.activation_memory_budget`.
 """
 
+import logging
+import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import cache, partial
 
 import torch
+import torch._functorch.config as functorch_config
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import (
     SAC_IGNORED_OPS,
     CheckpointPolicy,
@@ -36,6 +47,7 @@ from torchtitan.distributed.simple_fsdp import GATHER_OP
 
 aten = torch.ops.aten
 _fc = torch.ops._c10d_functional
+logger = logging.getLogger(__name__)
 
 # A nested FSDP2 unit inside a region (a MoE block's experts) runs its hooks in forward and
 # again, differently, in the recompute: they open profiler ranges a different number of
@@ -67,6 +79,94 @@ SAVE_OPS = {
 MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
 
 
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """What every region passes to torch.utils.checkpoint, from [activation_checkpoint];
+    `force_recompute_fqns`: op SAC recomputes the matmuls of these nn.Linear modules' shape."""
+
+    preserve_rng_state: bool = False
+    determinism_check: str = "default"
+    debug: bool = False
+    early_stop: bool = False
+    force_recompute_fqns: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, ac_cfg: ActivationCheckpoint) -> "CheckpointOptions":
+        return cls(
+            ac_cfg.preserve_rng_state,
+            ac_cfg.determinism_check,
+            ac_cfg.debug,
+            ac_cfg.early_stop,
+            tuple(ac_cfg.per_op_sac_force_recompute_mm_shapes_by_fqns),
+        )
+
+    def checkpoint_kwargs(self) -> dict:
+        return {
+            "preserve_rng_state": self.preserve_rng_state,
+            "determinism_check": self.determinism_check,
+            "debug": self.debug,
+            "early_stop": self.early_stop,
+        }
+
+
+_OPTIONS = [CheckpointOptions()]  # the configured options (a list: set in place)
+_PARTITIONER_KEYS = (
+    "activation_memory_budget",
+    "visualize_memory_budget_pareto",
+    "memory_budget_pareto_dir",
+)
+_PARTITIONER_DEFAULTS = {k: getattr(functorch_config, k) for k in _PARTITIONER_KEYS}
+PARETO_DIR = "memory_budget_pareto"  # under job.dump_folder
+
+
+def configure_checkpointing(ac_cfg: ActivationCheckpoint, dump_folder: str) -> None:
+    """Set the checkpoint options every later `apply_ac` uses and, for mode=memory_budget,
+    torch's partitioner budget (read when a compiled graph is partitioned, i.e. on the first
+    step: it stays set for the process). Any other mode restores torch's values, so that
+    jobs built one after another in a process (tests) do not inherit a budget.
+    visualize_memory_budget_pareto: the partitioner writes one SVG per compiled graph and
+    rank (memory_budget_pareto_rank_<r>_<graph>.svg, matplotlib) into
+    <dump_folder>/memory_budget_pareto."""
+    _OPTIONS[0] = CheckpointOptions.of(ac_cfg)
+    values = dict(_PARTITIONER_DEFAULTS)
+    if ac_cfg.mode == "memory_budget":
+        values["activation_memory_budget"] = float(ac_cfg.memory_budget)
+        if ac_cfg.visualize_memory_budget_pareto:
+            values["visualize_memory_budget_pareto"] = True
+            values["memory_budget_pareto_dir"] = os.path.join(dump_folder, PARETO_DIR)
+        logger.info(
+            "activation checkpointing: memory_budget %g, the compiler's partitioner chooses"
+            " what each compiled block recomputes",
+            ac_cfg.memory_budget,
+        )
+    for key, value in values.items():
+        setattr(functorch_config, key, value)
+
+
+def forced_recompute_shapes(
+    block: nn.Module, block_name: str, fqns: Iterable[str]
+) -> frozenset[tuple[int, int]]:
+    """The (in, out) shapes of the nn.Linear modules of `block` whose full name ends with one
+    of `fqns` (at a dot): op SAC recomputes every aten.mm whose weight operand (the
+    transposed weight, (in, out)) has one of these shapes, whichever module it belongs to
+    (upstream's rule). A TP-sharded weight counts with its local shape, the one mm sees."""
+    fqns = tuple(fqns)
+    shapes = set()
+    for name, sub in block.named_modules():
+        full = f"{block_name}.{name}" if name else block_name
+        if not any(full == f or full.endswith(f".{f}") for f in fqns):
+            continue
+        if not isinstance(sub, nn.Linear):
+            raise ValueError(
+                f"--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: {full}"
+                f" is a {type(sub).__name__}, not an nn.Linear; name Linear modules only"
+            )
+        weight = sub.weight.to_local() if isinstance(sub.weight, DTensor) else sub.weight
+        out_features, in_features = weight.shape
+        shapes.add((in_features, out_features))
+    return frozenset(shapes)
+
+
 def compute_policy(func: torch._ops.OpOverload) -> CheckpointPolicy:
     """Op policy: keep the outputs of matmuls and attention, recompute everything else."""
     return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
@@ -89,6 +189,8 @@ def region_policy(
     fsdp_groups: frozenset[str],
     extra_save_ops: Iterable = (),
     save_groups: frozenset[str] = frozenset(),
+    *,
+    forced_recompute: frozenset[tuple[int, int]] = frozenset(),
 ) -> Callable:
     """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
     and copy-out as one op) over an FSDP group by the comm decision, every other op by the
@@ -103,7 +205,9 @@ def region_policy(
     comes: that wait is its own. A storage, unlike a tensor object, is shared by the views
     and AsyncCollectiveTensor a wait may get instead, also among the functional tensors seen
     while compile traces; held until its wait, it cannot be freed and its identity reused.
-    The state is per policy, i.e. per checkpointed call (context_fn builds one per call)."""
+    The state is per policy, i.e. per checkpointed call (context_fn builds one per call).
+    `forced_recompute`: op SAC recomputes every aten.mm whose second operand has one of
+    these (in, out) shapes (`forced_recompute_shapes`) instead of saving it."""
     extra_save_ops = frozenset(extra_save_ops)
     wait_op = _fc.wait_tensor.default
     extra_ops = extra_save_ops - {wait_op}
@@ -131,6 +235,8 @@ def region_policy(
                 if storage in in_flight:
                     in_flight.remove(storage)  # a second wait on it is not the collective's
                     return CheckpointPolicy.MUST_SAVE
+            if func == aten.mm.default and tuple(args[1].shape) in forced_recompute:
+                return CheckpointPolicy.PREFER_RECOMPUTE
             return compute_policy(func)
         if spec.compute == "full":
             return CheckpointPolicy.PREFER_RECOMPUTE
@@ -139,20 +245,23 @@ def region_policy(
     return policy
 
 
-def _context(spec: RegionSpec, fsdp_groups, extra_save_ops, save_groups):
+def _context(spec: RegionSpec, groups: tuple, extra_save_ops, forced_recompute):
+    fsdp_groups, save_groups = groups
     return create_selective_checkpoint_contexts(
-        region_policy(spec, fsdp_groups, extra_save_ops, save_groups)
+        region_policy(
+            spec, fsdp_groups, extra_save_ops, save_groups, forced_recompute=forced_recompute
+        )
     )
 
 
 @cache
 def _context_fn(
-    spec: RegionSpec, fsdp_groups: frozenset, extra_save_ops: frozenset, save_groups: frozenset
+    spec: RegionSpec, groups: tuple, extra_save_ops: frozenset, forced_recompute: frozenset
 ):
     # One object per distinct region: torch.compile guards on the identity of the context
     # function's arguments, so a fresh one per block recompiled every block (and past the
-    # recompile limit, 8, left the remaining blocks eager).
-    return partial(_context, spec, fsdp_groups, extra_save_ops, save_groups)
+    # recompile limit, 8, left the remaining blocks eager). `groups`: (FSDP's, saved ones).
+    return partial(_context, spec, groups, extra_save_ops, forced_recompute)
 
 
 def wrap_region(
@@ -161,21 +270,28 @@ def wrap_region(
     fsdp_groups: frozenset[str],
     extra_save_ops: tuple | frozenset = frozenset(),
     save_groups: frozenset[str] = frozenset(),
+    *,
+    forced_recompute: frozenset[tuple[int, int]] = frozenset(),
+    options: CheckpointOptions | None = None,
 ) -> nn.Module:
+    """`module` in its region; `options`: torch.utils.checkpoint's arguments (None: those
+    `configure_checkpointing` set)."""
     if not spec.wrapped:
         return module
+    kwargs = (options or _OPTIONS[0]).checkpoint_kwargs()
     if spec.compute == "full" and spec.fsdp_comm is None:
-        return checkpoint_wrapper(module, preserve_rng_state=False)  # plain full AC
+        return checkpoint_wrapper(module, **kwargs)  # plain full AC
     # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
-    context = _context_fn(
-        spec, frozenset(fsdp_groups), frozenset(extra_save_ops), frozenset(save_groups)
-    )
-    return checkpoint_wrapper(module, context_fn=context, preserve_rng_state=False)
+    groups = (frozenset(fsdp_groups), frozenset(save_groups))
+    forced = frozenset(forced_recompute) if spec.compute == "op" else frozenset()
+    context = _context_fn(spec, groups, frozenset(extra_save_ops), forced)
+    return checkpoint_wrapper(module, context_fn=context, **kwargs)
 
 
 def block_compute(ac_cfg: ActivationCheckpoint, position: int) -> str:
-    """The user's compute decision for the block at `position` (0-based) of a model part."""
-    if ac_cfg.mode == "none":
+    """The user's compute decision for the block at `position` (0-based) of a model part.
+    mode=memory_budget: none, the compiler's partitioner decides (configure_checkpointing)."""
+    if ac_cfg.mode in ("none", "memory_budget"):
         return "none"
     if ac_cfg.mode == "full":
         return "full"
@@ -223,13 +339,25 @@ def apply_ac(
     extra_save_ops: tuple | frozenset = (),
     save_groups: frozenset[str] = frozenset(),
 ) -> None:
-    """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region.
+    """Wrap each named submodule (a block `layers.N`, or the embeddings) in its region,
+    with the options `configure_checkpointing` set.
     `save_groups`: op SAC keeps the all-gathers on these groups (context parallel's)."""
+    options = _OPTIONS[0]
     for name, spec in specs.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
+        module = parent.get_submodule(child)
+        forced = frozenset()
+        if spec.compute == "op" and options.force_recompute_fqns:
+            forced = forced_recompute_shapes(module, name, options.force_recompute_fqns)
         wrapped = wrap_region(
-            parent.get_submodule(child), spec, fsdp_groups, extra_save_ops, save_groups
+            module,
+            spec,
+            fsdp_groups,
+            extra_save_ops,
+            save_groups,
+            forced_recompute=forced,
+            options=options,
         )
         if isinstance(parent, nn.ModuleDict):
             parent[child] = wrapped

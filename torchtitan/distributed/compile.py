@@ -29,6 +29,14 @@ and Qwen3 (dense, MoE, MTP) trace as one graph on torch 2.13:
 Not one graph yet: a block holding an FSDP2 / DDP unit (a MoE block's experts under the FSDP2
 machinery; SimpleFSDP's today too): see `apply_compile`'s `hooked`.
 
+`configure_compile_passes` (before the blocks compile): compile.graph_passes and async TP.
+SimpleFSDP's gathers are one opaque op per FSDP unit (simple_fsdp.GATHER_OP) and each block is
+its own graph, so inductor's FX bucketing (`bucket_all_gathers_fx`) finds no all-gather to
+merge (torch 2.13, measured: the forward graph holds only the opaque op, the backward one
+reduce-scatter per unit): transformer_block_bucketing is the layout SimpleFSDP runs anyway,
+auto_bucketing is refused before launch (checks/compile_keys.py). Async TP sets inductor's
+micro-pipeline TP pass and symmetric memory on the TP group (CUDA only).
+
 Compile statistics (`compile_stats`, `compile_log_lines`): dynamo's counters (graphs, graph
 breaks) and, per compile, the block whose call triggered it and its seconds (forward, and the
 backward when compiled lazily); with TORCHTITAN_COMPILE_STATS=<prefix> set, every rank writes
@@ -38,6 +46,7 @@ them to `<prefix>rank<r>.json` after every compile.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -48,9 +57,10 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from torchtitan.config.job_config import Compile
+from torchtitan.config.job_config import Compile, Parallelism
 
 STATS_ENV = "TORCHTITAN_COMPILE_STATS"
+logger = logging.getLogger(__name__)
 
 
 def configure_dynamo() -> None:
@@ -58,6 +68,27 @@ def configure_dynamo() -> None:
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     _patch_partitioner()
     _STATS.install()
+
+
+def configure_compile_passes(compile_cfg: Compile, parallelism: Parallelism, tp_mesh) -> None:
+    """Before the blocks compile (the checks refused every combination not handled here):
+    - compile.graph_passes=transformer_block_bucketing: SimpleFSDP already gathers and
+      reduces each block's unit as one bucket; nothing to set (module docstring);
+    - enable_async_tensor_parallel: inductor's micro-pipeline TP pass, which decomposes TP's
+      all-gather + matmul (matmul + reduce-scatter) into overlapped chunks over symmetric
+      memory, enabled on the TP group (`tp_mesh`, None without TP)."""
+    if compile_cfg.graph_passes == "transformer_block_bucketing":
+        logger.info(
+            "compile: transformer_block_bucketing: SimpleFSDP gathers and reduce-scatters"
+            " each block's FSDP unit as one bucket already"
+        )
+    if parallelism.enable_async_tensor_parallel and tp_mesh is not None:
+        import torch._inductor.config as inductor_config
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        inductor_config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+        logger.info("compile: async TP (micro-pipeline TP over symmetric memory) on the TP group")
 
 
 def apply_compile(

@@ -14,7 +14,13 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
-from torchtitan.distributed.fsdp import apply_ddp, apply_fsdp2, mixed_precision, unit_param_bytes
+from torchtitan.distributed.fsdp import (
+    apply_ddp,
+    apply_fsdp2,
+    host_offload,
+    mixed_precision,
+    unit_param_bytes,
+)
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import FsdpUnit, PartPlan, UnitKind
 from torchtitan.distributed.simple_fsdp import simple_fsdp
@@ -23,10 +29,14 @@ from torchtitan.distributed.simple_fsdp import simple_fsdp
 @dataclass(frozen=True)
 class Precision:
     """The dtypes data parallelism works in: the parameters' in forward and backward (what
-    FSDP gathers in; "auto" already resolved by the build path) and the gradients' reduction."""
+    FSDP gathers in; "auto" already resolved by the build path) and the gradients' reduction;
+    and where FSDP2 keeps the states between uses."""
 
     param: str  # "float32" | "bfloat16"
     reduce: str  # training.mixed_precision_reduce
+    # training.enable_cpu_offload: FSDP2 keeps parameters, gradients and optimizer states on
+    # the host (CPUOffloadPolicy); checks/optimizer.py refused it for SimpleFSDP
+    cpu_offload: bool = False
 
 
 def size_units(
@@ -65,11 +75,12 @@ def apply_data_parallel(
         simple_fsdp(model, plan, dims.dp_mesh, precision.param, precision.reduce)
         return
     mp = mixed_precision(precision.param, precision.reduce)
+    offload = host_offload() if precision.cpu_offload else None
     dense = dims.dp_mesh(UnitKind.DENSE)
     if dense.shard is None:
-        apply_ddp(model, plan, dense, mp)
+        apply_ddp(model, plan, dense, mp, offload=offload)
     else:
-        apply_fsdp2(model, plan, dims.dp_mesh, mp)
+        apply_fsdp2(model, plan, dims.dp_mesh, mp, offload=offload)
 
 
 def fsdp_ac_groups(dims: ParallelDims, implementation: str) -> frozenset[str]:

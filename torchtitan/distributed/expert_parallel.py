@@ -72,6 +72,7 @@ SAC_SAVE_OPS = tuple(
     op
     for op in (
         _fc.all_to_all_single.default,
+        _fc.all_reduce.default,  # the balance statistics summed over TP (models/common/moe.py)
         _fc.wait_tensor.default,
         getattr(getattr(_fc, "_wrap_tensor_autograd", None), "default", None),
     )
@@ -103,25 +104,46 @@ def regroup_index(recv: torch.Tensor, n_rows: int) -> torch.Tensor:
 class AllToAllDispatcher:
     """Expert parallel: rows travel to their expert's owner and back (module docstring).
 
-    `route` decides the split sizes (step 1); a subclass may decide them otherwise (the
-    memory simulation plans them, having no routed values)."""
+    Under expert tensor parallel (`replicas` = etp > 1) the group is ep x etp (etp inner) and
+    every row goes to each of the etp ranks of its expert's EP rank, which all receive the
+    same rows and each computes its slice of the experts' hidden units: the etp copies that
+    come back are partial outputs, summed in rank order (no TP collective is added, and the
+    copies' gradients add up to the row's). `route` decides the split sizes (step 1); a
+    subclass may decide them otherwise (the memory simulation plans them, having no routed
+    values)."""
 
-    def __init__(self, ep_mesh: DeviceMesh, num_experts: int):
+    def __init__(self, ep_mesh: DeviceMesh, num_experts: int, replicas: int = 1):
         self.mesh = ep_mesh
         self.group = ep_mesh.get_group().group_name  # a name: the owner stays deep-copyable
-        self.size = ep_mesh.size()
+        self.size = ep_mesh.size()  # ranks of the group: ep x etp
+        self.replicas = replicas  # etp: copies of each row, one per TP rank of its EP rank
         self.num_experts = num_experts
 
     def route(self, counts: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, list[int], list[int]]:
         """This rank's rows per global expert -> (`recv` [W, E_local]: the rows each source
         rank sends to each local expert, the rows sent to each rank, the rows received from
         each): one small all-to-all and one host sync."""
-        w, e_local = self.size, self.num_experts // self.size
-        recv = wait_collective(funcol.all_to_all_single(counts, None, None, self.group)).view(
+        w, t = self.size, self.replicas
+        e_local = self.num_experts // (w // t)
+        send = counts.view(w // t, 1, e_local).expand(w // t, t, e_local).reshape(-1)
+        recv = wait_collective(funcol.all_to_all_single(send, None, None, self.group)).view(
             w, e_local
         )
-        splits = torch.cat([counts.view(w, e_local).sum(1), recv.sum(1)]).tolist()
+        splits = torch.cat([send.view(w, e_local).sum(1), recv.sum(1)]).tolist()
         return recv, splits[:w], splits[w:]
+
+    def copies_index(self, counts: torch.Tensor, n_rows: int) -> torch.Tensor:
+        """[etp, n_rows]: where copy t of row j sits in the send buffer (rows grouped by
+        destination EP rank r, each group sent etp times, once to each of r's TP ranks)."""
+        t, ranks = self.replicas, self.size // self.replicas
+        per_rank = counts.view(ranks, -1).sum(1)
+        start = torch.cumsum(per_rank, 0) - per_rank
+        dest = torch.repeat_interleave(
+            torch.arange(ranks, device=counts.device), per_rank, output_size=n_rows
+        )
+        copy = torch.arange(t, device=counts.device).unsqueeze(1)
+        rows = torch.arange(n_rows, device=counts.device)
+        return (t - 1) * start[dest] + copy * per_rank[dest] + rows
 
     def __call__(self, experts: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         group = self.group
@@ -130,6 +152,14 @@ class AllToAllDispatcher:
                 f"counts must hold one entry per global expert "
                 f"({self.num_experts}), got shape {tuple(counts.shape)}"
             )
+        n_in = x.shape[0]
+        copies = None
+        if self.replicas > 1:  # ETP: one copy of each row per TP rank of its EP rank
+            copies = self.copies_index(counts, n_in)
+            src = torch.empty_like(copies.view(-1)).scatter(
+                0, copies.view(-1), torch.arange(n_in, device=x.device).repeat(self.replicas)
+            )
+            x = x[src]
         # 1. who sends how many rows to which local expert
         recv, in_splits, out_splits = self.route(counts, x.shape[0])
         n_rows = sum(out_splits)
@@ -142,9 +172,13 @@ class AllToAllDispatcher:
         # 5. undo the regrouping, send the rows home
         # (out of place: a checkpoint region may keep this op's output for backward)
         inv = torch.empty_like(idx).scatter(0, idx, torch.arange(n_rows, device=idx.device))
-        return wait_collective(
+        y = wait_collective(
             funcol.all_to_all_single_autograd(y_local[inv], in_splits, out_splits, group)
         )
+        if copies is None:
+            return y
+        # ETP: the partial outputs of a row's copies, summed in TP-rank order (deterministic)
+        return y[copies].sum(0)
 
 
 def expert_parallel_from_plan(model: nn.Module, plan: PartPlan, ep_mesh: DeviceMesh) -> None:
@@ -158,31 +192,48 @@ def expert_parallel_from_plan(model: nn.Module, plan: PartPlan, ep_mesh: DeviceM
 def apply_expert_parallel(moe: nn.Module, ep_mesh: DeviceMesh) -> None:
     """Shard `moe.experts`' stacked [E, ...] parameters on dim 0 over the 1-D `ep_mesh` (as
     `nn.Parameter(DTensor)`, `Shard(0)`; meta parameters stay on meta) and give `moe` an
-    all-to-all dispatcher (module docstring). Weights are split locally, with no
-    communication: every rank must hold the same full weights (or meta ones)."""
-    if ep_mesh.ndim != 1:
-        raise ValueError(f"expert parallelism needs a 1-D mesh, got {ep_mesh.ndim} dims")
+    all-to-all dispatcher (module docstring). A 2-D (ep, etp) mesh is expert tensor
+    parallel: the stacks are also split over etp on their hidden dim (the experts module's
+    `HIDDEN_DIM`: w1 / w3 column-wise, w2 row-wise, as a dense FFN's TP) and the
+    all-to-all runs over both dims. Weights are split locally, with no communication: every
+    rank must hold the same full weights (or meta ones)."""
+    if ep_mesh.ndim not in (1, 2):
+        raise ValueError(
+            f"expert parallelism needs a 1-D or (ep, etp) mesh, got {ep_mesh.ndim} dims"
+        )
     current = getattr(moe, "dispatcher", None)
     if isinstance(current, AllToAllDispatcher):
-        if current.mesh is ep_mesh:
+        if current.mesh is ep_mesh or current.mesh.mesh_dim_names == (
+            "_".join(ep_mesh.mesh_dim_names or ()),
+        ):
             return  # already applied on this mesh
         raise ValueError("expert parallelism was already applied to this module on another mesh")
     experts = moe.experts
     params = list(experts.named_parameters(recurse=False))
     if not params:
         raise ValueError("the experts module has no parameters to shard")
-    w = ep_mesh.size()
+    w, etp = ep_mesh.size(0), (ep_mesh.size(1) if ep_mesh.ndim == 2 else 1)
     num_experts = params[0][1].shape[0] if params[0][1].ndim else 0
+    hidden_dim = getattr(experts, "HIDDEN_DIM", {})
     for name, p in params:
         if isinstance(p, DTensor) or p.ndim == 0 or p.shape[0] != num_experts:
             raise ValueError(
                 f"parameter {name!r} ({tuple(p.shape)}) is not a plain [E={num_experts}, ...] stack"
+            )
+        if etp > 1 and (name not in hidden_dim or p.shape[hidden_dim[name]] % etp):
+            raise ValueError(
+                f"parameter {name!r} ({tuple(p.shape)}) has no hidden dim (HIDDEN_DIM) divisible"
+                f" by the expert tensor parallel degree {etp}"
             )
     if num_experts % w:
         raise ValueError(
             f"{num_experts} experts are not divisible by the expert-parallel degree {w}"
         )
     for name, p in params:
-        dt = distribute_tensor(p.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+        placements = [Shard(0)] + ([Shard(hidden_dim[name])] if etp > 1 else [])
+        dt = distribute_tensor(p.detach(), ep_mesh, placements, src_data_rank=None)
         experts.register_parameter(name, nn.Parameter(dt, requires_grad=p.requires_grad))
-    moe.dispatcher = AllToAllDispatcher(ep_mesh, num_experts)
+    # the group of both dims was made with the mesh (ParallelDims.build_mesh): flattening
+    # again returns it
+    group_mesh = ep_mesh._flatten() if etp > 1 else ep_mesh
+    moe.dispatcher = AllToAllDispatcher(group_mesh, num_experts, replicas=etp)

@@ -9,7 +9,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 from torchtitan.distributed.parallel_dims import DataParallelMesh
 from torchtitan.distributed.plan import FsdpUnit, PartPlan, UnitKind
@@ -18,6 +23,13 @@ from torchtitan.dtypes import DTYPES
 
 def mixed_precision(param: str, reduce: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=DTYPES[param], reduce_dtype=DTYPES[reduce])
+
+
+def host_offload() -> CPUOffloadPolicy:
+    """training.enable_cpu_offload: sharded parameters, gradients and optimizer states on the
+    host. Pinned (overlapping copies) only where an accelerator exists to copy to: a CPU-only
+    run holds everything on the host already, and the policy's copies are no-ops there."""
+    return CPUOffloadPolicy(pin_memory=torch.accelerator.is_available())
 
 
 def inner_first(units: tuple[FsdpUnit, ...]) -> list[FsdpUnit]:
@@ -34,9 +46,12 @@ def apply_fsdp2(
     plan: PartPlan,
     mesh_of: Callable[[UnitKind], DataParallelMesh],
     mp: MixedPrecisionPolicy,
+    *,
+    offload: OffloadPolicy | None = None,
 ) -> None:
     """fully_shard every unit of `plan` on its kind's mesh, nested ones (experts) before the
-    units that contain them, then the root."""
+    units that contain them, then the root. `offload`: host_offload() or None."""
+    policy = {} if offload is None else {"offload_policy": offload}
     for unit in inner_first(plan.units):
         dp = mesh_of(unit.kind)
         module = fully_shard(
@@ -44,6 +59,7 @@ def apply_fsdp2(
             mesh=dp.mesh,
             mp_policy=mp,
             reshard_after_forward=unit.reshard,
+            **policy,
         )
         if dp.divide_factor is not None:
             # Divide by every data-parallel rank, not by this mesh. FSDP2 (torch 2.13) then
@@ -57,7 +73,13 @@ def apply_fsdp2(
         gather_at_region_entry(model.get_submodule(container), model.get_submodule(unit))
     # The root's value is set explicitly: FSDP2 would otherwise reshard it after forward too.
     root = next((u.reshard for u in plan.units if u.is_root), False)
-    fully_shard(model, mesh=mesh_of(UnitKind.DENSE).mesh, mp_policy=mp, reshard_after_forward=root)
+    fully_shard(
+        model,
+        mesh=mesh_of(UnitKind.DENSE).mesh,
+        mp_policy=mp,
+        reshard_after_forward=root,
+        **policy,
+    )
 
 
 def nested_in_regions(plan: PartPlan) -> list[tuple[str, str]]:
@@ -108,14 +130,20 @@ def gather_at_region_entry(holder: nn.Module, nested: nn.Module) -> None:
 
 
 def apply_ddp(
-    model: nn.Module, plan: PartPlan, dp: DataParallelMesh, mp: MixedPrecisionPolicy
+    model: nn.Module,
+    plan: PartPlan,
+    dp: DataParallelMesh,
+    mp: MixedPrecisionPolicy,
+    *,
+    offload: OffloadPolicy | None = None,
 ) -> None:
     """Replicate (DDP semantics, FSDP2 machinery): one gradient all-reduce per unit."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
+    policy = {} if offload is None else {"offload_policy": offload}
     for unit in inner_first(plan.units):
-        replicate(model.get_submodule(unit.name), mesh=dp.mesh, mp_policy=mp)
-    replicate(model, mesh=dp.mesh, mp_policy=mp)
+        replicate(model.get_submodule(unit.name), mesh=dp.mesh, mp_policy=mp, **policy)
+    replicate(model, mesh=dp.mesh, mp_policy=mp, **policy)
 
 
 def unit_param_bytes(model: nn.Module, unit_names: list[str], size_of: Callable) -> dict[str, int]:

@@ -30,6 +30,7 @@ class Degrees:
     ep: int
     world_size: int
     cp: int = 1
+    etp: int = 1  # expert tensor parallel: 1, or tp (each expert's matrices split over TP)
 
     @property
     def dp(self) -> int:
@@ -48,8 +49,21 @@ class Degrees:
 
     @property
     def ep_from_dp_shard(self) -> int:
-        """How many of dp_shard's ranks EP takes (the rest of EP comes from cp and tp)."""
-        return self.ep // (self.tp * self.cp) if self.ep > 1 else 1
+        """How many of dp_shard's ranks EP takes (the rest of EP comes from cp, and from tp
+        unless ETP splits the experts over tp instead)."""
+        if self.ep == 1:
+            return 1
+        return self.ep // (self.cp if self.etp > 1 else self.tp * self.cp)
+
+    @property
+    def experts_split(self) -> bool:
+        """Whether routed experts are split over ranks (by EP, ETP or both)."""
+        return self.ep > 1 or self.etp > 1
+
+    @property
+    def expert_shards(self) -> int:
+        """Ranks one expert stack is split over: ep (by expert) x etp (by hidden unit)."""
+        return self.ep * self.etp
 
 
 def degrees(cfg: JobConfig, world_size: int) -> Degrees:
@@ -65,6 +79,12 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
     for key, value in named.items():
         if value < 1:
             raise ShapeError(f"--parallelism.{key}={value}: must be >= 1")
+    etp, tp = p.expert_tensor_parallel_degree, p.tensor_parallel_degree
+    if etp not in (1, tp):
+        raise ShapeError(
+            f"--parallelism.expert_tensor_parallel_degree={etp}: must be 1 (experts not split by TP)"
+            f" or tensor_parallel_degree={tp} (each expert split over the TP ranks)"
+        )
     cp = p.context_parallel_degree
     others = (
         p.data_parallel_replicate_degree
@@ -101,6 +121,7 @@ def degrees(cfg: JobConfig, world_size: int) -> Degrees:
         p.expert_parallel_degree,
         world_size,
         cp,
+        etp,
     )
 
 

@@ -20,6 +20,13 @@ back into "dp_shard", so dense parameters shard exactly as without EP. Two more 
 dims serve the experts: "ep" = dp_shard_in_ep x cp x tp (the all-to-all group; experts are
 split over it, never over TP) and the experts' FSDP mesh = dp_replicate x dp_shard_mod_ep.
 8 ranks, dp_shard 4, tp 2, ep 4:  dp_shard_mod_ep 2 x dp_shard_in_ep 2 x tp 2.
+
+Expert tensor parallel (etp = tp > 1) splits each expert's matrices over tp instead, so EP
+takes only cp's and dp_shard's ranks: "ep" = dp_shard_in_ep x cp (dp_shard_in_ep kept, of
+size 1 when EP takes none of dp_shard), the experts' weights live on the 2-D (ep, tp) mesh
+and "ep_tp" (ep x tp) is the all-to-all group (a token copy goes to each TP rank of its
+expert's EP rank). 4 ranks, dp_shard 2, tp 2, ep 2, etp 2: dp_shard_mod_ep 1 x
+dp_shard_in_ep 2 x tp 2.
 """
 
 from __future__ import annotations
@@ -55,7 +62,8 @@ class MeshDim(str, Enum):
     # flattened
     DP = "dp"  # dp_replicate x dp_shard: the ranks that see different data
     DP_SHARD_TP = "dp_shard_tp"  # one collective over FSDP and TP shards (e.g. the grad norm)
-    EP = "ep"  # dp_shard_in_ep x cp x tp: expert parallel's all-to-all group
+    EP = "ep"  # dp_shard_in_ep x cp x tp (x cp only, under ETP): experts split by index
+    EP_TP = "ep_tp"  # under ETP: ep x tp, expert parallel's all-to-all group
     DP_TP = "dp_tp"  # every rank of one pipeline stage
     DP_SHARD_CP = "dp_shard_cp"  # under CP: dense FSDP's shard dim (ranks holding different tokens)
     DP_CP = "dp_cp"  # under CP: every rank whose loss is part of the global mean
@@ -115,12 +123,12 @@ class ParallelDims(Degrees):
     def from_config(cls, cfg: JobConfig, world_size: int) -> ParallelDims:
         """Degrees of a config, by the rule the config check applies (job_shape.degrees)."""
         d = degrees(cfg, world_size)
-        return cls(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.ep, world_size, d.cp)
+        return cls(d.dp_replicate, d.dp_shard, d.tp, d.pp, d.ep, world_size, d.cp, d.etp)
 
     @property
     def mesh_shape(self) -> dict[str, int]:
         """The real (not flattened) mesh dims, outermost first."""
-        if self.ep > 1:
+        if self.experts_split:
             shard = {
                 MeshDim.DP_SHARD_MOD_EP: self.dp_shard // self.ep_from_dp_shard,
                 MeshDim.DP_SHARD_IN_EP: self.ep_from_dp_shard,
@@ -146,14 +154,18 @@ class ParallelDims(Degrees):
         build_mesh creates them (each rank creates the same groups in the same order)."""
         shard = (
             (MeshDim.DP_SHARD_MOD_EP, MeshDim.DP_SHARD_IN_EP)
-            if self.ep > 1
+            if self.experts_split
             else (MeshDim.DP_SHARD,)
         )
         cp = (MeshDim.CP,) if self.cp > 1 else ()
         tp = (MeshDim.TP,) if self.tp > 1 else ()
         replicate = (MeshDim.DP_REPLICATE,) if self.dp_replicate > 1 else ()
         out: dict[MeshDim, tuple[MeshDim, ...]] = {}
-        if self.ep > 1:
+        if self.etp > 1:  # EP takes cp (when it is > 1, all of it: the check) and dp_shard
+            out[MeshDim.DP_SHARD] = shard
+            out[MeshDim.EP] = (MeshDim.DP_SHARD_IN_EP, *(cp if self.ep > 1 else ()))
+            out[MeshDim.EP_TP] = (*out[MeshDim.EP], MeshDim.TP)
+        elif self.ep > 1:
             out[MeshDim.DP_SHARD] = shard
             out[MeshDim.EP] = (MeshDim.DP_SHARD_IN_EP, *cp, *tp)
         if self.dp_replicate > 1:
@@ -239,7 +251,7 @@ class ParallelDims(Degrees):
         replicate = MeshDim.DP_REPLICATE if self.dp_replicate > 1 else None
         if self.dp_shard == 1 and self.cp == 1 and replicate is not None:  # DDP
             return DataParallelMesh(self.mesh, (replicate,), None, replicate)
-        if kind is UnitKind.EXPERTS and self.ep > 1:
+        if kind is UnitKind.EXPERTS and self.experts_split:
             shard = MeshDim.DP_SHARD_MOD_EP
             dims = (replicate, shard) if replicate else (shard,)
             return DataParallelMesh(self.mesh, dims, shard, replicate, divide_factor=self.dp_cp)
@@ -273,7 +285,18 @@ class ParallelDims(Degrees):
         return self.submesh(MeshDim.TP) if self.tp > 1 else None
 
     def ep_mesh(self) -> DeviceMesh | None:
+        """The mesh routed experts are split over: the 1-D EP mesh, or under ETP the 2-D
+        (ep, tp) mesh (ep may be of size 1); None when they are not split."""
+        if self.etp > 1:
+            cache = self.__dict__.setdefault("_slices", {})
+            if "ep+tp" not in cache:
+                cache["ep+tp"] = self.mesh[(MeshDim.EP.value, MeshDim.TP.value)]
+            return cache["ep+tp"]
         return self.submesh(MeshDim.EP) if self.ep > 1 else None
+
+    def ep_rank(self) -> int:
+        """This rank's coordinate on the EP dim (which experts it holds); 0 without EP."""
+        return self._slice(MeshDim.EP.value).get_local_rank() if self.ep > 1 else 0
 
     def pp_group(self) -> ProcessGroup | None:
         return self.submesh(MeshDim.PP).get_group() if self.pp > 1 else None
@@ -328,6 +351,7 @@ class ParallelDims(Degrees):
         MeshDim.DP,
         MeshDim.DP_SHARD_TP,
         MeshDim.EP,
+        MeshDim.EP_TP,
         MeshDim.DP_SHARD,
         MeshDim.DP_SHARD_CP,
         MeshDim.DP_CP,

@@ -18,10 +18,16 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleSingle,
     _PipelineSchedule,
+    _PipelineScheduleRuntime,
     get_schedule_class,
 )
 
-from torchtitan.distributed.pipeline_layout import V_SCHEDULES, PipelineLayout
+from torchtitan.distributed.pipeline_layout import (
+    FQNS_KEY,
+    V_SCHEDULES,
+    PipelineLayout,
+    PipelineLayoutError,
+)
 from torchtitan.distributed.plan import BLOCKS
 
 
@@ -31,6 +37,7 @@ def split_model(
     """(stage id, stage module) for each stage this pipeline rank holds. `model` follows
     models.protocol.TrainableModel: blocks in `.layers`, and the modules only the first /
     last stage keeps in `.first_stage_modules` / `.last_stage_modules`."""
+    _check_stage_modules(model, layout)
     parts = []
     for stage_id in layout.stage_ids(pp_rank):
         keep = {str(i) for i in layout.stages[stage_id]}
@@ -54,6 +61,22 @@ def split_model(
                 setattr(part, name, None)
         parts.append((stage_id, part))
     return parts
+
+
+def _check_stage_modules(model: nn.Module, layout: PipelineLayout) -> None:
+    """The non-block names module_fqns_per_model_part gives the first / last part must be the
+    model's first / last stage modules. Those go to their end stage even when left unnamed
+    (no stage runs without the embedding or the output)."""
+    for names, own, where in (
+        (layout.first_modules, model.first_stage_modules, "first"),
+        (layout.last_modules, model.last_stage_modules, "last"),
+    ):
+        wrong = [n for n in names if n not in own]
+        if wrong:
+            raise PipelineLayoutError(
+                f"{FQNS_KEY}: the {where} part names {', '.join(map(repr, wrong))}, not a"
+                f" {where}-stage module of {type(model).__name__} ({', '.join(own)}) nor a block"
+            )
 
 
 class _Stage(PipelineStage):
@@ -108,6 +131,14 @@ def build_pipeline(
     if backward_phase is not None:
         for stage in stages:
             stage.backward_phase = backward_phase
+    if layout.csv:
+        # torch's runtime: reads the per-rank actions, adds the sends, receives and FSDP's
+        # unshard / reshard / gradient reduction (checked beforehand: check_schedule_csv)
+        schedule = _PipelineScheduleRuntime(
+            stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False
+        )
+        schedule._load_csv(layout.csv)
+        return schedule
     schedule_cls = get_schedule_class(layout.schedule)
     if issubclass(schedule_cls, PipelineScheduleSingle):
         return schedule_cls(
@@ -130,9 +161,10 @@ def run_schedule(
     stage's per-microbatch losses, [] on other ranks. `kwargs` (tensors of the batch, e.g.
     document ids) are split by microbatch and given to every stage's forward."""
     kwargs = kwargs or {}
-    if not train and layout.schedule in V_SCHEDULES:
+    if not train and (layout.schedule in V_SCHEDULES or layout.csv):
         # torch 2.13's V schedules cannot run forward only (eval() asks a stage without
-        # backward for its input gradients): run the full step; the caller drops the gradients.
+        # backward for its input gradients), nor a CSV schedule (its actions include the
+        # backward): run the full step; the caller drops the gradients.
         with torch.enable_grad():
             return run_schedule(
                 schedule, layout, stage_ids, inputs, labels, train=True, kwargs=kwargs

@@ -49,6 +49,42 @@ def init_distributed(device: torch.device, timeout_seconds: int = 300) -> None:
         )
 
 
+def flight_recorder_env(comm, dump_folder: str) -> dict[str, str]:
+    """CUDA: the environment NCCL's flight recorder reads when the process group starts
+    ([comm] trace_buf_size, save_traces_folder, save_traces_file_prefix): its size, a dump
+    on a collective timeout, and where each rank's dump goes. Values the user exported win."""
+    if comm.trace_buf_size <= 0:
+        return {}
+    prefix = os.path.join(dump_folder, comm.save_traces_folder, comm.save_traces_file_prefix)
+    return {
+        "TORCH_FR_BUFFER_SIZE": str(comm.trace_buf_size),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+    }
+
+
+def start_flight_recorder(comm, dump_folder: str, device_type: str) -> None:
+    """Set flight_recorder_env (CUDA only; gloo has no flight recorder) before the group starts."""
+    if device_type != "cuda":
+        return
+    env = flight_recorder_env(comm, dump_folder)
+    if env:
+        os.makedirs(os.path.dirname(env["TORCH_FR_DUMP_TEMP_FILE"]), exist_ok=True)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+
+
+def set_collective_timeout(seconds: float) -> int:
+    """[comm] train_timeout_seconds after the first step: every process group of this rank
+    (the world's and the mesh's) gets the new timeout; returns how many were set."""
+    from torch.distributed import distributed_c10d as c10d
+
+    groups = [g for g in c10d._world.pg_map if g is not None and not c10d._rank_not_in_group(g)]
+    for group in groups:
+        c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+    return len(groups)
+
+
 def group_options(device_type: str, timeout_seconds: int) -> object:
     """Process-group options carrying the collective timeout. DeviceMesh creates its groups
     with the backend's default (30 min on gloo) unless given options, not the world's."""

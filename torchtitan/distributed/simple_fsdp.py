@@ -390,12 +390,16 @@ def _pass_inputs(unit: _Unit):
     return hook
 
 
-def _dp_placement(tp_placement, tp_size: int):
-    # A parameter TP already split on dim 0 is split again on dim 0 for dp in TP-major order,
-    # so that gathering over dp yields exactly this rank's TP shard.
-    if isinstance(tp_placement, Shard) and tp_placement.dim == 0:
-        return _StridedShard(0, split_factor=tp_size)
-    return Shard(0)
+def _dp_placement(tp_mesh, tp_placements: list):
+    # A parameter the model-parallel dims already split on dim 0 (TP's column split; EP's
+    # experts, ETP's 2-D (ep, tp) mesh) is split again on dim 0 for dp in model-major order,
+    # so that gathering over dp yields exactly this rank's shard; only the dims that split
+    # dim 0 count (ETP's tp dim splits another one).
+    split = 1
+    for i, placement in enumerate(tp_placements):
+        if isinstance(placement, Shard) and placement.dim == 0:
+            split *= tp_mesh.size(i)
+    return _StridedShard(0, split_factor=split) if split > 1 else Shard(0)
 
 
 def _shard_param(param: nn.Parameter, dp: DataParallelMesh, kind: UnitKind) -> nn.Parameter:
@@ -421,10 +425,7 @@ def _shard_param(param: nn.Parameter, dp: DataParallelMesh, kind: UnitKind) -> n
                 f" dim 0 = {local.shape[0]} on this TP/EP rank, not divisible by {what} = {shard_size} (SimpleFSDP"
                 " does not pad); use fsdp2 or other degrees"
             )
-        tp_size = tp_mesh.size() if tp_mesh is not None else 1
-        placements[dp.dims.index(dp.shard)] = _dp_placement(
-            tp_placements[0] if tp_placements else None, tp_size
-        )
+        placements[dp.dims.index(dp.shard)] = _dp_placement(tp_mesh, tp_placements)
         local = local.chunk(shard_size, dim=0)[shard_coord]
     dt = DTensor.from_local(
         local,

@@ -1,7 +1,8 @@
 """Per-step metrics: the console line (with ETA), metrics.jsonl, and the numeric values as
 scalars to TensorBoard and (--metrics.enable_wandb) Weights & Biases.
 
-Only the logging rank writes these files. metrics.jsonl holds one JSON object per logged step;
+Only the logging rank writes these files (TensorBoard's: every rank with
+metrics.save_for_all_ranks, each in its own folder). metrics.jsonl holds one JSON object per logged step;
 scripts/plot_loss.py and the tests read its keys (step, loss, grad_norm, lr, tokens_per_sec).
 Every rank writes its own memory peak per step (StepMemoryLog: memory/rank<r>.jsonl).
 """
@@ -152,13 +153,25 @@ def _truncate_after(path: str, step: int) -> None:
     os.replace(tmp, path)
 
 
-class TensorBoardSink:
-    """Scalars as TensorBoard events under <dump_folder>/tb."""
+def tensorboard_folder(
+    dump_folder: str, tb_folder: str = "tb", rank: int = 0, all_ranks: bool = False
+) -> str | None:
+    """Where this rank's TensorBoard events go: <dump_folder>/<metrics.save_tb_folder> on rank
+    0, or with metrics.save_for_all_ranks <...>/rank_<rank> on every rank; None: this rank
+    writes none."""
+    base = os.path.join(dump_folder, tb_folder)
+    if all_ranks:
+        return os.path.join(base, f"rank_{rank}")
+    return base if rank == 0 else None
 
-    def __init__(self, dump_folder: str):
+
+class TensorBoardSink:
+    """Scalars as TensorBoard events in `folder` (tensorboard_folder)."""
+
+    def __init__(self, folder: str):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(dump_folder, "tb"))
+        self.writer = SummaryWriter(folder)
 
     def write(self, step: int, scalars: dict) -> None:
         for key, value in scalars.items():
@@ -212,8 +225,11 @@ def scalars_of(values: dict) -> dict:
 class MetricsLogger:
     """Rank 0's metrics (enabled): console, metrics.jsonl and the scalar sinks, which each get
     the same scalars (scalars_of) of every training and validation record. `wandb_config`: the
-    job config as a dict to turn W&B on, `run_name` its run's name. Use it as a context
-    manager around training: a failure closes it, marking the W&B run failed."""
+    job config as a dict to turn W&B on, `run_name` its run's name. `tb_folder`: the
+    TensorBoard folder (tensorboard_folder; default <dump_folder>/tb); given on a rank that is
+    not enabled (metrics.save_for_all_ranks), that rank writes TensorBoard events and nothing
+    else. Use it as a context manager around training: a failure closes it, marking the W&B
+    run failed."""
 
     def __init__(
         self,
@@ -225,6 +241,7 @@ class MetricsLogger:
         *,
         wandb_config: dict | None = None,
         run_name: str = "",
+        tb_folder: str | None = None,
     ):
         self.enabled, self.total_steps = enabled, total_steps
         self.start = time.perf_counter()
@@ -232,7 +249,10 @@ class MetricsLogger:
         self.jsonl = None
         self.sinks: list = []
         self.preempted = False
+        tb_folder = tb_folder or (os.path.join(dump_folder, "tb") if enabled else None)
         if not enabled:
+            if tensorboard and tb_folder:  # another rank's own TensorBoard folder
+                self.sinks.append(TensorBoardSink(tb_folder))
             return
         os.makedirs(dump_folder, exist_ok=True)
         self.jsonl_path = os.path.join(dump_folder, "metrics.jsonl")
@@ -240,7 +260,7 @@ class MetricsLogger:
             _truncate_after(self.jsonl_path, resume_step)
         self.jsonl = open(self.jsonl_path, "a" if resume_step > 0 else "w")
         if tensorboard:
-            self.sinks.append(TensorBoardSink(dump_folder))
+            self.sinks.append(TensorBoardSink(tb_folder))
         if wandb_config is not None:
             self.sinks.append(WandbSink(dump_folder, wandb_config, run_name))
 
@@ -263,6 +283,7 @@ class MetricsLogger:
         mtp_loss (multi-token prediction, averaged over its depths) when model.mtp_depth > 0."""
         eta = self.eta(step, values["step_time"])
         if not self.enabled:
+            self._write_scalars(step, values)  # a rank's own TensorBoard folder, if any
             return
         record = {
             "step": step,
@@ -294,6 +315,7 @@ class MetricsLogger:
         """A validation record: {"step", "validation_loss", "validation_perplexity", ...} of its
         own in metrics.jsonl (readers of training records skip it: it has no "loss")."""
         if not self.enabled:
+            self._write_scalars(step, values)
             return
         per_source = "".join(
             f"  {k.split('/', 1)[1]} {v:.4f}"

@@ -3,12 +3,15 @@
 Every rank writes its own files under the dump folder:
     <save_traces_folder>/iteration_N/rank{R}_trace.json              (Chrome trace)
     <save_memory_snapshot_folder>/iteration_N/rank{R}_memory_snapshot.pickle   (CUDA only)
-Step N is a multiple of profile_freq; the steps just before it warm the profiler up, so the
-traced step shows steady-state work, not the profiler's own start-up.
+Step N is a multiple of profile_freq. A trace holds the profiler_active steps that end at N
+(torch.profiler.schedule's active, upstream's key); the profiler_warmup steps before them warm
+the profiler up (schedule's warmup), so the traced steps show steady-state work, not the
+profiler's own start-up. A block of steps the run ends inside is not traced.
 
-A trace holds the training step alone (the span "ProfilerStep#N"), not the validation or
-checkpoint save that may follow it: each iteration is two profiler windows, the training
-step (window 2N) and what runs between steps (window 2N + 1), and only the first is saved.
+A trace of one step holds the training step alone (the span "ProfilerStep#N"), not the
+validation or checkpoint save that may follow it: each iteration is two profiler windows, the
+training step (window 2N) and what runs between steps (window 2N + 1), and only the first is
+saved; a trace of several steps also holds what ran between them.
 """
 
 import contextlib
@@ -21,9 +24,6 @@ from torch.profiler import ProfilerAction, record_function
 # Each traced step is its own profiler cycle by design; torch warns that cycles do not accumulate.
 warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
 
-_WARMUP = (
-    3  # steps recorded and discarded before each traced step (fewer when profile_freq is small)
-)
 _SNAPSHOT_ENTRIES = 100_000  # allocator events kept for the memory snapshot
 
 
@@ -76,14 +76,19 @@ class Profiler:
         return self
 
     def _train_action(self, step: int) -> ProfilerAction:
-        """What the profiler does during training step `step`."""
-        freq = self.cfg.profile_freq
-        warmup = min(_WARMUP, freq - 1)
-        if step > self.last_step:
-            return ProfilerAction.NONE
-        if step % freq == 0:
+        """What the profiler does during training step `step`: within the profile_freq steps
+        that end at a multiple of profile_freq, `active` steps recorded (the last one saves),
+        after `warmup` steps warming up (the checks keep warmup + active <= profile_freq)."""
+        freq, active = self.cfg.profile_freq, max(1, self.cfg.profiler_active)
+        warmup = max(0, min(self.cfg.profiler_warmup, freq - active))
+        before = (-step) % freq  # steps until the end of this step's block
+        if step + before > self.last_step:
+            return ProfilerAction.NONE  # the run ends before that block's trace would be saved
+        if before == 0:
             return ProfilerAction.RECORD_AND_SAVE
-        if step % freq >= freq - warmup:
+        if before < active:
+            return ProfilerAction.RECORD
+        if before < active + warmup:
             return ProfilerAction.WARMUP
         return ProfilerAction.NONE
 
@@ -91,12 +96,13 @@ class Profiler:
         step = window // 2
         if window % 2 == 0:
             return self._train_action(step)
-        # Between steps: keep warming up into a warmup or traced step (recorded, never saved); a
-        # traced step before it is saved by leaving it. After the last step warmup ends unsaved.
+        # Between steps: inside a trace of several steps, keep recording; else keep warming up
+        # into a warmup or traced step (recorded, never saved). A traced step before it is
+        # saved by leaving it.
         after, this = self._train_action(step + 1), self._train_action(step)
-        if after != ProfilerAction.NONE or (
-            step == self.last_step and this == ProfilerAction.WARMUP
-        ):
+        if this == ProfilerAction.RECORD:
+            return ProfilerAction.RECORD
+        if after != ProfilerAction.NONE:
             return ProfilerAction.WARMUP
         return ProfilerAction.NONE
 

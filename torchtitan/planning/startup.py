@@ -60,8 +60,22 @@ def wanted(cfg, device_type: str) -> bool:
 
     return (
         cfg.planning.memory_budget_gib != "none"
+        or cfg.memory_estimation.enable
         or job_hardware(cfg, device_type, measure=False) is not None
     )
+
+
+def estimate_lines(startup: StartupMemory) -> list[str]:
+    """[memory_estimation] enable: every rank role's predicted peak, logged by rank 0 before
+    the first step (upstream's memory estimation, answered by this fork's prediction)."""
+    lines = []
+    for r in startup.roles:
+        parts = ", ".join(f"{k} {v / GIB:.3f}" for k, v in r.breakdown.items() if v)
+        lines.append(
+            f"[torchtitan] memory estimation: role {r.role} (ranks {_ranks(r.ranks)}): predicted"
+            f" peak {r.predicted_peak_bytes / GIB:.3f} GiB at {r.peak_at} ({parts} GiB)"
+        )
+    return lines
 
 
 def start_prediction(

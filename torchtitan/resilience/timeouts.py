@@ -27,9 +27,19 @@ def longest_hang_timeout(timeout_s: int) -> int:
     return h
 
 
+def shortest_collective_timeout(comm: Comm) -> int:
+    """The collective timeout a hang report must beat: timeout_seconds, or train_timeout_seconds
+    (from the second step on) when that is shorter."""
+    train = (
+        comm.timeout_seconds if comm.train_timeout_seconds == "auto" else comm.train_timeout_seconds
+    )
+    return min(comm.timeout_seconds, train)
+
+
 def hang_timeout(comm: Comm) -> float:
     """[comm] hang_timeout_seconds with "auto" resolved (0: no watchdog): AUTO_SHARE of
     timeout_seconds, or the longest that leaves time for a report (0 when none does)."""
     if comm.hang_timeout_seconds != "auto":
         return float(comm.hang_timeout_seconds)
-    return float(min(AUTO_SHARE * comm.timeout_seconds, longest_hang_timeout(comm.timeout_seconds)))
+    timeout = shortest_collective_timeout(comm)
+    return float(min(AUTO_SHARE * timeout, longest_hang_timeout(timeout)))

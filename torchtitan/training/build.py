@@ -15,6 +15,7 @@ its config, its model on meta, its degrees, its target device):
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -25,13 +26,16 @@ import torch.distributed as dist
 from torch import nn
 
 from torchtitan.distributed import reshard_policy
-from torchtitan.distributed.activation_checkpoint import region_specs
+from torchtitan.distributed.activation_checkpoint import configure_checkpointing, region_specs
+from torchtitan.distributed.context_parallel import configured
 from torchtitan.distributed.data_parallel import Precision, size_units
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline_layout import PipelineLayout
 from torchtitan.distributed.pipeline_parallel import build_pipeline, split_model
 from torchtitan.distributed.plan import FsdpUnit, PartPlan, RegionSpec
 from torchtitan.dtypes import dtype_bytes, param_dtype
+from torchtitan.models.common.attn_backend import run_attn_mask
+from torchtitan.models.common.moe import moe_modules
 from torchtitan.training.loss import Loss
 from torchtitan.training.phases import StepPhase
 from torchtitan.training.planned_job import MetaModel as MetaModel  # re-exported (importers)
@@ -81,13 +85,25 @@ class ModelParts:
         return [p.plan for p in self.parts]
 
 
+logger = logging.getLogger(__name__)
+_NOTED: set[str] = set()
+
+
+def note_once(line: str) -> None:
+    """Log a `note:` line once per process (every step runner of a run would repeat it)."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        logger.info(line)
+
+
 def _regions(
     cfg: JobConfig, units: list[FsdpUnit], flags: dict[str, bool], simple: bool
 ) -> dict[str, RegionSpec]:
     """AC regions of one part: one per block; under SimpleFSDP also one around each resharded
     unit outside any block (e.g. embeddings), whose gathers must be redone in backward."""
     blocks = list(dict.fromkeys(u.block for u in units if u.block is not None))
-    specs = region_specs(cfg.activation_checkpoint, blocks, flags, simple, cfg.compile.enable)
+    compiled = cfg.compile.enable and "model" in cfg.compile.components
+    specs = region_specs(cfg.activation_checkpoint, blocks, flags, simple, compiled)
     outside = {
         u.name: RegionSpec("none", "recompute", by_hooks=True)
         for u in units  # never compiled
@@ -97,10 +113,15 @@ def _regions(
 
 
 def precision(cfg: JobConfig, device_type: str) -> Precision:
-    """The parameters' compute dtype on the device the job targets ("auto": dtypes.param_dtype)
-    and the gradients' reduce dtype."""
+    """The parameters' compute dtype on the device the job targets ("auto": dtypes.param_dtype),
+    the gradients' reduce dtype, and whether FSDP2 keeps the states on the host."""
     t = cfg.training
-    return Precision(param_dtype(t.mixed_precision_param, device_type), t.mixed_precision_reduce)
+    return Precision(
+        # training.dtype=bfloat16 (no FSDP sharding): the parameters are bf16 themselves
+        "bfloat16" if t.dtype == "bfloat16" else param_dtype(t.mixed_precision_param, device_type),
+        t.mixed_precision_reduce,
+        cpu_offload=t.enable_cpu_offload,
+    )
 
 
 def resolve_parts(
@@ -113,7 +134,7 @@ def resolve_parts(
     layout = job.layout
     split = split_model(model, layout, pp_rank) if layout is not None else [(0, model)]
     units = [
-        size_units(m, dims.tp, dims.ep, dtype_bytes(mixed.param), spec.tp_replicated)
+        size_units(m, dims.tp, dims.expert_shards, dtype_bytes(mixed.param), spec.tp_replicated)
         for _, m in split
     ]
     p = cfg.parallelism
@@ -145,6 +166,7 @@ def build_parts(
     The parameter dtype follows the device the job targets (`job.target`)."""
     parts = resolve_parts(job, pp_rank, free_bytes=free_bytes, budget_note=budget_note)
     cfg = job.cfg
+    configure_checkpointing(cfg.activation_checkpoint, cfg.job.dump_folder)  # torch's AC knobs
     for part in parts.parts:
         part.module = job.spec.parallelize_fn(
             part.module,
@@ -154,6 +176,10 @@ def build_parts(
             compile_cfg=cfg.compile,
             precision=parts.precision,
         )
+        for layer in moe_modules(part.module):  # debug.moe_force_load_balance: round-robin
+            layer.force_load_balance = cfg.debug.moe_force_load_balance
+        if job.dims.cp > 1:  # the rotate method and balancer the job names (parallelism keys)
+            part.module.context_parallel = configured(part.module.context_parallel, cfg.parallelism)
     return parts
 
 
@@ -186,6 +212,16 @@ def step_runner(
         t.seq_len,
         p.context_parallel_degree,
     )
+    if cfg.compile.enable and "loss" in cfg.compile.components:
+        if dims.tp > 1 and p.loss_parallel:
+            # torch 2.13: the compiled loss over vocabulary-sharded DTensor logits names a TP
+            # group another stage's ranks do not have (measured: PP 2 x TP 2, "Could not
+            # resolve the process group"); the loss-parallel loss runs eager
+            note_once(
+                "note: compile.components 'loss' with loss_parallel under TP: the loss runs eager"
+            )
+        else:
+            loss.compile(cfg.compile.backend)
     pipeline = None
     if parts.layout is not None:
         pipeline = build_pipeline(
@@ -208,7 +244,9 @@ def step_runner(
         parts.stage_ids,
         held_for_backward,
         on_phase,
-        doc_delimiter=doc_delimiter if cfg.model.attn_mask == "block_causal" else None,
+        doc_delimiter=doc_delimiter
+        if run_attn_mask(cfg.model.attn_mask, job.args) == "block_causal"
+        else None,
         cp=parts.modules[0].context_parallel,
     )
 

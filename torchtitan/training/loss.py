@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: positions without a target
 
@@ -83,7 +83,14 @@ class Loss:
     ):
         self.scale, self.mtp_depth, self.mtp_weight = scale, mtp_depth, mtp_weight
         self.seq_len, self.cp_degree = seq_len, cp_degree
+        self._main, self._mtp = cross_entropy_loss, mtp_losses
         self.reset()
+
+    def compile(self, backend: str) -> None:
+        """compile.components holds "loss": the cross entropy (and MTP's) run compiled, one
+        graph each (the logits' cast to float32 fused into the loss kernel)."""
+        self._main = torch.compile(cross_entropy_loss, backend=backend, fullgraph=True)
+        self._mtp = torch.compile(mtp_losses, backend=backend, fullgraph=True)
 
     def terms(
         self,
@@ -98,14 +105,14 @@ class Loss:
         from the labels before CP sharding); None: every position but a depth's last k, as
         the data has no other ignored position."""
         if not (mtp and self.mtp_depth):
-            return cross_entropy_loss(logits, labels) / self.scale, None
+            return self._main(logits, labels) / self.scale, None
         if valid is None:
             rows = labels.shape[0]
             valid = [
                 torch.tensor(rows * (self.seq_len - k), device=labels.device)
                 for k in range(1, self.mtp_depth + 1)
             ]
-        main, mtp_loss = mtp_losses(logits, labels, valid, self.cp_degree)
+        main, mtp_loss = self._mtp(logits, labels, valid, self.cp_degree)
         return main / self.scale, mtp_loss / self.scale
 
     def objective(
@@ -113,6 +120,11 @@ class Loss:
     ) -> torch.Tensor:
         """What backward trains: main + aux / scale + mtp_weight x mtp (`aux` as the MoE layers
         computed it, unscaled)."""
+        if aux is not None and isinstance(main, DTensor) and not isinstance(aux, DTensor):
+            # loss parallel: the loss is a replicated DTensor, the balance loss a plain tensor
+            # that every TP rank computed alike (summed over the TP group)
+            mesh = main.device_mesh
+            aux = DTensor.from_local(aux, mesh, [Replicate()] * mesh.ndim, run_check=False)
         loss = main if aux is None else main + aux / self.scale
         return loss if mtp is None else loss + self.mtp_weight * mtp
 

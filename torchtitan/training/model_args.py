@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from torchtitan.checkpoint.files import marker_rules
-from torchtitan.data.tokenizer import load_tokenizer
+from torchtitan.data.tokenizer import load_model_tokenizer
 from torchtitan.models.flavors import flavors_of, model_args
 from torchtitan.models.hf.folder import folder_rules, is_hf_folder
 
@@ -27,11 +27,7 @@ def vocab_size(cfg: JobConfig) -> int:
     """The vocabulary the flavor takes from the tokenizer (loaded once per process), 0 when the
     flavor fixes its own."""
     m = cfg.model
-    return (
-        0
-        if flavors_of(m.name)[m.flavor].vocab_size
-        else load_tokenizer(m.tokenizer_path).vocab_size
-    )
+    return 0 if flavors_of(m.name)[m.flavor].vocab_size else load_model_tokenizer(m).vocab_size
 
 
 def run_model_args(cfg: JobConfig, vocab: int | None = None):

@@ -1,9 +1,12 @@
-"""AdamW over the model's (possibly sharded) parameters, and the warmup + decay schedule."""
-
-import math
+"""AdamW over the model's (possibly sharded) parameters, and the warmup + decay schedule;
+optionally stepped inside backward, one parameter at a time (optimizer.early_step_in_backward)."""
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+
+from torchtitan.training.lr_schedule import build_lr_scheduler
+from torchtitan.training.lr_schedule import lr_factor as lr_factor  # re-exported (importers)
 
 
 def kernels(opt_cfg, device_type: str) -> str:
@@ -14,42 +17,20 @@ def kernels(opt_cfg, device_type: str) -> str:
 
 
 def build_optimizer(params, opt_cfg, device_type: str = "cpu") -> torch.optim.Optimizer:
-    fused = kernels(opt_cfg, device_type) == "fused"
-    return torch.optim.AdamW(
+    """optimizer.name's torch class (AdamW: decoupled weight decay; Adam: weight decay added to
+    the gradient, as torch.optim.Adam does) with its kernels (`kernels`): fused, foreach, or
+    for-loop (one tensor at a time: neither)."""
+    impl = kernels(opt_cfg, device_type)
+    cls = torch.optim.Adam if opt_cfg.name == "Adam" else torch.optim.AdamW
+    return cls(
         params,
         lr=opt_cfg.lr,
         betas=(opt_cfg.beta1, opt_cfg.beta2),
         eps=opt_cfg.eps,
         weight_decay=opt_cfg.weight_decay,
-        foreach=None if fused else True,
-        fused=fused or None,
+        foreach=impl == "foreach",
+        fused=impl == "fused",
     )
-
-
-def lr_factor(step: int, total_steps: int, cfg) -> float:
-    """Multiplier of the peak lr at optimizer step `step` (0-based).
-
-    Warmup: (step + 1) / (warmup + 1) for the first warmup_steps steps. Then a flat phase at
-    1.0 and, over the last round((total - warmup) x decay_ratio) steps, a linear or cosine
-    decay that starts at 1.0 and reaches min_lr_factor exactly on the last step (total - 1).
-    """
-    warmup = cfg.warmup_steps
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    decay_steps = round((total_steps - warmup) * cfg.decay_ratio)
-    decay_start = total_steps - decay_steps
-    if decay_steps == 0 or step < decay_start:
-        return 1.0
-    progress = 1.0 if decay_steps == 1 else min(1.0, (step - decay_start) / (decay_steps - 1))
-    if cfg.decay_type == "cosine":
-        shape = 0.5 * (1 + math.cos(math.pi * progress))
-    else:
-        shape = 1.0 - progress
-    return cfg.min_lr_factor + (1 - cfg.min_lr_factor) * shape
-
-
-def build_lr_scheduler(optimizer, total_steps: int, cfg) -> LambdaLR:
-    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 
 class PartOptimizers:
@@ -59,19 +40,98 @@ class PartOptimizers:
     which maps one model to one optimizer; an optimizer per part keeps that mapping exact
     however the stages are split, so optimizer state loads into any other layout. AdamW is
     elementwise, so splitting it by part changes no number.
+
+    With optimizer.early_step_in_backward each part's entry is an `InBackward` (one AdamW per
+    parameter, stepped by the parameter's gradient hook); `step` then only steps the schedules.
     """
 
     def __init__(self, model_parts, opt_cfg, total_steps: int, lr_cfg, device_type: str = "cpu"):
-        self.optimizers = [
-            build_optimizer(list(m.parameters()), opt_cfg, device_type) for m in model_parts
-        ]
-        self.schedulers = [build_lr_scheduler(o, total_steps, lr_cfg) for o in self.optimizers]
+        # getattr: the unit tests' stand-in configs predate the key
+        self.in_backward = bool(getattr(opt_cfg, "early_step_in_backward", False))
+        if self.in_backward:
+            self.optimizers = [InBackward(m, opt_cfg, device_type) for m in model_parts]
+            each = [o for part in self.optimizers for o in part]
+        else:
+            self.optimizers = [
+                build_optimizer(list(m.parameters()), opt_cfg, device_type) for m in model_parts
+            ]
+            each = self.optimizers
+        self.schedulers = [build_lr_scheduler(o, total_steps, lr_cfg) for o in each]
 
     def step(self) -> None:
-        for o in self.optimizers:
-            o.step()
+        if not self.in_backward:  # in backward the gradient hooks stepped already
+            for o in self.optimizers:
+                o.step()
         for s in self.schedulers:
             s.step()
 
+    def grad_norm(self, device: torch.device) -> torch.Tensor:
+        """In backward: the global gradient norm the hooks measured before stepping (one
+        all-reduce over every rank; PP is refused, so every rank holds one whole stage's
+        share), then reset for the next step."""
+        sq = sum(
+            (part.take_squares(device) for part in self.optimizers), torch.zeros((), device=device)
+        )
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sq)
+        return sq.sqrt()
+
     def last_lr(self) -> float:
         return self.schedulers[0].get_last_lr()[0]
+
+
+class InBackward(list):
+    """One model part's optimizers in backward: an AdamW per trainable parameter, stepped and
+    its gradient freed by the parameter's post-accumulate-grad hook (FSDP2 calls it once the
+    reduce-scattered shard is in place), so that no rank holds every gradient at once.
+
+    A list of torch optimizers: torch's get/set_optimizer_state_dict take the list for the part
+    (states keyed by parameter name, as with one AdamW). `step` steps them all directly (the
+    memory simulation's state initialisation); `state` is theirs merged."""
+
+    def __init__(self, model, opt_cfg, device_type: str):
+        super().__init__()
+        self.squares: list[torch.Tensor] = []  # each stepped gradient's share of the norm^2
+        by_param = {}
+        for p in model.parameters():
+            if p.requires_grad:
+                by_param[p] = build_optimizer([p], opt_cfg, device_type)
+                self.append(by_param[p])
+
+        def hook(param: torch.Tensor) -> None:
+            self.squares.append(_norm_share(param.grad))
+            by_param[param].step()
+            by_param[param].zero_grad(set_to_none=True)
+
+        for p in by_param:
+            p.register_post_accumulate_grad_hook(hook)
+
+    @property
+    def state(self) -> dict:
+        return {p: s for o in self for p, s in o.state.items()}
+
+    def step(self) -> None:
+        for o in self:
+            o.step()
+
+    def take_squares(self, device: torch.device) -> torch.Tensor:
+        total = sum((s.to(device) for s in self.squares), torch.zeros((), device=device))
+        self.squares = []
+        return total
+
+
+@torch.no_grad()
+def _norm_share(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's share of the squared global norm for one gradient: its local values'
+    squares, divided by how many ranks hold the same values (the ranks of the world outside
+    its mesh, and the mesh dims it is replicated over), so the sum over all ranks counts
+    every value once."""
+    local = grad.to_local() if isinstance(grad, DTensor) else grad
+    copies = dist.get_world_size() if dist.is_initialized() else 1
+    if isinstance(grad, DTensor):
+        mesh = grad.device_mesh
+        copies //= mesh.size()
+        for i, placement in enumerate(grad.placements):
+            if isinstance(placement, Replicate):
+                copies *= mesh.size(i)
+    return local.float().pow(2).sum() / copies

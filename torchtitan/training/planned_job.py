@@ -18,6 +18,7 @@ from torch import nn
 
 from torchtitan.distributed.job_shape import BatchShape, Degrees, batch_shape, pipeline_microbatches
 from torchtitan.distributed.pipeline_layout import PipelineLayout, pipeline_layout
+from torchtitan.dtypes import DTYPES
 from torchtitan.models.registry import load_model_modules
 from torchtitan.models.train_spec import TrainSpec, get_train_spec
 from torchtitan.training.model_args import run_model_args
@@ -42,7 +43,21 @@ def model_on_meta(cfg: JobConfig, args=None) -> MetaModel:
     args = run_model_args(cfg) if args is None else args
     with torch.device("meta"):
         model = spec.model_cls(args)
-    return MetaModel(spec, model, args)
+    return MetaModel(spec, with_param_dtype(model, cfg.training.dtype), args)
+
+
+def with_param_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """training.dtype: the parameters themselves in `dtype`, set on meta before the build (a
+    parameter tied to two modules stays one); buffers (RoPE's tables) keep theirs."""
+    if dtype == "float32":
+        return model
+    done: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if id(p) not in done:
+                done[id(p)] = torch.nn.Parameter(p.detach().to(DTYPES[dtype]), p.requires_grad)
+            setattr(module, name, done[id(p)])
+    return model
 
 
 def _model_keys(cfg: JobConfig) -> tuple:

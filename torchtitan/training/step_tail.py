@@ -1,7 +1,8 @@
 """What one optimizer step does once its gradients are complete, shared by the trainer and
 the memory simulation (which runs it on fake tensors), so that the simulated step cannot
 drift from the run: a tied weight's copies get their summed gradient, the gradients are
-clipped by their global norm, a non-finite loss or norm is noted, the optimizers step, and
+clipped by their global norm, a non-finite loss or norm is noted, the optimizers step (or,
+stepped in backward already, only their schedules), and
 the MoE layers' expert bias follows the step's load.
 
 Nothing here reads a tensor's value on the host (on a GPU the host queues the step and goes
@@ -64,7 +65,10 @@ def step_tail(
         copies = [p for p in params if id(p) in ids]
         params = [p for p in params if id(p) not in ids]
     mark(StepPhase.CLIP)
-    grad_norm = clip_grad_norm_(params, max_norm, pp_group, also_clip=copies)
+    if optimizers.in_backward:  # stepped in backward: the norm its hooks measured (no clip)
+        grad_norm = optimizers.grad_norm(sums.main.device)
+    else:
+        grad_norm = clip_grad_norm_(params, max_norm, pp_group, also_clip=copies)
     mark(StepPhase.NONFINITE)
     nonfinite.record(step, sums.main, grad_norm)
     mark(StepPhase.OPTIMIZER)

@@ -30,6 +30,7 @@ torchtitan/distributed/compile.py): applied once per forward, never by the recom
 from typing import Protocol
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -70,7 +71,13 @@ class GroupedExperts(nn.Module):
     in float32 as in bfloat16). `torch._grouped_mm` (torch 2.13) needs the contraction
     dimension's stride to be a multiple of 16 bytes, on CPU too: `dim` (w1/w3 forward) and
     `hidden` (w2 forward, and backward) must be multiples of 4 in float32 and of 8 in bfloat16.
+
+    Expert tensor parallel splits each stack on `HIDDEN_DIM` (the hidden units: w1 / w3
+    column-wise, w2 row-wise): the outputs are then partial sums over the TP ranks, which
+    the dispatcher adds up (distributed/expert_parallel.py).
     """
+
+    HIDDEN_DIM = {"w1": 1, "w2": 2, "w3": 1}
 
     def __init__(self, dim: int, hidden: int, n_experts: int):
         super().__init__()
@@ -135,6 +142,8 @@ class TokenChoiceRouter(nn.Module):
         self.n_experts, self.top_k = n_experts, top_k
         self.n_groups, self.n_limited_groups = n_groups, n_limited_groups
         self.score_func, self.route_norm, self.route_scale = score_func, route_norm, route_scale
+        # debug.moe_force_load_balance: token copies go to experts round-robin, not by score
+        self.round_robin = False
         self.gate = nn.Linear(dim, n_experts, bias=False)
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,6 +155,10 @@ class TokenChoiceRouter(nn.Module):
         self, scores: torch.Tensor, expert_bias: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """scores [T, E] -> (weights float32 [T, k], expert indices int64 [T, k])."""
+        if self.round_robin:  # copy j of the flattened [T, k] goes to expert j mod E
+            n = scores.shape[0] * self.top_k
+            indices = (torch.arange(n, device=scores.device) % self.n_experts).view(-1, self.top_k)
+            return self._weigh(scores, indices), indices
         biased = scores if expert_bias is None else scores + expert_bias
         if self.n_groups > 1:
             grouped = biased.view(scores.shape[0], self.n_groups, -1)
@@ -158,10 +171,13 @@ class TokenChoiceRouter(nn.Module):
             keep = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
             biased = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(1)
         indices = biased.topk(self.top_k, dim=-1).indices
+        return self._weigh(scores, indices), indices
+
+    def _weigh(self, scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         weights = scores.gather(1, indices)  # the bias only chooses; it never weighs
         if self.route_norm:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.route_scale, indices
+        return weights * self.route_scale
 
     def forward(
         self, x: torch.Tensor, expert_bias: torch.Tensor | None = None
@@ -173,13 +189,18 @@ class TokenChoiceRouter(nn.Module):
 
 
 def sequence_balance_loss(
-    scores: torch.Tensor, indices: torch.Tensor, coeff: float
+    scores: torch.Tensor,
+    indices: torch.Tensor,
+    coeff: float,
+    token_group: tuple[str, int] | None = None,
 ) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss, averaged over the batch.
 
     scores [B, S, E] (router affinities), indices [B, S, k] (chosen experts). Per sequence:
     f_i = E / (k S) * #tokens choosing expert i (no gradient), P_i = mean over tokens of the
-    scores normalised to sum 1 per token; loss = coeff * sum_i f_i P_i.
+    scores normalised to sum 1 per token; loss = coeff * sum_i f_i P_i. `token_group`
+    (group name, size): the ranks holding the other chunks of every sequence (TP's sequence
+    parallel); the per-sequence sums are added up over them first (`sum_over_group`).
     """
     b, s, e = scores.shape
     k = indices.shape[-1]
@@ -187,9 +208,29 @@ def sequence_balance_loss(
     chosen = torch.zeros(b, e, device=scores.device, dtype=scores.dtype).scatter_add(
         1, flat, torch.ones_like(flat, dtype=scores.dtype)
     )
-    f = chosen * (e / (k * s))
-    p = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)
-    return coeff * (f * p).sum(dim=-1).mean()
+    if token_group is None:
+        f = chosen * (e / (k * s))
+        p = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)
+        return coeff * (f * p).sum(dim=-1).mean()
+    s_all = s * token_group[1]
+    sums = sum_over_group(
+        torch.stack([chosen, (scores / scores.sum(dim=-1, keepdim=True)).sum(dim=1)]),
+        token_group[0],
+    )
+    f = sums[0].detach() * (e / (k * s_all))
+    return coeff * (f * (sums[1] / s_all)).sum(dim=-1).mean()
+
+
+def sum_over_group(t: torch.Tensor, group: str) -> torch.Tensor:
+    """`t` summed over the ranks of `group`, the gradient passed through unchanged: every rank
+    then computes the same balance loss from the summed statistics, and its gradient reaches
+    each rank's own tokens' share (the router's TP-partial gradient is summed over TP by
+    DTensor, models/common/tensor_parallel.moe_sharding). Exact in value: the sum plus a zero
+    that carries the gradient."""
+    total = funcol.all_reduce(t.detach(), "sum", group)
+    if isinstance(total, funcol.AsyncCollectiveTensor):
+        total = funcol.wait_tensor(total)
+    return total + (t - t.detach())
 
 
 def switch_statistics(scores: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -288,6 +329,19 @@ class MoE(nn.Module):
             "tokens_per_expert", torch.zeros(n_experts, dtype=torch.int64), persistent=False
         )
         self.aux_loss: torch.Tensor | None = None
+        # (process-group name, size) of the ranks that split each micro-batch's tokens with
+        # this one (TP's sequence parallel; set by the models' TP plans): the balance loss's
+        # statistics are summed over them
+        self.token_group: tuple[str, int] | None = None
+
+    @property
+    def force_load_balance(self) -> bool:
+        """debug.moe_force_load_balance: route round-robin (every expert the same load)."""
+        return self.router.round_robin
+
+    @force_load_balance.setter
+    def force_load_balance(self, on: bool) -> None:
+        self.router.round_robin = bool(on)
 
     @torch.no_grad()
     def _count(self, counts: torch.Tensor) -> None:
@@ -324,9 +378,14 @@ class MoE(nn.Module):
             # mode than the forward (a pipeline's shape inference runs in eval, its backward not)
             if self.aux_loss_kind == "switch":  # statistics; the loss spans all layers
                 aux = switch_statistics(scores, indices)
+                if self.token_group is not None:
+                    aux = sum_over_group(aux, self.token_group[0])
             else:
                 aux = sequence_balance_loss(
-                    scores.view(bsz, seq, -1), indices.view(bsz, seq, k), self.aux_loss_coeff
+                    scores.view(bsz, seq, -1),
+                    indices.view(bsz, seq, k),
+                    self.aux_loss_coeff,
+                    self.token_group,
                 )
             if real_forward:
                 self.aux_loss = aux

@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from torchtitan.config.job_config import Compile, Parallelism
 from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.compile import apply_compile, configure_compile_passes
 from torchtitan.distributed.context_parallel import apply_context_parallel
 from torchtitan.distributed.data_parallel import Precision, apply_data_parallel, fsdp_ac_groups
 from torchtitan.distributed.expert_parallel import SAC_SAVE_OPS, expert_parallel_from_plan
@@ -51,7 +51,8 @@ def parallelize_decoder(
         extra_save_ops=SAC_SAVE_OPS if moe else (),
         save_groups=cp_groups,
     )
-    if compile_cfg.enable:
+    if compile_cfg.enable and "model" in compile_cfg.components:
+        configure_compile_passes(compile_cfg, parallelism, tp_mesh)  # graph passes, async TP
         hooked = hooked_blocks(plan, parallelism.fsdp_implementation)
         for block in hooked:  # their dispatch runs outside the graph: one break, no recompiles
             for layer in moe_modules(model.get_submodule(block)):

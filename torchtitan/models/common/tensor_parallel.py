@@ -11,6 +11,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
+from torchtitan.models.common.moe import moe_modules
 
 
 def root_sharding(model, loss_parallel: bool) -> dict:
@@ -64,10 +65,12 @@ def gqa_sharding(name: str, qk_norm: bool = False) -> dict:
 
 
 def moe_sharding(name: str, shared_experts: bool = False) -> dict:
-    """A common.moe.MoE at `name`. Routed experts are not TP-split: under sequence parallel
-    each TP rank routes its own tokens (the router's gradient is summed over TP), and expert
-    parallel (which includes the TP ranks) moves them to their experts. Shared experts, if
-    any, are a SwiGLU feed-forward split as `feed_forward_sharding`."""
+    """A common.moe.MoE at `name`. Under sequence parallel each TP rank routes its own tokens
+    (the router's gradient is summed over TP); expert parallel moves them to their experts:
+    with etp 1 EP includes the TP ranks and routed experts are not TP-split; with etp = tp
+    each expert is split over TP and every token copy visits each TP rank of its expert's
+    EP rank (distributed/expert_parallel.py). Either way this plan is the same. Shared
+    experts, if any, are a SwiGLU feed-forward split as `feed_forward_sharding`."""
     sharding = {
         name: PrepareModuleInput(
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
@@ -77,3 +80,10 @@ def moe_sharding(name: str, shared_experts: bool = False) -> dict:
     if shared_experts:
         sharding.update(feed_forward_sharding(f"{name}.shared_experts"))
     return sharding
+
+
+def split_moe_tokens(model, tp_mesh) -> None:
+    """Every MoE layer of `model` routes 1/tp of each sequence (sequence parallel): its
+    balance-loss statistics are summed over the TP group (common.moe.MoE.token_group)."""
+    for layer in moe_modules(model):
+        layer.token_group = (tp_mesh.get_group().group_name, tp_mesh.size())

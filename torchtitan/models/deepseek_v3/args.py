@@ -4,7 +4,7 @@ flavors and small ones for tests.
 Torch-free so that the pre-launch checks read `model.flavor` without importing torch.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchtitan.models.protocol import AttentionShape, MoeShape
 
@@ -87,6 +87,9 @@ class DeepSeekV3Args:
     """Multi-token-prediction modules after the last block (`model.mtp_depth`; 0 = none, the
     V3 report used 1): module k (0-based) predicts token t+2+k at position t from the previous
     hidden state and the embedding of token t+1+k, with one more transformer block."""
+    attn_backend: str = "sdpa"
+    """Attention kernel (models/common/attn_backend.py): sdpa, or flex / varlen, which attend
+    within documents (the block-causal mask)."""
 
     @property
     def qk_head_dim(self) -> int:
@@ -145,33 +148,37 @@ def yarn_mscale(args: DeepSeekV3Args, coefficient: float) -> float:
     return 0.1 * coefficient * math.log(args.rope_factor) + 1.0 if args.rope_factor > 1 else 1.0
 
 
+# The `make train` MoE model: V3-style routing (sigmoid, bias balancing, normalised
+# weights), no group limit, plain wq. 13,604,864 parameters + 2 * 256 * vocab
+# (14,653,440 with the 2K tokenizer); 9.2M non-embedding ones active per token.
+_DEBUG = DeepSeekV3Args(
+    dim=256,
+    n_layers=6,
+    n_dense_layers=1,
+    n_heads=16,
+    vocab_size=0,
+    inter_dim=1024,
+    moe_inter_dim=256,
+    n_routed_experts=8,
+    n_shared_experts=2,
+    n_activated_experts=3,
+    n_expert_groups=1,
+    n_limited_groups=1,
+    score_func="sigmoid",
+    route_norm=True,
+    route_scale=1.0,
+    q_lora_rank=0,
+    kv_lora_rank=128,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    max_seq_len=2048,
+)
+
 FLAVORS: dict[str, DeepSeekV3Args] = {
-    # The `make train` MoE model: V3-style routing (sigmoid, bias balancing, normalised
-    # weights), no group limit, plain wq. 13,604,864 parameters + 2 * 256 * vocab
-    # (14,653,440 with the 2K tokenizer); 9.2M non-embedding ones active per token.
-    "debugmodel": DeepSeekV3Args(
-        dim=256,
-        n_layers=6,
-        n_dense_layers=1,
-        n_heads=16,
-        vocab_size=0,
-        inter_dim=1024,
-        moe_inter_dim=256,
-        n_routed_experts=8,
-        n_shared_experts=2,
-        n_activated_experts=3,
-        n_expert_groups=1,
-        n_limited_groups=1,
-        score_func="sigmoid",
-        route_norm=True,
-        route_scale=1.0,
-        q_lora_rank=0,
-        kv_lora_rank=128,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        max_seq_len=2048,
-    ),
+    "debugmodel": _DEBUG,
+    # upstream's debugmodel_flex_attn: the same shapes, attending within documents
+    "debugmodel_flex_attn": replace(_DEBUG, attn_backend="flex"),
     # The test-suite model: every code path on tiny shapes. Group-limited routing is active
     # (2 groups of 4, 1 kept); v_head_dim != qk_head_dim; original_seq_len is 64 so that
     # YaRN is active at the usual test seq_len (128). 272,576 parameters + 2 * 64 * vocab

@@ -26,6 +26,7 @@ from torchtitan.models.common.tensor_parallel import (
     feed_forward_sharding,
     moe_sharding,
     root_sharding,
+    split_moe_tokens,
 )
 from torchtitan.models.deepseek_v3.args import FLAVORS
 from torchtitan.models.deepseek_v3.model import Transformer
@@ -90,6 +91,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     `block_sharding` says."""
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
     model.sequence_shards = tp_mesh.size()  # blocks see 1/tp of the tokens between them
+    split_moe_tokens(model, tp_mesh)  # the balance statistics are summed over TP
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_sharding(block))
     for module in (model.mtp or {}).values():

@@ -3,7 +3,7 @@
 Torch-free so that the pre-launch checks read `model.flavor` without importing torch.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchtitan.models.protocol import AttentionShape, MoeShape
 
@@ -22,6 +22,9 @@ class Llama3Args:
     rope_scaling: bool = True  # Llama-3.1 long-context frequency scaling
     rope_factor: float = 8.0  # its factor: 8 for Llama 3.1, 32 for Llama 3.2
     max_seq_len: int = 131072
+    attn_backend: str = "sdpa"
+    """Attention kernel (models/common/attn_backend.py): sdpa, or flex / varlen, which attend
+    within documents (the block-causal mask)."""
 
     @property
     def head_dim(self) -> int:
@@ -52,18 +55,31 @@ class Llama3Args:
         return None
 
 
+# ~6M parameters with the bundled 2K tokenizer: the `make train` model.
+_DEBUG = Llama3Args(
+    dim=256,
+    n_layers=6,
+    n_heads=16,
+    n_kv_heads=8,
+    vocab_size=0,
+    multiple_of=256,
+    ffn_dim_multiplier=None,
+    rope_theta=500000.0,
+)
+_8B = Llama3Args(
+    dim=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=8,
+    multiple_of=1024,
+    ffn_dim_multiplier=1.3,
+)
+
 FLAVORS: dict[str, Llama3Args] = {
-    # ~6M parameters with the bundled 2K tokenizer: the `make train` model.
-    "debugmodel": Llama3Args(
-        dim=256,
-        n_layers=6,
-        n_heads=16,
-        n_kv_heads=8,
-        vocab_size=0,
-        multiple_of=256,
-        ffn_dim_multiplier=None,
-        rope_theta=500000.0,
-    ),
+    "debugmodel": _DEBUG,
+    # upstream's attention-kernel flavors: the same shapes, attending within documents
+    "debugmodel_flex_attn": replace(_DEBUG, attn_backend="flex"),
+    "debugmodel_varlen_attn": replace(_DEBUG, attn_backend="varlen"),
     # ~0.4M parameters: the integration-test model (many runs, 2 cores).
     "tiny": Llama3Args(
         dim=64,
@@ -94,14 +110,9 @@ FLAVORS: dict[str, Llama3Args] = {
         ffn_dim_multiplier=1.0,
         rope_factor=32.0,
     ),
-    "8B": Llama3Args(
-        dim=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        multiple_of=1024,
-        ffn_dim_multiplier=1.3,
-    ),
+    "8B": _8B,
+    "8B_flex": replace(_8B, attn_backend="flex"),
+    "8B_varlen": replace(_8B, attn_backend="varlen"),
     "70B": Llama3Args(
         dim=8192,
         n_layers=80,

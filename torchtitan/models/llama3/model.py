@@ -73,7 +73,11 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # the tokens attention sees: this CP rank's (TP's sequence parallel splits them between blocks)
         attn = attention_inputs(
-            h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel
+            h.shape[1] * self.sequence_shards,
+            self.rope,
+            doc_ids,
+            self.context_parallel,
+            backend=self.args.attn_backend,
         )
         for layer in self.layers.values():
             h = layer(h, attn)

@@ -39,6 +39,9 @@ class Qwen3Args:
     """RoPE base."""
     max_seq_len: int = 40960
     """Longest sequence (RoPE cache length); the trainer sets it to the training seq_len."""
+    attn_backend: str = "sdpa"
+    """Attention kernel (models/common/attn_backend.py): sdpa, or flex / varlen, which attend
+    within documents (the block-causal mask). Upstream has no Qwen3 flex / varlen flavor."""
     # --- MoE (n_routed_experts = 0: a dense model) ---
     n_routed_experts: int = 0
     """Routed experts per MoE layer (num_experts); 0 = dense."""

@@ -108,7 +108,11 @@ class Transformer(nn.Module):
         balance loss from the layers (moe.moe_aux_loss)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         attn = attention_inputs(
-            h.shape[1] * self.sequence_shards, self.rope, doc_ids, self.context_parallel
+            h.shape[1] * self.sequence_shards,
+            self.rope,
+            doc_ids,
+            self.context_parallel,
+            backend=self.args.attn_backend,
         )
         for layer in self.layers.values():
             h = layer(h, attn)

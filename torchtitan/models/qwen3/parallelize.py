@@ -21,6 +21,7 @@ from torchtitan.models.common.tensor_parallel import (
     gqa_sharding,
     moe_sharding,
     root_sharding,
+    split_moe_tokens,
 )
 from torchtitan.models.common.tied import retie
 from torchtitan.models.qwen3.args import FLAVORS
@@ -37,6 +38,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     parallelize_module(model, tp_mesh, root_sharding(model, loss_parallel))
     retie(model)  # embeddings row-wise and output column-wise are both Shard(0) of [vocab, dim]
     model.sequence_shards = tp_mesh.size()
+    split_moe_tokens(model, tp_mesh)  # the balance statistics are summed over TP
     for block in model.layers.values():
         ffn = moe_sharding("moe") if block.moe_enabled else feed_forward_sharding("feed_forward")
         parallelize_module(

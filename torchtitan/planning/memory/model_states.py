@@ -12,6 +12,7 @@ sharded like the parameter) and AdamW's exp_avg and exp_avg_sq (4 + 4). What a r
 parameter follows the build path exactly (the unit tests compare it with the parallelized
 model on a fake process group):
 - tensor and expert parallel split what each model's shapes.py says (models/shapes.py);
+  expert tensor parallel (etp = tp) also splits each routed expert's hidden units;
 - FSDP then splits dim 0 over dp_shard x cp (routed experts: over the dp_shard ranks EP did
   not take), rank 0 holding the largest piece: ceil(n / shards) rows (FSDP2 pads every rank to
   it); DDP (dp_shard 1, cp 1) and dp_replicate keep whole copies;
@@ -53,6 +54,9 @@ def local_numel(p: Param, d: Degrees) -> int:
     shape = list(p.shape)
     if p.expert:
         shape[0] //= d.ep  # check_expert_parallel makes ep divide the experts
+        if d.etp > 1:  # expert TP: w1 / w3 [E, hidden, dim] and w2 [E, dim, hidden] split on hidden
+            hidden = 2 if p.name.endswith(".w2") else 1
+            shape[hidden] //= d.etp
         fsdp = d.dp_shard // d.ep_from_dp_shard  # the dp_shard ranks EP did not take
     else:
         if p.tp_dim is not None:

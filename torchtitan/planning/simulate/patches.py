@@ -89,9 +89,12 @@ class PlannedDispatcher(AllToAllDispatcher):
             base.num_experts,
         )
         self.rank, self.skew = rank, skew
+        # expert tensor parallel: each row goes to every TP rank of its EP rank (the copies
+        # the base dispatcher makes); the planned splits spread all of them evenly
+        self.replicas = base.replicas
 
     def route(self, counts: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, list[int], list[int]]:
-        w, e_local = self.size, self.num_experts // self.size
+        w, e_local = self.size, self.num_experts // (self.size // self.replicas)
         wait_collective(
             funcol.all_to_all_single(counts, None, None, self.group)
         )  # the counts exchange, as in training

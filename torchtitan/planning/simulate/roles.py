@@ -15,12 +15,14 @@ against full simulation in tests/integration/test_memory_fake_world.py:
    whose embeddings are large next to its blocks. Not used when a stage mixes block kinds
    (DeepSeek-V3's dense prefix must fill whole stages) or under a memory budget's freeing.
 2. Middle pipeline ranks (`rank_plan`, `interpolated`). Under a single-stage schedule (1F1B,
-   GPipe) on 5 or more pipeline ranks whose middle stages (1 .. pp-2) are alike, ranks 0,
-   1, pp-2 and pp-1 are simulated; a middle rank differs from its neighbours only in the
-   microbatches in flight when it peaks (1F1B: min(microbatches, pp - rank) warm-up
-   forwards; GPipe: all), each holding the same bytes, so the ranks between are
-   interpolated in that count. When ranks 1 and pp-2 peak at different points of their
-   schedules (the count is not what decides their peak), every middle rank is simulated.
+   GPipe) on 5 or more pipeline ranks, the middle ranks up to pp-2 whose stages are alike
+   (all of 1 .. pp-2, but for the first ones where the weighted split gave a block more) are
+   interpolated between that run's end ranks; the others are simulated. A middle rank
+   differs from its alike neighbours only in the microbatches in flight when it peaks
+   (1F1B: min(microbatches, pp - rank) warm-up forwards; GPipe: all), each holding the same
+   bytes, so it is interpolated in that count. When the run's ends peak at different points
+   of their schedules (the count is not what decides their peak), every middle rank is
+   simulated.
    Byte-equal (1F1B and GPipe, Llama3 and DeepSeek-V3 with EP).
 
 Modelled by formula rather than run: nothing else here (simulation_patches.py lists the three paths
@@ -66,8 +68,13 @@ def _reduced(job: PlannedJob, k: int):
     )
     if layout is None:
         return cfg, small
+    # the same stages with k blocks each, by explicit boundaries (layers_per_stage would weigh
+    # the embedding and the output and give another stage count)
+    bounds = [f"layers.{k * s}" for s in range(1, len(stages))]
     p = dataclasses.replace(
-        cfg.parallelism, pipeline_parallel_layers_per_stage=k, pipeline_parallel_split_points=[]
+        cfg.parallelism,
+        pipeline_parallel_split_points=bounds,
+        module_fqns_per_model_part=[],
     )
     return dataclasses.replace(cfg, parallelism=p), small
 
@@ -130,17 +137,28 @@ def _in_flight(job: PlannedJob) -> dict[int, int] | None:
 
 
 def rank_plan(job: PlannedJob, budget_freeing: bool) -> RankPlan:
-    """Which pipeline ranks to simulate (shortcut 2 where it applies)."""
+    """Which pipeline ranks to simulate (shortcut 2 where it applies): the middle ranks up to
+    pp-2 whose stages are alike (the weighted split gives the first stages a block more where
+    the blocks do not divide: those are simulated), interpolated between the run's ends."""
     dims, layout = job.dims, job.layout
     in_flight = _in_flight(job)
+    everyone = RankPlan(list(range(dims.pp)), [], {})
+    if in_flight is None or budget_freeing:  # per-rank freeing: every rank its own
+        return everyone
     dense = job.args.n_dense_layers
-    if in_flight is not None:
-        kinds = {tuple(i < dense for i in layout.stages[r]) for r in range(1, dims.pp - 1)}
-        if len(kinds) > 1 or budget_freeing:  # unlike middle stages; per-rank freeing
-            in_flight = None
-    if in_flight is None:
-        return RankPlan(list(range(dims.pp)), [], {})
-    return RankPlan([0, 1, dims.pp - 2, dims.pp - 1], list(range(2, dims.pp - 2)), in_flight)
+    kind = {r: tuple(i < dense for i in layout.stages[r]) for r in range(1, dims.pp - 1)}
+    last = dims.pp - 2
+    first = last
+    while first > 1 and kind[first - 1] == kind[last]:
+        first -= 1
+    if last - first < 2:  # no rank between two alike ones
+        return everyone
+    derived = list(range(first + 1, last))
+    return RankPlan(
+        [r for r in range(dims.pp) if r not in derived],
+        derived,
+        {r: in_flight[r] for r in range(first, last + 1)},
+    )
 
 
 def _phase(role) -> str:
@@ -159,9 +177,9 @@ def _same_point(a, b, fa: int, fb: int) -> bool:
 
 
 def interpolable(roles: dict, plan: RankPlan) -> bool:
-    """Ranks 1 and pp-2 peak at the same point of their schedules (and, holding as many
-    microbatches, at the same bytes)."""
-    a, b = roles[1], roles[max(plan.in_flight)]
+    """The alike run's end ranks (1 and pp-2 when every middle stage is alike) peak at the
+    same point of their schedules (and, holding as many microbatches, at the same bytes)."""
+    a, b = roles[min(plan.in_flight)], roles[max(plan.in_flight)]
     fa, fb = plan.in_flight[a.pp_rank], plan.in_flight[b.pp_rank]
     return _same_point(a, b, fa, fb) and not (
         fa == fb and a.predicted_peak_bytes != b.predicted_peak_bytes
@@ -174,8 +192,9 @@ def _shifted(phase: str, by: int) -> str:
 
 
 def interpolated(roles: dict, plan: RankPlan, pp_rank: int, ranks: list[int]):
-    """Middle rank `pp_rank`, linear in its microbatches in flight between ranks 1 and pp-2."""
-    a, b = roles[1], roles[max(plan.in_flight)]
+    """Middle rank `pp_rank`, linear in its microbatches in flight between the alike run's
+    end ranks."""
+    a, b = roles[min(plan.in_flight)], roles[max(plan.in_flight)]
     fa, fb, f = plan.in_flight[a.pp_rank], plan.in_flight[b.pp_rank], plan.in_flight[pp_rank]
     t = 0.0 if fa == fb else (f - fa) / (fb - fa)
 

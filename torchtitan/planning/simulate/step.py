@@ -243,12 +243,12 @@ def simulate_pp_rank(
             m.to_empty(device=device)
             m.train()
         simulation_patches.plan_dispatch(
-            parts.modules, dims.ep_mesh().get_local_rank() if dims.ep > 1 else 0, ep_skew
+            parts.modules, dims.ep_rank() if dims.ep > 1 else 0, ep_skew
         )
         with simulation_patches.as_pipeline_rank(dims.pp_group(), pp_rank):
             runner = step_runner(
                 parts,
-                job,
+                job.with_model(model, cfg=eager),  # eager: the loss is not compiled either
                 device,
                 doc_delimiter=(0, True),
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
@@ -355,7 +355,9 @@ def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params
     says how much)."""
     c = cfg.checkpoint
     background = (
-        c.enable and c.async_mode == "async" and c.interval < cfg.training.steps
+        c.enable
+        and c.async_mode in ("async", "async_with_pinned_mem")
+        and c.interval < cfg.training.steps
     )  # the last save is sync
     if not background or target != "cpu":
         return 0

@@ -34,9 +34,13 @@ def add_times(
             step = steps.get(simulation_pool.Task(v, r, False))
             if step is not None and step.times is not None:
                 out[r] = step.times
+        simulated = sorted(out)
         for r in range(dims.pp):
-            if r not in out:  # a middle rank: alike stages (one per rank)
-                out[r] = out[1].restaged({1: r})
+            if r not in out:  # a middle rank: alike stages (one per rank), as the nearest
+                # simulated middle rank before it (the first of the run of alike ranks: with
+                # the weighted ends, rank 1 may hold a block more than the ranks after it)
+                src = max(k for k in simulated if 1 <= k < r)
+                out[r] = out[src].restaged({src: r})
         return out
 
     per = [times_of(v) for v in range(n_variants)]

@@ -1,0 +1,66 @@
+"""Parity cases of issue 46's features (for parity_cases.CASES: the lead merges them), each
+against the 1-rank reference of its model: context parallel's rotate methods and load
+balancers (upstream's cp_allgather / cp_alltoall / fsdp+tp+cp, and the same for Qwen3 and
+DeepSeek-V3, eager and compiled), FSDP2's CPU offload, and the optimizer stepped in backward
+with offload (upstream's cpu_offload+opt_in_bwd+TP+DP+CP, both of its runs).
+
+The early step refuses clipping: those cases set max_norm 0, and match the reference (which
+clips at 1.0) because the tiny model's gradient norms stay below 1 over the reference's steps
+(a clip then multiplies by exactly 1; run_tests.py prints the reference's norms)."""
+
+from parity_cases import DS, QWEN, Case
+
+CP2 = "--parallelism.context_parallel_degree=2"
+CP4 = "--parallelism.context_parallel_degree=4"
+TP = "--parallelism.tensor_parallel_degree=2"
+A2A = "--parallelism.context_parallel_rotate_method=alltoall"
+AG = "--parallelism.context_parallel_rotate_method=allgather"
+NONE = "--parallelism.context_parallel_load_balancer=none"
+COMPILE = "--compile.enable=true"
+OFFLOAD = "--training.enable_cpu_offload=true"
+EARLY = ["--optimizer.early_step_in_backward=true", "--training.max_norm=0"]
+
+CASES = [
+    # upstream's: 4 ranks, CP 4 (global batch 8 = local 2 x 4 accumulation steps)
+    Case("cp_allgather", 4, [CP4, AG]),
+    Case("cp_alltoall", 4, [CP4, A2A]),
+    Case("cp_alltoall+none", 4, [CP4, A2A, NONE], slow=True),
+    Case("cp_allgather+none", 4, [CP4, AG, NONE], slow=True),
+    # upstream's fsdp+tp+cp: dp_shard 2 x tp 2 x cp 2
+    Case("fsdp+tp+cp", 8, [CP2, TP, "--training.local_batch_size=4"], slow=True),
+    Case("fsdp+tp+cp_alltoall", 8, [CP2, TP, A2A, "--training.local_batch_size=4"], slow=True),
+    Case("cp2_alltoall+compile", 2, [CP2, A2A, COMPILE, "--training.local_batch_size=8"]),
+    Case("qwen3_cp2_alltoall", 2, [CP2, A2A, "--training.local_batch_size=8"], model=QWEN),
+    Case("deepseek_cp2_alltoall", 2, [CP2, A2A, "--training.local_batch_size=8"], model=DS),
+    Case(
+        "deepseek_cp2_alltoall+none+compile",
+        2,
+        [CP2, A2A, NONE, COMPILE, "--training.local_batch_size=8"],
+        model=DS,
+        slow=True,
+    ),
+    # FSDP2 CPU offload (a no-op copy on CPU, but the policy's path runs), clipping on
+    Case("fsdp+cpu_offload", 2, [OFFLOAD, "--training.local_batch_size=4"]),
+    # optimizer in backward: no accumulation (global batch = local x dp)
+    Case("fsdp+opt_in_bwd", 2, [*EARLY, "--training.local_batch_size=4"]),
+    # upstream's cpu_offload+opt_in_bwd+TP+DP+CP, its two runs: dp_shard 2 and dp_replicate 2
+    Case(
+        "cpu_offload+opt_in_bwd+tp+cp",
+        8,
+        [CP2, TP, OFFLOAD, *EARLY, "--training.local_batch_size=4"],
+        slow=True,
+    ),
+    Case(
+        "cpu_offload+opt_in_bwd+tp+cp+ddp",
+        8,
+        [
+            CP2,
+            TP,
+            "--parallelism.data_parallel_replicate_degree=2",
+            OFFLOAD,
+            *EARLY,
+            "--training.local_batch_size=4",
+        ],
+        slow=True,
+    ),
+]

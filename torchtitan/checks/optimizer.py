@@ -1,0 +1,56 @@
+"""Where the optimizer steps: in backward (optimizer.early_step_in_backward) and on the host
+(training.enable_cpu_offload). Torch-free; one ConfigError line naming the key and the fix."""
+
+from torchtitan.config.job_config import JobConfig
+from torchtitan.config.manager import ConfigError
+from torchtitan.distributed.job_shape import batch_shape
+
+EARLY = "--optimizer.early_step_in_backward"
+
+
+def check_optimizer_placement(cfg: JobConfig, dp_shard: int) -> None:
+    """After check_training (the batch shape is valid); `dp_shard` as check_layout resolved it."""
+    p, t = cfg.parallelism, cfg.training
+    if t.enable_cpu_offload and p.fsdp_implementation == "simple_fsdp":
+        raise ConfigError(
+            "--training.enable_cpu_offload is FSDP2's CPUOffloadPolicy and"
+            " --parallelism.fsdp_implementation=simple_fsdp has none; use fsdp2 or turn offload off"
+        )
+    if not cfg.optimizer.early_step_in_backward:
+        return
+    accum_steps = batch_shape(cfg, p.data_parallel_replicate_degree * dp_shard).accum_steps
+    # Each parameter steps in its gradient hook, alone: whatever needs every gradient of the
+    # step first (a global norm to clip by, a second micro-batch's share, a replica group's
+    # quorum) or gradients that arrive in pieces (pipeline stages, routed experts) cannot be.
+    refused = [
+        (
+            p.pipeline_parallel_degree > 1,
+            f"--parallelism.pipeline_parallel_degree={p.pipeline_parallel_degree}",
+            "set it to 1",
+        ),
+        (
+            p.expert_parallel_degree > 1,
+            f"--parallelism.expert_parallel_degree={p.expert_parallel_degree}",
+            "set it to 1",
+        ),
+        (
+            cfg.fault_tolerance.enable,
+            "--fault_tolerance.enable",
+            "turn fault tolerance off",
+        ),
+        (
+            t.max_norm > 0,
+            f"--training.max_norm={t.max_norm} (clipping needs the global norm before any step)",
+            "set --training.max_norm=0",
+        ),
+        (
+            accum_steps > 1,
+            f"{accum_steps} gradient-accumulation steps (each backward would step)",
+            "make global_batch_size = local_batch_size x the data-parallel degree",
+        ),
+    ]
+    for bad, what, fix in refused:
+        if bad:
+            raise ConfigError(
+                f"{EARLY} steps each parameter inside backward: not with {what}; {fix}"
+            )
