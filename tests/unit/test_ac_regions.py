@@ -106,7 +106,10 @@ def test_save_ops_are_the_matmuls_and_the_attention_kernels():
         if hasattr(aten, n)
     }
     assert aten._scaled_dot_product_flash_attention_for_cpu.default in attention  # what CPU runs
-    assert SAVE_OPS == {aten.mm.default, aten.addmm.default, aten.bmm.default} | attention
+    cuda_attention = {torch.ops.higher_order.flex_attention, aten._flash_attention_forward.default}
+    assert SAVE_OPS == {aten.mm.default, aten.addmm.default, aten.bmm.default} | (
+        attention | cuda_attention
+    )
 
 
 @pytest.mark.parametrize("func", sorted(SAVE_OPS, key=str), ids=str)
@@ -456,6 +459,16 @@ def test_cp_gathers_wait_on_a_view_of_its_output_is_saved():
         SAVE,
         RE,
     ]
+
+
+def test_cp_alltoall_ring_shift_and_its_wait_are_kept_only_on_cp_groups():
+    # rotate_method=alltoall: each K/V shift is an all_to_all_single on the CP group (no
+    # EP in the region, so all_to_all is not among the extra save ops)
+    k, other = a2a(CP), a2a(TP)
+    stream = [k, other, wait(other), wait(k)]
+    assert answers(cp_policy(), stream) == [SAVE, RE, RE, SAVE]
+    k = a2a(CP)
+    assert answers(cp_policy(RegionSpec("full", "recompute")), [k, wait(k)]) == [RE, RE]
 
 
 def test_cp_and_ep_collectives_in_flight_together_each_keep_their_own_wait():

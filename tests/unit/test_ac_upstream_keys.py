@@ -289,8 +289,11 @@ def test_refusals(argv, line):
     [
         ["--activation_checkpoint.mode=memory_budget", *COMPILE],
         ["--activation_checkpoint.mode=full", "--activation_checkpoint.debug=true"],
-        ["--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=2",
-         "--activation_checkpoint.debug=true"],
+        [
+            "--activation_checkpoint.mode=selective",
+            "--activation_checkpoint.selective_ac_option=2",
+            "--activation_checkpoint.debug=true",
+        ],
         ["--compile.graph_passes=transformer_block_bucketing", SIMPLE, *COMPILE],
         ["--activation_checkpoint.determinism_check=none"],
     ],

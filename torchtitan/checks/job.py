@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 
 from torchtitan import hardware
+from torchtitan.checks.compile_keys import check_compile_keys
 from torchtitan.checks.data import (
     check_data_inputs,
     check_dataset_path,
@@ -50,6 +51,7 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_upstream_keys(cfg, args, dp_shard)
     check_optimizer_placement(cfg, dp_shard)
     check_activation_checkpoint(cfg)
+    check_compile_keys(cfg)
     check_validation_and_profiling(cfg)
     check_inputs(cfg, args, global_batch)
     check_fsdp_policies(cfg)

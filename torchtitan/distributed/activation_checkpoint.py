@@ -70,11 +70,22 @@ _ATTENTION_OPS = [
     )
     if hasattr(aten, name)
 ]
+# The flex and varlen flavors' kernels on CUDA (FlexAttention's higher-order op, varlen_attn's
+# flash forward): attention outputs like SDPA's, kept likewise.
+_CUDA_ATTENTION = [
+    op
+    for op in (
+        getattr(torch.ops.higher_order, "flex_attention", None),
+        getattr(getattr(aten, "_flash_attention_forward", None), "default", None),
+    )
+    if op is not None
+]
 SAVE_OPS = {
     aten.mm.default,
     aten.addmm.default,
     aten.bmm.default,
     *(getattr(aten, n).default for n in _ATTENTION_OPS),
+    *_CUDA_ATTENTION,
 }
 MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
 
@@ -226,6 +237,8 @@ def region_policy(
         if spec.compute == "op":
             if func == _fc.all_gather_into_tensor.default and args[2] in save_groups:
                 return keep_until_waited(ctx.op_output)
+            if func == _fc.all_to_all_single.default and args[3] in save_groups:
+                return keep_until_waited(ctx.op_output)  # CP's alltoall ring: K/V shifts
             if func == _fc.all_to_all_single.default and func in extra_ops and keep_a2a_waits:
                 return keep_until_waited(ctx.op_output)
             if func in extra_ops:
@@ -235,7 +248,11 @@ def region_policy(
                 if storage in in_flight:
                     in_flight.remove(storage)  # a second wait on it is not the collective's
                     return CheckpointPolicy.MUST_SAVE
-            if func == aten.mm.default and tuple(args[1].shape) in forced_recompute:
+            if (
+                forced_recompute
+                and func == aten.mm.default
+                and tuple(args[1].shape) in forced_recompute
+            ):
                 return CheckpointPolicy.PREFER_RECOMPUTE
             return compute_policy(func)
         if spec.compute == "full":
