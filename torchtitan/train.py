@@ -155,11 +155,25 @@ def materialised_parts(
         if predicted is not None
         else None,
     )
+    # FSDP2's CPU offload keeps the sharded parameters on the host (its lazy init refuses
+    # them elsewhere): materialise there, draw on `device` as every run does (the same
+    # weights), and give the buffers (RoPE cache, MoE counters) to the accelerator.
+    offload = cfg.training.enable_cpu_offload and device.type != "cpu"
     for part in parts.modules:
-        part.to_empty(device=device)
+        part.to_empty(device=torch.device("cpu") if offload else device)
         part.init_weights(cfg.training.seed, device)
+        if offload:
+            buffers_to(part, device)
         part.train()
     return parts
+
+
+def buffers_to(module: torch.nn.Module, device: torch.device) -> None:
+    """Every buffer of `module` moved to `device` in place of the old one."""
+    for sub in module.modules():
+        for name, buf in sub._buffers.items():
+            if buf is not None and buf.device != device:
+                sub._buffers[name] = buf.to(device)
 
 
 def run_info(cfg: JobConfig, dims: ParallelDims, tokenizer, args, global_batch: int | None) -> dict:

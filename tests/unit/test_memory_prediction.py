@@ -46,6 +46,34 @@ def test_bad_memory_keys_are_one_line(argv, message):
     assert str(info.value) == message
 
 
+def test_cpu_offload_takes_the_sharded_states_off_the_device_peak():
+    from types import SimpleNamespace as NS
+
+    from torchtitan.planning.simulate.step import host_offloaded_bytes
+
+    def at_peak():
+        return {
+            "parameters": 100,
+            "gradients": 100,
+            "optimizer_states": 200,
+            "optimizer_transients": 50,
+            "unsharded_parameters": 400,
+            "activations": 900,
+        }
+
+    cfg = NS(training=NS(enable_cpu_offload=True))
+    breakdown = at_peak()
+    assert host_offloaded_bytes(cfg, "cuda", breakdown) == 450
+    assert breakdown == {
+        **at_peak(),
+        **dict.fromkeys(("parameters", "gradients", "optimizer_states", "optimizer_transients"), 0),
+    }  # what FSDP2 gathers to the device and the activations stay
+    breakdown = at_peak()
+    assert host_offloaded_bytes(cfg, "cpu", breakdown) == 0 and breakdown == at_peak()
+    off = NS(training=NS(enable_cpu_offload=False))
+    assert host_offloaded_bytes(off, "cuda", breakdown) == 0 and breakdown == at_peak()
+
+
 def test_async_checkpoint_staging_is_counted_only_where_it_is_memory():
     from types import SimpleNamespace as NS
 

@@ -140,7 +140,8 @@ def init_in_blocks(
         for d, idx in enumerate(cols, start=1):
             if idx is not None:
                 picked = picked.index_select(d, idx)
-        local.index_copy_(0, mine, picked.to(local.dtype))
+        # (CPU offload: `local` on the host, the draw on the accelerator)
+        local.index_copy_(0, mine.to(local.device), picked.to(local.device, local.dtype))
         filled += mine.numel()
     assert filled == local.shape[0], (filled, local.shape)
 

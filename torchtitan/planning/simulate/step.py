@@ -331,11 +331,12 @@ def simulate_pp_rank(
     breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(
         cfg, target, breakdown, params
     )
+    on_host = host_offloaded_bytes(cfg, target, breakdown)  # (zeroes those categories)
     times, schedule = timer.times(trace, dims, cfg, pipeline) if timer is not None else (None, None)
     return SimulatedStep(
         pp_rank,
         parts.stage_ids,
-        tracker.peak + staged,
+        tracker.peak + staged - on_host,
         str(tracker.peak_phase),
         {k: breakdown.get(k, 0) for k in CATEGORIES},
         start,
@@ -344,6 +345,25 @@ def simulate_pp_rank(
         times,
         schedule,
     )
+
+
+# What FSDP2's CPU offload keeps in host memory through the step: the sharded parameters,
+# their gradients (copied to the host after each reduce-scatter), AdamW's states and the
+# update's own transients (the optimizer steps on the host).
+OFFLOADED = ("parameters", "gradients", "optimizer_states", "optimizer_transients")
+
+
+def host_offloaded_bytes(cfg, target: str, breakdown: dict[str, int]) -> int:
+    """training.enable_cpu_offload on an accelerator: the bytes of `breakdown` (at the
+    simulated peak) that live on the host instead, set to 0 in it; on CPU every byte is the
+    same memory, so 0. The device peak is then taken at the same moment of the step (the
+    gathered parameters and the activations set it)."""
+    if not cfg.training.enable_cpu_offload or target == "cpu":
+        return 0
+    host = sum(breakdown.get(k, 0) for k in OFFLOADED)
+    for k in OFFLOADED:
+        breakdown[k] = 0
+    return host
 
 
 def checkpoint_staging_bytes(cfg, target: str, breakdown: dict[str, int], params) -> int:
