@@ -207,8 +207,11 @@ CASES = [
     ),
     BadInput(
         "layers vs stages",
-        ["--parallelism.pipeline_parallel_degree=4"],
-        "6 layers do not split evenly into 4 stages",
+        [
+            "--parallelism.pipeline_parallel_degree=4",
+            "--parallelism.pipeline_parallel_layers_per_stage=3",
+        ],
+        "= 3 stages, not a multiple of --parallelism.pipeline_parallel_degree=4",
         ngpu=4,
     ),
     BadInput(

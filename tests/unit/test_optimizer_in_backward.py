@@ -134,12 +134,6 @@ NO_CLIP = "--training.max_norm=0"
             "turn fault tolerance off",
         ),
         (
-            ["--training.max_norm=1.0"],
-            1,
-            "--training.max_norm=1.0 (clipping needs the global norm before any step)",
-            "set --training.max_norm=0",
-        ),
-        (
             [NO_CLIP, "--training.local_batch_size=2", "--training.global_batch_size=8"],
             2,  # dp_shard 2: 8 rows = 2 x 2 x 2 passes
             "2 gradient-accumulation steps (each backward would step)",
@@ -171,3 +165,20 @@ def test_early_step_without_clipping_passes_and_offload_refuses_simple_fsdp():
         "--training.enable_cpu_offload is FSDP2's CPUOffloadPolicy and"
         " --parallelism.fsdp_implementation=simple_fsdp has none; use fsdp2 or turn offload off"
     )
+
+
+def test_early_step_with_clipping_trains_unclipped_and_says_so_in_one_warning():
+    from torchtitan.checks import load_config
+    from torchtitan.checks.optimizer import early_step_clip_warning
+
+    clip = [EARLY, "--training.max_norm=1.0"]
+    check_optimizer_placement(cfg_of(clip), 1)  # accepted, as upstream accepts it
+    _, warnings = load_config(clip, 1)
+    assert warnings == [
+        "--training.max_norm=1.0 is not applied with --optimizer.early_step_in_backward: each"
+        " parameter steps in its gradient hook before a global norm exists (upstream skips"
+        " clipping the same way); the logged grad_norm is the unclipped norm. Set"
+        " --training.max_norm=0 to silence this"
+    ]
+    assert early_step_clip_warning(cfg_of([EARLY, NO_CLIP])) is None
+    assert early_step_clip_warning(cfg_of(["--training.max_norm=1.0"])) is None

@@ -12,6 +12,7 @@ torchtitan.checks`) and every worker again at start-up.
 import logging
 
 from torchtitan.checks.job import check_job
+from torchtitan.checks.optimizer import early_step_clip_warning
 from torchtitan.config import ConfigError, JobConfig, build_config
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,8 @@ def load_config(argv: list[str], world_size: int) -> tuple[JobConfig, list[str]]
     """Parse and check; raises ConfigError (one line) on any problem."""
     cfg, warnings = build_config(argv)
     check_job(cfg, world_size)
-    return cfg, warnings
+    clip = early_step_clip_warning(cfg)
+    return cfg, warnings + ([clip] if clip else [])
 
 
 def load_config_or_exit(argv: list[str], world_size: int, quiet: bool = False) -> JobConfig:

@@ -20,8 +20,10 @@ def check_optimizer_placement(cfg: JobConfig, dp_shard: int) -> None:
         return
     accum_steps = batch_shape(cfg, p.data_parallel_replicate_degree * dp_shard).accum_steps
     # Each parameter steps in its gradient hook, alone: whatever needs every gradient of the
-    # step first (a global norm to clip by, a second micro-batch's share, a replica group's
-    # quorum) or gradients that arrive in pieces (pipeline stages, routed experts) cannot be.
+    # step first (a second micro-batch's share, a replica group's quorum) or gradients that
+    # arrive in pieces (pipeline stages, routed experts) cannot be. A global norm to clip by
+    # cannot exist either; upstream trains on without clipping, and so do we, with one warning
+    # line (early_step_clip_warning).
     refused = [
         (
             p.pipeline_parallel_degree > 1,
@@ -39,11 +41,6 @@ def check_optimizer_placement(cfg: JobConfig, dp_shard: int) -> None:
             "turn fault tolerance off",
         ),
         (
-            t.max_norm > 0,
-            f"--training.max_norm={t.max_norm} (clipping needs the global norm before any step)",
-            "set --training.max_norm=0",
-        ),
-        (
             accum_steps > 1,
             f"{accum_steps} gradient-accumulation steps (each backward would step)",
             "make global_batch_size = local_batch_size x the data-parallel degree",
@@ -54,3 +51,16 @@ def check_optimizer_placement(cfg: JobConfig, dp_shard: int) -> None:
             raise ConfigError(
                 f"{EARLY} steps each parameter inside backward: not with {what}; {fix}"
             )
+
+
+def early_step_clip_warning(cfg: JobConfig) -> str | None:
+    """The warning a job that steps in backward with max_norm > 0 gets: nothing is clipped."""
+    t = cfg.training
+    if not (cfg.optimizer.early_step_in_backward and t.max_norm > 0):
+        return None
+    return (
+        f"--training.max_norm={t.max_norm} is not applied with {EARLY}: each parameter steps"
+        " in its gradient hook before a global norm exists (upstream skips clipping the same"
+        " way); the logged grad_norm is the unclipped norm. Set --training.max_norm=0 to"
+        " silence this"
+    )

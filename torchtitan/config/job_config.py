@@ -251,8 +251,10 @@ class Optimizer:
 
     early_step_in_backward: bool = False
     """Step the optimizer for each parameter inside its gradient hook, as soon as its gradient
-    is ready, so no rank holds every gradient at once. Refused with PP, EP, fault tolerance
-    and gradient clipping (max_norm > 0), as upstream does."""
+    is ready, so no rank holds every gradient at once. Refused with PP, EP and fault
+    tolerance, as upstream does, and with gradient accumulation. Gradient clipping cannot
+    apply (no global norm exists before a parameter steps): with max_norm > 0 it trains
+    unclipped, as upstream does, and says so in one warning line."""
 
 
 @dataclass
