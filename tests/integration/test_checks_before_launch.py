@@ -65,7 +65,8 @@ def test_config_check_never_imports_torch(subprocess_env, repo_root, tmp_path):
     assert proc.stdout.strip() == "TORCH_MODULES []"
     assert proc.stderr.splitlines() == [
         "error: unknown config key 'training.stepz' (did you mean 'training.steps'?); see --help for all keys",
-        "error: --model.flavor: unknown flavor '9B' of llama3; choose one of debugmodel, tiny, 1B, 3B, 8B, 70B, 405B",
+        "error: --model.flavor: unknown flavor '9B' of llama3; choose one of debugmodel, debugmodel_flex_attn, debugmodel_varlen_attn, tiny, 1B, 3B, 8B, 8B_flex,"
+        " 8B_varlen, 70B, 405B",
         "error: --training.dataset: local dataset path './no.jsonl' does not exist; give an existing"
         " .json/.jsonl/.parquet/.txt/.csv/.arrow file or folder, 'pydoc', or an HF hub name",
     ]

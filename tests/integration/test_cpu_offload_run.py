@@ -53,16 +53,16 @@ def test_early_step_checkpoint_resumes_and_loads_into_a_plain_run(tmp_path):
 
 @pytest.mark.parametrize("extra", [[EARLY], [OFFLOAD]])
 def test_refused_combinations_stop_before_launch(extra, tmp_path):
-    # early step with the default clipping; offload under SimpleFSDP
+    # early step under pipeline parallel (as upstream refuses it); offload under SimpleFSDP
     argv = (
-        [EARLY, "--training.local_batch_size=4"]
+        [EARLY, "--parallelism.pipeline_parallel_degree=2"]
         if extra == [EARLY]
         else [OFFLOAD, "--parallelism.fsdp_implementation=simple_fsdp"]
     )
     rc, _, log = run_tests.run(2, argv, str(tmp_path / "bad"))
     assert rc == 2, log[-2000:]
     want = (
-        "steps each parameter inside backward: not with --training.max_norm=1.0"
+        "steps each parameter inside backward: not with --parallelism.pipeline_parallel_degree=2"
         if extra == [EARLY]
         else "--parallelism.fsdp_implementation=simple_fsdp has none"
     )

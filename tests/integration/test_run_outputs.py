@@ -27,6 +27,7 @@ def test_outputs_metrics_tensorboard_plot(tmp_path):
             "--training.seq_len=32",
             "--profiling.enable_profiling=true",
             "--profiling.profile_freq=2",
+            "--profiling.profiler_warmup=1",
             "--profiling.enable_memory_snapshot=true",
             f"--job.dump_folder={dump}",
         ],

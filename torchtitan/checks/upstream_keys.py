@@ -36,7 +36,7 @@ def check_profiler_steps(cfg: JobConfig) -> None:
         raise ConfigError(f"--profiling.profiler_active={p.profiler_active}: must be >= 1")
     if p.profiler_warmup < 0:
         raise ConfigError(f"--profiling.profiler_warmup={p.profiler_warmup}: must be >= 0")
-    if p.enable_profiling and p.profiler_active + p.profiler_warmup > p.profile_freq:
+    if p.enable_profiling and 1 <= p.profile_freq < p.profiler_active + p.profiler_warmup:
         raise ConfigError(
             f"--profiling.profiler_warmup={p.profiler_warmup} + profiler_active={p.profiler_active}"
             f" exceed --profiling.profile_freq={p.profile_freq}: a trace's warmup and recorded steps"

@@ -51,7 +51,7 @@ import os
 import threading
 import time
 from collections import Counter
-from functools import partial
+from functools import partial, wraps
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -121,6 +121,20 @@ def apply_compile(
         if not full:
             _STATS.not_fullgraph.add(f"{name}.{key}")
         layers[key] = compiled
+
+
+def compile_function(fn, backend: str, name: str):
+    """`fn` compiled whole (fullgraph=True), its compiles counted under `name` in
+    `compile_stats` (the loss: "loss", not the block that ran last)."""
+    configure_dynamo()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+
+    @wraps(fn)
+    def call(*args, **kwargs):
+        _STATS.entering(name)
+        return compiled(*args, **kwargs)
+
+    return call
 
 
 def _settled(x):

@@ -21,6 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate
 
+from torchtitan.distributed.compile import compile_function
+
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: positions without a target
 
 
@@ -89,8 +91,8 @@ class Loss:
     def compile(self, backend: str) -> None:
         """compile.components holds "loss": the cross entropy (and MTP's) run compiled, one
         graph each (the logits' cast to float32 fused into the loss kernel)."""
-        self._main = torch.compile(cross_entropy_loss, backend=backend, fullgraph=True)
-        self._mtp = torch.compile(mtp_losses, backend=backend, fullgraph=True)
+        self._main = compile_function(cross_entropy_loss, backend, "loss")
+        self._mtp = compile_function(mtp_losses, backend, "loss")
 
     def terms(
         self,
