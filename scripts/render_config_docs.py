@@ -80,7 +80,7 @@ def render() -> str:
             how = "silently" if note is None else f"with a warning ({note})"
             lines.append(f"- `{section}.{key} = {_default(old)}` means `{_default(new)}`, {how}")
     lines += [
-        f"- `{section}.{old}` is now `{section}.{new}`: {note}"
+        f"- `{section}.{old}` is now `{new if '.' in new else f'{section}.{new}'}`: {note}"
         for (section, old), (new, _, note) in manager.DEPRECATED_KEYS.items()
     ]
     return "\n".join(lines) + "\n"
