@@ -1,12 +1,13 @@
-"""Parity cases of issue 46's features (for parity_cases.CASES: the lead merges them), each
+"""Parity cases of upstream's feature keys (parity_cases.CASES takes them in), each
 against the 1-rank reference of its model: context parallel's rotate methods and load
 balancers (upstream's cp_allgather / cp_alltoall / fsdp+tp+cp, and the same for Qwen3 and
 DeepSeek-V3, eager and compiled), FSDP2's CPU offload, and the optimizer stepped in backward
 with offload (upstream's cpu_offload+opt_in_bwd+TP+DP+CP, both of its runs).
 
-The early step refuses clipping: those cases set max_norm 0, and match the reference (which
-clips at 1.0) because the tiny model's gradient norms stay below 1 over the reference's steps
-(a clip then multiplies by exactly 1; run_tests.py prints the reference's norms)."""
+The early step cannot clip (no global norm exists when a parameter steps): those cases set
+max_norm 0, and match the reference (which clips at 1.0) because the tiny model's gradient norms
+stay below 1 over the reference's steps (a clip then multiplies by exactly 1; run_tests.py
+prints the reference's norms)."""
 
 from parity_cases import DS, QWEN, Case
 
@@ -21,9 +22,10 @@ OFFLOAD = "--training.enable_cpu_offload=true"
 EARLY = ["--optimizer.early_step_in_backward=true", "--training.max_norm=0"]
 
 CASES = [
-    # upstream's: 4 ranks, CP 4 (global batch 8 = local 2 x 4 accumulation steps)
-    Case("cp_allgather", 4, [CP4, AG]),
-    Case("cp_alltoall", 4, [CP4, A2A]),
+    # upstream's: 4 ranks, CP 4 (global batch 8 = local 2 x 4 accumulation steps); in `make
+    # test` the CP 2 cases below (`cp2` in parity_cases.py is allgather's)
+    Case("cp_allgather", 4, [CP4, AG], slow=True),
+    Case("cp_alltoall", 4, [CP4, A2A], slow=True),
     Case("cp_alltoall+none", 4, [CP4, A2A, NONE], slow=True),
     Case("cp_allgather+none", 4, [CP4, AG, NONE], slow=True),
     # upstream's fsdp+tp+cp: dp_shard 2 x tp 2 x cp 2

@@ -611,9 +611,9 @@ CASES = [
     ),
     # Expert tensor parallel (etp = tp): each expert's matrices split over TP, EP from the
     # data-parallel ranks (upstream's cases of the same names). Qwen3 MoE with its Switch loss
-    # under TP: the statistics are summed over TP.
-    # (loss_parallel off: its DTensor loss does not yet add the plain balance loss, see
-    # training/loss.py objective)
+    # under TP: the statistics are summed over TP (with loss parallel, Loss.objective adds the
+    # plain balance loss to the replicated DTensor loss). In `make test`: Qwen3's 4-rank case
+    # and DeepSeek-V3's 2-rank TP + ETP; the 4-rank DeepSeek-V3 one with --slow.
     Case(
         "qwen3_fsdp+tp+ep+etp",
         4,
@@ -627,8 +627,14 @@ CASES = [
         model=QWEN_MOE,
         slow=True,
     ),
-    Case("deepseek_fsdp+tp+ep+etp", 4, [TP, EP, ETP, "--training.local_batch_size=4"], model=DS),
-    Case("deepseek_tp+etp", 2, [TP, ETP, "--training.local_batch_size=8"], model=DS, slow=True),
+    Case(
+        "deepseek_fsdp+tp+ep+etp",
+        4,
+        [TP, EP, ETP, "--training.local_batch_size=4"],
+        model=DS,
+        slow=True,
+    ),
+    Case("deepseek_tp+etp", 2, [TP, ETP, "--training.local_batch_size=8"], model=DS),
     Case(
         "deepseek_v3_pp+fsdp+tp+ep+etp",
         8,

@@ -1,7 +1,7 @@
 """Parity cases of upstream's pipeline split (distributed/pipeline_layout.py): uneven stages,
 stages with no block, the split given per stage, layers_per_stage, CSV schedules, and the
-schedules of upstream's suite at its stage counts. To be merged into parity_cases.CASES
-(and MODELS: the 6-block model, upstream's debugmodel, for 8 stages on 4 ranks).
+schedules of upstream's suite at its stage counts. parity_cases.CASES takes them in (and
+MODELS: the 6-block model, upstream's debugmodel, for 8 stages on 4 ranks).
 
 Stages per case (blocks; E = the embedding, O = norm + output):
 - pp_looped_zero_bubble_8: 6 blocks, pp 4 x 2: E | 0 | 1 | 2 | 3 | 4 | 5 | O (upstream's

@@ -4,22 +4,19 @@ peak is printed before the first step (memory_estimation.enable)."""
 
 import os
 import re
-import subprocess
 
 import pytest
+import run_tests
 
 from torchtitan.checks import load_config
 from torchtitan.config import ConfigError
 from torchtitan.distributed.process_groups import flight_recorder_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def test_train_timeout_and_memory_estimation_in_a_run(tmp_path):
-    env = {**os.environ, "NGPU": "2"}
-    r = subprocess.run(
+    rc, _, out = run_tests.launch(
+        2,
         [
-            "./run_train.sh",
             "--model.flavor=tiny",
             "--training.steps=3",
             "--training.seq_len=64",
@@ -29,14 +26,9 @@ def test_train_timeout_and_memory_estimation_in_a_run(tmp_path):
             "--memory_estimation.enable",
             "--comm.train_timeout_seconds=100",
         ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        str(tmp_path / "ranks"),
     )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
+    assert rc == 0, out[-3000:]
     estimates = re.findall(
         r"memory estimation: role (\S+) \(ranks ([\d,\-]+)\): predicted peak", out
     )

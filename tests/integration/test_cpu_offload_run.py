@@ -69,14 +69,12 @@ def test_refused_combinations_stop_before_launch(extra, tmp_path):
     assert want in log
 
 
-def _predicted(extra, dump, repo_root, env) -> dict:
+def _predicted(extra, dump) -> dict:
     """The dry run's plan.json memory entry of the one role (a GPU job: training.device auto,
     so the job is planned for CUDA on this CPU machine)."""
     import json
-    import subprocess
 
     argv = [
-        "./run_train.sh",
         "--job.dry_run=true",
         "--training.seq_len=32",
         "--training.local_batch_size=1",
@@ -85,21 +83,17 @@ def _predicted(extra, dump, repo_root, env) -> dict:
         f"--job.dump_folder={dump}",
         *extra,
     ]
-    out = subprocess.run(
-        argv, cwd=repo_root, env={**env, "NGPU": "2"}, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    rc, _, log = run_tests.launch(2, argv, str(dump / "ranks"))
+    assert rc == 0, log[-3000:]
     with open(os.path.join(dump, "plan.json")) as f:
         (role,) = json.load(f)["memory_per_rank_role"]
     return role
 
 
-def test_the_prediction_takes_offload_and_the_early_step_into_account(
-    tmp_path, repo_root, subprocess_env
-):
-    plain = _predicted([], tmp_path / "plain", repo_root, subprocess_env)
-    offload = _predicted([OFFLOAD], tmp_path / "offload", repo_root, subprocess_env)
-    early = _predicted([EARLY], tmp_path / "early", repo_root, subprocess_env)
+def test_the_prediction_takes_offload_and_the_early_step_into_account(tmp_path):
+    plain = _predicted([], tmp_path / "plain")
+    offload = _predicted([OFFLOAD], tmp_path / "offload")
+    early = _predicted([EARLY], tmp_path / "early")
     b = plain["breakdown"]
     assert plain["peak_at"] == "optimizer" and b["gradients"] > 0  # the plain peak: the update
     # offload: the sharded states live on the host; the device holds the step's own bytes

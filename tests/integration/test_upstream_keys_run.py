@@ -8,7 +8,7 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
+from types import SimpleNamespace
 
 import pytest
 import run_tests
@@ -21,13 +21,11 @@ CONFIG = os.path.join(ROOT, "train_configs", "llama3_debug.toml")
 TOKENIZER = os.path.join(ROOT, "tests", "assets", "tokenizer")
 
 
-def _run(args, ngpu):
-    env = {**os.environ, "NGPU": str(ngpu)}
-    proc = subprocess.run(
-        [run_tests.RUN_TRAIN, *args], env=env, capture_output=True, text=True, cwd=ROOT
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def _run(args, ngpu, log_dir):
+    """run_train.sh's run of `args` (forked ranks: run_tests.launch); its console as .stdout."""
+    rc, _, out = run_tests.launch(ngpu, args, str(log_dir))
+    assert rc == 0, out[-3000:]
+    return SimpleNamespace(stdout=out, stderr="")
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +65,9 @@ def two_ranks(tmp_path_factory):
         "--validation.freq=4",
         "--validation.at_start=false",
         "--validation.dataloader.num_workers=1",
+        "--planning.memory_budget_gib=none",  # as the fast launcher sets it: the saved config's
     ]
-    return dump, args, _run(args, ngpu=2)
+    return dump, args, _run(args, ngpu=2, log_dir=dump.parent / "ranks")
 
 
 def test_tensorboard_folder_of_every_rank(two_ranks):
@@ -144,6 +143,7 @@ def test_training_dtype_bfloat16_trains_bf16_parameters(tmp_path):
             f"--job.dump_folder={dump}",
         ],
         ngpu=1,
+        log_dir=tmp_path / "ranks",
     )
     assert "params bfloat16 (training.dtype)" in proc.stdout
     losses = run_tests.read_losses(str(dump))
