@@ -649,6 +649,14 @@ CASES = [
         model=DS,
         slow=True,
     ),
+    # ETP with context parallel: EP takes the CP ranks (dp_shard 1), TP splits the experts
+    Case(
+        "deepseek_cp2+tp+ep+etp",
+        4,
+        [TP, EP, ETP, CP2, "--training.local_batch_size=8"],
+        model=DS,
+        slow=True,
+    ),
     Case(
         "deepseek_simple_fsdp+tp+ep+etp",
         4,

@@ -231,7 +231,12 @@ def main(argv=None) -> int:
         default="cpu",
         help="cpu: every rank a CPU process (gloo); cuda: one GPU per rank (NCCL)",
     )
-    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        help="only cases whose name contains this (given again: any of them)",
+    )
     ap.add_argument("--slow", action="store_true", help="include the slow cases")
     ap.add_argument(
         "--timeout", type=float, default=TIMEOUT_S, help="seconds a run may take (default 900)"
@@ -256,7 +261,9 @@ def main(argv=None) -> int:
     cases = [
         c
         for c in CASES
-        if c.ngpu <= args.ngpu and args.filter in c.name and (args.slow or not c.slow)
+        if c.ngpu <= args.ngpu
+        and (not args.filter or any(f in c.name for f in args.filter))
+        and (args.slow or not c.slow)
     ]
     if args.list:
         for c in cases:
@@ -264,7 +271,7 @@ def main(argv=None) -> int:
         return 0
     if not cases:
         print(
-            f"error: no case matches --filter '{args.filter}' with --ngpu {args.ngpu}",
+            f"error: no case matches --filter {' '.join(args.filter)!r} with --ngpu {args.ngpu}",
             file=sys.stderr,
         )
         return 2

@@ -49,6 +49,9 @@ def test_memory_budget_mode_trains_like_no_ac(tmp_path_factory):
         assert mine and all(c.endswith(".svg") for c in mine), curves
 
 
+# slow: the key changes nothing SimpleFSDP runs (one gather per unit: test_simple_fsdp_ac.py in
+# `make test`); `make test` checks it is accepted (test_ac_upstream_keys.py::test_accepted)
+@pytest.mark.slow
 def test_transformer_block_bucketing_is_one_gather_per_unit(tmp_path_factory):
     _, reference, plain = _run(tmp_path_factory, "simple", [SIMPLE])
     _, losses, bucketed = _run(

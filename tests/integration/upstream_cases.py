@@ -61,7 +61,10 @@ class UpstreamCase:
     runs: tuple[Run, ...]
     ngpu: int = 4
     disabled: bool = False  # upstream skips it (a TODO of its own)
-    fast: bool = False  # run by `make test` (test_upstream_suite.py); the rest are slow
+    # run by `make test` (test_upstream_suite.py), the rest with --slow: the base case, a
+    # resume, a pipeline and the reshard key on upstream's base TOML; the other layouts are
+    # parity cases of `make test` already (hsdp, grad_accum, ...)
+    fast: bool = False
 
     @property
     def source(self) -> str:
@@ -264,7 +267,6 @@ FEATURE_CASES = [
         "Foreach Optimizer Test",
         ["--optimizer.name AdamW --optimizer.implementation foreach"],
         ngpu=2,
-        fast=True,
     ),
     _f(
         "ddp",
@@ -283,7 +285,6 @@ FEATURE_CASES = [
             "--parallelism.data_parallel_replicate_degree=2",
         ],
         ngpu=4,
-        fast=True,
     ),
     _f(
         "fsdp+flex_attn",
@@ -436,7 +437,6 @@ FEATURE_CASES = [
         "Gradient accumulation",
         ["--training.local_batch_size 8", "--training.global_batch_size 32"],
         ngpu=2,
-        fast=True,
     ),
     _f(
         "validation_tp_cp_pp",
