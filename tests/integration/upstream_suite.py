@@ -18,7 +18,7 @@ the same argv and environment) or, with --launcher torchrun, through run_train.s
 
 Without --case: the cases `make test` runs (fast), with --slow every case upstream enables,
 with --disabled also the 4 upstream disables. Results: trained (final loss of metrics.jsonl),
-refused (exit 2 and the check's one line), failed (the check broke, or a run exited non-zero:
+planned (upstream's memory estimation: our dry run, its predicted peak), refused (exit 2 and the check's one line), failed (the check broke, or a run exited non-zero:
 the exit code and the last error line), not run (a tool this repository lacks).
 """
 
@@ -184,6 +184,8 @@ def run_case(case: UpstreamCase, config: str, steps: int, out: str, launcher: st
             tail = console + run_tests.rank_tails(logs)
             result.status, result.detail = "failed", f"{where}exit {rc}: {last_error(tail)}"
             break
+        if run.tool == "estimate":  # a dry run plans the job and trains nothing
+            result.status, result.detail = "planned", estimate_line(dump)
     if result.status == "trained":
         losses = read_losses(dump)
         result.loss = losses[-1] if losses else None
@@ -192,6 +194,16 @@ def run_case(case: UpstreamCase, config: str, steps: int, out: str, launcher: st
     result.appended = "; then ".join(dict.fromkeys(notes)) if notes else ""
     result.seconds = time.perf_counter() - start
     return result
+
+
+def estimate_line(dump: str) -> str:
+    """What a dry run predicted: the largest peak of its rank roles (plan.json)."""
+    import json
+
+    with open(os.path.join(dump, "plan.json")) as f:
+        roles = json.load(f)["memory_per_rank_role"]
+    peak = max(r["predicted_peak_bytes"] for r in roles) / 2**30
+    return f"dry run: predicted peak {peak:.3f} GiB per rank ({len(roles)} rank role(s))"
 
 
 def read_losses(dump: str) -> list[float]:
