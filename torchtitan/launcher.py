@@ -80,15 +80,26 @@ def _on_signal(signum, frame) -> None:
 
 def _kill_on_failure() -> None:
     """torchrun stops the rest of a failed group with SIGTERM: make it SIGKILL (docstring).
-    Stops caused by a signal torchrun handles (INT, HUP, QUIT) keep that signal."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    Stops caused by a signal torchrun handles (INT, HUP, QUIT) keep that signal.
 
-    shutdown = LocalElasticAgent._shutdown
+    torch 2.13 sends that SIGTERM from two places: the agent's `_shutdown`, and first the
+    process context's own poll, which on the first failed worker calls `close()` with no
+    signal (its default, SIGTERM) before the agent hears of it. Both are changed here; a rank
+    still alive then exits -9, never -15 (seen with only `_shutdown` changed: a survivor
+    exited -15 in 2 of 4 runs of tests/integration/test_checkpoint.py's killed-rank test)."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    shutdown, close = LocalElasticAgent._shutdown, PContext.close
 
     def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
         return shutdown(self, signal.SIGKILL if death_sig == signal.SIGTERM else death_sig, timeout)
 
+    def _close(self, death_sig=None, timeout=30):
+        return close(self, death_sig or signal.SIGKILL, timeout)
+
     LocalElasticAgent._shutdown = _shutdown
+    PContext.close = _close
 
 
 def main() -> None:
