@@ -3,10 +3,11 @@
 Left to itself the collector runs whenever allocations cross its thresholds, at a different
 moment on each rank; a rank collecting mid-step makes every other rank wait for it at the next
 collective. With gc_freq > 0 automatic collection is off and every rank collects after the
-same steps, between two steps. As upstream's, a scheduled collection is of the young
-generations (0 and 1: what a step leaves behind, milliseconds); a full one, which walks every
-object of the process (~0.1-1 s with torch loaded), runs at start-up and under gc_debug. Loader
-workers keep the automatic collector (data/dataloader.py).
+same steps, between two steps. As upstream's, a collection is of the young generations (0
+and 1: what a step leaves behind, milliseconds), at start-up too; only gc_debug runs full
+ones, which walk every object of the process (~0.2-1 s with torch loaded, and in a process
+forked from another they write to every page the two share). Loader workers keep the
+automatic collector (data/dataloader.py).
 """
 
 import gc
@@ -32,7 +33,7 @@ class GarbageSchedule:
         self.was_enabled = gc.isenabled()
         if self.active:
             gc.disable()
-            gc.collect()  # a clean heap to start from: the young generations start empty
+            gc.collect(1)  # the young generations start empty (older objects stay where they are)
 
     def after_step(self, step: int) -> int | None:
         """Collect when due; returns the unreachable objects found, None when not due."""
