@@ -4,6 +4,7 @@ training run imports, so that each forked rank starts with it already loaded.
 Nothing here may start threads or touch a GPU: the ranks are forked from this process.
 """
 
+import gc
 import os
 import sys
 
@@ -42,6 +43,13 @@ from torchtitan.models.train_spec import get_train_spec  # noqa: E402
 
 for _name in MODELS:  # every registered model's model and parallelize modules
     get_train_spec(_name)
+
+# Everything imported here is shared with each forked rank page for page until written: a full
+# collection in a rank (the trainer's at shutdown) would walk every one of these objects and
+# so copy their pages. Frozen, the collector leaves them alone (CPython's advice for a process
+# that forks without exec); what a rank creates is collected as before.
+gc.collect()
+gc.freeze()
 
 assert torchtitan.__file__.startswith(ROOT + os.sep), torchtitan.__file__
 assert not torch.cuda.is_initialized()  # a forked child could not use CUDA
