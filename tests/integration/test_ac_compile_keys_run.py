@@ -30,6 +30,9 @@ def _run(tmp_path_factory, name: str, overrides: list[str]) -> tuple[str, list[f
     return dump, run_tests.read_losses(dump), [r for r in records if "loss" in r]
 
 
+# slow: two compiled runs; `make test` checks the mode's build (no AC region, the partitioner's
+# budget set: test_ac_upstream_keys.py)
+@pytest.mark.slow
 def test_memory_budget_mode_trains_like_no_ac(tmp_path_factory):
     _, reference, _ = _run(tmp_path_factory, "no_ac", [])
     dump, losses, _ = _run(
