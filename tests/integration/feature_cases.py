@@ -2,14 +2,15 @@
 against the 1-rank reference of its model: context parallel's rotate methods and load
 balancers (upstream's cp_allgather / cp_alltoall / fsdp+tp+cp, and the same for Qwen3 and
 DeepSeek-V3, eager and compiled), FSDP2's CPU offload, and the optimizer stepped in backward
-with offload (upstream's cpu_offload+opt_in_bwd+TP+DP+CP, both of its runs).
+with offload (upstream's cpu_offload+opt_in_bwd+TP+DP+CP, both of its runs), and expert
+tensor parallel (upstream's *+etp cases, and ETP with CP and SimpleFSDP).
 
 The early step cannot clip (no global norm exists when a parameter steps): those cases set
 max_norm 0, and match the reference (which clips at 1.0) because the tiny model's gradient norms
 stay below 1 over the reference's steps (a clip then multiplies by exactly 1; run_tests.py
 prints the reference's norms)."""
 
-from parity_cases import DS, QWEN, Case
+from parity_cases import DS, EP, ETP, PP, QWEN, QWEN_MOE, Case
 
 CP2 = "--parallelism.context_parallel_degree=2"
 CP4 = "--parallelism.context_parallel_degree=4"
@@ -19,6 +20,7 @@ AG = "--parallelism.context_parallel_rotate_method=allgather"
 NONE = "--parallelism.context_parallel_load_balancer=none"
 COMPILE = "--compile.enable=true"
 OFFLOAD = "--training.enable_cpu_offload=true"
+INTERLEAVED = "--parallelism.pipeline_parallel_schedule=Interleaved1F1B"
 EARLY = ["--optimizer.early_step_in_backward=true", "--training.max_norm=0"]
 
 CASES = [
@@ -68,6 +70,56 @@ CASES = [
             *EARLY,
             "--training.local_batch_size=4",
         ],
+        slow=True,
+    ),
+    # Expert tensor parallel (etp = tp): each expert's matrices split over TP, EP from the
+    # data-parallel ranks (upstream's cases of the same names). Qwen3 MoE with its Switch loss
+    # under TP: the statistics are summed over TP (with loss parallel, Loss.objective adds the
+    # plain balance loss to the replicated DTensor loss). In `make test` the 2-rank TP + ETP
+    # cases of both models; the 4-rank ones (upstream's layouts) with --slow.
+    Case(
+        "qwen3_fsdp+tp+ep+etp",
+        4,
+        [TP, EP, ETP, "--training.local_batch_size=2"],
+        model=QWEN_MOE,
+        slow=True,
+    ),
+    # local batch 2: micro-batches of the reference's rows (the Switch loss is per micro-batch)
+    Case("qwen3_moe_tp+etp", 2, [TP, ETP, "--training.local_batch_size=2"], model=QWEN_MOE),
+    Case(
+        "deepseek_fsdp+tp+ep+etp",
+        4,
+        [TP, EP, ETP, "--training.local_batch_size=4"],
+        model=DS,
+        slow=True,
+    ),
+    Case("deepseek_tp+etp", 2, [TP, ETP, "--training.local_batch_size=8"], model=DS),
+    Case(
+        "deepseek_v3_pp+fsdp+tp+ep+etp",
+        8,
+        [PP, TP, EP, ETP, "--training.local_batch_size=4", INTERLEAVED],
+        model=DS,
+        slow=True,
+    ),
+    # ETP with context parallel: EP takes the CP ranks (dp_shard 1), TP splits the experts
+    Case(
+        "deepseek_cp2+tp+ep+etp",
+        4,
+        [TP, EP, ETP, CP2, "--training.local_batch_size=8"],
+        model=DS,
+        slow=True,
+    ),
+    Case(
+        "deepseek_simple_fsdp+tp+ep+etp",
+        4,
+        [
+            TP,
+            EP,
+            ETP,
+            "--parallelism.fsdp_implementation=simple_fsdp",
+            "--training.local_batch_size=4",
+        ],
+        model=DS,
         slow=True,
     ),
 ]

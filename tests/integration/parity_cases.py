@@ -609,20 +609,6 @@ CASES = [
         model=QWEN_MOE_NOAUX,
         slow=True,
     ),
-    # Expert tensor parallel (etp = tp): each expert's matrices split over TP, EP from the
-    # data-parallel ranks (upstream's cases of the same names). Qwen3 MoE with its Switch loss
-    # under TP: the statistics are summed over TP (with loss parallel, Loss.objective adds the
-    # plain balance loss to the replicated DTensor loss). In `make test` the 2-rank TP + ETP
-    # cases of both models; the 4-rank ones (upstream's layouts) with --slow.
-    Case(
-        "qwen3_fsdp+tp+ep+etp",
-        4,
-        [TP, EP, ETP, "--training.local_batch_size=2"],
-        model=QWEN_MOE,
-        slow=True,
-    ),
-    # local batch 2: micro-batches of the reference's rows (the Switch loss is per micro-batch)
-    Case("qwen3_moe_tp+etp", 2, [TP, ETP, "--training.local_batch_size=2"], model=QWEN_MOE),
     Case(
         "qwen3_moe_tp+ep4",
         4,
@@ -631,45 +617,9 @@ CASES = [
         slow=True,
     ),
     Case(
-        "deepseek_fsdp+tp+ep+etp",
-        4,
-        [TP, EP, ETP, "--training.local_batch_size=4"],
-        model=DS,
-        slow=True,
-    ),
-    Case("deepseek_tp+etp", 2, [TP, ETP, "--training.local_batch_size=8"], model=DS),
-    Case(
-        "deepseek_v3_pp+fsdp+tp+ep+etp",
-        8,
-        [PP, TP, EP, ETP, "--training.local_batch_size=4", _schedule("Interleaved1F1B")],
-        model=DS,
-        slow=True,
-    ),
-    Case(
         "deepseek_v3_pp+fsdp+tp+ep",
         8,
         [PP, TP, EP4, "--training.local_batch_size=4", _schedule("Interleaved1F1B")],
-        model=DS,
-        slow=True,
-    ),
-    # ETP with context parallel: EP takes the CP ranks (dp_shard 1), TP splits the experts
-    Case(
-        "deepseek_cp2+tp+ep+etp",
-        4,
-        [TP, EP, ETP, CP2, "--training.local_batch_size=8"],
-        model=DS,
-        slow=True,
-    ),
-    Case(
-        "deepseek_simple_fsdp+tp+ep+etp",
-        4,
-        [
-            TP,
-            EP,
-            ETP,
-            "--parallelism.fsdp_implementation=simple_fsdp",
-            "--training.local_batch_size=4",
-        ],
         model=DS,
         slow=True,
     ),

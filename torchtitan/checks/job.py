@@ -126,11 +126,11 @@ def check_training(cfg: JobConfig, args, dp_shard: int) -> int:
 
 
 def check_validation_and_profiling(cfg: JobConfig) -> None:
-    """[validation] and [profiling] counts; the profiler has one user."""
+    """[validation] counts and [profiling] folders (its step counts: checks/upstream_keys.py);
+    the profiler has one user."""
     for key, value in (
         ("validation.freq", cfg.validation.freq),
         ("validation.steps", cfg.validation.steps),
-        ("profiling.profile_freq", cfg.profiling.profile_freq),
     ):
         if value < 1:
             raise ConfigError(f"--{key}={value}: must be >= 1")

@@ -30,13 +30,16 @@ def check_gc_and_schedule(cfg: JobConfig) -> None:
 
 
 def check_profiler_steps(cfg: JobConfig) -> None:
-    """torch.profiler.schedule's active >= 1, warmup >= 0, both within one profile_freq block."""
+    """torch.profiler.schedule's steps: profile_freq and active >= 1, warmup >= 0, warmup and
+    active within one profile_freq block."""
     p = cfg.profiling
+    if p.profile_freq < 1:
+        raise ConfigError(f"--profiling.profile_freq={p.profile_freq}: must be >= 1")
     if p.profiler_active < 1:
         raise ConfigError(f"--profiling.profiler_active={p.profiler_active}: must be >= 1")
     if p.profiler_warmup < 0:
         raise ConfigError(f"--profiling.profiler_warmup={p.profiler_warmup}: must be >= 0")
-    if p.enable_profiling and 1 <= p.profile_freq < p.profiler_active + p.profiler_warmup:
+    if p.enable_profiling and p.profile_freq < p.profiler_active + p.profiler_warmup:
         raise ConfigError(
             f"--profiling.profiler_warmup={p.profiler_warmup} + profiler_active={p.profiler_active}"
             f" exceed --profiling.profile_freq={p.profile_freq}: a trace's warmup and recorded steps"
