@@ -136,6 +136,14 @@ qmoe_pp_fsdp2_always_ac_op              4      pp=2 schedule=1F1B lbs=4 mbs=1 re
 # asynchronous checkpoints every step: from step 2 on, every rank holds the staged copy
 llama_fsdp2_ckpt_async                  2      ckpt=async
 ds_fsdp2_ep_ckpt_async                  4      ep=2 ckpt=async
+# upstream's feature keys: the ring of K/V chunks, expert tensor parallel, the optimizer in
+# backward (no gradient alive at the peak), CPU offload (on CPU the host is the device), and
+# upstream's uneven pipeline split (6 blocks + embedding + output: 2 | 3 | 3 | 0 blocks)
+llama_cp2_alltoall                      2      cp=2 parallelism.context_parallel_rotate_method=alltoall
+ds_tp_etp                               2      tp=2 parallelism.expert_tensor_parallel_degree=2
+llama_fsdp2_early_step                  2      optimizer.early_step_in_backward=true training.max_norm=0
+llama_fsdp2_cpu_offload                 2      training.enable_cpu_offload=true
+llama_pp_Interleaved1F1B_uneven         2      pp=2 schedule=Interleaved1F1B lbs=4 mbs=1
 """
 
 # The dimensions the matrix must cover (tests/unit/test_memory_check.py), as tags().
