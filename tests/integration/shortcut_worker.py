@@ -12,6 +12,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from torchtitan import hardware  # noqa: E402
 from torchtitan.checks import load_config  # noqa: E402
 from torchtitan.models.flavors import model_args  # noqa: E402
 from torchtitan.planning.memory import predict  # noqa: E402
@@ -34,14 +35,19 @@ def main() -> None:
         )
         job = PlannedJob(cfg, model_on_meta(cfg, args), dims, "cpu")
         derived_roles.EXACT_LIMIT = 0
-        fast, _ = predict.predict_roles(job)
+        hw = hardware.PROFILES["h100_sxm"]  # the step time is extrapolated alike (issue 47)
+        fast, _ = predict.predict_roles(job, hardware=hw)
         derived_roles.EXACT_LIMIT = 10**9
         derived_roles.rank_plan = lambda job, freeing: derived_roles.RankPlan(
             list(range(job.dims.pp)), [], {}
         )
-        full, _ = predict.predict_roles(job)
+        full, _ = predict.predict_roles(job, hardware=hw)
+
+        def record(r):
+            return {**r.record(), "time": r.time.record()}
+
         print(
-            json.dumps({"fast": [r.record() for r in fast], "full": [r.record() for r in full]}),
+            json.dumps({"fast": [record(r) for r in fast], "full": [record(r) for r in full]}),
             flush=True,
         )
 

@@ -152,6 +152,7 @@ PP6 = [
 ]
 DSV3_CONFIG = "--job.config_file=train_configs/deepseek_v3_debug.toml"
 
+TIME_BOUND = 0.02  # the extrapolated step time vs the whole simulation's (llama_1f1b: equal)
 SHORTCUT_CASES = {  # world, flavor simulated, blocks, overrides
     # Llama3 1F1B: 13 blocks split 2 3 3 3 2 (the ends weigh one block each); rank 2 interpolated
     "llama_1f1b": (5, "tiny", 13, [*PP5, "--training.local_batch_size=5"]),
@@ -211,6 +212,39 @@ def test_shortcuts_equal_full_simulation(name):
             # that, and the extrapolation falls short (README; measured -1.1% here).
             bound = 0.02 if fast["role"] == "pp0" else 0.0
             assert abs(error) <= bound, (name, fast["role"], key, fast[key], full[key])
+        # the step time (h100_sxm) is extrapolated action by action from the same runs
+        t_fast, t_full = fast["time"], full["time"]
+        error = t_fast["predicted_step_seconds"] / t_full["predicted_step_seconds"] - 1
+        assert abs(error) <= TIME_BOUND, (name, fast["role"], t_fast, t_full)
+
+
+def test_step_time_extrapolated_from_blocks_equals_the_whole_simulation_without_pp():
+    """Issue 47's bias 7: a job without PP is timed from its 1- and 2-block runs (x125 at
+    405B); FSDP 4 over 12 blocks: the extrapolated step time and peak equal the whole
+    simulation's (measured: equal to the last digit, 0.1270 s on h100_sxm)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "shortcut_worker.py"),
+            "4",
+            "tiny",
+            "12",
+            "--training.seq_len=256",
+            "--training.local_batch_size=2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(HERE)),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    ((fast,), (full,)) = out["fast"], out["full"]
+    assert "extrapolated" in fast["peak_at"] and "extrapolated" not in full["peak_at"]
+    assert fast["time"]["predicted_step_seconds"] == pytest.approx(
+        full["time"]["predicted_step_seconds"], rel=1e-9
+    )
+    assert fast["predicted_peak_bytes"] == full["predicted_peak_bytes"]
 
 
 # --------------------------------------------------------------------------- model states against the parallelized build

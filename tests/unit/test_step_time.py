@@ -123,11 +123,16 @@ def test_collective_costs_by_link():
     assert step_time.collective_seconds("all_gather", gb, n8, p) == pytest.approx(
         7 / 8 * gb / 360e9 + 7 * 5e-6
     )
+    # all-reduce: the ring's bandwidth, the tree's latency where it is shorter (2 x log2 8)
     assert step_time.collective_seconds("all_reduce", gb, n8, p) == pytest.approx(
-        2 * (7 / 8 * gb / 360e9 + 7 * 5e-6)
+        2 * 7 / 8 * gb / 360e9 + 2 * 3 * 5e-6
     )
-    across = list(range(0, 64, 8))  # one rank per node: the NIC
+    across = list(range(0, 64, 8))  # one rank per node: the NIC, NCCL's PAT (log2 8 steps)
     assert step_time.collective_seconds("reduce_scatter", gb, across, p) == pytest.approx(
+        7 / 8 * gb / 42.5e9 + 3 * 15e-6
+    )
+    two_per_node = [0, 1, 8, 9, 16, 17, 24, 25]  # a ring: 7 steps, each as slow as the NIC hop
+    assert step_time.collective_seconds("reduce_scatter", gb, two_per_node, p) == pytest.approx(
         7 / 8 * gb / 42.5e9 + 7 * 15e-6
     )
     assert step_time.collective_seconds("all_gather", gb, [3], p) == 0.0
@@ -239,7 +244,9 @@ def test_pipeline_event_simulation_of_1f1b_two_ranks():
     }
     times = {
         r: step_time.RankTimes(
-            step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)}, step_time.Timed()
+            step_time.Timed(),
+            {(r, "F", 0): _timed(1.0), (r, "B", 0): _timed(2.0)},
+            step_time.Timed(),
         )
         for r in (0, 1)
     }
@@ -268,7 +275,9 @@ def test_pipeline_order_comes_from_torchs_schedule():
     assert sum(len(v) for v in order.values()) == 16
     times = {
         r: step_time.RankTimes(
-            step_time.Timed(), {(r, "F"): _timed(1.0), (r, "B"): _timed(2.0)}, step_time.Timed()
+            step_time.Timed(),
+            {(r, "F", 0): _timed(1.0), (r, "B", 0): _timed(2.0)},
+            step_time.Timed(),
         )
         for r in (0, 1)
     }
@@ -484,5 +493,5 @@ def test_gradient_accumulation_runs_each_pipeline_action_again_not_longer():
     ]
     for segments in (once, twice):
         t = step_time.rank_times(segments, H100, groups, 1.0, False)
-        assert t.actions[(0, "F")].seconds == pytest.approx(1.5)
-        assert t.actions[(0, "B")].seconds == pytest.approx(2.0)
+        assert t.actions[(0, "F", 0)].seconds == pytest.approx(1.5)
+        assert t.actions[(0, "B", 0)].seconds == pytest.approx(2.0)

@@ -11,9 +11,11 @@ Everything this model assumes is here, to be checked line by line:
 2. Collectives (`collective_seconds`): ring algorithms on the slowest link the group
    crosses: inside a node `intra_node_gbps`, across nodes `inter_node_gbps` (per rank,
    rail-optimised NICs): all-gather / reduce-scatter (n-1)/n x bytes / bandwidth, all-reduce
-   twice that, all-to-all (n-1)/n x bytes, plus a latency per ring step. Collectives on one
-   link run one at a time (FSDP's gathers and reductions share it); different links run
-   side by side.
+   twice that, all-to-all (n-1)/n x bytes, plus the latency of the algorithm NCCL picks
+   (ring steps; all-reduce's tree where that is faster; PAT with one rank per node).
+   Collectives on one physical link run one at a time: every group that crosses nodes
+   shares the rank's NIC (FSDP, HSDP's replicas, EP, CP, PP alike), every group inside a
+   node its NVLink; the two links run side by side.
 3. Overlap (`Streams`), on a GPU: in forward, FSDP's parameter all-gather of a unit is
    issued when the unit before it starts computing (FSDP2's implicit prefetch: the host runs
    ahead), so only what exceeds that unit's compute is exposed; in backward FSDP2 issues the
@@ -51,22 +53,49 @@ BREAKDOWN = ("compute", "recompute", "overhead", "optimizer", "pipeline_bubble")
 
 @dataclass
 class Link:
+    name: str  # the physical link: "nvlink" (inside a node) or "nic" (across nodes)
     gbps: float
     latency_us: float
 
 
 def link_of(ranks: list[int], p: HardwareProfile) -> Link:
     """The slowest link a group of global ranks crosses (nodes of gpus_per_node ranks)."""
-    if len({r // max(p.gpus_per_node, 1) for r in ranks}) <= 1:
-        return Link(p.intra_node_gbps, p.intra_latency_us)
-    return Link(p.inter_node_gbps, p.inter_latency_us)
+    if _nodes(ranks, p) <= 1:
+        return Link("nvlink", p.intra_node_gbps, p.intra_latency_us)
+    return Link("nic", p.inter_node_gbps, p.inter_latency_us)
+
+
+def _nodes(ranks: list[int], p: HardwareProfile) -> int:
+    return len({r // max(p.gpus_per_node, 1) for r in ranks})
+
+
+def ring_latency_s(ranks: list[int], p: HardwareProfile) -> float:
+    """The latency of an all-gather or reduce-scatter: n - 1 ring steps, each as slow as the
+    slowest hop (NCCL's ring); with one rank per node NCCL runs them as PAT, a tree of
+    log2 n steps (NCCL 2.23+; it takes PAT for one GPU per node only)."""
+    n, nodes = len(ranks), _nodes(ranks, p)
+    if nodes == n and n > 2:
+        return tree_latency_s(ranks, p)
+    return (n - 1) * link_of(ranks, p).latency_us * 1e-6
+
+
+def tree_latency_s(ranks: list[int], p: HardwareProfile) -> float:
+    """The latency of a (binary) tree over `ranks`: log2(n) levels, each on the slowest link
+    the group crosses (NCCL's tree all-reduce; broadcast)."""
+    return math.ceil(math.log2(max(len(ranks), 2))) * link_of(ranks, p).latency_us * 1e-6
 
 
 def collective_seconds(
     kind: str, nbytes: int, ranks: list[int], p: HardwareProfile, world: int = 0
 ) -> float:
     """`world`: the ranks on one machine, for a measured CPU profile (gloo's cost depends on
-    how many processes share the cores: `gloo` table of 2 or 4, the nearest)."""
+    how many processes share the cores: `gloo` table of 2 or 4, the nearest).
+
+    Latency: all-gather and reduce-scatter pass once round a ring (`ring_latency_s`);
+    all-reduce is a reduce-scatter and an all-gather, or, when that is faster (small
+    messages on many ranks: a scalar over 2,048 ranks), NCCL's tree: reduce up and broadcast
+    down (2 x log2 n levels; the bandwidth term the ring's); all-to-all one latency per peer;
+    broadcast a tree."""
     n = len(ranks)
     if n <= 1 and kind not in ("send", "recv"):
         return 0.0
@@ -76,12 +105,15 @@ def collective_seconds(
     if p.gloo:
         table = p.gloo["4" if world > 2 and "4" in p.gloo else "2"]
         bw, fixed = table["gbps"] * 1e9, table["fixed_us"].get(kind, 0.0) * 1e-6
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in ("all_gather", "reduce_scatter"):
+        return fixed + (n - 1) / n * nbytes / bw + ring_latency_s(ranks, p)
+    if kind == "all_to_all":
         return fixed + (n - 1) / n * nbytes / bw + (n - 1) * link.latency_us * 1e-6
     if kind == "all_reduce":
-        return fixed + 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * link.latency_us * 1e-6
+        latency = min(2 * ring_latency_s(ranks, p), 2 * tree_latency_s(ranks, p))
+        return fixed + 2 * (n - 1) / n * nbytes / bw + latency
     if kind == "broadcast":
-        return fixed + nbytes / bw + math.ceil(math.log2(n)) * link.latency_us * 1e-6
+        return fixed + nbytes / bw + tree_latency_s(ranks, p)
     return fixed + nbytes / bw + link.latency_us * 1e-6  # send / recv
 
 
@@ -119,7 +151,9 @@ class Streams:
         self.overlap = p.host_async
         self.prefetch = self.overlap and not simple_fsdp_eager
         self.t = 0.0  # the compute stream's clock
-        self.link_free: dict[str, float] = defaultdict(float)  # link (mesh dim) -> when it is free
+        # physical link ("nvlink" / "nic", link_of) -> when it is free: every mesh dim whose
+        # group crosses nodes shares the rank's NIC, every one inside a node its NVLink
+        self.link_free: dict[str, float] = defaultdict(float)
         self.unit_start = None  # when the unit of the last FSDP gather started computing
         self.backward_gather = None  # (end, dim) of the gather the next unit's backward waits for
         self.pending: dict[str, float] = {}  # dim -> end of reductions not yet waited for
@@ -145,7 +179,8 @@ class Streams:
         duration = collective_seconds(c.kind, c.nbytes, ranks, self.p, self.world)
         if duration <= 0:
             return
-        free = self.link_free[dim]
+        link = link_of(ranks, self.p).name
+        free = self.link_free[link]
         gather = c.kind == "all_gather" and c.group in self.groups.fsdp
         reduction = (
             self.overlap
@@ -159,21 +194,21 @@ class Streams:
             if self.backward_gather is not None:
                 self._wait(*self.backward_gather)
             end = max(free, self.t) + duration
-            self.link_free[dim] = end
+            self.link_free[link] = end
             self.backward_gather = (end, dim)
         elif gather and self.prefetch:
             issued = self.t if self.unit_start is None else self.unit_start
             end = max(free, issued) + duration
-            self.link_free[dim] = end
+            self.link_free[link] = end
             self._wait(end, dim)
             self.unit_start = self.t
         elif reduction:
             end = max(free, self.t) + duration
-            self.link_free[dim] = end
-            self.pending[dim] = end
+            self.link_free[link] = end
+            self.pending[dim] = max(end, self.pending.get(dim, 0.0))
         else:
             end = max(free, self.t) + duration
-            self.link_free[dim] = end
+            self.link_free[link] = end
             self._wait(end, dim)
 
     def _wait(self, end: float, dim: str) -> None:
@@ -212,9 +247,34 @@ class RankTimes:
     """One simulated pipeline rank's times (a linear quantity, for the block extrapolation)."""
 
     serial: Timed  # without a pipeline: the whole forward/backward of the step
-    actions: dict[tuple, Timed]  # with one: (stage, "F" | "B" | "I" | "W" | "R") -> per microbatch
+    # with one: (stage, "F" | "B" | "I" | "W", microbatch) -> that action's time (the mean of
+    # its runs under gradient accumulation); (stage, "R", None): the stage's gradient
+    # reduction after its last backward (torch 2.13 reduces a pipeline's gradients once)
+    actions: dict[tuple, Timed]
     tail: Timed  # the step tail: tied copies, clipping, the optimizer, the expert balance
     p2p_s: float = 0.0  # one stage-boundary transfer (the largest P2P) over the pipeline link
+
+    def action(self, stage: int, kind: str, mb: int | None) -> Timed:
+        """The time of one action. A microbatch past those simulated (the layout search times
+        more than it simulates) takes the last simulated microbatch's time: the steady state,
+        not the first microbatch's, which alone gathers the stage's parameters. A zero-bubble
+        input backward ("I") simulated as a full backward takes its time. Fails for an action
+        the simulation did not run: a missing action is not free."""
+        for k in (kind, "B") if kind == "I" else (kind,):
+            got = self.actions.get((stage, k, mb))
+            if got is not None:
+                return got
+            ran = [m for (s, kk, m) in self.actions if s == stage and kk == k and m is not None]
+            if mb is not None and ran and mb > max(ran):
+                return self.actions[(stage, k, max(ran))]
+        raise KeyError(
+            f"step-time model: the simulated step ran no {kind} action of stage {stage}"
+            f" microbatch {mb} (simulated: {sorted(self.actions, key=str)})"
+        )
+
+    def reductions(self) -> list[tuple]:
+        """The gradient-reduction actions (stage, "R", None) the simulation ran."""
+        return sorted(k for k in self.actions if k[1] == "R")
 
     def combined(self, other: RankTimes, a: float, b: float) -> RankTimes:
         """a x self + b x other."""
@@ -232,7 +292,7 @@ class RankTimes:
 
     def restaged(self, stages: dict[int, int]) -> RankTimes:
         """The same times for another rank whose stages are `stages[own stage]` (alike stages)."""
-        acts = {(stages.get(st, st), kind): t for (st, kind), t in self.actions.items()}
+        acts = {(stages.get(st, st), kind, mb): t for (st, kind, mb), t in self.actions.items()}
         return RankTimes(self.serial, acts, self.tail, self.p2p_s)
 
 
@@ -276,10 +336,12 @@ def rank_times(
                     runs[s.action] += 1
                 by_action[(*s.action, runs[s.action])].append(s)
                 previous = s.action
-        per_kind: dict[tuple, list[Timed]] = defaultdict(list)
-        for (stage, kind, _mb, _run), segs in by_action.items():
-            per_kind[(stage, kind)].append(Streams(p, groups, stretch, simple_fsdp_eager).run(segs))
-        actions = {k: Timed().add(_mean(v)) for k, v in per_kind.items()}
+        per_action: dict[tuple, list[Timed]] = defaultdict(list)
+        for (stage, kind, mb, _run), segs in by_action.items():
+            per_action[(stage, kind, mb)].append(
+                Streams(p, groups, stretch, simple_fsdp_eager).run(segs)
+            )
+        actions = {k: Timed().add(_mean(v)) for k, v in per_action.items()}
     return RankTimes(
         serial, actions, Streams(p, groups, stretch, simple_fsdp_eager).run(tail), p2p_s
     )
@@ -333,10 +395,7 @@ def pipeline_seconds(
         return 0.0  # R: after the rank's previous actions
 
     def duration(rank: int, action) -> float:
-        stage, kind, _ = action
-        rt = times[rank].actions
-        t = rt.get((stage, kind)) or (rt.get((stage, "B")) if kind in ("I",) else None)
-        return t.seconds if t is not None else 0.0
+        return times[rank].action(*action).seconds
 
     progress = True
     while progress:
@@ -477,6 +536,19 @@ class StepShape:
     accum_steps: int  # pipeline schedules per step (gradient accumulation)
 
 
+def with_reductions(order: dict[int, list], times: dict[int, RankTimes]) -> dict[int, list]:
+    """`order` with each rank's gradient reductions after its last action: under PP + FSDP
+    torch 2.13 reduce-scatters a stage's gradients once, after the schedule's last backward
+    (the simulation traces it as the action (stage, "R", None)); the schedules' orders leave
+    it out, and its time would never reach the step."""
+    out = {}
+    for r, acts in order.items():
+        own = {a[0] for item in acts for a in (item if isinstance(item, list) else [item])}
+        extra = [k for k in times[r].reductions() if k[0] in own] if r in times else []
+        out[r] = list(acts) + extra
+    return out
+
+
 def role_times(
     roles: list[tuple[str, list[int], int]],
     times: dict[int, RankTimes],
@@ -490,6 +562,7 @@ def role_times(
         parts = {r: Timed().add(times[r].serial).add(times[r].tail).parts for _, _, r in roles}
     else:
         order, n_stages = schedule
+        order = with_reductions(order, times)
         stage_rank = {
             a[0]: r
             for r, acts in order.items()
@@ -504,10 +577,8 @@ def role_times(
         for _, _, r in roles:
             total = Timed()
             for item in order[r]:
-                for stage, kind, _mb in item if isinstance(item, list) else [item]:
-                    a = times[r].actions.get((stage, kind))
-                    if a is not None:
-                        total.add(a, shape.accum_steps)
+                for action in item if isinstance(item, list) else [item]:
+                    total.add(times[r].action(*action), shape.accum_steps)
             total.add(times[r].tail)
             total.parts["pipeline_bubble"] = max(
                 0.0, step - times[r].tail.seconds - shape.accum_steps * busy[r]

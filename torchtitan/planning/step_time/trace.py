@@ -21,7 +21,9 @@ grouped GEMM): GEMM 2mnk; grouped GEMM 2 x rows x in x out per pass (backward: 2
 attention 2 x batch x heads x q x k x (qk_dim + v_dim) forward and 2 x ... x (3 qk_dim +
 2 v_dim) backward, causal attention counting only the key blocks at or below the diagonal
 (the flash kernels skip the others: `attention_block` of the profile); an explicit mask
-(documents, context-parallel chunks) runs every block.
+(documents, context-parallel chunks: causal, lower-right aligned) runs every block on a CPU
+and only the blocks on or below its diagonal on a GPU profile. An all-to-all moves the
+larger of what the rank sends and receives (the busiest EP rank waits for its share).
 
 Ops run while activation checkpointing recomputes a region are marked `recompute`.
 Consecutive compute ops merge into one event; events are grouped in segments, one per phase
@@ -88,11 +90,15 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def causal_kept(q_len: int, k_len: int, block: int) -> float:
-    """Fraction of the q x k score blocks a causal kernel computes (top-left aligned: query i
-    sees keys <= i; a block is computed when any of its entries is kept)."""
+def causal_kept(q_len: int, k_len: int, block: int, lower_right: bool = False) -> float:
+    """Fraction of the q x k score blocks a causal kernel computes (a block is computed when
+    any of its entries is kept). Top-left aligned (SDPA's is_causal): query i sees keys <= i;
+    lower-right (a context-parallel chunk's queries, the last k_len - q_len keys before them
+    all seen): query i sees keys <= i + k_len - q_len."""
     nq, nk = math.ceil(q_len / block), math.ceil(k_len / block)
-    return sum(min(i + 1, nk) for i in range(nq)) / (nq * nk)
+    shift = k_len - q_len if lower_right else 0
+    kept = sum(min((min((i + 1) * block, q_len) - 1 + shift) // block + 1, nk) for i in range(nq))
+    return kept / (nq * nk)
 
 
 def gemm_flops(func, args) -> float:
@@ -124,7 +130,11 @@ def grouped_gemm_flops(name: str, args) -> float:
     return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[-1]
 
 
-def attention_flops(args, kwargs, backward: bool, block: int) -> float:
+def attention_flops(args, kwargs, backward: bool, block: int, skips_masked: bool = False) -> float:
+    """skips_masked: the kernel skips the blocks an explicit mask hides (a GPU's, as the flash
+    kernels skip them; every explicit mask this project builds is causal, lower-right aligned:
+    the document masks and the context-parallel chunks', models/common/attention.py); the CPU
+    kernel runs every block of an explicit mask."""
     if backward:  # (grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, attn_mask, scale)
         q, k, v = args[1], args[2], args[3]
         causal = bool(args[7]) if len(args) > 7 else bool(kwargs.get("is_causal", False))
@@ -135,7 +145,12 @@ def attention_flops(args, kwargs, backward: bool, block: int) -> float:
         mask = kwargs.get("attn_mask")
     b, h, sq, d = q.shape
     sk, dv = k.shape[-2], v.shape[-1]
-    kept = causal_kept(sq, sk, block) if causal and mask is None else 1.0
+    if causal and mask is None:
+        kept = causal_kept(sq, sk, block)
+    elif mask is not None and skips_masked:
+        kept = causal_kept(sq, sk, block, lower_right=True)
+    else:
+        kept = 1.0
     per_pair = (3 * d + 2 * dv) if backward else (d + dv)
     return 2.0 * b * h * sq * sk * per_pair * kept
 
@@ -238,11 +253,14 @@ class OpTrace:
                 namespace == "c10d"
             ):  # an eager process-group call: its caller's host work (FSDP2's hooks, DDP, pipelining)
                 self._host(self.profile.host_us_per_collective * 1e-6, label, action)
+            nbytes = collective_bytes(kind, func, args)
+            if kind == "all_to_all":  # the busier side: a rank routed more than it sends waits
+                nbytes = max(nbytes, _nbytes(out))  # for what it receives (planning.memory_skew)
             self._segment(label, action).events.append(
                 Comm(
                     kind,
                     group,
-                    collective_bytes(kind, func, args),
+                    nbytes,
                     namespace if namespace in ("c10d", "torchtitan") else "functional",
                 )
             )
@@ -263,7 +281,11 @@ class OpTrace:
         elif func in _ATTENTION_FWD or func in _ATTENTION_BWD:
             op = "attention"
             flops = attention_flops(
-                args, kwargs, func in _ATTENTION_BWD, self.profile.attention_block
+                args,
+                kwargs,
+                func in _ATTENTION_BWD,
+                self.profile.attention_block,
+                skips_masked=self.profile.host_async,
             )
             dtype = _dtype_name(args[0])
             head_dim = args[0].shape[-1]
