@@ -316,3 +316,70 @@ def test_async_tp_on_cuda_needs_model_compile_and_tp(monkeypatch):
     check_compile_keys(cfg_of([on, *COMPILE, "--parallelism.tensor_parallel_degree=2"]))
     monkeypatch.setattr(compile_keys.hardware, "gpu_names", lambda: [])  # auto, no GPU: CPU
     assert "not on CPU" in refusal([on, *COMPILE, "--parallelism.tensor_parallel_degree=2"])
+
+
+# ------------------------------------------------------------------ torchtitan's own op SAC (every 2nd mm)
+
+
+def test_op_policy_recomputes_every_nth_mm_of_a_call_counting_after_the_forced_ones():
+    policy = region_policy(
+        RegionSpec("op", None), frozenset(), forced_recompute={(16, 4)}, every_nth_mm=2
+    )
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    x, w, gate = torch.zeros(8, 16), torch.zeros(16, 16), torch.zeros(16, 4)
+    got = [policy(ctx, aten.mm.default, x, b) for b in (w, gate, w, w, w)]
+    assert got == [SAVE, RE, RE, SAVE, RE]  # the gate forced; of the others the 2nd and 4th
+    fresh = region_policy(RegionSpec("op", None), frozenset(), every_nth_mm=2)
+    assert fresh(ctx, aten.mm.default, x, w) == SAVE  # the count is per region call
+    assert policy(ctx, aten.addmm.default, torch.zeros(16), x, w) == SAVE  # mm only, as upstream
+
+
+def test_every_2nd_mm_recomputes_half_the_matmuls_and_gradients_do_not_change():
+    """A real backward: with n = 2 backward runs one more forward mm per block (the second of
+    its two), and the gradients are bitwise those of saving every mm."""
+    x = torch.randn(8, 16)
+    grads, backward_mms = {}, {}
+    for nth in (0, 2):
+        configure_checkpointing(
+            ac(
+                per_op_sac_recompute_every_nth_mm=nth,
+                per_op_sac_force_recompute_mm_shapes_by_fqns=[],
+            ),
+            "/tmp",
+        )
+        torch.manual_seed(0)
+        model = Model()
+        apply_ac(model, {f"layers.{i}": RegionSpec("op", None) for i in range(2)}, frozenset())
+        loss = model(x).sum()
+        with _MmCounter() as counter:
+            loss.backward()
+        backward_mms[nth] = counter.mm
+        grads[nth] = [p.grad for p in model.parameters()]
+    assert backward_mms[2] == backward_mms[0] + 2  # one recomputed mm in each of 2 blocks
+    assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[2]))
+
+
+class _MmCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.mm = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func == aten.mm.default:
+            self.mm += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("nth", [1, -2])
+def test_every_nth_mm_of_one_or_less_is_refused_in_one_line(nth):
+    from torchtitan.checks.layout import check_activation_checkpoint
+
+    with pytest.raises(ConfigError) as e:
+        check_activation_checkpoint(
+            cfg_of([f"--activation_checkpoint.per_op_sac_recompute_every_nth_mm={nth}"])
+        )
+    assert str(e.value) == (
+        f"--activation_checkpoint.per_op_sac_recompute_every_nth_mm={nth}: use 0 (save every"
+        " matmul) or n >= 2 (recompute every n-th; 2 is torchtitan's op SAC); to recompute"
+        " every matmul use --activation_checkpoint.mode=full"
+    )

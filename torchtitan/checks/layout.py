@@ -312,7 +312,15 @@ def check_fsdp_policies(cfg: JobConfig) -> None:
 
 
 def check_activation_checkpoint(cfg: JobConfig) -> None:
-    """selective_ac_option: "op" or a positive integer."""
+    """selective_ac_option: "op" or a positive integer; per_op_sac_recompute_every_nth_mm:
+    0 or at least 2."""
+    nth = cfg.activation_checkpoint.per_op_sac_recompute_every_nth_mm
+    if nth == 1 or nth < 0:
+        raise ConfigError(
+            f"--activation_checkpoint.per_op_sac_recompute_every_nth_mm={nth}: use 0 (save every"
+            " matmul) or n >= 2 (recompute every n-th; 2 is torchtitan's op SAC); to recompute"
+            " every matmul use --activation_checkpoint.mode=full"
+        )
     option = cfg.activation_checkpoint.selective_ac_option
     if cfg.activation_checkpoint.mode == "selective" and option != "op":
         if not option.isdigit() or int(option) < 1:

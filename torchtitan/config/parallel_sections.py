@@ -186,6 +186,12 @@ class ActivationCheckpoint:
     """Selective op AC: matmuls of the shape of these nn.Linear modules (by name suffix) are
     always recomputed, never saved (e.g. the MoE router's small gate)."""
 
+    per_op_sac_recompute_every_nth_mm: int = 0
+    """Selective op AC: 0 saves every matmul's output; n >= 2 recomputes every n-th matmul of
+    a block instead (counted in forward order, after the forced ones above). 2 is
+    torchtitan's own op SAC policy, the one its published benchmark runs used: less
+    activation memory, more recompute (docs/step_time.md)."""
+
     early_stop: bool = False
     """Stop a region's recompute as soon as the activations backward needs are rebuilt
     (torch.utils.checkpoint's early stop)."""

@@ -100,6 +100,7 @@ class CheckpointOptions:
     debug: bool = False
     early_stop: bool = False
     force_recompute_fqns: tuple[str, ...] = ()
+    recompute_every_nth_mm: int = 0  # op SAC: 0 saves every mm; n recomputes every n-th
 
     @classmethod
     def of(cls, ac_cfg: ActivationCheckpoint) -> "CheckpointOptions":
@@ -109,6 +110,7 @@ class CheckpointOptions:
             ac_cfg.debug,
             ac_cfg.early_stop,
             tuple(ac_cfg.per_op_sac_force_recompute_mm_shapes_by_fqns),
+            ac_cfg.per_op_sac_recompute_every_nth_mm,
         )
 
     def checkpoint_kwargs(self) -> dict:
@@ -202,6 +204,7 @@ def region_policy(
     save_groups: frozenset[str] = frozenset(),
     *,
     forced_recompute: frozenset[tuple[int, int]] = frozenset(),
+    every_nth_mm: int = 0,
 ) -> Callable:
     """The SAC policy of one region: SimpleFSDP's unit gathers (GATHER_OP: cast, all-gather
     and copy-out as one op) over an FSDP group by the comm decision, every other op by the
@@ -218,12 +221,15 @@ def region_policy(
     while compile traces; held until its wait, it cannot be freed and its identity reused.
     The state is per policy, i.e. per checkpointed call (context_fn builds one per call).
     `forced_recompute`: op SAC recomputes every aten.mm whose second operand has one of
-    these (in, out) shapes (`forced_recompute_shapes`) instead of saving it."""
+    these (in, out) shapes (`forced_recompute_shapes`) instead of saving it. `every_nth_mm`
+    (n >= 2): op SAC recomputes every n-th of the region's other aten.mm calls (the count
+    is per call of the region, in forward order: the recompute replays the same answers)."""
     extra_save_ops = frozenset(extra_save_ops)
     wait_op = _fc.wait_tensor.default
     extra_ops = extra_save_ops - {wait_op}
     keep_a2a_waits = wait_op in extra_save_ops
     in_flight: set[torch.UntypedStorage] = set()  # kept collectives' outputs not yet waited
+    mm_seen = [0]  # this call's aten.mm calls (every_nth_mm)
 
     def keep_until_waited(output: torch.Tensor) -> CheckpointPolicy:
         storage = _storage(output)
@@ -254,6 +260,10 @@ def region_policy(
                 and tuple(args[1].shape) in forced_recompute
             ):
                 return CheckpointPolicy.PREFER_RECOMPUTE
+            if every_nth_mm and func == aten.mm.default:
+                mm_seen[0] += 1
+                if mm_seen[0] % every_nth_mm == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
             return compute_policy(func)
         if spec.compute == "full":
             return CheckpointPolicy.PREFER_RECOMPUTE
@@ -262,23 +272,32 @@ def region_policy(
     return policy
 
 
-def _context(spec: RegionSpec, groups: tuple, extra_save_ops, forced_recompute):
+def _context(spec: RegionSpec, groups: tuple, extra_save_ops, forced_recompute, every_nth_mm):
     fsdp_groups, save_groups = groups
     return create_selective_checkpoint_contexts(
         region_policy(
-            spec, fsdp_groups, extra_save_ops, save_groups, forced_recompute=forced_recompute
+            spec,
+            fsdp_groups,
+            extra_save_ops,
+            save_groups,
+            forced_recompute=forced_recompute,
+            every_nth_mm=every_nth_mm,
         )
     )
 
 
 @cache
 def _context_fn(
-    spec: RegionSpec, groups: tuple, extra_save_ops: frozenset, forced_recompute: frozenset
+    spec: RegionSpec,
+    groups: tuple,
+    extra_save_ops: frozenset,
+    forced_recompute: frozenset,
+    every_nth_mm: int = 0,
 ):
     # One object per distinct region: torch.compile guards on the identity of the context
     # function's arguments, so a fresh one per block recompiled every block (and past the
     # recompile limit, 8, left the remaining blocks eager). `groups`: (FSDP's, saved ones).
-    return partial(_context, spec, groups, extra_save_ops, forced_recompute)
+    return partial(_context, spec, groups, extra_save_ops, forced_recompute, every_nth_mm)
 
 
 def wrap_region(
@@ -301,7 +320,8 @@ def wrap_region(
     # With SimpleFSDP even "recompute everything" goes through a policy naming FSDP's gathers.
     groups = (frozenset(fsdp_groups), frozenset(save_groups))
     forced = frozenset(forced_recompute) if spec.compute == "op" else frozenset()
-    context = _context_fn(spec, groups, frozenset(extra_save_ops), forced)
+    nth = (options or _OPTIONS[0]).recompute_every_nth_mm if spec.compute == "op" else 0
+    context = _context_fn(spec, groups, frozenset(extra_save_ops), forced, nth)
     return checkpoint_wrapper(module, context_fn=context, **kwargs)
 
 
