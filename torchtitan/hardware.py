@@ -218,7 +218,7 @@ _ALL = (
     _gpu("h100_grand_teton",
          "H100 SXM 96GB HBM2e 2.4 TB/s, 500 W (torchtitan's published benchmarks' hardware)",
          [], _H100, 2400,
-         memory_gb=96, links=NVLINK4, efficiency=HOPPER, clock_factor=0.762),
+         memory_gb=96, links=NVLINK4, efficiency=HOPPER, clock_factor=0.832),
     _gpu("h800", "NVIDIA H800 SXM: H100 silicon, NVLink 400 GB/s; 8 per node, 400 Gb/s NIC per GPU",
          ["NVIDIA H800", "NVIDIA H800 80GB HBM3"], _H100, 3350,
          memory_gb=80, links=NVLINK4_H800, efficiency=HOPPER),
