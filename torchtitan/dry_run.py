@@ -153,10 +153,8 @@ def layout_main(cfg, world: int, target: str, *, budget, hardware, start: float)
     )
     logger.info("\n" + layout_search.report(result, global_batch))
     os.makedirs(cfg.job.dump_folder, exist_ok=True)
-    if result.ranked:
-        path = layout_search.write_snippet(
-            cfg.job.dump_folder, result.ranked[0].layout, global_batch
-        )
+    if result.pick is not None:
+        path = layout_search.write_snippet(cfg.job.dump_folder, result.pick.layout, global_batch)
         logger.info(f"\nwrote {path}")
     out = os.path.join(cfg.job.dump_folder, "layout_search.json")
     with open(out, "w") as f:
@@ -169,15 +167,26 @@ def layout_main(cfg, world: int, target: str, *, budget, hardware, start: float)
                 "budget_bytes": budget_bytes,
                 "seconds": result.seconds,
                 "enumerated": result.enumerated,
-                "disagreement": result.disagreement,
-                "ranked": [c.record(global_batch) for c in result.ranked],
+                "within_states": result.after_states,
+                "scored": result.scored,
+                "feasible": result.feasible,
+                "headroom": layout_search.HEADROOM,
+                "band": result.band,
+                "pick": None if result.pick is None else result.pick.record(global_batch),
                 "simulated": [c.record(global_batch) for c in result.simulated],
+                "ties": [c.record(global_batch) for c in result.ties],
+                "top": [c.record(global_batch) for c in result.ranking[:50]],
+                # 32 layouts spread evenly over the whole ranking (the pick check measures them)
+                "spread": [
+                    c.record(global_batch)
+                    for c in result.ranking[:: max(1, len(result.ranking) // 32)][:32]
+                ],
             },
             f,
             indent=1,
         )
     logger.info(f"wrote {out} ({time.perf_counter() - start:.1f}s)")
-    return 0 if result.ranked else 1
+    return 0 if result.pick is not None else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ line: a user's model module that cannot be imported, a safetensors file that doe
 Hugging Face write that fails on disk. A bug (here planted by the test) keeps its traceback,
 through the pre-launch checks, the folder checks and the exports; a conversion that stops
 leaves no partial folder behind. (The layout search's forked simulations hand every exception
-to the parent with its traceback: planning/search/search.py's `_in_child`.)"""
+to the parent with its traceback: planning/search/child.py's `in_child`.)"""
 
 import dataclasses
 import os

@@ -4,6 +4,7 @@ choice, the search's ordering helpers and the schedule orders it times long pipe
 
 import dataclasses
 import tomllib
+from types import SimpleNamespace as NS
 
 import pytest
 
@@ -11,13 +12,11 @@ from torchtitan import hardware
 from torchtitan.checks import load_config
 from torchtitan.checks.job import accepts
 from torchtitan.distributed.job_shape import Degrees
-from torchtitan.planning.memory.model_states import model_shapes
-from torchtitan.planning.search import estimate as cheap_step
+from torchtitan.planning.search import compose
 from torchtitan.planning.search import search as layout_search
 from torchtitan.planning.search import space as layout_space
 from torchtitan.planning.search.space import Layout
 from torchtitan.planning.step_time import model as step_time
-from torchtitan.training.model_args import run_model_args
 
 H100 = hardware.PROFILES["h100_sxm"]
 DEBUG = [
@@ -45,7 +44,12 @@ def test_enumerated_layouts_cover_the_world_and_follow_the_rules():
         assert (
             32 % (d.dp * lay.local_batch) == 0
         )  # the global batch is kept, accumulation makes up the rest
-        assert (lay.schedule == "1F1B") == (d.pp > 1) and lay.local_batch % lay.microbatch == 0
+        assert (lay.schedule in ("1F1B", "Interleaved1F1B")) == (d.pp > 1)
+        assert lay.local_batch % lay.microbatch == 0
+        if lay.schedule == "Interleaved1F1B":  # two stages per rank, its rounds whole
+            assert len(lay.split_points) == 2 * d.pp - 1
+            n = lay.local_batch // lay.microbatch
+            assert n % max(1, n // d.pp) == 0
         # auto, and the fixed policy auto does not resolve to
         assert (
             lay.reshard in (("auto", "always") if d.pp > 1 else ("auto", "never"))
@@ -58,7 +62,8 @@ def test_enumerated_layouts_cover_the_world_and_follow_the_rules():
         if lay.degrees.tp == 1 and lay.degrees.pp == 1 and lay.degrees.cp == 1
     }
     assert kinds == {(1, 16), (2, 8), (16, 1)}  # FSDP, HSDP with one group per node, DDP
-    assert {lay.ac for lay in layouts} == {"none", "op", "layer2", "full"}
+    assert {lay.ac for lay in layouts} == {"none", "op", "op2", "layer2", "full"}
+    assert {lay.schedule for lay in layouts} == {"", "1F1B", "Interleaved1F1B"}
     assert max(lay.degrees.pp for lay in layouts) == 8  # >= 2 blocks per stage
 
 
@@ -154,67 +159,9 @@ def _toml(v) -> str:
     return str(v)
 
 
-def _facts(flavor="8B", name="llama3", config="train_configs/llama3_8b.toml"):
-    cfg, _ = load_config(
-        [f"--job.config_file={config}", "--job.dry_run=true", f"--model.flavor={flavor}"], 8
-    )
-    args = run_model_args(cfg)
-    return cheap_step.model_facts(model_shapes(name, args), args)
-
-
-def test_cheap_estimate_moves_the_right_way_with_each_choice():
-    facts = _facts()
-
-    def est(**kw):
-        lay = _replaced(_layout(dp_shard=8, tp=1, ac="none", reshard="auto", local_batch=1), **kw)
-        return cheap_step.estimate(
-            lay, facts, 10 * 2**30, H100, seq_len=8192, global_batch=16, compiled=False
-        )
-
-    none, op, layer2, full = (est(ac=a) for a in ("none", "op", "layer2", "full"))
-    assert (
-        none.step_seconds < op.step_seconds < layer2.step_seconds < full.step_seconds
-    )  # recompute
-    assert (
-        none.peak_bytes > layer2.peak_bytes > op.peak_bytes > full.peak_bytes
-    )  # saved activations
-    assert est(reshard="never").peak_bytes > none.peak_bytes  # kept gathered parameters
-    assert est(local_batch=2).peak_bytes > none.peak_bytes
-    tp = est(dp_shard=4, tp=2, local_batch=2)
-    assert tp.parts["comm_tp"] > 0 and tp.peak_bytes < est(local_batch=2).peak_bytes
-    assert est(dp_shard=4, cp=2, local_batch=2).parts["comm_cp"] > 0
-    # a pipeline's bubble shrinks with its microbatches
-    few = est(dp_shard=4, pp=2, schedule="1F1B", local_batch=2)
-    many = est(dp_shard=4, pp=2, schedule="1F1B", local_batch=4)
-    assert (
-        few.parts["bubble"] / few.parts["compute"]
-        > many.parts["bubble"] / many.parts["compute"]
-        > 0
-    )
-    # the same work spread over the same devices: tokens/s per device from the step
-    assert none.tokens_per_second_per_device == pytest.approx(16 * 8192 / none.step_seconds / 8)
-    scaled = none.rescaled(2.0)
-    assert scaled.parts["compute"] == pytest.approx(2 * none.parts["compute"])
-    assert scaled.step_seconds == pytest.approx(sum(scaled.parts.values()))
-
-
-def test_cheap_estimate_counts_expert_parallel_all_to_alls():
-    facts = _facts("16B", "deepseek_v3", "train_configs/deepseek_v3_16b.toml")
-    assert facts.top_k > 1 and facts.moe_inter > 0 and 0 < facts.active_fraction < 1
-    lay = _layout(dp_shard=8, tp=1, ep=8, ac="full", reshard="auto", local_batch=1)
-    est = cheap_step.estimate(
-        lay, facts, 10 * 2**30, H100, seq_len=4096, global_batch=8, compiled=True
-    )
-    assert est.parts["comm_ep"] > 0
-    no_ep = cheap_step.estimate(
-        _replaced(lay, ep=1), facts, 10 * 2**30, H100, seq_len=4096, global_batch=8, compiled=True
-    )
-    assert "comm_ep" not in no_ep.parts
-
-
-def _cand(cheap_tps: float, full_tps: float) -> layout_search.Candidate:
-    est = cheap_step.Estimate(1.0, cheap_tps, 0, {"compute": 1.0}, cheap_tps)
-    c = layout_search.Candidate(_layout(), est, 1, 0, scaled=est)
+def _cand(composed_tps: float, full_tps: float) -> layout_search.Candidate:
+    got = compose.Composed(1.0, composed_tps, 0, {})
+    c = layout_search.Candidate(_layout(), got, 1, 0)
     c.tokens_per_second = full_tps
     return c
 
@@ -258,3 +205,96 @@ def test_the_checks_refuse_what_cannot_run_and_bad_search_keys():
     assert "--planning.layout_seconds=0" in config_error(
         DEBUG + ["--planning.fit=layout", "--planning.layout_seconds=0"], 4
     )
+
+
+def _stub_search(monkeypatch, n=60, seed=0):
+    """search() over `n` made-up layouts: composed figures random, the full simulation the
+    composed one off by up to 20% (peak too), a tenth refused by the checks."""
+    import random
+
+    rng = random.Random(seed)
+    lays = [
+        _replaced(_layout(), local_batch=1 + i % 4, ac=("none", "op", "full")[i % 3])
+        for i in range(n)
+    ]
+    lays = [dataclasses.replace(lay, split_points=(str(i),)) for i, lay in enumerate(lays)]
+    figures = {
+        lay: (rng.uniform(100, 1000), rng.uniform(10, 80) * 2**30, rng.uniform(0.8, 1.2))
+        for lay in lays
+    }
+    refused = set(rng.sample(lays, n // 10))
+
+    def score(job, hw, budget, log=print):
+        cands = [
+            layout_search.Candidate(lay, compose.Composed(1.0 / tps, tps, peak, {}), 0, 0)
+            for lay, (tps, peak, _) in figures.items()
+        ]
+        cands.sort(key=lambda c: -c.composed.tokens_per_second_per_device)
+        for i, c in enumerate(cands):
+            c.rank = i + 1
+        return cands, {
+            "enumerated": n,
+            "within_states": n,
+            "enumerate": 0,
+            "probe": 0,
+            "compose": 0,
+        }
+
+    def full(job, hw, cand):
+        tps, peak, k = figures[cand.layout]
+        cand.tokens_per_second, cand.step_seconds = tps * k, 1.0 / (tps * k)
+        cand.peak_bytes, cand.mfu, cand.breakdown = int(peak * k), 0.3, {}
+
+    monkeypatch.setattr(layout_search, "score", score)
+    monkeypatch.setattr(layout_search, "_full", full)
+    monkeypatch.setattr(layout_space, "apply", lambda cfg, lay, gb: lay)
+    job = dataclasses.make_dataclass("J", ["cfg", "batch"])(None, NS(global_batch=16))
+
+    def run(budget_gib, configured=None):
+        return layout_search.search(
+            job,
+            None,
+            int(budget_gib * 2**30),
+            lambda lay: lay not in refused,
+            5,
+            configured=configured,
+            log=lambda *a, **k: None,
+        )
+
+    return run, lays
+
+
+def test_a_larger_budget_never_returns_a_slower_pick(monkeypatch):
+    """The pick is the first layout of the composed ranking that the checks accept and whose
+    full simulation fits; the ranking, the checks and the full simulations do not depend on
+    the budget, so a larger budget keeps every earlier candidate and never picks slower."""
+    for seed in range(5):
+        run, _ = _stub_search(monkeypatch, seed=seed)
+        picks = []
+        for budget in range(12, 90, 3):
+            r = run(budget)
+            picks.append(r.pick.composed.tokens_per_second_per_device if r.pick else 0.0)
+            if r.pick is not None:  # the pick fits, in full, and keeps the headroom composed
+                assert r.pick.peak_bytes <= budget * 2**30
+                assert r.pick.composed.peak_bytes <= (1 - layout_search.HEADROOM) * budget * 2**30
+        assert picks == sorted(picks), (seed, picks)
+        assert picks[-1] > picks[0]
+
+
+def test_the_configured_layout_has_no_place_in_the_pick(monkeypatch):
+    run, lays = _stub_search(monkeypatch)
+    picks = {run(60, configured=lay).pick.layout for lay in lays[:12]} | {run(60).pick.layout}
+    assert len(picks) == 1
+
+
+def test_the_certificate_names_the_gap_and_the_ties(monkeypatch):
+    run, _ = _stub_search(monkeypatch)
+    r = run(60)
+    text = layout_search.report(r, 16)
+    assert f"certificate: the pick is #{r.pick.rank} of {r.feasible:,} feasible layouts" in text
+    assert "the next best" in text and "ties" in text
+    band = max(abs(c.composed.step_seconds / c.step_seconds - 1) for c in r.simulated)
+    assert r.band == pytest.approx(band)
+    floor = r.pick.composed.tokens_per_second_per_device * (1 - band)
+    assert all(c.composed.tokens_per_second_per_device >= floor for c in r.ties)
+    assert len(r.simulated) == 5  # planning.layout_candidates (the pick among them)

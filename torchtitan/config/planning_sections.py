@@ -32,18 +32,20 @@ class Planning:
     accumulation steps held fixed, so the global batch grows with the local batch).
     layout: search the fastest layout for NGPU devices on the hardware profile (degrees,
     pipeline schedule and microbatch, AC mode, reshard policy, local batch under the job's
-    global batch; planning/search/search.py), print the top 10 with their overrides and write
-    the best to <dump_folder>/best_layout.toml."""
+    global batch): every feasible layout scored by the step-time model composed from a probe
+    of the model's block, the best confirmed by full simulations (planning/search/search.py);
+    prints the certificate and the top layouts with their overrides and writes the pick to
+    <dump_folder>/best_layout.toml."""
 
-    layout_candidates: int = 10
-    """With fit = layout: how many layouts (best first by the cheap estimate) are simulated in
-    full, besides the layout as configured; each costs about one dry run of the job
-    (docs/step_time.md has the measured times). More finds more, slower."""
+    layout_candidates: int = 5
+    """With fit = layout: how many of the best-scored layouts the checks accept are simulated
+    in full (each about one dry run of the job; the pick is the first of them whose full
+    prediction fits the budget, and their errors set the certificate's band). More confirms
+    more, slower."""
 
     layout_seconds: float = 420.0
-    """With fit = layout: no full simulation starts that could end after this many seconds of
-    them (judged by the longest so far; the layout as configured is simulated first), so a
-    search of the largest jobs stays within minutes; the search then ranks those done."""
+    """With fit = layout: no full simulation starts after this many seconds of them; the
+    search then picks among those done."""
 
     nearby: bool = True
     """With dry_run and a hardware profile: also predict the choices next to the job (the AC

@@ -1,83 +1,72 @@
 """`--job.dry_run=true --planning.fit=layout`: which layout of this model on these devices is fastest.
 
-Staged so that a 2,048-device job is searched in minutes on one CPU:
+Every feasible layout is scored with the step-time model's own terms, then the best are
+checked by the dry run's full simulation:
 
-1. Enumerate (layout_space.py): degrees, schedule and microbatch, AC mode, reshard policy and
-   local batch under the job's global batch; typically 10^3 - 10^5 layouts.
+1. Enumerate (space.py): degrees, pipeline schedule (1F1B, Interleaved1F1B) and microbatch,
+   AC mode (op SAC both ways: every matmul saved, or torchtitan's every 2nd recomputed),
+   reshard policy and local batch under the job's global batch; 10^3 - 10^5 layouts.
 2. Prune by the model-states floor (model_states.py, exact and torch-free): a layout whose
    busiest rank's parameters, gradients and AdamW states alone exceed the budget cannot fit.
-   Computed once per (degrees, pipeline split): AC, reshard and batch do not change it.
-3. Order by the cheap estimate (cheap_step.py, microseconds per layout), dropping layouts
-   whose cheap peak exceeds the budget by more than CHEAP_MEMORY_SLACK (the estimate is
-   rough; the full prediction decides).
-4. Simulate in full the best `planning.layout_candidates` of that order that the pre-launch
-   checks accept (one prediction per layout, as the dry run predicts a job: every role's
-   peak and step time on the hardware profile), and the layout as configured. Within a
-   layout the prediction shares what the dry run shares (middle pipeline ranks simulated
-   once, long stages from 1- and 2-block simulations: derived_roles.py); expert-parallel
-   jobs are simulated at the planned routing only (the worst case the dry run reports
-   beside it is left out here); pipelines of many microbatches are simulated at the fewest
-   that reach the schedule's steady state and timed through the real count's schedule.
-   After each full simulation the cheap estimates left are
-   rescaled by the median ratio of full to cheap found so far (compute time: the cheap
-   model leaves out eager overheads and small ops; peak memory: the ratio of layouts of the
-   same degrees where one was simulated) and reordered; those whose rescaled peak exceeds
-   the budget are dropped; a layout's cheap tokens/s counts 10% less
-   for each earlier simulation of its degrees (dp_replicate, dp_shard, tp, pp, cp, ep), so
-   the full simulations spread over the degrees the cheap order favours. The layout as
-   configured is simulated first (the reference); no simulation starts that could end after
-   `planning.layout_seconds` of them (judged by the longest so far).
-5. Rank the simulated layouts that fit by predicted tokens/s per device (the slowest role),
-   print the top 10 with their exact overrides, and write the best as a TOML snippet.
+3. Probe the model's block once per AC mode (probe.py: ~10 small simulations, seconds) and
+   compose EVERY remaining layout's step time and peak from it (compose.py: the layout's
+   GEMMs, attention, collectives on its mesh's links, the same overlap model and pipeline
+   event simulation as the dry run; milliseconds per layout). A layout is feasible when its
+   composed peak keeps HEADROOM of the budget free.
+4. Rank the feasible layouts by composed tokens/s per device; walk the ranking: the first
+   layout the pre-launch checks accept whose full simulation (the dry run's prediction)
+   fits the budget is the pick. The best `planning.layout_candidates` accepted layouts are
+   simulated in full (the pick among them) and printed beside their composed figures.
+5. The certificate: how many layouts were scored and feasible, the pick, how far the next
+   best is, and the layouts within the composed model's error band of the pick (measured
+   on the layouts simulated in full) listed as ties: measure those on the cluster.
 
-The cheap order is checked against the full one on every search: the search prints the
-fraction of simulated pairs the two order differently and where the full winner stood in
-the cheap order.
+The pick depends only on the composed ranking, the checks and the full simulations of the
+layouts before it in that ranking, none of which depend on the budget: a larger budget
+keeps every layout a smaller one accepted, so it never returns a slower pick (by the
+composed score). The layout as configured has no special place.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import os
 import time
 from dataclasses import dataclass
 
-from torchtitan.distributed.job_shape import Degrees
-from torchtitan.planning.search import estimate as cheap_step
+from torchtitan.planning.search import compose
 from torchtitan.planning.search import space as layout_space
+from torchtitan.planning.search.child import in_child
 from torchtitan.planning.search.space import Layout
 from torchtitan.training.planned_job import PlannedJob
 from torchtitan.units import GIB
 
-CHEAP_MEMORY_SLACK = 1.1  # keep layouts whose cheap peak is at most this times the budget
-DIVERSITY_PENALTY = 0.1  # per earlier full simulation of the same degrees (stage 4)
+HEADROOM = 0.05  # of the budget a pick's composed peak leaves free (the composition's error)
 
 
 @dataclass
 class Candidate:
     layout: Layout
-    cheap: cheap_step.Estimate
-    cheap_rank: int  # 1-based place in the cheap order (0: the layout as configured, not in it)
+    composed: compose.Composed
+    rank: int  # 1-based place in the composed ranking
     states_bytes: int
     configured: bool = False  # the layout the job was configured with
-    tokens_per_second: float | None = (
-        None  # full prediction: the slowest role's tokens/s per device
-    )
+    tokens_per_second: float | None = None  # full prediction: the slowest role's tokens/s/device
     step_seconds: float | None = None
     mfu: float | None = None
     peak_bytes: int | None = None
     breakdown: dict | None = None
-    scaled: cheap_step.Estimate | None = None  # the cheap estimate rescaled by the full simulations
 
     def record(self, global_batch: int) -> dict:
         return {
             "layout": self.layout.short(),
             "overrides": self.layout.overrides(global_batch),
             "configured": self.configured,
-            "cheap_rank": self.cheap_rank,
-            "cheap_tokens_per_second_per_device": self.cheap.tokens_per_second_per_device,
+            "rank": self.rank,
+            "composed_tokens_per_second_per_device": self.composed.tokens_per_second_per_device,
+            "composed_step_seconds": self.composed.step_seconds,
+            "composed_peak_bytes": self.composed.peak_bytes,
             "tokens_per_second_per_device": self.tokens_per_second,
             "predicted_step_seconds": self.step_seconds,
             "mfu": self.mfu,
@@ -90,16 +79,17 @@ class Candidate:
 class SearchResult:
     enumerated: int
     after_states: int
-    after_cheap_memory: int
-    checked: int
-    simulated: list[Candidate]
-    ranked: list[Candidate]  # simulated, fitting, fastest first
+    scored: int  # layouts composed (every one within the states floor)
+    feasible: int  # of them, composed peak within the budget less HEADROOM
+    ranking: list[Candidate]  # feasible, fastest first by composed tokens/s
+    simulated: list[Candidate]  # confirmed by the full simulation, in ranking order
+    pick: Candidate | None
+    refused: int  # layouts the checks refused while walking the ranking
     budget_bytes: int
     seconds: dict
-    disagreement: (
-        float | None
-    )  # fraction of simulated pairs the cheap order gets the wrong way round
-    stopped: bool = False  # the full stage ran out of planning.layout_seconds
+    band: float  # the composed model's error on the simulated layouts (max |step ratio - 1|)
+    ties: list[Candidate]  # feasible layouts within the band of the pick
+    configured_note: str = ""
 
 
 def _states(job: PlannedJob, shapes, layout: Layout, cache: dict) -> int | None:
@@ -121,15 +111,16 @@ def _states(job: PlannedJob, shapes, layout: Layout, cache: dict) -> int | None:
     return cache[key]
 
 
-def cheap_order(job: PlannedJob, hw, budget: int) -> tuple[list[Candidate], int, int, int, int]:
-    """Stages 1-3: (candidates best first, enumerated, after the states floor, after the cheap
-    memory estimate, global batch)."""
+def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate], dict]:
+    """Stages 1-3: every layout within the states floor, composed, fastest first (feasible
+    or not); and counts and seconds."""
     from torchtitan.planning.memory.model_states import model_shapes
+    from torchtitan.planning.search import probe as block_probe
 
     cfg, args = job.cfg, job.args
     global_batch = job.batch.global_batch
+    t0 = time.perf_counter()
     shapes = model_shapes(cfg.model.name, args)
-    facts = cheap_step.model_facts(shapes, args)
     layouts = layout_space.enumerate_layouts(
         job.dims.world_size,
         hw.gpus_per_node,
@@ -139,28 +130,36 @@ def cheap_order(job: PlannedJob, hw, budget: int) -> tuple[list[Candidate], int,
         n_experts=args.moe.n_routed_experts if args.moe else 0,
     )
     cache: dict = {}
-    fitting, kept = 0, []
+    within = []
     for lay in layouts:
         states = _states(job, shapes, lay, cache)
-        if states is None or states > budget:
-            continue
-        fitting += 1
-        est = cheap_step.estimate(
+        if states is not None and states <= budget:
+            within.append((lay, states))
+    t1 = time.perf_counter()
+    model = compose.model_of(shapes, args)
+    probes = block_probe.probe(job, hw, sorted({lay.ac for lay, _ in within}), model)
+    t2 = time.perf_counter()
+    log(f"  probe of the block: {len(probes)} AC modes in {t2 - t1:.1f}s", flush=True)
+    cands = []
+    for lay, states in within:
+        got = compose.compose(
             lay,
-            facts,
-            states,
+            model,
+            probes,
             hw,
-            seq_len=cfg.training.seq_len,
+            seq=cfg.training.seq_len,
             global_batch=global_batch,
+            states_bytes=states,
             compiled=cfg.compile.enable,
+            skew=cfg.planning.memory_skew,
         )
-        if est.peak_bytes <= CHEAP_MEMORY_SLACK * budget:
-            kept.append((est, lay, states))
-    kept.sort(key=lambda t: -t[0].tokens_per_second_per_device)
-    cands = [
-        Candidate(lay, est, i + 1, states, scaled=est) for i, (est, lay, states) in enumerate(kept)
-    ]
-    return cands, len(layouts), fitting, len(kept), global_batch
+        cands.append(Candidate(lay, got, 0, states))
+    cands.sort(key=lambda c: -c.composed.tokens_per_second_per_device)
+    for i, c in enumerate(cands):
+        c.rank = i + 1
+    t3 = time.perf_counter()
+    counts = {"enumerated": len(layouts), "within_states": len(within)}
+    return cands, {**counts, "enumerate": t1 - t0, "probe": t2 - t1, "compose": t3 - t2}
 
 
 def _full(job: PlannedJob, hw, cand: Candidate) -> None:
@@ -208,60 +207,8 @@ def _full(job: PlannedJob, hw, cand: Candidate) -> None:
         )
 
     (cand.tokens_per_second, cand.step_seconds, cand.mfu, cand.peak_bytes, cand.breakdown) = (
-        _in_child(predicted)
+        in_child(predicted)
     )
-
-
-def _in_child(fn):
-    """fn() in a forked child process, its result back through a pipe. Each layout's fake
-    world lives and dies in its own process: DTensor caches sharding decisions by device
-    meshes, which compare equal across worlds whatever their process groups, so a second
-    world in one process gets plans naming the first one's destroyed groups."""
-    import multiprocessing
-    import traceback
-
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-
-    def child():
-        try:
-            send.send(("ok", fn()))
-        except BaseException as e:  # broad on purpose: the parent re-raises it, traceback and all
-            send.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        finally:
-            send.close()
-
-    proc = ctx.Process(target=child)
-    proc.start()
-    send.close()
-    try:
-        status, value = receive.recv()
-    except EOFError:
-        status, value = (
-            "error",
-            f"the simulation process died (exit code {proc.join() or proc.exitcode})",
-        )
-    proc.join()
-    if status != "ok":
-        raise RuntimeError(f"layout search: a full simulation failed: {value}")
-    return value
-
-
-def disagreement(cands: list[Candidate]) -> float | None:
-    """Fraction of pairs of simulated candidates whose cheap (rescaled) and full tokens/s
-    order differ."""
-    done = [c for c in cands if c.tokens_per_second is not None]
-    pairs = list(itertools.combinations(done, 2))
-    if not pairs:
-        return None
-    wrong = sum(
-        1
-        for a, b in pairs
-        if (a.scaled.tokens_per_second_per_device - b.scaled.tokens_per_second_per_device)
-        * (a.tokens_per_second - b.tokens_per_second)
-        < 0
-    )
-    return wrong / len(pairs)
 
 
 def search(
@@ -277,135 +224,81 @@ def search(
 ) -> SearchResult:
     """Stages 1-5 (module docstring) for `job` (its degrees without a mesh: each layout gets
     a fake world of its own)."""
-    cfg, args = job.cfg, job.args
+    cfg = job.cfg
+    global_batch = job.batch.global_batch
+    cands, info = score(job, hw, budget, log)
+    for c in cands:
+        c.configured = configured is not None and _same(c.layout, configured)
+    limit = budget * (1 - HEADROOM)
+    ranking = [c for c in cands if c.composed.peak_bytes <= limit]
     t0 = time.perf_counter()
-    cands, n_enum, n_states, n_cheap, global_batch = cheap_order(job, hw, budget)
-    t1 = time.perf_counter()
-    chosen: list[Candidate] = []
-    if configured is not None:
-        mine = next((c for c in cands if _same(c.layout, configured)), None)
-        if mine is None:
-            from torchtitan.planning.memory.model_states import model_shapes
-
-            shapes = model_shapes(cfg.model.name, args)
-            states = _states(job, shapes, configured, {}) or 0
-            est = cheap_step.estimate(
-                configured,
-                cheap_step.model_facts(shapes, args),
-                states,
-                hw,
-                seq_len=cfg.training.seq_len,
-                global_batch=global_batch,
-                compiled=cfg.compile.enable,
-            )
-            mine = Candidate(configured, est, 0, states)
-        mine.configured = True
-    pool, checked, check_s = list(cands), 0, 0.0
-    time_scale, memory_scale = 1.0, 1.0
-    stopped, failed, longest = False, [], 0.0
-    if configured is not None:  # the reference, simulated first (its time counts in the budget)
-        start = time.perf_counter()
-        _full(job, hw, mine)
-        longest = time.perf_counter() - start
-        log(
-            f"  [as configured] {mine.layout.short()}: {mine.tokens_per_second:,.0f} tok/s/dev,"
-            f" peak {mine.peak_bytes / GIB:.2f} GiB ({longest:.1f}s)",
-            flush=True,
-        )
-        chosen.append(mine)
-    while len([c for c in chosen if not c.configured]) < n_full and pool:
-        if (
-            time.perf_counter() - t1 + longest > max_seconds
-        ):  # the next might take the longest so far
-            stopped = True
+    simulated, refused, pick, check_s = [], 0, None, 0.0
+    for cand in ranking:
+        if len(simulated) >= n_full and pick is not None:
             break
-        cand = pool.pop(0)
-        if cand in chosen or cand in failed:
-            continue
-        checked += 1
+        if time.perf_counter() - t0 > max_seconds:  # planning.layout_seconds
+            break
         start = time.perf_counter()
         ok = accepts(layout_space.apply(cfg, cand.layout, global_batch))
         check_s += time.perf_counter() - start
         if not ok:
+            refused += 1
             continue
         start = time.perf_counter()
-        log(
-            f"  [{len(chosen) + 1}] cheap #{cand.cheap_rank} {cand.layout.short()}: ",
-            end="",
-            flush=True,
-        )
+        log(f"  [{len(simulated) + 1}] #{cand.rank} {cand.layout.short()}: ", end="", flush=True)
         try:
             _full(job, hw, cand)
         except RuntimeError as e:  # one layout's simulation failing does not end the search
             log(f"failed, skipped ({str(e).splitlines()[0][:300]})", flush=True)
-            failed.append(cand)
             continue
-        chosen.append(cand)
-        longest = max(longest, time.perf_counter() - start)
+        simulated.append(cand)
         log(
-            f"{cand.tokens_per_second:,.0f} tok/s/dev, peak {cand.peak_bytes / GIB:.2f} GiB"
+            f"{cand.tokens_per_second:,.0f} tok/s/dev (composed"
+            f" {cand.composed.tokens_per_second_per_device:,.0f}), peak"
+            f" {cand.peak_bytes / GIB:.2f} GiB (composed {cand.composed.peak_bytes / GIB:.2f})"
             f" ({time.perf_counter() - start:.1f}s)",
             flush=True,
         )
-        # what the full simulations found rescales the rest: compute (the cheap model leaves
-        # out eager overheads and small-op costs) and memory, by the median ratio so far
-        time_scale = _median([_full_compute(c) / c.cheap.parts["compute"] for c in chosen])
-        memory_scale = _median([c.peak_bytes / c.cheap.peak_bytes for c in chosen])
-        by_degrees = collections.defaultdict(
-            list
-        )  # the memory ratio of layouts of the same degrees, where known
-        for c in chosen:
-            by_degrees[_degrees(c.layout)].append(c.peak_bytes / c.cheap.peak_bytes)
-        for c in pool:
-            c.scaled = c.cheap.rescaled(time_scale)
-        pool = [
-            c
-            for c in pool
-            if c.cheap.peak_bytes * _median(by_degrees.get(_degrees(c.layout)) or [memory_scale])
-            <= budget
+        if pick is None and cand.peak_bytes <= budget:
+            pick = cand
+    band = max(
+        (abs(c.composed.step_seconds / c.step_seconds - 1) for c in simulated if c.step_seconds),
+        default=0.0,
+    )
+    ties = []
+    if pick is not None:
+        floor = pick.composed.tokens_per_second_per_device * (1 - band)
+        ties = [
+            c for c in ranking if c is not pick and c.composed.tokens_per_second_per_device >= floor
         ]
-        # spread the simulations over the degrees: each earlier simulation of a layout's
-        # degrees counts its cheap tokens/s DIVERSITY_PENALTY less (the cheap estimate is
-        # surest between layouts of one set of degrees)
-        seen = collections.Counter(_degrees(c.layout) for c in chosen)
-        pool.sort(
-            key=lambda c: (
-                -c.scaled.tokens_per_second_per_device
-                * (1 - DIVERSITY_PENALTY) ** seen[_degrees(c.layout)]
-            )
+    note = ""
+    if configured is not None and not any(c.configured for c in simulated):
+        mine = next((c for c in cands if c.configured), None)
+        note = (
+            "outside the searched space or over the model-states floor"
+            if mine is None
+            else f"#{mine.rank:,} of {len(cands):,} scored, composed"
+            f" {mine.composed.tokens_per_second_per_device:,.0f} tok/s/dev, peak"
+            f" {mine.composed.peak_bytes / GIB:.2f} GiB"
+            + (" (over the budget less the headroom)" if mine.composed.peak_bytes > limit else "")
         )
-    for c in chosen:
-        c.scaled = c.cheap.rescaled(time_scale)
-    t2 = time.perf_counter()
-    ranked = sorted(
-        (c for c in chosen if c.peak_bytes <= budget), key=lambda c: -c.tokens_per_second
-    )
+    info["full"] = time.perf_counter() - t0 - check_s
+    info["checks"] = check_s
     return SearchResult(
-        n_enum,
-        n_states,
-        n_cheap,
-        checked,
-        chosen,
-        ranked,
+        info["enumerated"],
+        info["within_states"],
+        len(cands),
+        len(ranking),
+        ranking,
+        simulated,
+        pick,
+        refused,
         budget,
-        {"cheap": t1 - t0, "checks": check_s, "full": t2 - t1 - check_s},
-        disagreement(chosen),
-        stopped,
+        info,
+        band,
+        ties,
+        note,
     )
-
-
-def _degrees(lay: Layout) -> Degrees:
-    return lay.degrees
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return values[len(values) // 2] if values else 1.0
-
-
-def _full_compute(c: Candidate) -> float:
-    b = c.breakdown or {}
-    return max(b.get("compute", 0.0) + b.get("recompute", 0.0) + b.get("overhead", 0.0), 1e-12)
 
 
 def _same(a: Layout, b: Layout) -> bool:
@@ -413,53 +306,77 @@ def _same(a: Layout, b: Layout) -> bool:
     return dataclasses.replace(a, split_points=()) == dataclasses.replace(b, split_points=())
 
 
+def disagreement(cands: list[Candidate]) -> float | None:
+    """Fraction of pairs of simulated candidates whose composed and full tokens/s order differ."""
+    done = [c for c in cands if c.tokens_per_second is not None]
+    pairs = list(itertools.combinations(done, 2))
+    if not pairs:
+        return None
+    wrong = sum(
+        1
+        for a, b in pairs
+        if (a.composed.tokens_per_second_per_device - b.composed.tokens_per_second_per_device)
+        * (a.tokens_per_second - b.tokens_per_second)
+        < 0
+    )
+    return wrong / len(pairs)
+
+
 def report(result: SearchResult, global_batch: int, top: int = 10) -> str:
-    """The dry run's answer: the top layouts with their exact overrides."""
+    """The dry run's answer: the certificate, the top layouts with their exact overrides."""
     r = result
+    s = r.seconds
     lines = [
-        f"layout search: {r.enumerated:,} layouts enumerated, {r.after_states:,} within the model-states floor,"
-        f" {r.after_cheap_memory:,} within the cheap memory estimate (x{CHEAP_MEMORY_SLACK} of the budget),"
-        f" {r.checked} checked to take {len(r.simulated)} to full simulation"
-        f" ({r.seconds['cheap']:.1f}s enumerate + cheap, {r.seconds['full']:.1f}s full"
-        + (", stopped at planning.layout_seconds" if r.stopped else "")
-        + ");"
-        f" budget {r.budget_bytes / GIB:.2f} GiB per rank"
+        f"layout search: {r.enumerated:,} layouts enumerated, {r.after_states:,} within the"
+        f" model-states floor, {r.scored:,} scored (composed from the block probe), {r.feasible:,}"
+        f" feasible (composed peak <= budget - {HEADROOM:.0%}); {len(r.simulated)} simulated in"
+        f" full, {r.refused} refused by the checks on the way"
+        f" ({s['enumerate']:.1f}s enumerate, {s['probe']:.1f}s probe, {s['compose']:.1f}s"
+        f" compose, {s['full']:.1f}s full); budget {r.budget_bytes / GIB:.2f} GiB per rank",
     ]
-    if r.disagreement is not None:
-        winner = r.ranked[0].cheap_rank if r.ranked else None
-        lines.append(
-            f"cheap vs full order: {r.disagreement:.0%} of simulated pairs ordered differently;"
-            f" the full winner was #{winner} in the cheap order"
-        )
-    over = [c for c in r.simulated if c.peak_bytes > r.budget_bytes]
-    if over:
-        lines.append(
-            f"{len(over)} simulated layout(s) over budget (the cheap estimate let them through)"
-        )
+    if r.pick is None:
+        lines.append("no layout fits the budget")
+        return "\n".join(lines)
+    p = r.pick
+    nxt = next((c for c in r.ranking if c is not p), None)
+    gap = (
+        f"; the next best (#{nxt.rank}, composed) is"
+        f" {100 * (1 - nxt.composed.tokens_per_second_per_device / p.composed.tokens_per_second_per_device):.1f}% slower"
+        if nxt is not None
+        else ""
+    )
+    wrong = disagreement(r.simulated)
+    lines.append(
+        f"certificate: the pick is #{p.rank} of {r.feasible:,} feasible layouts by the composed"
+        f" model{gap}; composed vs full on the {len(r.simulated)} simulated: step time within"
+        f" {r.band:.1%}"
+        + (f", {wrong:.0%} of their pairs ordered differently" if wrong is not None else "")
+        + f"; {len(r.ties)} layout(s) within that band of the pick (ties: measure them)"
+    )
     lines.append("")
     lines.append(
-        f"{'#':>3}  {'tok/s/dev':>9}  {'MFU':>6}  {'peak GiB':>8}  {'step s':>7}  cheap#  layout"
+        f"{'#':>6}  {'tok/s/dev':>9}  {'composed':>9}  {'MFU':>6}  {'peak GiB':>8}  {'step s':>7}  layout"
     )
-    for i, c in enumerate(r.ranked[:top]):
-        mark = "  (as configured)" if c.configured else ""
+    for c in r.simulated[:top]:
+        mark = "  <- pick" if c is p else ""
+        mark += "  (as configured)" if c.configured else ""
+        fits = "" if c.peak_bytes <= r.budget_bytes else "  (over budget)"
         lines.append(
-            f"{i + 1:>3}  {c.tokens_per_second:>9,.0f}  {(c.mfu or 0):>6.1%}  {c.peak_bytes / GIB:>8.2f}"
-            f"  {c.step_seconds:>7.3f}  {c.cheap_rank or '-':>6}  {c.layout.short()}{mark}"
+            f"{c.rank:>6}  {c.tokens_per_second:>9,.0f}  {c.composed.tokens_per_second_per_device:>9,.0f}"
+            f"  {(c.mfu or 0):>6.1%}  {c.peak_bytes / GIB:>8.2f}  {c.step_seconds:>7.3f}"
+            f"  {c.layout.short()}{fits}{mark}"
         )
-    mine = next((c for c in r.simulated if c.configured), None)
-    if mine is not None and mine not in r.ranked[:top]:
-        place = (
-            f"#{r.ranked.index(mine) + 1} of {len(r.ranked)}"
-            if mine in r.ranked
-            else f"over budget ({mine.peak_bytes / GIB:.2f} GiB)"
-        )
-        lines.append(
-            f"  the layout as configured: {place}, {mine.tokens_per_second:,.0f} tok/s/dev, {mine.layout.short()}"
-        )
-    if r.ranked:
-        lines.append(
-            "\nbest layout's overrides:\n  " + " ".join(r.ranked[0].layout.overrides(global_batch))
-        )
+    if r.ties:
+        lines.append(f"\nties within {r.band:.1%} of the pick (composed tok/s/dev):")
+        for c in r.ties[:top]:
+            lines.append(
+                f"  #{c.rank:<5} {c.composed.tokens_per_second_per_device:>9,.0f}  {c.layout.short()}"
+            )
+        if len(r.ties) > top:
+            lines.append(f"  ... and {len(r.ties) - top} more")
+    if r.configured_note:
+        lines.append(f"  the layout as configured: {r.configured_note}")
+    lines.append("\nbest layout's overrides:\n  " + " ".join(p.layout.overrides(global_batch)))
     return "\n".join(lines)
 
 

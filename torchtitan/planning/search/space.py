@@ -9,17 +9,19 @@ What is enumerated, and why no more:
 - tp: powers of two up to the devices of a node (TP's collectives sit on the critical path
   of every block; across nodes they would be NIC-bound);
 - cp: powers of two while each rank keeps >= 2,048 tokens of a sequence;
-- pp: powers of two up to 16 with >= 2 blocks per stage, schedule 1F1B, microbatches of 1 or 2
-  sequences; uneven block counts split as evenly as possible (split points, the larger
-  stages in the middle: the first and last hold the embeddings and the output). Multi-stage
-  schedules (Interleaved1F1B, the zero-bubble ones) are left out: their full prediction
-  simulates every pipeline rank (no middle-rank interpolation, derived_roles.py), minutes
-  per layout at 405B; the dry run predicts them when the job sets one;
+- pp: powers of two up to 16 with >= 2 blocks per stage, schedules 1F1B and Interleaved1F1B
+  (two stages per rank, as torchtitan's published 405B runs), microbatches of 1 or 2
+  sequences (Interleaved1F1B: a microbatch count its rounds divide); uneven block counts
+  split as evenly as possible (split points, the larger stages in the middle: the first and
+  last hold the embeddings and the output). The zero-bubble schedules (ZBV, DualPipeV) are
+  left out: the composed model (compose.py) has no split backward; the dry run predicts
+  them when the job sets one;
 - ep (models with routed experts): powers of two that are multiples of tp x cp and divide
   the experts;
 - dp_replicate: 1 (FSDP over every data-parallel rank), the replicas that keep each FSDP
   group inside a node (HSDP), and DDP (dp_shard 1);
-- AC: none, op SAC, layer SAC (every 2nd block), full (AC_CHOICES; fit.py's too);
+- AC: none, op SAC (every matmul saved), torchtitan's op SAC (every 2nd matmul recomputed),
+  layer SAC (every 2nd block), full (SEARCH_AC);
 - reshard: auto, and the fixed policy auto does not resolve to: without PP auto reshards
   every block (as `always` does), so `never` is the other choice; under PP auto keeps every
   unit (as `never`), so `always` is;
@@ -35,8 +37,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from torchtitan.distributed.job_shape import Degrees, degrees
-from torchtitan.planning.memory.fit import AC_CHOICES  # every AC mode the fit and the search try
+from torchtitan.planning.memory.fit import AC_CHOICES  # every AC mode the fit tries
 
+# the search's AC modes: the fit's, with op SAC both ways (every matmul saved / every 2nd
+# recomputed, torchtitan's policy); each sets every key it depends on
+SEARCH_AC = (
+    AC_CHOICES[0],
+    ("op", {**dict(AC_CHOICES)["op"], "per_op_sac_recompute_every_nth_mm": 0}),
+    ("op2", {**dict(AC_CHOICES)["op"], "per_op_sac_recompute_every_nth_mm": 2}),
+    *AC_CHOICES[2:],
+)
 MIN_CP_TOKENS = 2048  # tokens of a sequence a context-parallel rank keeps at least
 MAX_PP = 16  # deepest pipeline searched (DeepSeek-V3's; a 32-stage step takes minutes to simulate)
 
@@ -46,14 +56,14 @@ class Layout:
     degrees: Degrees  # dp_replicate, dp_shard, tp, pp, cp, ep (and the world they multiply to)
     schedule: str  # "" without PP
     microbatch: int  # sequences per pipeline microbatch (1 without PP)
-    ac: str  # an AC_CHOICES label
+    ac: str  # a SEARCH_AC label
     reshard: str
     local_batch: int
     split_points: tuple[str, ...] = ()
 
     def overrides(self, global_batch: int) -> list[str]:
         """The exact command-line overrides that set this layout."""
-        ac = dict(AC_CHOICES)[self.ac]
+        ac = dict(SEARCH_AC)[self.ac]
         d = self.degrees
         out = [
             f"--parallelism.data_parallel_replicate_degree={d.dp_replicate}",
@@ -106,7 +116,7 @@ def apply(cfg, layout: Layout, global_batch: int):
         pipeline_parallel_split_points=list(layout.split_points),
         reshard_after_forward=layout.reshard,
     )
-    ac = dataclasses.replace(cfg.activation_checkpoint, **dict(AC_CHOICES)[layout.ac])
+    ac = dataclasses.replace(cfg.activation_checkpoint, **dict(SEARCH_AC)[layout.ac])
     t = dataclasses.replace(
         cfg.training, local_batch_size=layout.local_batch, global_batch_size=global_batch
     )
@@ -138,6 +148,15 @@ def split_points(n_layers: int, stages: int) -> tuple[str, ...]:
     return tuple(edges)
 
 
+def _schedulable(schedule: str, pp: int, microbatches: int) -> bool:
+    """Interleaved1F1B runs rounds of microbatches (torch 2.13: max(1, n // pp) rounds that
+    must divide n)."""
+    if schedule != "Interleaved1F1B":
+        return True
+    rounds = max(1, microbatches // pp)
+    return microbatches % rounds == 0
+
+
 def enumerate_layouts(
     world: int,
     gpus_per_node: int,
@@ -166,6 +185,10 @@ def enumerate_layouts(
                 schedules = [("", 1, ())]
                 if pp > 1:
                     schedules = [("1F1B", mb, split_points(n_layers, pp)) for mb in (1, 2)]
+                    if n_layers >= 4 * pp:  # two stages per rank of >= 2 blocks
+                        schedules += [
+                            ("Interleaved1F1B", mb, split_points(n_layers, 2 * pp)) for mb in (1, 2)
+                        ]
                 eps = [1]
                 if n_experts:
                     eps = [
@@ -180,9 +203,9 @@ def enumerate_layouts(
                             continue
                         for schedule, mb, splits in schedules:
                             for local in _divisors(per_rank):
-                                if local % mb:
+                                if local % mb or not _schedulable(schedule, pp, local // mb):
                                     continue
-                                for ac, _ in AC_CHOICES:
+                                for ac, _ in SEARCH_AC:
                                     reshards = ["auto"] + (
                                         [("always" if pp > 1 else "never")] if shard > 1 else []
                                     )
@@ -206,12 +229,7 @@ def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | Non
     p, a = cfg.parallelism, cfg.activation_checkpoint
     d = degrees(cfg, world)
     ac = next(
-        (
-            label
-            for label, v in AC_CHOICES
-            if v["mode"] == a.mode
-            and v.get("selective_ac_option", a.selective_ac_option) == a.selective_ac_option
-        ),
+        (label for label, v in SEARCH_AC if all(getattr(a, k) == x for k, x in v.items())),
         None,
     )
     if ac is None:

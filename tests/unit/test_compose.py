@@ -1,0 +1,101 @@
+"""The layout search's composition (planning/search/compose.py) on a made-up probe: its terms
+move the way the layout says, and its shortcuts are exact where they claim to be."""
+
+import dataclasses
+
+import pytest
+
+from torchtitan import hardware
+from torchtitan.distributed.job_shape import Degrees
+from torchtitan.models.shapes import Param
+from torchtitan.planning.search import compose
+from torchtitan.planning.search import space as layout_space
+
+H100 = hardware.PROFILES["h100_sxm"]
+DIM, HIDDEN, VOCAB, LAYERS = 1024, 4096, 32000, 8
+
+
+def _block(i):
+    p = f"layers.{i}."
+    return [
+        Param(p + "attention.wq.weight", (DIM, DIM), 0),
+        Param(p + "attention.wk.weight", (DIM, DIM), 0),
+        Param(p + "attention.wv.weight", (DIM, DIM), 0),
+        Param(p + "attention.wo.weight", (DIM, DIM), 1),
+        Param(p + "feed_forward.w1.weight", (HIDDEN, DIM), 0),
+        Param(p + "feed_forward.w2.weight", (DIM, HIDDEN), 1),
+        Param(p + "feed_forward.w3.weight", (HIDDEN, DIM), 0),
+        Param(p + "attention_norm.weight", (DIM,)),
+    ]
+
+
+MODEL = compose.Model(
+    DIM, VOCAB, LAYERS, 8, 128, 128, 2 * DIM, 1,
+    [_block(i) for i in range(LAYERS)],
+    [Param("tok_embeddings.weight", (VOCAB, DIM), 0)],
+    [Param("norm.weight", (DIM,)), Param("output.weight", (VOCAB, DIM), 0)],
+)  # fmt: skip
+PROBE = compose.BlockProbe(
+    tokens=4096, param_memory_s=1e-3, unit_elements=8 * DIM * DIM, memory_s=2e-3, memory_tp2_s=1.2e-3, memory_cp2_s=2.2e-3, recompute_s=0.0,
+    host_s=1e-3, host_tp_s=4e-3, host_cp_s=1.5e-3, excess_s=0.0, excess_tp_s=1e-3,
+    excess_cp_s=0.0, rest_memory_s=3e-3, rest_host_s=1e-3, tail_s=5e-3, tail_block_s=1e-3,
+    kept_per_token=40 * DIM, transient_per_token=60 * DIM,
+)  # fmt: skip
+PROBES = {
+    "none": PROBE,
+    "full": dataclasses.replace(PROBE, recompute_s=4e-3, kept_per_token=2 * DIM),
+}
+
+
+def _lay(ac="none", local=2, schedule="", mb=1, **kw):
+    d = dict(dp_replicate=1, dp_shard=16, tp=1, pp=1, ep=1, world_size=16, cp=1)
+    d.update(kw)
+    stages = d["pp"] * (2 if schedule == "Interleaved1F1B" else 1)
+    splits = layout_space.split_points(LAYERS, stages) if d["pp"] > 1 else ()
+    return layout_space.Layout(Degrees(**d), schedule, mb, ac, "auto", local, splits)
+
+
+def _compose(lay, states=2**30, **kw):
+    return compose.compose(
+        lay, MODEL, PROBES, H100, seq=4096, global_batch=64, states_bytes=states,
+        compiled=False, **kw,
+    )  # fmt: skip
+
+
+def test_recompute_costs_time_and_saves_activations():
+    none, full = _compose(_lay("none")), _compose(_lay("full"))
+    assert full.step_seconds > none.step_seconds and full.peak_bytes < none.peak_bytes
+    assert full.parts["recompute"] == pytest.approx(4e-3 * 2 * 1 * LAYERS * 2)  # 2 seqs, accum 2
+
+
+def test_each_split_brings_its_collectives_on_its_own_link():
+    tp = _compose(_lay(dp_shard=8, tp=2))
+    cp = _compose(_lay(dp_shard=8, cp=2))
+    hsdp = _compose(_lay(dp_shard=8, dp_replicate=2))
+    assert tp.parts["comm_tp"] > 0 and "comm_tp" not in _compose(_lay()).parts
+    assert cp.parts["comm_cp"] > 0
+    # HSDP across nodes: the replicas' all-reduce waits for the NIC its reduce-scatter holds
+    assert hsdp.parts.get("comm_dp_replicate", 0) > 0
+
+
+def test_a_larger_skew_slows_expert_parallel():
+    moe = [Param("layers.0.moe.experts.w1", (8, HIDDEN, DIM), None, True)]
+    model = dataclasses.replace(MODEL, blocks=[moe + _block(0)] * LAYERS, top_k=2)
+    lay = _lay(dp_shard=16, ep=8)
+    args = dict(seq=4096, global_batch=64, states_bytes=2**30, compiled=False)
+    even = compose.compose(lay, model, PROBES, H100, **args)
+    skewed = compose.compose(lay, model, PROBES, H100, skew=2.0, **args)
+    assert skewed.step_seconds > even.step_seconds and even.parts["comm_ep"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B"])
+def test_many_microbatches_extrapolate_exactly_from_two_rounds(schedule, monkeypatch):
+    """Past 4 x pp microbatches the pipeline is run at 2 and 3 rounds of pp and extrapolated:
+    equal to running every microbatch (1F1B and Interleaved1F1B add the slowest stage's
+    forward and backward per microbatch in their steady state)."""
+    lay = _lay(local=16, schedule=schedule, pp=2, dp_shard=4, tp=2)  # 16 microbatches > 4 x 2
+    short = _compose(lay)
+    monkeypatch.setattr(compose, "_EXTRAPOLATE_FROM", 10**9)  # every microbatch run
+    full = _compose(lay)
+    assert short.step_seconds == pytest.approx(full.step_seconds, rel=1e-9)
+    assert short.parts["compute"] == pytest.approx(full.parts["compute"], rel=1e-6)
