@@ -291,7 +291,8 @@ def test_the_certificate_names_the_gap_and_the_ties(monkeypatch):
     run, _ = _stub_search(monkeypatch)
     r = run(60)
     text = layout_search.report(r, 16)
-    assert f"certificate: the pick is #{r.pick.rank} of {r.feasible:,} feasible layouts" in text
+    assert f"certificate: the pick is the fastest of the {r.feasible:,} feasible layouts" in text
+    assert f"(#{r.pick.rank:,} of {r.scored:,} scored;" in text
     assert "the next best" in text and "ties" in text
     band = max(abs(c.composed.step_seconds / c.step_seconds - 1) for c in r.simulated)
     assert r.band == pytest.approx(band)

@@ -27,8 +27,9 @@ changes exactly:
   (step_time.order_for), gradient reductions included; the step tail scales with the
   rank's parameters;
 - the peak: the exact model-states floor (model_states.py) + the probe's kept activations
-  per token and block x the rank's tokens, blocks and microbatches in flight + its
-  transient bytes per token + the gathered parameters the layout keeps.
+  per token and block x the rank's tokens, blocks and microbatches in flight (and EP's
+  all-to-all buffers) + its transient bytes per token + the gathered parameters and
+  unsharded gradients the layout keeps.
 
 What it leaves out of the full prediction: the exact op order inside a block (each block is
 one compute run between its collectives), the probe's block kind for every block
@@ -407,6 +408,13 @@ def compose(
         gathered = _bytes(costs.gather) * blocks_rank
         gathered += _bytes(costs.reduce, "reduce_scatter") * blocks_rank
     kept = pr.kept_per_token * tokens / d.tp * blocks_rank * in_flight
+    if d.ep > 1 and lay.ac != "full" and any(p.expert for p in block):
+        # expert parallel's all-to-all buffers (the token copies routed out and back), kept
+        # for backward per MoE block and microbatch in flight (op SAC keeps them too); the
+        # probe runs without EP and has none
+        moe_blocks = sum(1 for b in m.blocks if any(p.expert for p in b)) / d.pp
+        copies = 2 * ACT_BYTES * tokens / d.tp * m.top_k * m.dim * skew
+        kept += copies * moe_blocks * in_flight
     transient = pr.transient_per_token * tokens / d.tp
     peak = states_bytes + kept + transient + gathered
     tps = tokens_step / step / world if step > 0 else 0.0

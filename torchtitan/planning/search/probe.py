@@ -116,8 +116,15 @@ def probe(
             job.cfg, training=dataclasses.replace(job.cfg.training, seq_len=seq // 2)
         )
     )
+    done: dict = {}  # (AC, blocks, tp, cp) -> simulation, at the job's sequence
+
+    def sim(ac: str, k: int, t: int = 1, c: int = 1) -> dict:
+        if (ac, k, t, c) not in done:
+            done[(ac, k, t, c)] = _simulate(job, hw, ac, k, tp=t, cp=c)
+        return done[(ac, k, t, c)]
+
     h1, h2 = (_simulate(half, hw, "none", k) for k in (1, 2))
-    f1, f2 = (_simulate(job, hw, "none", k) for k in (1, 2))
+    f1, f2 = (sim("none", k) for k in (1, 2))
     per_half = h2["time"].get("compute", 0.0) - h1["time"].get("compute", 0.0)
     per_full = f2["time"].get("compute", 0.0) - f1["time"].get("compute", 0.0)
     mem_half = max(0.0, per_half - kernels_at(seq // 2))
@@ -131,10 +138,7 @@ def probe(
         (wanted - {"layer2"}) | {"none"} | ({"full"} if "layer2" in wanted else set())
     )
     for ac in simulated:
-        sims = {
-            (t, c): [_simulate(job, hw, ac, k, tp=t, cp=c) for k in (1, 2)]
-            for t, c in {(1, 1), (tp2, 1), (1, cp2)}
-        }
+        sims = {(t, c): [sim(ac, k, t, c) for k in (1, 2)] for t, c in {(1, 1), (tp2, 1), (1, cp2)}}
         one, two = sims[(1, 1)]
 
         def delta(part: str, where=(1, 1), sims=sims) -> float:

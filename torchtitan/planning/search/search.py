@@ -338,18 +338,22 @@ def report(result: SearchResult, global_batch: int, top: int = 10) -> str:
         lines.append("no layout fits the budget")
         return "\n".join(lines)
     p = r.pick
-    nxt = next((c for c in r.ranking if c is not p), None)
+    at = r.ranking.index(p)
+    nxt = r.ranking[at + 1] if at + 1 < len(r.ranking) else None
     gap = (
-        f"; the next best (#{nxt.rank}, composed) is"
+        f"; the next best feasible (#{nxt.rank:,}, composed) is"
         f" {100 * (1 - nxt.composed.tokens_per_second_per_device / p.composed.tokens_per_second_per_device):.1f}% slower"
         if nxt is not None
         else ""
     )
     wrong = disagreement(r.simulated)
+    above = p.rank - 1  # scored layouts ranked above the pick: over the budget, or refused
     lines.append(
-        f"certificate: the pick is #{p.rank} of {r.feasible:,} feasible layouts by the composed"
-        f" model{gap}; composed vs full on the {len(r.simulated)} simulated: step time within"
-        f" {r.band:.1%}"
+        f"certificate: the pick is the fastest of the {r.feasible:,} feasible layouts the checks"
+        f" accept and whose full simulation fits (#{p.rank:,} of {r.scored:,} scored; the"
+        f" {above:,} above it are over the budget by their composed peak, refused by the checks"
+        f" or over it in full){gap}; composed vs full on the {len(r.simulated)} simulated: step"
+        f" time within {r.band:.1%}"
         + (f", {wrong:.0%} of their pairs ordered differently" if wrong is not None else "")
         + f"; {len(r.ties)} layout(s) within that band of the pick (ties: measure them)"
     )
