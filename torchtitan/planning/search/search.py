@@ -268,9 +268,9 @@ def search(
     ties = []
     if pick is not None:
         floor = pick.composed.tokens_per_second_per_device * (1 - band)
-        ties = [
-            c for c in ranking if c is not pick and c.composed.tokens_per_second_per_device >= floor
-        ]
+        # below the pick in the ranking (those above it were refused or do not fit)
+        after = ranking[ranking.index(pick) + 1 :]
+        ties = [c for c in after if c.composed.tokens_per_second_per_device >= floor]
     note = ""
     if configured is not None and not any(c.configured for c in simulated):
         mine = next((c for c in cands if c.configured), None)
