@@ -32,7 +32,7 @@ class _BothTimer(RankTimer):
 
 
 PROBE_EXPERTS = 8  # routed experts of the probe's block (at least top-k)
-KEPT_SHARE = {"op": 23 / 50, "op2": 15 / 50, "full": 2 / 50}  # of AC none's kept activations
+KEPT_SHARE = {"op": 23 / 50, "op2": 15 / 50}  # of AC none's kept activations (below)
 
 
 def probe_args(args, blocks: int):
@@ -158,8 +158,13 @@ def probe(
         states = ("parameters", "optimizer_states", "gradients")
         # what one more block adds to the peak, less its states: the activations it keeps
         # (the peak is at the start of the backward, every block's saved tensors alive)
+        # (less the units' own: a second unit gathered beside the first, its gradients)
+        units = ("unsharded_parameters", "backward_transients")
         states1, states2 = mem(one, *states), mem(two, *states)
-        kept_block = max(0.0, (two["peak"] - states2) - (one["peak"] - states1))
+        kept_block = max(
+            0.0,
+            (two["peak"] - states2 - mem(two, *units)) - (one["peak"] - states1 - mem(one, *units)),
+        )
         kept = kept_block / seq
         # the 1-block peak less states, that block's kept activations and the unit's own
         # transients (its gathered bf16 parameters and unsharded fp32 gradients), per token
@@ -189,16 +194,21 @@ def probe(
             kept_per_token=max(0.0, kept),
             transient_per_token=max(0.0, transient),
         )
-    # A block with heavy states peaks at the end of its backward, not at its start: its
-    # difference then shows no kept activations. There an AC mode keeps at least its share
-    # of AC none's (the fractions of Llama3 8B's full prediction: op SAC 23 / 50 of the
-    # hidden size per token, every 2nd matmul recomputed 15 / 50, full 2 / 50)
+    # Only AC none's difference is its kept activations for sure: every block's saved tensors
+    # are alive when its backward starts, and that is its peak. With AC a block's peak moves
+    # (into its recompute, or to the end of the backward when its states are heavy), so an
+    # AC mode keeps its share of AC none's (op SAC: every matmul's output, 23 / 50 of them on
+    # Llama3 8B's full prediction; every 2nd matmul recomputed 15 / 50) or, under full AC, the
+    # block's input alone
     if "none" in out:
-        for ac, share in KEPT_SHARE.items():
-            if ac in out:
-                floor = share * out["none"].kept_per_token
-                if out[ac].kept_per_token < floor:
-                    out[ac] = dataclasses.replace(out[ac], kept_per_token=floor)
+        for ac in out:
+            if ac in KEPT_SHARE:
+                kept = KEPT_SHARE[ac] * out["none"].kept_per_token
+            elif ac == "full":
+                kept = compose.ACT_BYTES * model.dim
+            else:
+                continue
+            out[ac] = dataclasses.replace(out[ac], kept_per_token=kept)
     if "layer2" in wanted:
         none, full = out["none"], out["full"]
         out["layer2"] = compose.BlockProbe(
