@@ -39,7 +39,8 @@ PROBE = compose.BlockProbe(
     tokens=4096, param_memory_s=1e-3, unit_elements=8 * DIM * DIM, memory_s=2e-3, memory_tp2_s=1.2e-3, memory_cp2_s=2.2e-3, recompute_s=0.0,
     host_s=1e-3, host_tp_s=4e-3, host_cp_s=1.5e-3, excess_s=0.0, excess_tp_s=1e-3,
     excess_cp_s=0.0, rest_memory_s=3e-3, rest_host_s=1e-3, tail_s=5e-3, tail_block_s=1e-3,
-    kept_per_token=40 * DIM, transient_per_token=60 * DIM,
+    kept_per_token=40 * DIM, kept_tp2_per_token=25 * DIM, kept_cp2_per_token=42 * DIM,
+    transient_per_token=60 * DIM,
 )  # fmt: skip
 PROBES = {
     "none": PROBE,

@@ -79,6 +79,8 @@ class BlockProbe:
     tail_s: float  # the step tail (clip, optimizer, ...) of the 1-block probe
     tail_block_s: float  # what one block adds to it
     kept_per_token: float  # activation bytes a block keeps per token until its backward
+    kept_tp2_per_token: float  # at TP 2, per the probe's token (what TP leaves unsplit shows)
+    kept_cp2_per_token: float  # at CP 2, per token a CP rank holds (its gathered K/V, masks)
     transient_per_token: float  # the 1-block peak less states, kept activations, the unit's own
 
 
@@ -407,7 +409,13 @@ def compose(
         # after the last backward, its unsharded gradients
         gathered = _bytes(costs.gather) * blocks_rank
         gathered += _bytes(costs.reduce, "reduce_scatter") * blocks_rank
-    kept = pr.kept_per_token * tokens / d.tp * blocks_rank * in_flight
+    # per token: A + B / tp (what TP splits and what it keeps whole, from the probes at TP 1
+    # and 2), plus what CP adds per token a rank holds
+    unsplit = max(0.0, 2 * pr.kept_tp2_per_token - pr.kept_per_token)
+    per_token = unsplit + (pr.kept_per_token - unsplit) / d.tp
+    if d.cp > 1:
+        per_token += max(0.0, pr.kept_cp2_per_token - pr.kept_per_token)
+    kept = per_token * tokens * blocks_rank * in_flight
     if d.ep > 1 and lay.ac != "full" and any(p.expert for p in block):
         # expert parallel's all-to-all buffers (the token copies routed out and back), kept
         # for backward per MoE block and microbatch in flight (op SAC keeps them too); the

@@ -160,11 +160,17 @@ def probe(
         # (the peak is at the start of the backward, every block's saved tensors alive)
         # (less the units' own: a second unit gathered beside the first, its gradients)
         units = ("unsharded_parameters", "backward_transients")
-        states1, states2 = mem(one, *states), mem(two, *states)
-        kept_block = max(
-            0.0,
-            (two["peak"] - states2 - mem(two, *units)) - (one["peak"] - states1 - mem(one, *units)),
-        )
+
+        def kept_at(where, sims=sims, states=states, units=units) -> float:
+            a, b = sims[where]
+            return max(
+                0.0,
+                (b["peak"] - mem(b, *states) - mem(b, *units))
+                - (a["peak"] - mem(a, *states) - mem(a, *units)),
+            )
+
+        states1 = mem(one, *states)
+        kept_block = kept_at((1, 1))
         kept = kept_block / seq
         # the 1-block peak less states, that block's kept activations and the unit's own
         # transients (its gathered bf16 parameters and unsharded fp32 gradients), per token
@@ -192,6 +198,9 @@ def probe(
             tail_s=one["time"].get("optimizer", 0.0),
             tail_block_s=delta("optimizer"),
             kept_per_token=max(0.0, kept),
+            # per the probe's tokens at TP 2 (a rank's share); per a CP rank's token at CP 2
+            kept_tp2_per_token=kept_at((tp2, 1)) / seq,
+            kept_cp2_per_token=kept_at((1, cp2)) / (seq // cp2),
             transient_per_token=max(0.0, transient),
         )
     # Only AC none's difference is its kept activations for sure: every block's saved tensors
@@ -201,14 +210,26 @@ def probe(
     # Llama3 8B's full prediction; every 2nd matmul recomputed 15 / 50) or, under full AC, the
     # block's input alone
     if "none" in out:
+        none = out["none"]
         for ac in out:
             if ac in KEPT_SHARE:
-                kept = KEPT_SHARE[ac] * out["none"].kept_per_token
-            elif ac == "full":
-                kept = compose.ACT_BYTES * model.dim
+                k = KEPT_SHARE[ac]
+                kept = (
+                    k * none.kept_per_token,
+                    k * none.kept_tp2_per_token,
+                    k * none.kept_cp2_per_token,
+                )
+            elif ac == "full":  # the block's input, sequence-parallel under TP
+                input_bytes = compose.ACT_BYTES * model.dim
+                kept = (input_bytes, input_bytes / tp2, input_bytes)
             else:
                 continue
-            out[ac] = dataclasses.replace(out[ac], kept_per_token=kept)
+            out[ac] = dataclasses.replace(
+                out[ac],
+                kept_per_token=kept[0],
+                kept_tp2_per_token=kept[1],
+                kept_cp2_per_token=kept[2],
+            )
     if "layer2" in wanted:
         none, full = out["none"], out["full"]
         out["layer2"] = compose.BlockProbe(
