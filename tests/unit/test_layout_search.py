@@ -1,5 +1,5 @@
 """The layout search's torch-free stages: the layouts enumerated, their overrides and TOML
-snippet (round trips through the config loader), the cheap estimate's direction on every
+snippet (round trips through the config loader), the composed model's pick rules on every
 choice, the search's ordering helpers and the schedule orders it times long pipelines with."""
 
 import dataclasses

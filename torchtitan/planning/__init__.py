@@ -7,6 +7,6 @@ Sub-layers, bottom first (each imports only those before it; tests/unit/test_imp
 - step_time/  what a simulated step computes and communicates (the trace), the step-time
               model that times it on a hardware profile, and this machine's measured profile
 - memory/     peak per rank role, the memory budget, the model-states floor, the largest fit
-- search/     the layout space, its cheap estimate, the layout search, the nearby choices
+- search/     the layout space, the block probe and the composed model, the layout search, the nearby choices
 - startup.py  the trainer's start-up gate (predict in a child, refuse what will not fit)
 """
