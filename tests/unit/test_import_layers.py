@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "planning.step_time",
     ),  # the trace of a simulated step, the step-time model, the local profile
     ("planning.memory",),  # peak per rank role, the budget, the model-states floor, the largest fit
-    ("planning.search",),  # the layout space, the probe and composition, the search, the nearby choices
+    ("planning.search",),  # the layouts, the probe and composition, the search, nearby
     ("planning.startup", "planning"),  # the trainer's start-up gate (and the package's docstring)
     ("checks",),  # the pre-launch checks: each owner's torch-free rules, called in order
     (
