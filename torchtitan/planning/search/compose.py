@@ -102,15 +102,18 @@ class Model:
 
 
 def model_of(shapes, args) -> Model:
+    """`args`: models.protocol.ModelArgs. A model that states no attention facts (a user's
+    model package may not) composes without the attention term: the probe then measures its
+    attention with the memory-bound time, linear in the tokens."""
     att, moe = args.attention, args.moe
     return Model(
         args.dim,
         args.vocab_size,
         args.n_layers,
-        att.n_heads,
-        att.qk_head_dim,
-        att.v_head_dim,
-        att.kv_width,
+        att.n_heads if att else 0,
+        att.qk_head_dim if att else 0,
+        att.v_head_dim if att else 0,
+        att.kv_width if att else 0,
         moe.n_activated_experts if moe else 1,
         shapes.blocks,
         shapes.first,
@@ -156,6 +159,8 @@ def gemm_seconds(
 def attention_seconds(m: Model, batch: int, seq: int, hw, *, tp: int = 1, cp: int = 1) -> float:
     """Forward + backward of one block's causal attention on a rank: the whole sequence's
     causal work (the blocks a GPU kernel runs) shared by CP's balanced chunks and TP's heads."""
+    if not m.n_heads:
+        return 0.0
     heads = m.n_heads / tp
     pairs = batch * heads * seq * seq * causal_kept(seq, seq, hw.attention_block) / cp
     fwd = 2.0 * pairs * (m.qk_head_dim + m.v_head_dim)

@@ -92,8 +92,8 @@ def probe(
     small = probe_args(job.args, 1)
     block = model_shapes(job.cfg.model.name, small).blocks[0]
     moe = any(p.expert for p in block)
-    tp2 = 2 if tp and model.n_heads % 2 == 0 else 1
-    cp2 = 2 if cp and seq % 4 == 0 else 1
+    tp2 = 2 if tp and model.n_heads and model.n_heads % 2 == 0 else 1
+    cp2 = 2 if cp and model.n_heads and seq % 4 == 0 else 1
 
     def kernels_at(tokens: int) -> float:
         rows = tokens * model.top_k if moe else 0.0
