@@ -85,8 +85,7 @@ def nearby_report(job: PlannedJob, accepts: Accepts, hardware, roles) -> tuple[s
             continue
         ratio = composed.relative(candidate)
         if ratio is not None:  # composed, relative to the job's own composed figures
-            c_step, c_peak = step * ratio[0], int(peak + ratio[1])
-            c_tps = tps / ratio[0]
+            c_step, c_tps, c_peak = step * ratio[0], tps * ratio[1], int(peak + ratio[2])
         else:
             got, _ = predict_roles(job.with_config(candidate), hardware=hardware)
             c_step = max(r.time.predicted_step_seconds for r in got)
@@ -132,7 +131,10 @@ class _Composer:
         from torchtitan.planning.search import space as layout_space
 
         return layout_space.layout_of(
-            cfg, self.job.dims.world_size, self.job.batch.global_batch, self.job.args.n_layers
+            cfg,
+            self.job.dims.world_size,
+            self.job.with_config(cfg).batch.global_batch,
+            self.job.args.n_layers,
         )
 
     def _compose(self, cfg, lay):
@@ -156,15 +158,16 @@ class _Composer:
             self.probes[compiled],
             self.hw,
             seq=cfg.training.seq_len,
-            global_batch=self.job.batch.global_batch,
+            global_batch=self.job.with_config(cfg).batch.global_batch,  # a choice may change it
             states_bytes=states or 0,
             compiled=compiled,
             skew=cfg.planning.memory_skew,
         )
 
-    def relative(self, cfg) -> tuple[float, float] | None:
-        """(step ratio, peak bytes difference) of `cfg` vs the job, composed; None when the
-        composition does not cover it."""
+    def relative(self, cfg) -> tuple[float, float, float] | None:
+        """(step ratio, tokens/s ratio, peak bytes difference) of `cfg` vs the job, composed
+        (a choice of more microbatches also moves more tokens); None when the composition
+        does not cover it."""
         mine_lay, lay = self._layout(self.job.cfg), self._layout(cfg)
         if (
             mine_lay is None
@@ -175,4 +178,8 @@ class _Composer:
         if self.mine is None:
             self.mine = self._compose(self.job.cfg, mine_lay)
         got = self._compose(cfg, lay)
-        return got.step_seconds / self.mine.step_seconds, got.peak_bytes - self.mine.peak_bytes
+        return (
+            got.step_seconds / self.mine.step_seconds,
+            got.tokens_per_second_per_device / self.mine.tokens_per_second_per_device,
+            got.peak_bytes - self.mine.peak_bytes,
+        )
