@@ -44,9 +44,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time.rank import _stretch
 from torchtitan.planning.step_time.trace import Comm, Compute, Segment, causal_kept
 
 ACT_BYTES = 2  # bf16 activations on the wire (TP, CP, EP, P2P)
@@ -173,7 +175,7 @@ def attention_seconds(m: Model, batch: int, seq: int, hw, *, tp: int = 1, cp: in
 # ---------------------------------------------------------------------------- the mesh's groups
 
 
-def groups_of(d, gpus_per_node: int) -> step_time.Groups:
+def groups_of(d, hw) -> step_time.Groups:
     """Rank 0's groups in the layout's mesh (pp, dp_replicate, dp_shard, cp, tp: tp innermost;
     EP borrows the innermost ranks of dp_shard x cp x tp; expert FSDP the rest of them)."""
     tp, cp, shard, rep = d.tp, d.cp, d.dp_shard, d.dp_replicate
@@ -201,9 +203,12 @@ def groups_of(d, gpus_per_node: int) -> step_time.Groups:
         "dp_replicate": "dp_replicate",
         "pp": "pp",
     }
-    return step_time.Groups(
+    groups = step_time.Groups(
         dims, ranks, frozenset({"fsdp", "efsdp"}), frozenset({"fsdp", "efsdp", "dp_replicate"})
     )
+    # a CPU node's ranks share its cores (the full model's stretch; 1 on a GPU profile)
+    groups.stretch = _stretch(hw, SimpleNamespace(world_size=d.world_size))
+    return groups
 
 
 # ---------------------------------------------------------------------------- composition
@@ -345,7 +350,7 @@ def _backward(costs: _Costs, n: int, gathers: bool, reduce: bool, rest: Compute 
 
 
 def _streams(hw, groups, segments) -> step_time.Timed:
-    return step_time.Streams(hw, groups, 1.0, simple_fsdp_eager=False).run(segments)
+    return step_time.Streams(hw, groups, groups.stretch, simple_fsdp_eager=False).run(segments)
 
 
 def _linear(t1: step_time.Timed, t2: step_time.Timed, n: float) -> step_time.Timed:
@@ -369,7 +374,7 @@ def compose(
     BlockProbe; `states_bytes`: the busiest rank's model states (model_states.py)."""
     d = lay.degrees
     pr = probes[lay.ac]
-    groups = groups_of(d, hw.gpus_per_node)
+    groups = groups_of(d, hw)
     block = largest_block(m)
     costs = _block_costs(m, block, pr, lay, seq=seq, hw=hw, compiled=compiled, skew=skew)
     rest = _rest(m, pr, lay, seq, hw)

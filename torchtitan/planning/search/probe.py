@@ -10,7 +10,8 @@ import dataclasses
 from torchtitan.distributed.job_shape import Degrees
 from torchtitan.planning.search import compose
 from torchtitan.planning.search import space as layout_space
-from torchtitan.planning.step_time.rank import RankTimer
+from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time.rank import RankTimer, _groups
 from torchtitan.training.planned_job import PlannedJob
 
 SHARDS = 2  # the probe's FSDP degree
@@ -22,10 +23,17 @@ class _BothTimer(RankTimer):
     (each run of ops costs max(device, host)): its busy time lands in the part "gpu_busy"."""
 
     def times(self, trace, dims, cfg, pipeline):
-        apart, order = RankTimer(dataclasses.replace(self.hardware, host_async=False)).times(
-            trace, dims, cfg, pipeline
+        # one rank alone on the machine (stretch 1): the composition applies the layout's own
+        # sharing of a CPU's cores (rank._stretch), as the full model does
+        apart = step_time.rank_times(
+            trace.segments,
+            dataclasses.replace(self.hardware, host_async=False),
+            _groups(dims, trace),
+            1.0,
+            False,
         )
-        gpu, _ = RankTimer(self.hardware).times(trace, dims, cfg, pipeline)
+        gpu = step_time.rank_times(trace.segments, self.hardware, _groups(dims, trace), 1.0, False)
+        order = None
         busy = sum(gpu.serial.parts.get(k, 0.0) for k in ("compute", "recompute", "overhead"))
         apart.serial.parts["gpu_busy"] = busy
         return apart, order
