@@ -5,10 +5,10 @@ All distributed scenarios run in ONE spawn of 2 ranks (start-up dominates the co
 writes its measurements to a file and the tests below assert on them."""
 
 import contextlib
-import gc
 import copy
 import datetime
 import functools
+import gc
 import os
 import socket
 import traceback
