@@ -103,6 +103,26 @@ PREDICTION_CASES = {
 KNOWN_GAPS = {"simple_fsdp", "simple_fsdp_op_sac"}
 
 
+def _shortcuts(world: int, flavor: str, blocks: int, argv: list[str]) -> dict:
+    """shortcut_worker.py's prediction with the shortcuts ("fast") and whole ("full")."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "shortcut_worker.py"),
+            str(world),
+            flavor,
+            str(blocks),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(HERE)),
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -183,22 +203,7 @@ SHORTCUT_CASES = {  # world, flavor simulated, blocks, overrides
 )
 def test_shortcuts_equal_full_simulation(name):
     world, flavor, blocks, argv = SHORTCUT_CASES[name]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(HERE, "shortcut_worker.py"),
-            str(world),
-            flavor,
-            str(blocks),
-            *argv,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(HERE)),
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
+    out = _shortcuts(world, flavor, blocks, argv)
     interpolated = [r["role"] for r in out["fast"] if "interpolated" in r["peak_at"]]
     assert interpolated == (["pp2"] if world == 5 else ["pp2", "pp3"])  # the shortcuts were taken
     assert all("extrapolated" in r["peak_at"] for r in out["fast"])
@@ -222,23 +227,7 @@ def test_step_time_extrapolated_from_blocks_equals_the_whole_simulation_without_
     """Issue 47's bias 7: a job without PP is timed from its 1- and 2-block runs (x125 at
     405B); FSDP 4 over 12 blocks: the extrapolated step time and peak equal the whole
     simulation's (measured: equal to the last digit, 0.1270 s on h100_sxm)."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(HERE, "shortcut_worker.py"),
-            "4",
-            "tiny",
-            "12",
-            "--training.seq_len=256",
-            "--training.local_batch_size=2",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(HERE)),
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
+    out = _shortcuts(4, "tiny", 12, ["--training.seq_len=256", "--training.local_batch_size=2"])
     ((fast,), (full,)) = out["fast"], out["full"]
     assert "extrapolated" in fast["peak_at"] and "extrapolated" not in full["peak_at"]
     assert fast["time"]["predicted_step_seconds"] == pytest.approx(
