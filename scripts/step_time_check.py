@@ -1,29 +1,35 @@
 #!/usr/bin/env python3
 """Publish the error of the step-time prediction on this machine: predicted vs measured step
-time of real CPU jobs.
+time of real CPU jobs, with the machine's own state kept out of the number.
 
     python scripts/step_time_check.py                 # every job, 3 interleaved rounds
     python scripts/step_time_check.py --filter ds_ --rounds 1
     python scripts/step_time_check.py --list
     python scripts/step_time_check.py --json rows.json
 
-First the `local` hardware profile is measured anew (memory/local_profile.py, into a cache
-of this check's own), then every job of JOBS runs ROUNDS times, interleaved (round 1 runs
-every job, then round 2 ...: the machine's drift spreads over all jobs alike).
+Each round first measures the `local` hardware profile anew (local_profile.py, into this
+round's own cache, ~30 s), then runs the canary job and every job of JOBS once; rounds repeat
+ROUNDS times (the machine's drift spreads over all jobs alike, and each round's jobs are
+predicted from the machine state they are measured in).
 
-- PREDICTED: the trainer's own start-up prediction with the `local` profile (the dry run's
-  simulation, memory/step_time.py), read from the run's plan.json
-  (`step_time_per_rank_role`: every role has the same step time; the first is taken).
-- MEASURED: the median over steps 3..STEPS of metrics.jsonl's `step_time` (every step logs,
-  so each is its own sync point; steps 1-2 build, compile and warm up), then the median
-  over the rounds.
-- ERROR = (predicted - measured) / measured: + means predicted too slow.
-- The summary: median |error|, the worst job, how many within +/-35% (the goal: median
-  <= 15%, every job within +/-35%).
+- PREDICTED: the trainer's own start-up prediction with the round's `local` profile (the dry
+  run's simulation), read from the run's plan.json (`step_time_per_rank_role`; the slowest role).
+- MEASURED: the median over steps 3..STEPS of metrics.jsonl's `step_time` (steps 1-2 build,
+  compile and warm up). The profile's micro-benchmarks take the median of their repeats too
+  (local_profile._timed): one statistic on both sides.
+- A job's error: the median over rounds of (predicted - measured) / measured (+: predicted too
+  slow).
+- The load guard (load_guard.py): no job starts while other processes keep the cores busy, and a
+  job during which others used more than 0.15 of a core on average is run again (twice at most,
+  then reported as loaded).
+- The canary: CANARY runs first in every round; its error per round shows whether the machine
+  changed between the profile and the jobs (the summary prints it per round).
+- The summary separates bias from spread: the median signed error (bias; goal |bias| <= 5%),
+  the median |error| (goal <= 15%), the spread (median |error - bias|), the worst job.
 
 Jobs: debug models (Llama3, DeepSeek-V3, Qwen3 dense and MoE) at their debug configs' batch
-(4 x 256 tokens per rank), fp32 unless the job says bf16, gloo; in scripts/memory_check_matrix.py's
-format (short keys and presets).
+(4 x 256 tokens per rank), fp32, gloo; in scripts/memory_check_matrix.py's format (short keys
+and presets).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import load_guard  # noqa: E402
 from memory_check import CheckError, Launcher, load_json  # noqa: E402
 from memory_check_matrix import CONFIGS, parse_matrix  # noqa: E402
 
@@ -45,6 +52,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 10
 FIRST_MEASURED = 3
 WITHIN = 0.35
+GOAL_ABS, GOAL_BIAS = 0.15, 0.05
+RETRIES = 2  # a job measured while other work ran is run again at most this often
+CANARY = "llama_canary 1"  # a matrix line: the first job of every round (1 rank, fp32 Llama3 debug)
 BASE = [
     "--training.device=cpu",
     f"--training.steps={STEPS}",
@@ -80,6 +90,9 @@ ds_pp_ep_1F1B_mb4              4      pp=2 schedule=1F1B lbs=4 mbs=1 ep=2
 ds_ep2_compile                 2      ep=2 compile.enable=true
 qwen_fsdp2                     2
 qmoe_ep2                       2      ep=2
+qwen_tp                        2      tp=2
+qmoe_fsdp2                     2
+llama_fsdp2_tp_ac_op           4      tp=2 ac=op
 """
 
 
@@ -106,21 +119,72 @@ def predicted_step(plan_path: str) -> tuple[float, dict]:
     return slowest["predicted_step_seconds"], slowest["breakdown"]
 
 
-def run_once(job, launcher: Launcher, out: str, rnd: int) -> tuple[float, float, dict, str]:
-    dump = os.path.join(out, job.name, f"round{rnd}")
-    rc, log = launcher.run(
-        job,
-        [*overrides(job), f"--job.dump_folder={dump}"],
-        os.path.join(dump, "logs"),
-        dry_run=False,
-    )
-    if rc != 0:
-        return 0.0, 0.0, {}, f"round {rnd} exit {rc}:\n{log}"
+def run_once(job, launcher: Launcher, out: str, rnd: int) -> dict:
+    """One measured run behind the load guard: {predicted, measured, breakdown, foreign, error}."""
+    for attempt in range(RETRIES + 1):
+        waited = load_guard.wait_quiet()
+        dump = os.path.join(out, job.name, f"round{rnd}" + (f"_{attempt}" if attempt else ""))
+        window = load_guard.Window().start()
+        rc, log = launcher.run(
+            job,
+            [*overrides(job), f"--job.dump_folder={dump}"],
+            os.path.join(dump, "logs"),
+            dry_run=False,
+        )
+        foreign = window.stop()
+        if rc != 0:
+            return {"error": f"round {rnd} exit {rc}:\n{log}"}
+        if foreign <= load_guard.FOREIGN_CORES or attempt == RETRIES:
+            break
+        print(f"  [load guard] {job.name}: others used {foreign:.2f} cores meanwhile: again")
     try:
         predicted, breakdown = predicted_step(os.path.join(dump, "plan.json"))
-        return predicted, measured_step(os.path.join(dump, "metrics.jsonl")), breakdown, ""
+        measured = measured_step(os.path.join(dump, "metrics.jsonl"))
     except (CheckError, OSError, ValueError, KeyError) as e:
-        return 0.0, 0.0, {}, f"round {rnd}: {e}"
+        return {"error": f"round {rnd}: {e}"}
+    return {
+        "predicted": predicted,
+        "measured": measured,
+        "breakdown": breakdown,
+        "foreign_cores": foreign,
+        "waited_s": waited,
+        "attempts": attempt + 1,
+        "error": "",
+    }
+
+
+def measure_profile(out: str, rnd: int) -> None:
+    """This round's `local` profile, measured now into its own cache (the jobs read it)."""
+    os.environ["TITAN_PROFILE_CACHE"] = os.path.join(out, f"local_profile_round{rnd}.json")
+    from torchtitan.planning.step_time import local_profile
+
+    load_guard.wait_quiet()
+    start = time.monotonic()
+    profile = local_profile.load()
+    print(
+        f"round {rnd}: local profile measured in {time.monotonic() - start:.1f}s: GEMM"
+        f" {profile.peak_tflops['float32'] * 1e3:.0f} GFLOP/s fp32, memory-bound ops"
+        f" {profile.hbm_gbps:.1f} GB/s, host {profile.host_us_per_op:.1f} us/op, gloo"
+        f" {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores",
+        flush=True,
+    )
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Bias (median signed error) apart from spread (median |error - bias|), and the goals."""
+    signed = sorted(r["error"] for r in rows)
+    bias = statistics.median(signed)
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    return {
+        "compared": len(rows),
+        "median_abs_error": statistics.median(abs(e) for e in signed),
+        "median_signed_error": bias,
+        "spread": statistics.median(abs(e - bias) for e in signed),
+        "worst_abs_error": abs(worst["error"]),
+        "worst_job": worst["job"],
+        "within": sum(abs(e) <= WITHIN for e in signed),
+        "too_fast": sum(e < 0 for e in signed),
+    }
 
 
 def main(argv=None) -> int:
@@ -136,97 +200,99 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--keep-profile",
         action="store_true",
-        help="use the cached local profile instead of measuring",
+        help="use the cached local profile in every round instead of measuring it per round",
     )
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
+    canary = parse_matrix(CANARY)[0]
     jobs = [j for j in parse_matrix(JOBS) if args.filter in j.name]
     if not jobs:
         print(f"error: no job name contains '{args.filter}'", file=sys.stderr)
         return 2
     if args.list:
-        for j in jobs:
+        for j in [canary, *jobs]:
             print(
                 f"{j.name:32s} {j.ngpu}  CONFIG_FILE={CONFIGS[j.model]}  {shlex.join(overrides(j))}"
             )
         return 0
     out = args.out or tempfile.mkdtemp(prefix="step_time_check_")
-    if not args.keep_profile:
-        os.environ["TITAN_PROFILE_CACHE"] = os.path.join(out, "local_profile.json")
-        from torchtitan.planning.step_time import local_profile
-
-        start = time.monotonic()
-        profile = local_profile.load()
-        print(
-            f"local profile measured in {time.monotonic() - start:.1f}s: GEMM {profile.peak_tflops['float32'] * 1e3:.0f}"
-            f" GFLOP/s fp32, memory-bound ops {profile.hbm_gbps:.1f} GB/s, host {profile.host_us_per_op:.1f} us/op,"
-            f" gloo {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores"
-        )
     launcher = Launcher(args.launcher, args.timeout)
     rows = {
-        j.name: {
-            "job": j.name,
-            "ranks": j.ngpu,
-            "predicted": None,
-            "measured": [],
-            "breakdown": {},
-            "errors": [],
-        }
-        for j in jobs
+        j.name: {"job": j.name, "ranks": j.ngpu, "rounds": [], "failed": ""}
+        for j in [canary, *jobs]
     }
     start = time.monotonic()
     for rnd in range(1, args.rounds + 1):
-        for job in jobs:
+        if not args.keep_profile:
+            measure_profile(out, rnd)
+        for job in [canary, *jobs]:
             row = rows[job.name]
-            if row["errors"]:
+            if row["failed"]:
                 continue
-            predicted, measured, breakdown, err = run_once(job, launcher, out, rnd)
-            if err:
-                row["errors"].append(err)
-                print(f"{job.name:32s} FAILED\n  " + err.replace("\n", "\n  "), flush=True)
+            got = run_once(job, launcher, out, rnd)
+            if got["error"]:
+                row["failed"] = got["error"]
+                print(f"{job.name:32s} FAILED\n  " + got["error"].replace("\n", "\n  "), flush=True)
                 continue
-            row["predicted"], row["breakdown"] = predicted, breakdown
-            row["measured"].append(measured)
+            got["error"] = (got["predicted"] - got["measured"]) / got["measured"]
+            got["round"] = rnd
+            row["rounds"].append(got)
             print(
-                f"round {rnd} {job.name:32s} predicted {predicted:.3f}s measured {measured:.3f}s",
+                f"round {rnd} {job.name:32s} predicted {got['predicted']:.3f}s measured"
+                f" {got['measured']:.3f}s {100 * got['error']:+.1f}%"
+                f" (others {got['foreign_cores']:.2f} cores)",
                 flush=True,
             )
     print(
-        f"\n{'job':32s} {'ranks':>5s} {'predicted s':>11s} {'measured s':>10s} {'error':>8s}  rounds (s)  predicted breakdown (ms)"
+        f"\n{'job':32s} {'ranks':>5s} {'predicted s':>11s} {'measured s':>10s} {'error':>8s}"
+        "  per round (%)  predicted breakdown (ms, last round)"
     )
-    errors = []
+    compared = []
     for row in rows.values():
-        if row["errors"] or not row["measured"]:
+        if row["failed"] or not row["rounds"]:
             print(f"{row['job']:32s} {row['ranks']:>5d} FAILED")
             continue
-        m = statistics.median(row["measured"])
-        e = (row["predicted"] - m) / m
-        row["error"], row["measured_median"] = e, m
-        errors.append((abs(e), row["job"]))
+        rr = row["rounds"]
+        row["error"] = statistics.median(r["error"] for r in rr)
+        row["predicted"] = statistics.median(r["predicted"] for r in rr)
+        row["measured"] = statistics.median(r["measured"] for r in rr)
+        if row["job"] != canary.name:
+            compared.append(row)
         parts = ", ".join(
-            f"{k} {v * 1e3:.0f}" for k, v in sorted(row["breakdown"].items(), key=lambda kv: -kv[1])
+            f"{k} {v * 1e3:.0f}"
+            for k, v in sorted(rr[-1]["breakdown"].items(), key=lambda kv: -kv[1])
+        )
+        per_round = ", ".join(f"{100 * r['error']:+.0f}" for r in rr)
+        print(
+            f"{row['job']:32s} {row['ranks']:>5d} {row['predicted']:>11.3f} {row['measured']:>10.3f}"
+            f" {100 * row['error']:>+7.1f}%  {per_round}  {parts}"
+        )
+    failed = [r["job"] for r in rows.values() if r["failed"]]
+    summary = {"jobs": len(jobs), "failed": failed, "wall_s": time.monotonic() - start}
+    canary_rounds = [r["error"] for r in rows[canary.name]["rounds"]]
+    summary["canary_error_per_round"] = canary_rounds
+    loaded = sum(
+        r["foreign_cores"] > load_guard.FOREIGN_CORES
+        for row in rows.values()
+        for r in row["rounds"]
+    )
+    summary["loaded_measurements"] = loaded
+    if compared:
+        summary.update(summarize(compared))
+        print(
+            f"\nsummary over {summary['compared']} jobs ({args.rounds} rounds, {summary['wall_s']:.0f}s):"
+            f" median |error| {100 * summary['median_abs_error']:.1f}% (goal <= {100 * GOAL_ABS:.0f}%),"
+            f" bias (median signed error) {100 * summary['median_signed_error']:+.1f}%"
+            f" (goal within +/-{100 * GOAL_BIAS:.0f}%), spread (median |error - bias|)"
+            f" {100 * summary['spread']:.1f}%, worst {100 * summary['worst_abs_error']:.1f}%"
+            f" ({summary['worst_job']}), {summary['within']}/{summary['compared']} within"
+            f" +/-{100 * WITHIN:.0f}%, {summary['too_fast']} predicted too fast"
         )
         print(
-            f"{row['job']:32s} {row['ranks']:>5d} {row['predicted']:>11.3f} {m:>10.3f} {100 * e:>+7.1f}%  "
-            f"{', '.join(f'{x:.3f}' for x in row['measured'])}  {parts}"
-        )
-    failed = [r["job"] for r in rows.values() if r["errors"]]
-    summary = {"jobs": len(rows), "failed": failed, "wall_s": time.monotonic() - start}
-    if errors:
-        worst = max(errors)
-        summary.update(
-            median_abs_error=statistics.median(e for e, _ in errors),
-            worst_abs_error=worst[0],
-            worst_job=worst[1],
-            within=sum(e <= WITHIN for e, _ in errors),
-            compared=len(errors),
-        )
-        print(
-            f"\nsummary: median |error| {100 * summary['median_abs_error']:.1f}% over {len(errors)} jobs, worst"
-            f" {100 * worst[0]:.1f}% ({worst[1]}), {summary['within']}/{len(errors)} within +/-{100 * WITHIN:.0f}%;"
-            f" {len(errors)}/{len(rows)} jobs ran"
-            + (f", failed: {', '.join(failed)}" if failed else "")
-            + f" ({summary['wall_s']:.0f}s)"
+            "canary error per round: "
+            + ", ".join(f"{100 * e:+.1f}%" for e in canary_rounds)
+            + f"; measurements taken while others used > {load_guard.FOREIGN_CORES} cores: {loaded}"
+            + (f"; failed: {', '.join(failed)}" if failed else "")
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -89,14 +89,17 @@ def machine_key() -> str:
     return f"{cpu} | {os.cpu_count()} cpus | torch {torch.__version__}"
 
 
-def _best(fn, repeat: int = 5) -> float:
+def _timed(fn, repeat: int = 5) -> float:
+    """The median of `repeat` timed calls after one warm-up: the statistic a training job's
+    step time is read with (scripts/step_time_check.py), so that predicted and measured seconds
+    are the same kind of number (the best of N reads a CPU faster than any step runs)."""
     fn()
-    best = float("inf")
+    times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def measure_gemm(dtype=torch.float32) -> tuple[float, float]:
@@ -119,7 +122,7 @@ def measure_gemm(dtype=torch.float32) -> tuple[float, float]:
             for _ in range(reps):
                 torch.mm(a, b)
 
-        secs.append(_best(run) / reps)
+        secs.append(_timed(run) / reps)
         flops.append(2.0 * m * k * n)
     # the peak: the median rate of the LLM-shaped GEMMs; the half-efficiency size from the
     # smallest one (a line fit's intercept is noise at these sizes)
@@ -143,7 +146,7 @@ def measure_memory() -> float:
         (lambda: x.sum(-1), 1),
         (lambda: x.clone(), 2),
     ]
-    total_s = sum(_best(fn, 20) for fn, _ in ops)
+    total_s = sum(_timed(fn, 20) for fn, _ in ops)
     return sum(n for _, n in ops) * x.numel() * 4 / total_s / 1e9
 
 
@@ -160,7 +163,7 @@ def measure_attention(peak: float) -> tuple[dict[int, float], int]:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
-        return _best(run, 3)
+        return _timed(run, 3)
 
     eff = {}
     for d in _HEAD_DIMS:
@@ -252,7 +255,7 @@ def _ops_per_second(step) -> tuple[float, int]:
     with Count():
         step()
     ops = Count.n
-    return _best(step) / ops * 1e6, ops
+    return _timed(step) / ops * 1e6, ops
 
 
 def _block_step(threads: int) -> float:
@@ -274,7 +277,7 @@ def _block_step(threads: int) -> float:
             a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
             (h.sum() + a.sum()).backward()
 
-        return _best(run, 3)
+        return _timed(run, 3)
     finally:
         torch.set_num_threads(previous)
 
@@ -292,7 +295,7 @@ def measure_sharing(cores: int) -> dict[str, float]:
     cores), for 2 and 4 processes."""
     import torch.multiprocessing as mp
 
-    alone = min(_block_step(1) for _ in range(2))
+    alone = statistics.median(_block_step(1) for _ in range(3))
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (2, 4):
@@ -346,7 +349,7 @@ def _framework_worker(path: str, out_path: str) -> None:
     counter = Count()
     with counter:
         chain(dx, dw)
-    dtensor_us = (_best(lambda: chain(dx, dw)) - _best(lambda: chain(x, w))) / counter.dtensor * 1e6
+    dtensor_us = (_timed(lambda: chain(dx, dw)) - _timed(lambda: chain(x, w))) / counter.dtensor * 1e6
 
     def units(n: int, shard: bool) -> torch.nn.Module:
         model = torch.nn.Sequential(
@@ -361,7 +364,7 @@ def _framework_worker(path: str, out_path: str) -> None:
     xs = torch.randn(4, 16)
     n_units = 8
     plain, sharded = units(n_units, False), units(n_units, True)
-    fsdp_us = _best(lambda: sharded(xs).sum().backward()) - _best(
+    fsdp_us = _timed(lambda: sharded(xs).sum().backward()) - _timed(
         lambda: plain(xs).sum().backward()
     )
     # on one process FSDP2 skips the collectives themselves; a unit that reshards after
@@ -429,8 +432,8 @@ def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
         }
         for kind, fn in ops.items():
             loop(fn, 2)
-            alone = min(loop() for _ in range(2))
-            with_it = min(loop(fn) for _ in range(3))
+            alone = statistics.median(loop() for _ in range(3))
+            with_it = statistics.median(loop(fn) for _ in range(3))
             # bytes as step_time counts them: gathered output, reduced input, the tensor otherwise
             nbytes = x.numel() * 4 * (world if kind == "all_gather" else 1)
             results.setdefault(kind, []).append((nbytes, max(with_it - alone, 1e-7) / 8))
