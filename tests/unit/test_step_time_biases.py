@@ -216,3 +216,27 @@ def test_an_action_the_simulation_did_not_run_fails_instead_of_costing_nothing()
     }
     with pytest.raises(KeyError, match="ran no B action of stage 0"):
         step_time.pipeline_seconds({0: [(0, "F", 0), (0, "B", 0)]}, {0: 0}, times, 0.0, 1)
+
+
+def test_the_first_stages_input_backward_is_nothing_when_its_weight_action_ran():
+    """ZBV's first stage has no input to differentiate: torch runs its whole backward in the
+    weight action, so the simulation has W but no I for it (a training run with the local
+    profile failed at start-up on this). Any other missing I still fails."""
+    w = step_time.Timed(2.0)
+    first = step_time.RankTimes(
+        step_time.Timed(),
+        {(0, "F", 0): step_time.Timed(1.0), (0, "W", 0): w},
+        step_time.Timed(),
+    )
+    assert first.action(0, "I", 0).seconds == 0.0
+    assert first.action(0, "W", 0) is w
+    order = {0: [(0, "F", 0), (0, "I", 0), (0, "W", 0)]}
+    assert step_time.pipeline_seconds(order, {0: 0}, {0: first}, 0.0, 1)[0] == pytest.approx(3.0)
+    with pytest.raises(KeyError, match="ran no I action of stage 1"):
+        first.action(1, "I", 0)
+    later = step_time.RankTimes(
+        step_time.Timed(),
+        {(1, "F", 0): step_time.Timed(1.0), (1, "B", 0): step_time.Timed(3.0)},
+        step_time.Timed(),
+    )
+    assert later.action(1, "I", 0).seconds == 3.0  # an I simulated as a full backward

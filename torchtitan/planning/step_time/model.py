@@ -258,8 +258,9 @@ class RankTimes:
         """The time of one action. A microbatch past those simulated (the layout search times
         more than it simulates) takes the last simulated microbatch's time: the steady state,
         not the first microbatch's, which alone gathers the stage's parameters. A zero-bubble
-        input backward ("I") simulated as a full backward takes its time. Fails for an action
-        the simulation did not run: a missing action is not free."""
+        input backward ("I") simulated as a full backward takes its time; a stage that ran weight
+        actions but no input ones (the first stage) has none to take. Fails for an action the
+        simulation did not run: a missing action is not free."""
         for k in (kind, "B") if kind == "I" else (kind,):
             got = self.actions.get((stage, k, mb))
             if got is not None:
@@ -267,6 +268,11 @@ class RankTimes:
             ran = [m for (s, kk, m) in self.actions if s == stage and kk == k and m is not None]
             if mb is not None and ran and mb > max(ran):
                 return self.actions[(stage, k, max(ran))]
+        if kind == "I" and any(s == stage and k == "W" for s, k, _ in self.actions):
+            # the first stage has no input to differentiate (token ids): torch runs its whole
+            # backward in the weight action, so its input action is simulated as nothing
+            if not any(s == stage and k in ("I", "B") for s, k, _ in self.actions):
+                return Timed()
         raise KeyError(
             f"step-time model: the simulated step ran no {kind} action of stage {stage}"
             f" microbatch {mb} (simulated: {sorted(self.actions, key=str)})"
