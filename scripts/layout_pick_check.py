@@ -12,7 +12,8 @@ layout the search lists and compare the measured speeds.
    layouts spread over its whole ranking are measured (layout_search.json: `pick`, `spread`).
 3. Every listed layout trains STEPS steps with its exact overrides, ROUNDS interleaved rounds;
    measured: the median step_time of steps FIRST_MEASURED.. (metrics.jsonl), then the median
-   over the rounds, as tokens/s per device.
+   over the rounds, as tokens/s per device. No layout is measured while other processes
+   use the cores (load_guard.py: it waits, and measures again a run that shared them).
 4. The goals: the pick measured within 5% of the fastest measured, and the Spearman rank
    correlation of the composed prediction and the measurement >= 0.8.
 """
@@ -28,6 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import load_guard  # noqa: E402
 from memory_check import Launcher  # noqa: E402
 from memory_check_matrix import Job  # noqa: E402
 from step_time_check import measured_step  # noqa: E402
@@ -113,7 +115,14 @@ def main(argv=None) -> int:
                 "--metrics.log_freq=1",
                 f"--job.dump_folder={run_dump}",
             ]
-            rc, log = launcher.run(job, flags, os.path.join(run_dump, "logs"), dry_run=False)
+            for _attempt in range(3):  # behind the load guard (load_guard.py), as step_time_check
+                load_guard.wait_quiet()
+                window = load_guard.Window().start()
+                rc, log = launcher.run(job, flags, os.path.join(run_dump, "logs"), dry_run=False)
+                foreign = window.stop()
+                if rc != 0 or foreign <= load_guard.FOREIGN_CORES:
+                    break
+                print(f"  [load guard] others used {foreign:.2f} cores meanwhile: again")
             if rc != 0:
                 print(f"#{i + 1} round {rnd} FAILED (exit {rc}):\n{log}", flush=True)
                 continue
