@@ -100,3 +100,24 @@ def test_many_microbatches_extrapolate_exactly_from_two_rounds(schedule, monkeyp
     full = _compose(lay)
     assert short.step_seconds == pytest.approx(full.step_seconds, rel=1e-9)
     assert short.parts["compute"] == pytest.approx(full.parts["compute"], rel=1e-6)
+
+
+def test_what_cp_adds_to_a_tokens_activations_is_split_over_tps_heads():
+    """The CP probe's extra kept bytes per token (attention's: gathered K/V, masks) belong to
+    the heads, which TP splits: at TP 8 they are an eighth (the 405B PP layouts' composed peaks
+    were +45% over their full simulation when CP's addition stayed whole)."""
+    seq, blocks = 4096, LAYERS
+    peaks = {}
+    for tp, cp in ((8, 1), (8, 2), (1, 1), (1, 2)):
+        lay = _lay(dp_shard=32 // (tp * cp), tp=tp, cp=cp, world_size=32, local=1)
+        peaks[tp, cp] = _compose(lay).peak_bytes
+    # a CP rank holds seq / cp tokens: what CP 2 removes, then what its probe adds per token
+    unsplit = 2 * PROBE.kept_tp2_per_token - PROBE.kept_per_token
+    cp_add = PROBE.kept_cp2_per_token - PROBE.kept_per_token
+    for tp in (1, 8):
+        per_token = unsplit + (PROBE.kept_per_token - unsplit) / tp
+        removed = per_token * (seq - seq // 2) * blocks
+        added = cp_add / tp * (seq // 2) * blocks
+        transient = PROBE.transient_per_token * (seq - seq // 2) / tp
+        got = peaks[tp, 1] - peaks[tp, 2]
+        assert got == pytest.approx(removed - added + transient, rel=0.05)

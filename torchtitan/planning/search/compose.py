@@ -420,11 +420,11 @@ def compose(
         gathered = _bytes(costs.gather) * blocks_rank
         gathered += _bytes(costs.reduce, "reduce_scatter") * blocks_rank
     # per token: A + B / tp (what TP splits and what it keeps whole, from the probes at TP 1
-    # and 2), plus what CP adds per token a rank holds
+    # and 2), plus what CP adds per token a rank holds (attention's: split over TP's heads)
     unsplit = max(0.0, 2 * pr.kept_tp2_per_token - pr.kept_per_token)
     per_token = unsplit + (pr.kept_per_token - unsplit) / d.tp
     if d.cp > 1:
-        per_token += max(0.0, pr.kept_cp2_per_token - pr.kept_per_token)
+        per_token += max(0.0, pr.kept_cp2_per_token - pr.kept_per_token) / d.tp
     kept = per_token * tokens * blocks_rank * in_flight
     if d.ep > 1 and lay.ac != "full" and any(p.expert for p in block):
         # expert parallel's all-to-all buffers (the token copies routed out and back), kept
