@@ -77,6 +77,15 @@ class HardwareProfile:
     # (SAC's dispatch modes); measured on a CPU, 0 where not measured
     ac_us_per_op: float = 0.0
     sac_us_per_op: float = 0.0
+    # host time of one FSDP2 hook (pre/post forward, pre/post backward of a unit: its Python,
+    # the per-parameter bookkeeping), charged per hook the trace sees run, on any mesh, a 1-rank
+    # one included; measured on a CPU (the framework's own blocks), 0 where not measured (GPU
+    # profiles count FSDP2's host time in host_us_per_collective)
+    host_us_per_fsdp_hook: float = 0.0
+    # CPU: a memory-bound op moving more than cache_bytes streams them from DRAM at dram_gbps
+    # (hbm_gbps is then the last-level cache's rate, which activation-sized ops get); 0: one rate
+    dram_gbps: float = 0.0
+    cache_bytes: int = 0
     # sustained fraction of the boost clock the tensor cores hold (a power cap lowers it)
     clock_factor: float = 1.0
     # measured profiles: attention's efficiency by head dim (log-interpolated; else attention_efficiency)

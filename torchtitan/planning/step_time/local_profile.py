@@ -10,13 +10,14 @@ What a CPU training rank runs on: one thread per rank when several ranks share t
   line t = flops / peak + fixed gives the peak and the size at half efficiency
   (fixed x peak), which is the profile's GEMM curve (hardware.py);
 - memory-bound ops (one thread): a block's elementwise ops and reductions on activation-sized
-  tensors, bytes read and written per second;
+  tensors, bytes read and written per second; and the same on tensors beyond the last-level
+  cache (an op moving more than the cache holds, such as the optimizer's, streams from DRAM);
 - attention (SDPA forward + backward): efficiency against the GEMM peak by head dim, and the
   block a causal mask lets the kernel skip;
 - host time per op: a chain of small ops with autograd, forward and backward, divided by
   the ops the dispatcher saw (Python, autograd, dispatch: what dominates tiny models); what
-  DTensor adds per op on DTensors, and what FSDP2 adds around each of its collectives
-  (fully_shard units against plain ones, on a 1-process gloo group);
+  DTensor adds per op on DTensors, and what each FSDP2 hook costs (the framework's own
+  blocks fully_shard-ed against plain ones, on a 1-process gloo group, over the hooks run);
 - the thread speedup: a small block's forward + backward on every core vs one thread (a
   job with fewer ranks than cores gives each rank more threads: run_train.sh), and the
   slowdown of that block when 2 and when 4 single-threaded processes run it at once
@@ -69,6 +70,7 @@ _GEMM_SHAPES = (
     (128, 128, 128, "nn"),
 )
 _HEAD_DIMS = (16, 32, 64, 128)
+PROFILE_VERSION = 2  # 2: medians (not the best of N), FSDP2's host time per hook, DRAM
 
 
 def cache_path() -> str:
@@ -86,7 +88,8 @@ def machine_key() -> str:
             )
     except OSError:
         pass
-    return f"{cpu} | {os.cpu_count()} cpus | torch {torch.__version__}"
+    # the profile's version: a cache measured by an earlier micro-benchmark is measured again
+    return f"{cpu} | {os.cpu_count()} cpus | torch {torch.__version__} | profile {PROFILE_VERSION}"
 
 
 def _timed(fn, repeat: int = 5) -> float:
@@ -148,6 +151,32 @@ def measure_memory() -> float:
     ]
     total_s = sum(_timed(fn, 20) for fn, _ in ops)
     return sum(n for _, n in ops) * x.numel() * 4 / total_s / 1e9
+
+
+def cache_bytes() -> int:
+    """The last-level cache (sysfs; 32 MiB where it does not say): an op moving more bytes
+    than this streams them from DRAM."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in os.listdir(base):
+            with open(os.path.join(base, index, "size")) as f:
+                text = f.read().strip()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * unit)
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+def measure_dram(limit: int) -> float:
+    """GB/s of the same kind of ops on tensors four times the last-level cache (one thread):
+    what an op touching cold data gets, such as the optimizer over every parameter's states."""
+    n = max(1 << 20, 4 * limit // 4)  # float32 elements: 4 x the cache per tensor
+    x, y = torch.randn(n), torch.randn(n)
+    ops = [(lambda: x + y, 3), (lambda: x * y, 3), (lambda: x.clone(), 2)]
+    total_s = sum(_timed(fn, 3) for fn, _ in ops)
+    return sum(k for _, k in ops) * n * 4 / total_s / 1e9
 
 
 def measure_attention(peak: float) -> tuple[dict[int, float], int]:
@@ -307,8 +336,8 @@ def measure_sharing(cores: int) -> dict[str, float]:
 
 
 def _framework_worker(path: str, out_path: str) -> None:
-    """One gloo process: DTensor's host time per op, and the host time FSDP2 spends around
-    each of its collectives (hooks, copy-in / copy-out), against plain modules."""
+    """One gloo process: DTensor's host time per op, and the host time of one FSDP2 hook
+    (its Python and per-parameter bookkeeping), against plain modules."""
     import warnings
 
     import torch.distributed as dist
@@ -349,29 +378,51 @@ def _framework_worker(path: str, out_path: str) -> None:
     counter = Count()
     with counter:
         chain(dx, dw)
-    dtensor_us = (_timed(lambda: chain(dx, dw)) - _timed(lambda: chain(x, w))) / counter.dtensor * 1e6
+    dtensor_us = (
+        (_timed(lambda: chain(dx, dw)) - _timed(lambda: chain(x, w))) / counter.dtensor * 1e6
+    )
 
-    def units(n: int, shard: bool) -> torch.nn.Module:
-        model = torch.nn.Sequential(
-            *[torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU()) for _ in range(n)]
-        )
+    # FSDP2's hooks, on the framework's own Llama3 blocks (flavor tiny: the kernels take next
+    # to nothing), every block and the root fully_shard-ed on the 1-process mesh against the
+    # same model plain: the host time per hook the trace charges (trace._FSDP_HOOKS)
+    from torchtitan.config.manager import build_config
+    from torchtitan.planning.step_time.trace import _FSDP_HOOKS
+    from torchtitan.training.planned_job import model_on_meta
+
+    cfg, _ = build_config(["--model.name=llama3", "--model.flavor=tiny", "--training.seq_len=16"])
+
+    def llama(shard: bool) -> torch.nn.Module:
+        model = model_on_meta(cfg).model
+        model.to_empty(device="cpu")
+        model.init_weights(0, torch.device("cpu"))
         if shard:
-            for unit in model:
-                fully_shard(unit, mesh=mesh)
+            for block in model.layers.values():
+                fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
         return model
 
-    xs = torch.randn(4, 16)
-    n_units = 8
-    plain, sharded = units(n_units, False), units(n_units, True)
-    fsdp_us = _timed(lambda: sharded(xs).sum().backward()) - _timed(
-        lambda: plain(xs).sum().backward()
-    )
-    # on one process FSDP2 skips the collectives themselves; a unit that reshards after
-    # forward issues three per step (gather in forward and in backward, reduce-scatter)
-    fsdp_us = fsdp_us / (3 * n_units) * 1e6
+    tokens = torch.randint(0, 100, (4, 16))
+    plain, sharded = llama(False), llama(True)
+
+    class Hooks(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._overloadpacket._qualified_op_name
+            if name.startswith("profiler::") and args and str(args[0]).startswith(_FSDP_HOOKS):
+                Hooks.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Hooks():
+        sharded(tokens).float().sum().backward()
+    hook_us = (
+        _timed(lambda: sharded(tokens).float().sum().backward())
+        - _timed(lambda: plain(tokens).float().sum().backward())
+    ) / max(Hooks.n, 1)
     with open(out_path, "w") as f:
-        json.dump({"dtensor_us_per_op": dtensor_us, "host_us_per_collective": fsdp_us}, f)
+        json.dump(
+            {"dtensor_us_per_op": dtensor_us, "host_us_per_fsdp_hook": max(0.0, hook_us * 1e6)}, f
+        )
     dist.destroy_process_group()
 
 
@@ -482,6 +533,8 @@ def measure() -> HardwareProfile:
         peak, half = measure_gemm()
         peak_bf16, _ = measure_gemm(torch.bfloat16)
         memory = measure_memory()
+        llc = cache_bytes()
+        dram = measure_dram(llc)
         host, ac_us, sac_us = measure_host_per_op()
         attention, block = measure_attention(peak)
     finally:
@@ -514,7 +567,12 @@ def measure() -> HardwareProfile:
         memory_efficiency=1.0,
         host_us_per_op=host,
         dtensor_us_per_op=framework["dtensor_us_per_op"],
-        host_us_per_collective=framework["host_us_per_collective"],
+        # FSDP2's host time is charged per hook (host_us_per_fsdp_hook); gloo's own per call
+        # is in the fixed cost per collective kind (collective_us)
+        host_us_per_collective=0.0,
+        dram_gbps=dram,
+        cache_bytes=llc,
+        host_us_per_fsdp_hook=framework["host_us_per_fsdp_hook"],
         thread_speedup=speedup,
         sharing=sharing,
         ac_us_per_op=ac_us,

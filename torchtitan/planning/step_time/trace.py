@@ -56,6 +56,13 @@ _GEMM = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.def
 _ATTENTION_FWD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
 _ATTENTION_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
 # ops that launch no kernel besides views: allocation without a fill, metadata, host reads
+# the record_function names FSDP2 (torch 2.13) opens around each unit's hooks
+_FSDP_HOOKS = (
+    "FSDP::pre_forward",
+    "FSDP::post_forward",
+    "FSDP::pre_backward",
+    "FSDP::post_backward_reshard",
+)
 _NO_KERNEL = {
     "empty",
     "empty_strided",
@@ -168,6 +175,8 @@ def op_seconds(
     """(device seconds, host seconds) of one op on profile `p` (roofline: the larger of the
     FLOPs at the class's efficiency and the bytes at the memory efficiency)."""
     bandwidth = p.hbm_gbps * 1e9 * p.memory_efficiency
+    if p.dram_gbps and nbytes > p.cache_bytes:  # a CPU op beyond the cache: DRAM's rate
+        bandwidth = p.dram_gbps * 1e9 * p.memory_efficiency
     host = p.host_us_per_op * 1e-6 / (p.compiled_ops_per_kernel if compiled else 1.0)
     if kind == "memory":
         return nbytes * (p.compiled_memory_fraction if compiled else 1.0) / bandwidth, host
@@ -265,6 +274,14 @@ class OpTrace:
                 )
             )
             return
+        if (
+            namespace == "profiler"
+            and self.profile.host_us_per_fsdp_hook
+            and args
+            and isinstance(args[0], str)
+            and args[0].startswith(_FSDP_HOOKS)
+        ):  # an FSDP2 hook starts (its record_function): its Python around the ops it runs
+            self._host(self.profile.host_us_per_fsdp_hook * 1e-6, label, action)
         if namespace == "prim" or name in _NO_KERNEL or getattr(func, "is_view", False):
             # no kernel, but dispatched all the same (profile.host_us_per_op is measured over every op)
             if not self.compiled or label in UNCOMPILED:
