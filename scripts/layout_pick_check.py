@@ -15,7 +15,9 @@ layout the search lists and compare the measured speeds.
    over the rounds, as tokens/s per device. No layout is measured while other processes
    use the cores (load_guard.py: it waits, and measures again a run that shared them).
 4. The goals: the pick measured within 5% of the fastest measured, and the Spearman rank
-   correlation of the composed prediction and the measurement >= 0.8.
+   correlation of the composed prediction and the measurement >= 0.8. Printed beside: each
+   run's own start-up prediction (the full model, plan.json) and its rank correlation, which
+   tells the composition's error from the model's.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def main(argv=None) -> int:
     ranked = [result["pick"], *spread[: args.layouts - 1]]
     tokens = result["global_batch"] * _seq_len(dump)
     measured: dict[int, list[float]] = {i: [] for i in range(len(ranked))}
+    full: dict[int, float | None] = {}  # the run's own start-up prediction (the full model)
     for rnd in range(1, args.rounds + 1):
         for i, cand in enumerate(ranked):
             job = Job(f"llama_pick_{i + 1}", RANKS, "llama3", _settings(cand["overrides"]))
@@ -128,6 +131,7 @@ def main(argv=None) -> int:
                 continue
             step = measured_step(os.path.join(run_dump, "metrics.jsonl"))
             measured[i].append(step)
+            full[i] = full_prediction(os.path.join(run_dump, "plan.json")) or full.get(i)
             print(f"round {rnd} #{i + 1} {cand['layout']}: {step:.3f}s", flush=True)
     rows = []
     for i, cand in enumerate(ranked):
@@ -135,17 +139,21 @@ def main(argv=None) -> int:
             continue
         step = statistics.median(measured[i])
         rows.append((i + 1, cand, tokens / step / RANKS, step))
+        cand["full_tokens_per_second_per_device"] = (
+            tokens / full[i] / RANKS if full.get(i) else None
+        )
     if not rows:
         print("error: no layout ran", file=sys.stderr)
         return 1
     fastest = max(r[2] for r in rows)
     order = sorted(rows, key=lambda r: -r[2])
     print(
-        f"\n{'rank':>6}  {'composed tok/s/dev':>18}  {'measured tok/s/dev':>18}  {'measured #':>10}  {'vs fastest':>10}  layout"
+        f"\n{'rank':>6}  {'composed tok/s/dev':>18}  {'full tok/s/dev':>14}  {'measured tok/s/dev':>18}  {'measured #':>10}  {'vs fastest':>10}  layout"
     )
     for i, cand, tps, _ in rows:
         print(
-            f"{cand['rank']:>6}  {cand['composed_tokens_per_second_per_device']:>18,.0f}  {tps:>18,.0f}"
+            f"{cand['rank']:>6}  {cand['composed_tokens_per_second_per_device']:>18,.0f}"
+            f"  {cand['full_tokens_per_second_per_device'] or 0:>14,.0f}  {tps:>18,.0f}"
             f"  {order.index((i, cand, tps, _)) + 1:>10}"
             f"  {100 * (tps - fastest) / fastest:>+9.1f}%  {cand['layout']}{'  <- pick' if i == 1 else ''}"
         )
@@ -154,14 +162,29 @@ def main(argv=None) -> int:
     rho = spearman(
         [r[1]["composed_tokens_per_second_per_device"] for r in rows], [r[2] for r in rows]
     )
+    timed = [r for r in rows if r[1]["full_tokens_per_second_per_device"]]
+    rho_full = spearman(
+        [r[1]["full_tokens_per_second_per_device"] for r in timed], [r[2] for r in timed]
+    )
     first = rows[0]
     ok = first[0] == 1 and first[2] >= (1 - WITHIN) * fastest
     print(
         f"\nthe pick measured {100 * (first[2] - fastest) / fastest:+.1f}% vs the fastest of the"
         f" {len(rows)} measured ({'within' if ok else 'NOT within'} {100 * WITHIN:.0f}%);"
-        f" Spearman (composed vs measured) {rho:+.2f} (goal >= {SPEARMAN_GOAL})"
+        f" Spearman (composed vs measured) {rho:+.2f} (goal >= {SPEARMAN_GOAL}); the full"
+        f" model (each run's own start-up prediction) vs measured {rho_full:+.2f}"
     )
     return 0 if ok and rho >= SPEARMAN_GOAL else 1
+
+
+def full_prediction(plan_path: str) -> float | None:
+    """The run's own start-up prediction of its step (plan.json, the slowest role), or None."""
+    try:
+        with open(plan_path) as f:
+            roles = json.load(f).get("step_time_per_rank_role") or []
+    except (OSError, ValueError):
+        return None
+    return max((r["predicted_step_seconds"] for r in roles), default=None)
 
 
 def _seq_len(dump: str) -> int:
