@@ -121,3 +121,34 @@ def test_what_cp_adds_to_a_tokens_activations_is_split_over_tps_heads():
         transient = PROBE.transient_per_token * (seq - seq // 2) / tp
         got = peaks[tp, 1] - peaks[tp, 2]
         assert got == pytest.approx(removed - added + transient, rel=0.05)
+
+
+def test_a_cpu_blocks_host_time_is_not_counted_again_as_excess():
+    """On a CPU the thread that dispatches an op runs it: a block's run is device + host, and
+    nothing is left over. Before, the probe took max(device, host) there too, so the host time
+    came back as 'excess' and the composition counted it twice (the 4-rank debug job's host
+    time composed 2x the full model's)."""
+    from torchtitan.planning.search.probe import excess_seconds
+
+    cpu = dataclasses.replace(H100, host_async=False)
+    assert excess_seconds(3.0, 1.0, 4.0, cpu) == 0.0
+    assert excess_seconds(3.0, 1.0, 4.0, H100) == pytest.approx(1.0)  # a GPU: over max(3, 1)
+    assert excess_seconds(1.0, 3.0, 3.5, H100) == pytest.approx(0.5)
+
+
+def test_a_float32_job_moves_four_bytes_per_activation_and_gathered_parameter():
+    """The composition took bf16 on the wire for every job; a CPU job computes in float32
+    (training.mixed_precision_param auto), so its TP, CP, EP and P2P traffic and FSDP's
+    gathers are twice as many bytes."""
+    fp32 = dataclasses.replace(MODEL, act_bytes=4)
+    lay = _lay(dp_shard=8, tp=2)
+    args = dict(seq=4096, global_batch=64, states_bytes=2**30, compiled=False)
+    bf16_parts = compose.compose(lay, MODEL, PROBES, H100, **args).parts
+    fp32_parts = compose.compose(lay, fp32, PROBES, H100, **args).parts
+    assert fp32_parts["comm_tp"] > 1.5 * bf16_parts["comm_tp"]
+    from types import SimpleNamespace
+
+    shapes = SimpleNamespace(blocks=MODEL.blocks, first=MODEL.first, last=MODEL.last)
+    args = SimpleNamespace(dim=DIM, vocab_size=VOCAB, n_layers=LAYERS, attention=None, moe=None)
+    assert compose.model_of(shapes, args, "float32").act_bytes == 4
+    assert compose.model_of(shapes, args, "bfloat16").act_bytes == 2

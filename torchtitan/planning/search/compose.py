@@ -51,9 +51,9 @@ from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time.rank import _stretch
 from torchtitan.planning.step_time.trace import Comm, Compute, Segment, causal_kept
 
-ACT_BYTES = 2  # bf16 activations on the wire (TP, CP, EP, P2P)
+ACT_BYTES = 2  # bf16 activations on the wire (TP, CP, EP, P2P): Model.act_bytes's default
 _EXTRAPOLATE_FROM = 4  # pipelines of more than this x pp microbatches: extrapolated (_pipeline)
-GATHER_BYTES, REDUCE_BYTES = 2, 4  # FSDP: bf16 parameters gathered, fp32 gradients reduced
+REDUCE_BYTES = 4  # FSDP: fp32 gradients reduced (parameters gathered at Model.act_bytes)
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,12 @@ class Model:
     blocks: list  # per block: its Params (models/shapes.Param)
     first: list
     last: list
+    # bytes of an activation element and of a gathered parameter element: the job's
+    # training.mixed_precision_param (2 for bfloat16; 4 when a job computes in float32)
+    act_bytes: int = ACT_BYTES
 
 
-def model_of(shapes, args) -> Model:
+def model_of(shapes, args, param_dtype: str = "bfloat16") -> Model:
     """`args`: models.protocol.ModelArgs. A model that states no attention facts (a user's
     model package may not) composes without the attention term: the probe then measures its
     attention with the memory-bound time, linear in the tokens."""
@@ -120,6 +123,7 @@ def model_of(shapes, args) -> Model:
         shapes.blocks,
         shapes.first,
         shapes.last,
+        4 if param_dtype == "float32" else ACT_BYTES,
     )
 
 
@@ -274,7 +278,7 @@ def _block_costs(
     else:
         fwd, bwd = [fwd], [bwd]
     crit_f, crit_b = [], []
-    act = ACT_BYTES * tokens * m.dim
+    act = m.act_bytes * tokens * m.dim
     if d.tp > 1:  # sequence parallel: gather before attention and MLP, reduce-scatter after
         pair = [
             Comm("all_gather", "tp", act, "functional"),
@@ -283,11 +287,11 @@ def _block_costs(
         crit_f += pair * 2
         crit_b += pair * 2
     if d.cp > 1:
-        kv = ACT_BYTES * tokens * d.cp * m.kv_width // d.tp
+        kv = m.act_bytes * tokens * d.cp * m.kv_width // d.tp
         crit_f.append(Comm("all_gather", "cp", kv, "functional"))
         crit_b.append(Comm("reduce_scatter", "cp", kv, "functional"))
     if moe and d.ep > 1:
-        a2a = int(ACT_BYTES * tokens / d.tp * m.dim * m.top_k * skew)
+        a2a = int(m.act_bytes * tokens / d.tp * m.dim * m.top_k * skew)
         crit_f += [Comm("all_to_all", "ep", a2a, "functional")] * 2
         crit_b += [Comm("all_to_all", "ep", a2a, "functional")] * 2
     dense = sum(p.numel / (d.tp if p.tp_dim is not None else 1) for p in block if not p.expert)
@@ -295,10 +299,10 @@ def _block_costs(
     gather, reduce = [], []
     shard = d.dp_shard * d.cp
     if shard > 1:
-        gather.append(Comm("all_gather", "fsdp", int(GATHER_BYTES * dense), "c10d"))
+        gather.append(Comm("all_gather", "fsdp", int(m.act_bytes * dense), "c10d"))
         reduce.append(Comm("reduce_scatter", "fsdp", int(REDUCE_BYTES * dense), "c10d"))
         if expert:
-            gather.append(Comm("all_gather", "efsdp", int(GATHER_BYTES * expert), "c10d"))
+            gather.append(Comm("all_gather", "efsdp", int(m.act_bytes * expert), "c10d"))
             reduce.append(Comm("reduce_scatter", "efsdp", int(REDUCE_BYTES * expert), "c10d"))
         # FSDP's copies around each gather and reduction: the probe's, per element the rank
         # gathers (the probe: 2 gathers and 1 reduction per pass)
@@ -431,7 +435,7 @@ def compose(
         # for backward per MoE block and microbatch in flight (op SAC keeps them too); the
         # probe runs without EP and has none
         moe_blocks = sum(1 for b in m.blocks if any(p.expert for p in b)) / d.pp
-        copies = 2 * ACT_BYTES * tokens / d.tp * m.top_k * m.dim * skew
+        copies = 2 * m.act_bytes * tokens / d.tp * m.top_k * m.dim * skew
         kept += copies * moe_blocks * in_flight
     transient = pr.transient_per_token * tokens / d.tp
     peak = states_bytes + kept + transient + gathered
@@ -485,7 +489,7 @@ def _pipeline(lay, m: Model, costs, rest, *, tail, groups, hw, accum, tokens):
                 for (k, mb), t in kind.items():
                     actions[(s, k, mb)] = t
             p2p = step_time.collective_seconds(
-                "send", ACT_BYTES * tokens * m.dim, groups.ranks["pp"], hw
+                "send", m.act_bytes * tokens * m.dim, groups.ranks["pp"], hw
             )
             times[r] = step_time.RankTimes(step_time.Timed(), actions, tail, p2p)
         roles = [(f"pp{r}", [r], r) for r in times]

@@ -111,12 +111,17 @@ class _Composer:
     setting the choices need, for the AC modes they use."""
 
     def __init__(self, job: PlannedJob, hardware, cfgs: list):
+        from torchtitan.dtypes import param_dtype
         from torchtitan.planning.memory.model_states import model_shapes
         from torchtitan.planning.search import compose
 
         self.job, self.hw = job, hardware
         self.shapes = model_shapes(job.cfg.model.name, job.args)
-        self.model = compose.model_of(self.shapes, job.args)
+        self.model = compose.model_of(
+            self.shapes,
+            job.args,
+            param_dtype(job.cfg.training.mixed_precision_param, job.target),
+        )
         self.probes: dict[bool, dict] = {}
         self.states: dict = {}
         self.mine = None  # the job's own composed figures, once computed

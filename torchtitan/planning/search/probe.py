@@ -57,6 +57,15 @@ def probe_args(args, blocks: int):
     return dataclasses.replace(args, n_layers=blocks, **extra)
 
 
+def excess_seconds(device_s: float, host_s: float, busy_s: float, hw) -> float:
+    """Running a block's ops as the device does (`busy_s`) over what its device and host time
+    compose to: max(device, host) where the host queues kernels (a GPU), device + host where
+    the thread that dispatches an op runs it (a CPU: its run is that sum and has no excess;
+    max(...) there counted the host time twice, once as host and once as excess)."""
+    bound = max(device_s, host_s) if hw.host_async else device_s + host_s
+    return max(0.0, busy_s - bound)
+
+
 def _simulate(job: PlannedJob, hw, ac: str, blocks: int, *, tp: int = 1, cp: int = 1) -> dict:
     """One probe simulation: the step time's parts and the peak's categories."""
     from torchtitan.planning.memory import predict
@@ -156,9 +165,9 @@ def probe(
         def mem(sim: dict, *cats: str) -> float:
             return sum(sim["memory"].get(c, 0) for c in cats)
 
-        def excess(where) -> float:  # running ops as the GPU does, over max(device, host)
+        def excess(where) -> float:
             dev = delta("compute", where) + delta("recompute", where)
-            return max(0.0, delta("gpu_busy", where) - max(dev, delta("overhead", where)))
+            return excess_seconds(dev, delta("overhead", where), delta("gpu_busy", where), hw)
 
         def memory(t: int, c: int) -> float:
             return max(0.0, delta("compute", (t, c)) - kernels(t, c))
@@ -182,7 +191,7 @@ def probe(
         kept = kept_block / seq
         # the 1-block peak less states, that block's kept activations and the unit's own
         # transients (its gathered bf16 parameters and unsharded fp32 gradients), per token
-        unit_bytes = (compose.GATHER_BYTES + compose.REDUCE_BYTES) * unit
+        unit_bytes = (model.act_bytes + compose.REDUCE_BYTES) * unit
         transient = (one["peak"] - states1 - kept_block - unit_bytes) / seq
         dense = sum(p.numel for p in block if not p.expert and p.tp_dim is not None)
         at_tp2 = param_memory * (unit - dense + dense / tp2) / unit  # TP splits the dense
@@ -228,7 +237,7 @@ def probe(
                     k * none.kept_cp2_per_token,
                 )
             elif ac == "full":  # the block's input, sequence-parallel under TP
-                input_bytes = compose.ACT_BYTES * model.dim
+                input_bytes = model.act_bytes * model.dim
                 kept = (input_bytes, input_bytes / tp2, input_bytes)
             else:
                 continue

@@ -35,6 +35,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from torchtitan.dtypes import param_dtype
 from torchtitan.planning.search import compose
 from torchtitan.planning.search import space as layout_space
 from torchtitan.planning.search.child import in_child
@@ -136,7 +137,9 @@ def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate],
         if states is not None and states <= budget:
             within.append((lay, states))
     t1 = time.perf_counter()
-    model = compose.model_of(shapes, args)
+    model = compose.model_of(
+        shapes, args, param_dtype(job.cfg.training.mixed_precision_param, job.target)
+    )
     probes = block_probe.probe(job, hw, sorted({lay.ac for lay, _ in within}), model)
     t2 = time.perf_counter()
     log(f"  probe of the block: {len(probes)} AC modes in {t2 - t1:.1f}s", flush=True)
