@@ -70,7 +70,8 @@ _GEMM_SHAPES = (
     (128, 128, 128, "nn"),
 )
 _HEAD_DIMS = (16, 32, 64, 128)
-PROFILE_VERSION = 2  # 2: medians (not the best of N), FSDP2's host time per hook, DRAM
+# 2: medians (not the best of N), FSDP2's host time per hook, DRAM; 3: DRAM in place
+PROFILE_VERSION = 3
 
 
 def cache_path() -> str:
@@ -170,11 +171,14 @@ def cache_bytes() -> int:
 
 
 def measure_dram(limit: int) -> float:
-    """GB/s of the same kind of ops on tensors four times the last-level cache (one thread):
-    what an op touching cold data gets, such as the optimizer over every parameter's states."""
+    """GB/s of elementwise ops on tensors four times the last-level cache (one thread): what an
+    op touching cold data gets, such as the optimizer over every parameter's states. In place:
+    an op allocating a fresh output this large pays the kernel's first-touch page faults
+    (measured: 6.2-6.4 GB/s that way), which the optimizer's in-place ops and the allocator's
+    reused blocks do not."""
     n = max(1 << 20, 4 * limit // 4)  # float32 elements: 4 x the cache per tensor
     x, y = torch.randn(n), torch.randn(n)
-    ops = [(lambda: x + y, 3), (lambda: x * y, 3), (lambda: x.clone(), 2)]
+    ops = [(lambda: x.add_(y), 3), (lambda: x.mul_(0.5), 2), (lambda: x.copy_(y), 2)]
     total_s = sum(_timed(fn, 3) for fn, _ in ops)
     return sum(k for _, k in ops) * n * 4 / total_s / 1e9
 
