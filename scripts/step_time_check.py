@@ -204,6 +204,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        print(f"error: --rounds {args.rounds}: give 1 or more rounds", file=sys.stderr)
+        return 2
     canary = parse_matrix(CANARY)[0]
     jobs = [j for j in parse_matrix(JOBS) if args.filter in j.name]
     if not jobs:

@@ -7,14 +7,13 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 import torch.nn.functional as F
+from trace_helpers import trace_segments
 
 from torchtitan import hardware
-from torchtitan.planning.simulate.tracker import LiveBytes
 from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time.trace import (
     Comm,
     Compute,
-    OpTrace,
     Segment,
     causal_kept,
     op_seconds,
@@ -24,14 +23,7 @@ H100 = hardware.PROFILES["h100_sxm"]
 
 
 def _trace(fn, profile=H100, compiled=False) -> list[Segment]:
-    """Run fn under the memory tracker with an OpTrace attached (phase "forward")."""
-    trace = OpTrace(profile, compiled)
-    tracker = LiveBytes(lambda *a: "activations")
-    tracker.observer = trace
-    tracker.phase = "forward"
-    with tracker, trace.recording():
-        fn()
-    return trace.segments
+    return trace_segments(fn, profile, compiled)
 
 
 def _flops(segments) -> float:

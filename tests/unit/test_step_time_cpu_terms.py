@@ -6,22 +6,17 @@ import dataclasses
 
 import pytest
 import torch
+from trace_helpers import trace_segments
 
 from torchtitan import hardware
-from torchtitan.planning.simulate.tracker import LiveBytes
-from torchtitan.planning.step_time.trace import Compute, OpTrace, op_seconds
+from torchtitan.planning.step_time.trace import Compute, op_seconds
 
 H100 = hardware.PROFILES["h100_sxm"]
 
 
 def _host_s(fn, profile) -> float:
-    trace = OpTrace(profile, False)
-    tracker = LiveBytes(lambda *a: "activations")
-    tracker.observer = trace
-    tracker.phase = "forward"
-    with tracker, trace.recording():
-        fn()
-    return sum(e.host_s for s in trace.segments for e in s.events if isinstance(e, Compute))
+    segments = trace_segments(fn, profile)
+    return sum(e.host_s for s in segments for e in s.events if isinstance(e, Compute))
 
 
 def test_each_fsdp2_hook_costs_the_profiles_host_time_on_a_one_rank_mesh(gloo_world):
