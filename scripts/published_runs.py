@@ -209,6 +209,26 @@ ROWS += [
         9930,
         None,
     ),
+    (
+        "qwen3_30b_a3b_8_ep1_b200",
+        "mlc-ai/pith-train issue #79 (2026-07-22; torchtitan, Qwen3-30B-A3B on 8 x B200: 'BF16,"
+        " seq8192, FSDP8, EP1, PP1, MBS8, GBS64, Selective activation checkpointing, ... Compiled"
+        " Transformer blocks and loss', stable steps '19.41k, 19.53k, and 19.52k tokens/s/GPU,"
+        " with 141.79 GiB peak'; the median of the three; torchtitan's op SAC; its eight loss"
+        " chunks are not modelled)",
+        "b200",
+        "qwen3_30b_a3b.toml",
+        8,
+        [
+            "--training.local_batch_size=8",
+            "--training.seq_len=8192",
+            "--parallelism.expert_parallel_degree=1",
+            *SAC_OP,
+            *COMPILED,
+        ],
+        19520,
+        141.8,
+    ),
 ]
 CALIBRATION = "8b_8_eager"
 BASE = [
@@ -278,6 +298,10 @@ def calibrate(out: str) -> float:
     return clock
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -334,6 +358,20 @@ def main(argv=None) -> int:
             flush=True,
         )
     checks = [r for r in results if not r["calibration"]]
+    ep_rows = {
+        r[0]
+        for r in ROWS
+        if any("expert_parallel_degree=" in o and not o.endswith("=1") for o in r[5])
+    }
+    for name, group in (
+        ("without expert parallel", [r for r in checks if r["row"] not in ep_rows]),
+        ("with expert parallel", [r for r in checks if r["row"] in ep_rows]),
+    ):
+        if group:
+            print(
+                f"checks {name}: {sum(abs(r['error']) <= 0.15 for r in group)}/{len(group)} within"
+                f" +/-15% ({', '.join(_pct(r['error']) for r in group)})"
+            )
     if checks:
         worst = max(checks, key=lambda r: abs(r["error"]))
         print(
