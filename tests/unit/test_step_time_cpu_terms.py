@@ -53,3 +53,61 @@ def test_a_cpu_op_beyond_the_last_level_cache_streams_from_dram():
     # a GPU profile has one rate (dram_gbps 0)
     gpu, _ = op_seconds("memory", 0.0, 1 << 22, "float32", H100, compiled=False)
     assert gpu == pytest.approx((1 << 22) / (H100.hbm_gbps * 1e9 * H100.memory_efficiency))
+
+
+def _gpipe(times_s: dict, n_mb: int):
+    """Two ranks, one stage each, GPipe over n_mb microbatches; every action `times_s[kind]`."""
+    from torchtitan.planning.step_time import model as step_time
+
+    order = {
+        r: [(r, "F", i) for i in range(n_mb)] + [(r, "B", i) for i in range(n_mb)] for r in (0, 1)
+    }
+    times = {
+        r: step_time.RankTimes(
+            step_time.Timed(),
+            {(r, k, i): step_time.Timed(s) for k, s in times_s.items() for i in range(n_mb)},
+            step_time.Timed(),
+        )
+        for r in (0, 1)
+    }
+    return order, times
+
+
+def test_a_cpu_pipeline_rank_that_waits_leaves_its_core_to_the_others():
+    """Before: every action of a CPU pipeline took its time with all ranks computing (4 ranks
+    on 2 cores at half speed each), also while half of them wait for a neighbour; the pick
+    check's PP 2 layouts (4 ranks) were predicted 20-30% slow. Here rank 0's forwards and
+    rank 1's backwards run alone at twice the speed: GPipe, 2 microbatches, 1 s actions."""
+    from torchtitan.planning.step_time import model as step_time
+
+    order, times = _gpipe({"F": 1.0, "B": 1.0}, 2)
+    args = (order, {0: 0, 1: 1}, times, 0.0, 2)
+    assert step_time.pipeline_seconds(*args)[0] == pytest.approx(6.0)
+    # alone 0.5 s; F1 (rank 0) beside F0 (rank 1) 1 s; rank 1's F1 and B0 alone; the two B
+    # beside each other; rank 0's last B alone
+    end, busy = step_time.pipeline_seconds(*args, (1.0, 2.0, 1.0))
+    assert end == pytest.approx(4.0)
+    assert busy == {0: pytest.approx(3.0), 1: pytest.approx(3.0)}
+    # the same speed whatever runs: the plain event simulation, to the last digit
+    for mb in (1, 3):
+        order, times = _gpipe({"F": 1.0, "B": 2.5}, mb)
+        args = (order, {0: 0, 1: 1}, times, 0.3, 2)
+        shared_end, shared_busy = step_time.pipeline_seconds(*args, (1.0, 1.0, 1.0))
+        end, busy = step_time.pipeline_seconds(*args)
+        assert shared_end == pytest.approx(end, rel=1e-12)
+        assert shared_busy == pytest.approx(busy, rel=1e-12)
+
+
+def test_busy_rates_follow_the_measured_sharing_of_the_machines_cores():
+    from torchtitan.planning.step_time import model as step_time
+
+    cpu = dataclasses.replace(
+        H100, host_async=False, cores=2, thread_speedup=1.8, sharing={"2": 1.1, "4": 2.2}
+    )
+    # 4 ranks as 2 pipelines of 2 stages: one rank of each computing = 2 processes (1.1),
+    # both = 4 (2.2): twice the speed while one waits
+    assert step_time.busy_rates(cpu, 4, 2) == pytest.approx((1.0, 2.0, 1.0))
+    assert step_time.busy_rates(cpu, 2, 2) == pytest.approx((1.0, 1.1, 1.0))
+    assert step_time.busy_rates(cpu, 4, 1) == ()  # no pipeline
+    assert step_time.busy_rates(cpu, 1, 1) == ()
+    assert step_time.busy_rates(H100, 16, 2) == ()  # a GPU rank has its own device

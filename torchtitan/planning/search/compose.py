@@ -493,7 +493,9 @@ def _pipeline(lay, m: Model, costs, rest, *, tail, groups, hw, accum, tokens):
             )
             times[r] = step_time.RankTimes(step_time.Timed(), actions, tail, p2p)
         roles = [(f"pp{r}", [r], r) for r in times]
-        shape = step_time.StepShape(1, d.world_size, 0.0, 0.0, accum)
+        shape = step_time.StepShape(
+            1, d.world_size, 0.0, 0.0, accum, step_time.busy_rates(hw, d.world_size, d.pp)
+        )
         got = step_time.role_times(roles, times, order, shape)
         slowest = max(got, key=lambda t: t.predicted_step_seconds)
         return slowest.predicted_step_seconds, slowest.breakdown

@@ -117,6 +117,46 @@ def collective_seconds(
     return fixed + nbytes / bw + link.latency_us * 1e-6  # send / recv
 
 
+def cpu_stretch(p: HardwareProfile, world: int) -> float:
+    """A CPU node's ranks share its cores (assumption 1): device time x ranks / cores; with
+    fewer ranks than cores each runs cores / ranks threads (run_train.sh), at the measured
+    thread speedup (linear between one thread and all). 1 on a GPU."""
+    if p.host_async or not p.cores:
+        return 1.0
+    cores = p.cores
+    if world > 1 and p.sharing:  # measured: processes computing at once on this machine
+        return _processes_stretch(p, world)
+    if world >= cores or cores == 1:
+        return world / cores
+    threads = cores / world
+    return 1.0 / (1.0 + (p.thread_speedup - 1.0) * (threads - 1) / (cores - 1))
+
+
+def _processes_stretch(p: HardwareProfile, n: int) -> float:
+    """The slowdown of each of n one-thread processes computing at once (the measured sharing
+    of the nearest count at or below n; beyond the largest measured count: time slices)."""
+    if n <= 1:
+        return 1.0
+    measured = {int(k): v for k, v in p.sharing.items()}
+    below = [k for k in measured if k <= n]
+    k = max(below) if below else min(measured)
+    return measured[k] * n / k
+
+
+def busy_rates(p: HardwareProfile, world: int, pp: int) -> tuple[float, ...]:
+    """A CPU pipeline's speed by how many of its ranks compute at once: entry k (1..pp) is how
+    much faster an action runs while k pipeline ranks (and as many of every other pipeline:
+    the replicas run the same schedule) compute than while all do, which is how its time was
+    taken (cpu_stretch of the world). A rank waiting for its neighbour's activations leaves
+    its core to the others: 4 ranks on 2 cores run at half speed each while all compute and at
+    full speed while half of them wait. () on a GPU, or where the ranks run several threads."""
+    if p.host_async or not p.cores or not p.sharing or world < p.cores or pp <= 1:
+        return ()
+    replicas = max(1, world // pp)
+    full = cpu_stretch(p, world)
+    return (1.0,) + tuple(full / _processes_stretch(p, k * replicas) for k in range(1, pp + 1))
+
+
 @dataclass
 class Groups:
     """What the model needs of the job's process groups (filled where they exist)."""
@@ -371,11 +411,13 @@ def pipeline_seconds(
     times: dict[int, RankTimes],
     p2p_s: float,
     n_stages: int,
+    rates: tuple[float, ...] = (),
 ) -> tuple[float, dict[int, float]]:
     """(time the last rank finishes its actions, busy seconds per rank): an event simulation
     over `order` (rank -> its actions in order: (stage, kind, microbatch) or None for idle
     slots; kind F / B / I / W / R; "FB" an overlapped forward + backward pair given as a
-    tuple of two actions)."""
+    tuple of two actions). rates (busy_rates, a CPU's): the actions share the cores, each
+    running at rates[k] while k ranks compute."""
     done: dict[tuple, float] = {}
     free = {r: 0.0 for r in order}
     busy = {r: 0.0 for r in order}
@@ -403,6 +445,8 @@ def pipeline_seconds(
     def duration(rank: int, action) -> float:
         return times[rank].action(*action).seconds
 
+    if rates:
+        return _shared_pipeline(queue, ready, duration, rates, done)
     progress = True
     while progress:
         progress = False
@@ -422,6 +466,57 @@ def pipeline_seconds(
                 pos[r] += 1
                 progress = True
     if any(pos[r] < len(queue[r]) for r in order):
+        raise RuntimeError(
+            "step-time model: the pipeline schedule's actions could not all be placed"
+        )
+    return max(free.values(), default=0.0), busy
+
+
+def _shared_pipeline(
+    queue: dict[int, list], ready, duration, rates, done: dict
+) -> tuple[float, dict]:
+    """pipeline_seconds on cores the ranks share: every running action advances at
+    rates[number running]; the clock moves from one start or end to the next (`done`:
+    action -> end, which `ready` reads)."""
+    pos = {r: 0 for r in queue}
+    free = {r: 0.0 for r in queue}
+    busy = {r: 0.0 for r in queue}
+    running: dict[int, list] = {}  # rank -> [work left (seconds at all ranks busy), start, parts]
+    t = 0.0
+    while True:
+        later = []
+        for r in queue:
+            if r in running or pos[r] >= len(queue[r]):
+                continue
+            item = queue[r][pos[r]]
+            parts = item if isinstance(item, list) else [item]
+            starts = [ready(a) for a in parts]
+            if any(s is None for s in starts):
+                continue
+            start = max([free[r], *starts])
+            if start <= t + 1e-15:
+                running[r] = [sum(duration(r, a) for a in parts), t, parts]
+            else:
+                later.append(start)
+        if not running:
+            if not later:
+                break
+            t = min(later)
+            continue
+        rate = rates[min(len(running), len(rates) - 1)]
+        step = min(w for w, _, _ in running.values()) / rate
+        if later:
+            step = min(step, min(later) - t)
+        t += step
+        for r in [r for r, run in running.items() if run[0] - step * rate <= 1e-15]:
+            _, start, parts = running.pop(r)
+            for a in parts:
+                done[a] = t
+            free[r], pos[r] = t, pos[r] + 1
+            busy[r] += t - start
+        for run in running.values():
+            run[0] -= step * rate
+    if any(pos[r] < len(queue[r]) for r in queue):
         raise RuntimeError(
             "step-time model: the pipeline schedule's actions could not all be placed"
         )
@@ -540,6 +635,7 @@ class StepShape:
     flops_per_token: float  # the trainer's MFU numerator (model.flops_per_token)
     peak_flops: float  # the trainer's MFU denominator on this hardware
     accum_steps: int  # pipeline schedules per step (gradient accumulation)
+    busy_rates: tuple[float, ...] = ()  # a CPU pipeline's speed by ranks computing (busy_rates)
 
 
 def with_reductions(order: dict[int, list], times: dict[int, RankTimes]) -> dict[int, list]:
@@ -576,7 +672,7 @@ def role_times(
             for a in (item if isinstance(item, list) else [item])
         }
         p2p_s = max(t.p2p_s for t in times.values())
-        end, busy = pipeline_seconds(order, stage_rank, times, p2p_s, n_stages)
+        end, busy = pipeline_seconds(order, stage_rank, times, p2p_s, n_stages, shape.busy_rates)
         tail = max(t.tail.seconds for t in times.values())
         step = shape.accum_steps * end + tail
         parts = {}
@@ -585,6 +681,11 @@ def role_times(
             for item in order[r]:
                 for action in item if isinstance(item, list) else [item]:
                     total.add(times[r].action(*action), shape.accum_steps)
+            if shape.busy_rates and total.seconds > 0:
+                # on shared cores an action's wall time is not its time at all ranks busy:
+                # its parts scaled to the rank's busy wall time, so that the breakdown sums
+                # to the step
+                total = Timed().add(total, shape.accum_steps * busy[r] / total.seconds)
             total.add(times[r].tail)
             total.parts["pipeline_bubble"] = max(
                 0.0, step - times[r].tail.seconds - shape.accum_steps * busy[r]

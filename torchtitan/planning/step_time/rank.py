@@ -59,21 +59,5 @@ def _groups(dims, trace: OpTrace) -> step_time.Groups:
 
 
 def _stretch(hardware: HardwareProfile, dims) -> float:
-    """A CPU node's ranks share its cores (step_time.py, 1): device time x ranks / cores; with
-    fewer ranks than cores each runs cores / ranks threads (run_train.sh), at the measured
-    thread speedup (linear between one thread and all)."""
-    if hardware.host_async or not hardware.cores:
-        return 1.0
-    world, cores = dims.world_size, hardware.cores
-    if world > 1 and hardware.sharing:  # measured: processes computing at once on this machine
-        measured = {int(k): v for k, v in hardware.sharing.items()}
-        n = (
-            max(k for k in measured if k <= world)
-            if any(k <= world for k in measured)
-            else min(measured)
-        )
-        return measured[n] * world / n  # beyond the largest measured count: time slices
-    if world >= cores or cores == 1:
-        return world / cores
-    threads = cores / world
-    return 1.0 / (1.0 + (hardware.thread_speedup - 1.0) * (threads - 1) / (cores - 1))
+    """A CPU node's ranks share its cores (step_time.cpu_stretch); 1 on a GPU."""
+    return step_time.cpu_stretch(hardware, dims.world_size)

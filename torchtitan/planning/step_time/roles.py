@@ -67,6 +67,7 @@ def add_times(
         job.model.flops_per_token(cfg.training.seq_len),
         peak,
         shape.accum_steps,
+        step_time.busy_rates(hardware, dims.world_size, dims.pp),
     )
     for role, rt in zip(
         roles,
