@@ -16,7 +16,7 @@ from torchtitan.planning.search import compose
 from torchtitan.planning.search import search as layout_search
 from torchtitan.planning.search import space as layout_space
 from torchtitan.planning.search.space import Layout
-from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import pipeline as pipeline_time
 
 H100 = hardware.PROFILES["h100_sxm"]
 DEBUG = [
@@ -65,6 +65,19 @@ def test_enumerated_layouts_cover_the_world_and_follow_the_rules():
     assert {lay.ac for lay in layouts} == {"none", "op", "op2", "layer2", "full"}
     assert {lay.schedule for lay in layouts} == {"", "1F1B", "Interleaved1F1B"}
     assert max(lay.degrees.pp for lay in layouts) == 8  # >= 2 blocks per stage
+
+
+def test_every_enumerated_layout_of_the_debug_job_passes_the_pre_launch_checks():
+    """Before: 1F1B layouts with fewer microbatches than stages were enumerated and scored
+    (the pick check's spread listed five of its sixteen), and refused at launch."""
+    cfg, _ = load_config(DEBUG, 4)
+    ok = accepts(4)
+    layouts = layout_space.enumerate_layouts(
+        4, 1 << 20, global_batch=16, seq_len=cfg.training.seq_len, n_layers=6
+    )
+    assert any(lay.schedule == "1F1B" for lay in layouts)
+    refused = [lay.short() for lay in layouts if not ok(layout_space.apply(cfg, lay, 16))]
+    assert refused == []
 
 
 def test_expert_parallel_degrees_divide_the_experts_and_take_tp_first():
@@ -176,8 +189,11 @@ def test_disagreement_counts_pairs_ordered_the_other_way():
 
 
 def test_orders_for_other_microbatch_counts():
-    assert step_time.order_for("1F1B", 4, 8) == (step_time.single_stage_order("1F1B", 4, 8), 4)
-    order, stages = step_time.order_for("Interleaved1F1B", 2, 4)
+    assert pipeline_time.order_for("1F1B", 4, 8) == (
+        pipeline_time.single_stage_order("1F1B", 4, 8),
+        4,
+    )
+    order, stages = pipeline_time.order_for("Interleaved1F1B", 2, 4)
     assert stages == 4
     for (
         rank,
@@ -187,7 +203,7 @@ def test_orders_for_other_microbatch_counts():
         assert sorted((s, k, m) for s, k, m in row) == sorted(
             (s, k, m) for s in mine for k in "FB" for m in range(4)
         )
-    assert step_time.order_for("ZBVZeroBubble", 2, 4) is None
+    assert pipeline_time.order_for("ZBVZeroBubble", 2, 4) is None
 
 
 def test_the_checks_refuse_what_cannot_run_and_bad_search_keys():

@@ -11,6 +11,7 @@ from trace_helpers import trace_segments
 
 from torchtitan import hardware
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.planning.step_time.trace import (
     Comm,
     Compute,
@@ -242,10 +243,10 @@ def test_pipeline_event_simulation_of_1f1b_two_ranks():
         )
         for r in (0, 1)
     }
-    end, busy = step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, 2)
+    end, busy = pipeline_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, 2)
     assert end == pytest.approx(15.0)
     assert busy == {0: 12.0, 1: 12.0}
-    end, _ = step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.5, 2)
+    end, _ = pipeline_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.5, 2)
     # every backward of rank 0 waits for a forward transfer and a backward transfer (its F
     # and B alternate with rank 1's): 4 round trips of 2 x 0.5 s, less the one rank 0's
     # second warm-up forward hides
@@ -262,7 +263,7 @@ def test_pipeline_order_comes_from_torchs_schedule():
             self.is_first, self.is_last = i == 0, i == n - 1
 
     one = Schedule1F1B(Stage(0, 2), n_microbatches=4)
-    order, n = step_time.schedule_order(one)
+    order, n = pipeline_time.schedule_order(one)
     assert n == 2 and order[1][:2] == [(1, "F", 0), (1, "B", 0)]
     assert sum(len(v) for v in order.values()) == 16
     times = {
@@ -273,7 +274,9 @@ def test_pipeline_order_comes_from_torchs_schedule():
         )
         for r in (0, 1)
     }
-    assert step_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, n)[0] == pytest.approx(15.0)
+    assert pipeline_time.pipeline_seconds(order, {0: 0, 1: 1}, times, 0.0, n)[0] == pytest.approx(
+        15.0
+    )
 
 
 def test_profile_choice_and_overrides():

@@ -11,6 +11,7 @@ from torchtitan import hardware
 from torchtitan.distributed.context_parallel import causal_chunk_mask
 from torchtitan.planning.simulate.tracker import LiveBytes
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.planning.step_time.trace import Comm, Compute, OpTrace, Segment
 
 H100 = hardware.PROFILES["h100_sxm"]
@@ -67,7 +68,7 @@ def test_a_pipelines_gradient_reduction_after_its_last_backward_reaches_the_step
             ),
         ]
 
-    order = step_time.order_for("1F1B", 2, 4)
+    order = pipeline_time.order_for("1F1B", 2, 4)
     got = _step({0: rank(0), 1: rank(1)}, order, groups=groups)
     assert got[0].predicted_step_seconds == pytest.approx(15.0 + rs)  # rank 0 ends last
     assert got[0].breakdown["comm_dp_shard"] == pytest.approx(rs)
@@ -90,7 +91,7 @@ def test_the_first_microbatchs_parameter_gather_is_counted_once_however_many_are
             out.append(_seg("backward", (r, "B", mb), Compute(device_s=2.0)))
         return out
 
-    order = step_time.order_for("1F1B", 2, 8)
+    order = pipeline_time.order_for("1F1B", 2, 8)
     timed = _step({0: rank(0, 2), 1: rank(1, 2)}, order)
     direct = _step({0: rank(0, 8), 1: rank(1, 8)}, order)
     assert timed[0].predicted_step_seconds == pytest.approx(direct[0].predicted_step_seconds)
@@ -215,7 +216,7 @@ def test_an_action_the_simulation_did_not_run_fails_instead_of_costing_nothing()
         )
     }
     with pytest.raises(KeyError, match="ran no B action of stage 0"):
-        step_time.pipeline_seconds({0: [(0, "F", 0), (0, "B", 0)]}, {0: 0}, times, 0.0, 1)
+        pipeline_time.pipeline_seconds({0: [(0, "F", 0), (0, "B", 0)]}, {0: 0}, times, 0.0, 1)
 
 
 def test_the_first_stages_input_backward_is_nothing_when_its_weight_action_ran():
@@ -231,7 +232,9 @@ def test_the_first_stages_input_backward_is_nothing_when_its_weight_action_ran()
     assert first.action(0, "I", 0).seconds == 0.0
     assert first.action(0, "W", 0) is w
     order = {0: [(0, "F", 0), (0, "I", 0), (0, "W", 0)]}
-    assert step_time.pipeline_seconds(order, {0: 0}, {0: first}, 0.0, 1)[0] == pytest.approx(3.0)
+    assert pipeline_time.pipeline_seconds(order, {0: 0}, {0: first}, 0.0, 1)[0] == pytest.approx(
+        3.0
+    )
     with pytest.raises(KeyError, match="ran no I action of stage 1"):
         first.action(1, "I", 0)
     later = step_time.RankTimes(

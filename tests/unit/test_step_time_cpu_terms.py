@@ -78,22 +78,22 @@ def test_a_cpu_pipeline_rank_that_waits_leaves_its_core_to_the_others():
     on 2 cores at half speed each), also while half of them wait for a neighbour; the pick
     check's PP 2 layouts (4 ranks) were predicted 20-30% slow. Here rank 0's forwards and
     rank 1's backwards run alone at twice the speed: GPipe, 2 microbatches, 1 s actions."""
-    from torchtitan.planning.step_time import model as step_time
+    from torchtitan.planning.step_time import pipeline as pipeline_time
 
     order, times = _gpipe({"F": 1.0, "B": 1.0}, 2)
     args = (order, {0: 0, 1: 1}, times, 0.0, 2)
-    assert step_time.pipeline_seconds(*args)[0] == pytest.approx(6.0)
+    assert pipeline_time.pipeline_seconds(*args)[0] == pytest.approx(6.0)
     # alone 0.5 s; F1 (rank 0) beside F0 (rank 1) 1 s; rank 1's F1 and B0 alone; the two B
     # beside each other; rank 0's last B alone
-    end, busy = step_time.pipeline_seconds(*args, (1.0, 2.0, 1.0))
+    end, busy = pipeline_time.pipeline_seconds(*args, (1.0, 2.0, 1.0))
     assert end == pytest.approx(4.0)
     assert busy == {0: pytest.approx(3.0), 1: pytest.approx(3.0)}
     # the same speed whatever runs: the plain event simulation, to the last digit
     for mb in (1, 3):
         order, times = _gpipe({"F": 1.0, "B": 2.5}, mb)
         args = (order, {0: 0, 1: 1}, times, 0.3, 2)
-        shared_end, shared_busy = step_time.pipeline_seconds(*args, (1.0, 1.0, 1.0))
-        end, busy = step_time.pipeline_seconds(*args)
+        shared_end, shared_busy = pipeline_time.pipeline_seconds(*args, (1.0, 1.0, 1.0))
+        end, busy = pipeline_time.pipeline_seconds(*args)
         assert shared_end == pytest.approx(end, rel=1e-12)
         assert shared_busy == pytest.approx(busy, rel=1e-12)
 

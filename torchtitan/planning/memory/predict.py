@@ -132,7 +132,7 @@ def predict_roles(
     layout search; worst_case_peak_bytes is then the planned peak). timed_as: a job that
     differs from `job` only in its local batch (more pipeline microbatches): the step time
     is that job's, from `job`'s per-action times run through `timed_as`'s schedule order
-    (step_time.order_for; the layout search simulates many-microbatch layouts this way)."""
+    (step_time/pipeline.py's order_for; the layout search simulates many-microbatch layouts this way)."""
     free = free or {}
     cfg, dims = job.cfg, job.dims
     variants = derived_roles.variants(job, bool(free))

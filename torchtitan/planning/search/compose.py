@@ -24,7 +24,7 @@ changes exactly:
 - the same `Streams` (overlap, one physical link at a time) times each pipeline action, or
   the whole forward/backward without PP, at 1 and 2 blocks, extrapolated in blocks as the
   dry run does; the same pipeline event simulation runs the schedule's real order
-  (step_time.order_for), gradient reductions included; the step tail scales with the
+  (pipeline.order_for), gradient reductions included; the step tail scales with the
   rank's parameters;
 - the peak: the exact model-states floor (model_states.py) + the probe's kept activations
   per token and block x the rank's tokens, blocks and microbatches in flight (and EP's
@@ -48,6 +48,7 @@ from types import SimpleNamespace
 
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.planning.step_time.rank import _stretch
 from torchtitan.planning.step_time.trace import Comm, Compute, Segment, causal_kept
 
@@ -478,7 +479,7 @@ def _pipeline(lay, m: Model, costs, rest, *, tail, groups, hw, accum, tokens):
     kinds["last"] = stage_times(True)
 
     def run(microbatches: int) -> tuple[float, dict]:
-        order = step_time.order_for(lay.schedule, d.pp, microbatches)
+        order = pipeline_time.order_for(lay.schedule, d.pp, microbatches)
         acts, _ = order
         times = {}
         for r, items in acts.items():

@@ -11,7 +11,8 @@ What is enumerated, and why no more:
 - cp: powers of two while each rank keeps >= 2,048 tokens of a sequence;
 - pp: powers of two up to 16 with >= 2 blocks per stage, schedules 1F1B and Interleaved1F1B
   (two stages per rank, as torchtitan's published 405B runs), microbatches of 1 or 2
-  sequences (Interleaved1F1B: a microbatch count its rounds divide); uneven block counts
+  sequences (1F1B: at least one per stage; Interleaved1F1B: a microbatch count its rounds
+  divide); uneven block counts
   split as evenly as possible (split points, the larger stages in the middle: the first and
   last hold the embeddings and the output). The zero-bubble schedules (ZBV, DualPipeV) are
   left out: the composed model (compose.py) has no split backward; the dry run predicts
@@ -149,8 +150,11 @@ def split_points(n_layers: int, stages: int) -> tuple[str, ...]:
 
 
 def _schedulable(schedule: str, pp: int, microbatches: int) -> bool:
-    """Interleaved1F1B runs rounds of microbatches (torch 2.13: max(1, n // pp) rounds that
-    must divide n)."""
+    """1F1B takes at least one microbatch per stage; Interleaved1F1B runs rounds of
+    microbatches (torch 2.13: max(1, n // pp) rounds that must divide n). As the pre-launch
+    checks (distributed/pipeline_layout.py) refuse otherwise."""
+    if schedule == "1F1B":
+        return microbatches >= pp
     if schedule != "Interleaved1F1B":
         return True
     rounds = max(1, microbatches // pp)

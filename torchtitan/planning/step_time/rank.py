@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.planning.step_time.trace import OpTrace
 
 
@@ -35,7 +36,7 @@ class RankTimer:
             _stretch(self.hardware, dims),
             simple_fsdp_eager,
         )
-        return times, step_time.schedule_order(pipeline) if pipeline is not None else None
+        return times, pipeline_time.schedule_order(pipeline) if pipeline is not None else None
 
 
 def _groups(dims, trace: OpTrace) -> step_time.Groups:

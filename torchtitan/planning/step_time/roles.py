@@ -11,6 +11,7 @@ from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.simulate import pool as simulation_pool
 from torchtitan.planning.simulate import roles as derived_roles
 from torchtitan.planning.step_time import model as step_time
+from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.training.planned_job import PlannedJob
 
 
@@ -25,7 +26,7 @@ def add_times(
 ) -> None:
     """Set `role.time` of every role (RolePrediction) of `job` from `steps`, the prediction's
     simulated steps by simulation_pool.Task. reorder: time `job`'s pipeline order (more
-    microbatches than were simulated; step_time.order_for)."""
+    microbatches than were simulated; pipeline.order_for)."""
     cfg, dims = job.cfg, job.dims
 
     def times_of(v: int) -> dict[int, step_time.RankTimes]:
@@ -53,7 +54,7 @@ def add_times(
             times[r] = per[0][r].combined(per[1][r], 1 - x, x)
     schedule = steps[simulation_pool.Task(0, 0, False)].schedule
     if reorder and dims.pp > 1:
-        schedule = step_time.order_for(
+        schedule = pipeline_time.order_for(
             cfg.parallelism.pipeline_parallel_schedule, dims.pp, job.microbatches
         )
     shape = job.batch
