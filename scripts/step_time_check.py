@@ -165,7 +165,9 @@ def measure_profile(out: str, rnd: int) -> None:
         f"round {rnd}: local profile measured in {time.monotonic() - start:.1f}s: GEMM"
         f" {profile.peak_tflops['float32'] * 1e3:.0f} GFLOP/s fp32, memory-bound ops"
         f" {profile.hbm_gbps:.1f} GB/s, host {profile.host_us_per_op:.1f} us/op, gloo"
-        f" {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores",
+        f" {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores, thread speedup"
+        f" {profile.thread_speedup:.2f}, sharing {profile.sharing}, fitted time_factor"
+        f" {profile.time_factor:.3f}",
         flush=True,
     )
 

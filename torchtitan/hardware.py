@@ -88,6 +88,11 @@ class HardwareProfile:
     cache_bytes: int = 0
     # sustained fraction of the boost clock the tensor cores hold (a power cap lowers it)
     clock_factor: float = 1.0
+    # a measured profile's one fitted constant: the framework's debug Llama3 forward + backward
+    # on one thread, measured over predicted from the micro-benchmarks (local_profile.py's
+    # `calibration`); scales every op's device and host time. 1 on the GPU profiles (their
+    # fitted constant, where they have one, is clock_factor)
+    time_factor: float = 1.0
     # measured profiles: attention's efficiency by head dim (log-interpolated; else attention_efficiency)
     attention_by_head_dim: dict[int, float] = field(default_factory=dict)
     # measured profiles (gloo on one machine): {ranks on the machine: {"gbps", "fixed_us": {kind: us}}}

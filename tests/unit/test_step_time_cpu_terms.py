@@ -111,3 +111,43 @@ def test_busy_rates_follow_the_measured_sharing_of_the_machines_cores():
     assert step_time.busy_rates(cpu, 4, 1) == ()  # no pipeline
     assert step_time.busy_rates(cpu, 1, 1) == ()
     assert step_time.busy_rates(H100, 16, 2) == ()  # a GPU rank has its own device
+
+
+def test_the_fitted_time_factor_scales_every_ops_time():
+    cpu = dataclasses.replace(H100, host_async=False)
+    for op in ("gemm", "grouped_gemm", "attention", "memory"):
+        base = op_seconds(op, 1e9, 1 << 20, "float32", cpu, compiled=False, head_dim=64)
+        fitted = op_seconds(
+            op,
+            1e9,
+            1 << 20,
+            "float32",
+            dataclasses.replace(cpu, time_factor=1.25),
+            compiled=False,
+            head_dim=64,
+        )
+        assert fitted == pytest.approx((1.25 * base[0], 1.25 * base[1]))
+    assert all(p.time_factor == 1.0 for p in hardware.PROFILES.values())  # GPUs: clock_factor
+
+
+def test_the_calibration_row_is_predicted_from_the_profile_it_is_fitted_to():
+    """time_factor = measured / predicted of the debug Llama3 step: the prediction comes from
+    the profile without its factor, so a machine twice as fast in every micro-benchmark
+    predicts the row in half the time (and fits twice the factor)."""
+    from torchtitan.planning.step_time import local_profile
+
+    cpu = dataclasses.replace(
+        H100,
+        host_async=False,
+        peak_tflops={"float32": 0.1, "bfloat16": 0.4},
+        hbm_gbps=80.0,
+        host_us_per_op=5.0,
+        time_factor=3.0,  # ignored: the row is predicted as measured by the micro-benchmarks
+    )
+    fast = dataclasses.replace(
+        cpu, peak_tflops={"float32": 0.2, "bfloat16": 0.8}, hbm_gbps=160.0, host_us_per_op=2.5
+    )
+    measured, predicted = local_profile.calibration_seconds(cpu)
+    _, predicted_fast = local_profile.calibration_seconds(fast)
+    assert measured > 0 and predicted > 0
+    assert predicted_fast == pytest.approx(predicted / 2, rel=1e-9)

@@ -71,8 +71,9 @@ _GEMM_SHAPES = (
 )
 _HEAD_DIMS = (16, 32, 64, 128)
 # 2: medians (not the best of N), FSDP2's host time per hook, DRAM; 3: DRAM in place;
-# 4: the thread speedup, the sharing and gloo's loops from REPEATS measurements each
-PROFILE_VERSION = 4
+# 4: the thread speedup, the sharing and gloo's loops from REPEATS measurements each;
+# 5: time_factor fitted on the debug Llama3's forward + backward (calibration_seconds)
+PROFILE_VERSION = 5
 # repeats of the measurements that vary most between runs on a shared machine (thread
 # speedup, sharing, gloo): three read gloo's 2-rank rate at 0.96 and 2.6 GB/s in two profiles
 REPEATS = 5
@@ -295,53 +296,68 @@ def _ops_per_second(step) -> tuple[float, int]:
     return _timed(step) / ops * 1e6, ops
 
 
-def _block_step(threads: int) -> float:
-    """Seconds of forward + backward of a small Llama-like MLP and attention stack with
-    `threads` threads (for the thread speedup)."""
-    import torch.nn.functional as F
+def calibration_step():
+    """The calibration row's step as a function: the framework's debug Llama3 (flavor
+    debugmodel, local batch 4, seq 256) forward, loss and backward, weights initialised. The
+    thread speedup, the sharing and the fitted time_factor are all read on it: the ops of a
+    real step, where micro-benchmarks read single ops a few percent fast."""
+    from torchtitan.config.manager import build_config
+    from torchtitan.training.planned_job import model_on_meta
 
+    cfg, _ = build_config(
+        ["--model.name=llama3", "--model.flavor=debugmodel", "--training.seq_len=256"]
+    )
+    model = model_on_meta(cfg).model
+    model.to_empty(device="cpu")
+    model.init_weights(0, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 2000, (4, 256), generator=gen)
+    labels = torch.randint(0, 2000, (4, 256), generator=gen)
+
+    def step():
+        logits = model(tokens).float()
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
+
+    return step
+
+
+def _on_threads(step, threads: int) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x = torch.randn(1024, 256)
-        ws = [torch.randn(256, 256, requires_grad=True) for _ in range(6)]
-        q = torch.randn(4, 8, 256, 32, requires_grad=True)
-
-        def run():
-            h = x
-            for w in ws:
-                h = F.silu(h @ w) * 0.5 + h
-            a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-            (h.sum() + a.sum()).backward()
-
-        return _timed(run, 3)
+        return _timed(step, 1)
     finally:
         torch.set_num_threads(previous)
 
 
 def thread_speedup(cores: int) -> float:
-    """A rank with every core's thread over one thread: the median of REPEATS ratios, each of
-    a pair measured back to back (a pair shares the machine's state of the moment; one pair
-    read 1.73 in one round of the CPU check and 1.82 in the next)."""
+    """A rank with every core's thread over one thread on the calibration row: the median of
+    REPEATS ratios, each of a pair measured back to back (a pair shares the machine's state
+    of the moment; one pair of a small block read 1.73 in one round of the CPU check and 1.82
+    in the next)."""
     if cores <= 1:
         return 1.0
-    return statistics.median(_block_step(1) / _block_step(cores) for _ in range(REPEATS))
+    step = calibration_step()
+    return statistics.median(
+        _on_threads(step, 1) / _on_threads(step, cores) for _ in range(REPEATS)
+    )
 
 
 def _concurrent_worker(rank: int, out_path: str) -> None:
     torch.set_num_threads(1)
-    t = statistics.median(_block_step(1) for _ in range(REPEATS))
+    t = _timed(calibration_step(), REPEATS)
     with open(f"{out_path}.{rank}", "w") as f:
         f.write(str(t))
 
 
 def measure_sharing(cores: int) -> dict[str, float]:
-    """{ranks: slowdown}: a small block's step when `ranks` single-threaded processes run it at
-    once, over the same step alone (shared caches, memory bandwidth, time slices beyond the
-    cores), for 2 and 4 processes."""
+    """{ranks: slowdown}: the calibration row's step when `ranks` single-threaded processes run
+    it at once, over the same step alone (shared caches, memory bandwidth, time slices beyond
+    the cores), for 2 and 4 processes."""
     import torch.multiprocessing as mp
 
-    alone = statistics.median(_block_step(1) for _ in range(REPEATS))
+    torch.set_num_threads(1)
+    alone = _timed(calibration_step(), REPEATS)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (2, 4):
@@ -565,7 +581,7 @@ def measure() -> HardwareProfile:
     gloo = {str(n): measure_gloo(n) for n in (2, 4)}
     # attention and grouped GEMM: the GEMM curve's efficiency at a mid-size GEMM (1 GFLOP)
     mid = 1.0 / (1.0 + half)
-    return HardwareProfile(
+    profile = HardwareProfile(
         "local",
         f"measured on {socket.gethostname()} ({machine_key()}), {time.strftime('%Y-%m-%d %H:%M')}",
         {"bfloat16": peak_bf16 / 1e12, "float32": peak / 1e12},
@@ -602,6 +618,44 @@ def measure() -> HardwareProfile:
         attention_by_head_dim=attention,
         gloo=gloo,
     )
+    # the one fitted constant (docs/step_time.md): the micro-benchmarks read single ops a few
+    # percent faster than they run inside a model's step
+    measured, predicted = calibration_seconds(profile)
+    return dataclasses.replace(profile, time_factor=measured / predicted)
+
+
+def calibration_seconds(profile: HardwareProfile) -> tuple[float, float]:
+    """(measured, predicted) seconds of the calibration row (calibration_step) on one thread,
+    alone; predicted by the step-time trace on `profile` (device + host: a CPU runs both on
+    the thread)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchtitan.planning.step_time.trace import Compute, OpTrace
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step = calibration_step()
+        measured = _timed(step, REPEATS)
+        trace = OpTrace(dataclasses.replace(profile, time_factor=1.0), compiled=False)
+
+        class Traced(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                trace.seen(func, args, kwargs or {}, out, label="forward", action=None)
+                return out
+
+        with Traced(), trace.recording():
+            step()
+    finally:
+        torch.set_num_threads(previous)
+    predicted = sum(
+        e.device_s + e.recompute_s + e.host_s
+        for seg in trace.segments
+        for e in seg.events
+        if isinstance(e, Compute)
+    )
+    return measured, predicted
 
 
 def load(measure_if_missing: bool = True) -> HardwareProfile | None:

@@ -6,18 +6,13 @@ ranks share the cores (model.busy_rates). And the schedules' per-rank orders: to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from torchtitan.planning.step_time.model import RankTimes
-
 _DEPENDS = {"F": ("F", -1), "B": ("B", +1), "I": ("I", +1)}
 
 
 def pipeline_seconds(
     order: dict[int, list],
     stage_rank: dict[int, int],
-    times: dict[int, RankTimes],
+    times: dict,  # pipeline rank -> its model.RankTimes
     p2p_s: float,
     n_stages: int,
     rates: tuple[float, ...] = (),
