@@ -16,7 +16,7 @@ predicted from the machine state they are measured in).
   run's simulation), read from the run's plan.json (`step_time_per_rank_role`; the slowest role).
 - MEASURED: the median over steps 3..STEPS of metrics.jsonl's `step_time` (steps 1-2 build,
   compile and warm up). The profile's micro-benchmarks take the median of their repeats too
-  (local_profile._timed): one statistic on both sides.
+  (cpu_bench.timed): one statistic on both sides.
 - A job's error: the median over rounds of (predicted - measured) / measured (+: predicted too
   slow).
 - The load guard (load_guard.py): no job starts while other processes keep the cores busy, and a

@@ -134,7 +134,7 @@ def test_the_calibration_row_is_predicted_from_the_profile_it_is_fitted_to():
     """time_factor = measured / predicted of the debug Llama3 step: the prediction comes from
     the profile without its factor, so a machine twice as fast in every micro-benchmark
     predicts the row in half the time (and fits twice the factor)."""
-    from torchtitan.planning.step_time import local_profile
+    from torchtitan.planning.step_time import cpu_bench
 
     cpu = dataclasses.replace(
         H100,
@@ -147,7 +147,7 @@ def test_the_calibration_row_is_predicted_from_the_profile_it_is_fitted_to():
     fast = dataclasses.replace(
         cpu, peak_tflops={"float32": 0.2, "bfloat16": 0.8}, hbm_gbps=160.0, host_us_per_op=2.5
     )
-    measured, predicted = local_profile.calibration_seconds(cpu)
-    _, predicted_fast = local_profile.calibration_seconds(fast)
+    measured, predicted = cpu_bench.calibration_seconds(cpu)
+    _, predicted_fast = cpu_bench.calibration_seconds(fast)
     assert measured > 0 and predicted > 0
     assert predicted_fast == pytest.approx(predicted / 2, rel=1e-9)

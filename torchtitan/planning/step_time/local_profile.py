@@ -18,11 +18,13 @@ What a CPU training rank runs on: one thread per rank when several ranks share t
   the ops the dispatcher saw (Python, autograd, dispatch: what dominates tiny models); what
   DTensor adds per op on DTensors, and what each FSDP2 hook costs (the framework's own
   blocks fully_shard-ed against plain ones, on a 1-process gloo group, over the hooks run);
-- the thread speedup: a small block's forward + backward on every core vs one thread (a
-  job with fewer ranks than cores gives each rank more threads: run_train.sh), and the
-  slowdown of that block when 2 and when 4 single-threaded processes run it at once
-  (shared caches and memory bandwidth, time slices beyond the cores);
-- gloo: all-gather, reduce-scatter, all-reduce, all-to-all and send/recv among 2 and among 4
+- on the calibration row, the debug Llama3's forward, loss and backward (cpu_bench.py): the
+  thread speedup on every core vs one thread (a job with fewer ranks than cores gives each
+  rank more threads: run_train.sh), the slowdown when 2 and when 4 single-threaded processes
+  run it at once (shared caches and memory bandwidth, time slices beyond the cores), and the
+  profile's one fitted constant, time_factor: its step on one thread measured over predicted
+  from the figures above;
+- gloo (with the framework's host costs: cpu_workers.py, processes of their own): all-gather, reduce-scatter, all-reduce, all-to-all and send/recv among 2 and among 4
   processes at 4 KiB and 4 MiB, each between ~2 ms of GEMMs on every process (as a step
   interleaves them: waiting for the others and sharing the cores count): a fixed cost per
   collective kind and the bandwidth, per process count.
@@ -41,15 +43,20 @@ import logging
 import os
 import platform
 import socket
-import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
 from torchtitan import log
 from torchtitan.hardware import HardwareProfile, UnknownGPU, gpu_names, resolve
+from torchtitan.planning.step_time.cpu_bench import (
+    calibration_seconds,
+    measure_sharing,
+    thread_speedup,
+    timed,
+)
+from torchtitan.planning.step_time.cpu_workers import measure_framework, measure_gloo
 from torchtitan.planning.step_time.trace import causal_kept
 
 # by name: this module also runs as __main__ (python -m ...local_profile)
@@ -74,9 +81,6 @@ _HEAD_DIMS = (16, 32, 64, 128)
 # 4: the thread speedup, the sharing and gloo's loops from REPEATS measurements each;
 # 5: time_factor fitted on the debug Llama3's forward + backward (calibration_seconds)
 PROFILE_VERSION = 5
-# repeats of the measurements that vary most between runs on a shared machine (thread
-# speedup, sharing, gloo): three read gloo's 2-rank rate at 0.96 and 2.6 GB/s in two profiles
-REPEATS = 5
 
 
 def cache_path() -> str:
@@ -96,19 +100,6 @@ def machine_key() -> str:
         pass
     # the profile's version: a cache measured by an earlier micro-benchmark is measured again
     return f"{cpu} | {os.cpu_count()} cpus | torch {torch.__version__} | profile {PROFILE_VERSION}"
-
-
-def _timed(fn, repeat: int = 5) -> float:
-    """The median of `repeat` timed calls after one warm-up: the statistic a training job's
-    step time is read with (scripts/step_time_check.py), so that predicted and measured seconds
-    are the same kind of number (the best of N reads a CPU faster than any step runs)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measure_gemm(dtype=torch.float32) -> tuple[float, float]:
@@ -131,7 +122,7 @@ def measure_gemm(dtype=torch.float32) -> tuple[float, float]:
             for _ in range(reps):
                 torch.mm(a, b)
 
-        secs.append(_timed(run) / reps)
+        secs.append(timed(run) / reps)
         flops.append(2.0 * m * k * n)
     # the peak: the median rate of the LLM-shaped GEMMs; the half-efficiency size from the
     # smallest one (a line fit's intercept is noise at these sizes)
@@ -155,7 +146,7 @@ def measure_memory() -> float:
         (lambda: x.sum(-1), 1),
         (lambda: x.clone(), 2),
     ]
-    total_s = sum(_timed(fn, 20) for fn, _ in ops)
+    total_s = sum(timed(fn, 20) for fn, _ in ops)
     return sum(n for _, n in ops) * x.numel() * 4 / total_s / 1e9
 
 
@@ -184,7 +175,7 @@ def measure_dram(limit: int) -> float:
     n = max(1 << 20, 4 * limit // 4)  # float32 elements: 4 x the cache per tensor
     x, y = torch.randn(n), torch.randn(n)
     ops = [(lambda: x.add_(y), 3), (lambda: x.mul_(0.5), 2), (lambda: x.copy_(y), 2)]
-    total_s = sum(_timed(fn, 3) for fn, _ in ops)
+    total_s = sum(timed(fn, 3) for fn, _ in ops)
     return sum(k for _, k in ops) * n * 4 / total_s / 1e9
 
 
@@ -194,14 +185,14 @@ def measure_attention(peak: float) -> tuple[dict[int, float], int]:
     causal mask saves at sequence 1024 (kept fraction = causal / full time)."""
     import torch.nn.functional as F
 
-    def timed(q, causal: bool) -> float:
+    def sdpa_s(q, causal: bool) -> float:
         k, v = torch.randn_like(q).requires_grad_(), torch.randn_like(q).requires_grad_()
 
         def run():
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
-        return _timed(run, 3)
+        return timed(run, 3)
 
     eff = {}
     for d in _HEAD_DIMS:
@@ -210,9 +201,9 @@ def measure_attention(peak: float) -> tuple[dict[int, float], int]:
         flops = (
             2.0 * b * h * s * s * (2 * d + 5 * d)
         )  # forward + backward (op_trace.attention_flops)
-        eff[d] = min(1.0, flops / timed(q, False) / peak)
+        eff[d] = min(1.0, flops / sdpa_s(q, False) / peak)
     q = torch.randn(1, 4, 1024, 64, requires_grad=True)
-    kept = timed(q, True) / timed(q, False)
+    kept = sdpa_s(q, True) / sdpa_s(q, False)
     block = min((64, 128, 256, 512, 1024), key=lambda blk: abs(causal_kept(1024, 1024, blk) - kept))
     return eff, block
 
@@ -293,270 +284,7 @@ def _ops_per_second(step) -> tuple[float, int]:
     with Count():
         step()
     ops = Count.n
-    return _timed(step) / ops * 1e6, ops
-
-
-def calibration_step():
-    """The calibration row's step as a function: the framework's debug Llama3 (flavor
-    debugmodel, local batch 4, seq 256) forward, loss and backward, weights initialised. The
-    thread speedup, the sharing and the fitted time_factor are all read on it: the ops of a
-    real step, where micro-benchmarks read single ops a few percent fast."""
-    from torchtitan.config.manager import build_config
-    from torchtitan.training.planned_job import model_on_meta
-
-    cfg, _ = build_config(
-        ["--model.name=llama3", "--model.flavor=debugmodel", "--training.seq_len=256"]
-    )
-    model = model_on_meta(cfg).model
-    model.to_empty(device="cpu")
-    model.init_weights(0, torch.device("cpu"))
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 2000, (4, 256), generator=gen)
-    labels = torch.randint(0, 2000, (4, 256), generator=gen)
-
-    def step():
-        logits = model(tokens).float()
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()).backward()
-
-    return step
-
-
-def _on_threads(step, threads: int) -> float:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return _timed(step, 1)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def thread_speedup(cores: int) -> float:
-    """A rank with every core's thread over one thread on the calibration row: the median of
-    REPEATS ratios, each of a pair measured back to back (a pair shares the machine's state
-    of the moment; one pair of a small block read 1.73 in one round of the CPU check and 1.82
-    in the next)."""
-    if cores <= 1:
-        return 1.0
-    step = calibration_step()
-    return statistics.median(
-        _on_threads(step, 1) / _on_threads(step, cores) for _ in range(REPEATS)
-    )
-
-
-def _concurrent_worker(rank: int, out_path: str) -> None:
-    torch.set_num_threads(1)
-    t = _timed(calibration_step(), REPEATS)
-    with open(f"{out_path}.{rank}", "w") as f:
-        f.write(str(t))
-
-
-def measure_sharing(cores: int) -> dict[str, float]:
-    """{ranks: slowdown}: the calibration row's step when `ranks` single-threaded processes run
-    it at once, over the same step alone (shared caches, memory bandwidth, time slices beyond
-    the cores), for 2 and 4 processes."""
-    import torch.multiprocessing as mp
-
-    torch.set_num_threads(1)
-    alone = _timed(calibration_step(), REPEATS)
-    out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in (2, 4):
-            path = os.path.join(tmp, f"conc{n}")
-            mp.spawn(_concurrent_worker, args=(path,), nprocs=n, join=True)
-            times = [float(open(f"{path}.{r}").read()) for r in range(n)]
-            out[str(n)] = statistics.median(times) / alone
-    return out
-
-
-def _framework_worker(path: str, out_path: str) -> None:
-    """One gloo process: DTensor's host time per op, and the host time of one FSDP2 hook
-    (its Python and per-parameter bookkeeping), against plain modules."""
-    import warnings
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from torchtitan.observe.comm_stats import collective_kind
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
-    mesh = init_device_mesh("cpu", (1,))
-    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
-    dx = distribute_tensor(x.detach(), mesh, [Shard(0)]).requires_grad_()
-    dw = distribute_tensor(w.detach(), mesh, [Replicate()]).requires_grad_()
-
-    def chain(a, b):
-        for _ in range(25):
-            a = torch.nn.functional.silu(a @ b) * 0.5 + a
-        a.sum().backward()
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.dtensor = self.collectives = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            from torch.distributed.tensor import DTensor
-
-            if any(issubclass(t, DTensor) for t in types):
-                self.dtensor += 1
-                return NotImplemented
-            self.collectives += collective_kind(func, args) is not None
-            return func(*args, **(kwargs or {}))
-
-    counter = Count()
-    with counter:
-        chain(dx, dw)
-    dtensor_us = (
-        (_timed(lambda: chain(dx, dw)) - _timed(lambda: chain(x, w))) / counter.dtensor * 1e6
-    )
-
-    # FSDP2's hooks, on the framework's own Llama3 blocks (flavor tiny: the kernels take next
-    # to nothing), every block and the root fully_shard-ed on the 1-process mesh against the
-    # same model plain: the host time per hook the trace charges (trace._FSDP_HOOKS)
-    from torchtitan.config.manager import build_config
-    from torchtitan.planning.step_time.trace import _FSDP_HOOKS
-    from torchtitan.training.planned_job import model_on_meta
-
-    cfg, _ = build_config(["--model.name=llama3", "--model.flavor=tiny", "--training.seq_len=16"])
-
-    def llama(shard: bool) -> torch.nn.Module:
-        model = model_on_meta(cfg).model
-        model.to_empty(device="cpu")
-        model.init_weights(0, torch.device("cpu"))
-        if shard:
-            for block in model.layers.values():
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-        return model
-
-    tokens = torch.randint(0, 100, (4, 16))
-    plain, sharded = llama(False), llama(True)
-
-    class Hooks(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func._overloadpacket._qualified_op_name
-            if name.startswith("profiler::") and args and str(args[0]).startswith(_FSDP_HOOKS):
-                Hooks.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with Hooks():
-        sharded(tokens).float().sum().backward()
-    hook_us = (
-        _timed(lambda: sharded(tokens).float().sum().backward())
-        - _timed(lambda: plain(tokens).float().sum().backward())
-    ) / max(Hooks.n, 1)
-    with open(out_path, "w") as f:
-        json.dump(
-            {"dtensor_us_per_op": dtensor_us, "host_us_per_fsdp_hook": max(0.0, hook_us * 1e6)}, f
-        )
-    dist.destroy_process_group()
-
-
-def measure_framework() -> dict:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "framework.json")
-        ctx = mp.get_context("spawn")
-        proc = ctx.Process(target=_framework_worker, args=(os.path.join(tmp, "store"), out))
-        proc.start()
-        proc.join()
-        with open(out) as f:
-            return json.load(f)
-
-
-def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
-    import warnings
-
-    import torch.distributed as dist
-
-    warnings.filterwarnings(
-        "ignore", category=FutureWarning
-    )  # the c10d names we call are deprecated aliases
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-
-    def compute():  # ~2 ms of GEMM between collectives, as a training step interleaves them
-        for _ in range(6):
-            torch.mm(a, b)
-
-    def loop(fn=None, n: int = 8) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            compute()
-            if fn is not None:
-                fn()
-        dist.barrier()
-        return time.perf_counter() - t0
-
-    results = {}
-    for size in (1 << 10, 1 << 20):  # float32 elements: 4 KiB, 4 MiB
-        x = torch.randn(size)
-        out = torch.empty(size * world)
-        shard = torch.empty(size // world)
-        a2a = torch.empty(size)
-        peer = rank ^ 1
-        ops = {  # each bound to this size's tensors
-            "all_gather": lambda out=out, x=x: dist.all_gather_into_tensor(out, x),
-            "reduce_scatter": lambda shard=shard, x=x: dist.reduce_scatter_tensor(shard, x),
-            "all_reduce": lambda x=x: dist.all_reduce(x),
-            "all_to_all": lambda a2a=a2a, x=x: dist.all_to_all_single(a2a, x),
-            "send": lambda x=x, peer=peer: (
-                dist.send(x, peer) if rank % 2 == 0 else dist.recv(x, peer)
-            ),
-        }
-        for kind, fn in ops.items():
-            loop(fn, 2)
-            alone = statistics.median(loop() for _ in range(REPEATS))
-            with_it = statistics.median(loop(fn) for _ in range(REPEATS))
-            # bytes as step_time counts them: gathered output, reduced input, the tensor otherwise
-            nbytes = x.numel() * 4 * (world if kind == "all_gather" else 1)
-            results.setdefault(kind, []).append((nbytes, max(with_it - alone, 1e-7) / 8))
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.destroy_process_group()
-
-
-def _factor(kind: str, n: int) -> float:
-    """step_time.collective_seconds' bytes factor of a collective on n ranks."""
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 2 * (n - 1) / n if kind == "all_reduce" else 1.0
-
-
-def measure_gloo(world: int) -> dict:
-    """{"gbps": bandwidth, "fixed_us": {kind: fixed cost}} of gloo collectives between `world`
-    processes on this machine, each issued between ~2 ms of computation on every process
-    (what a step does: the cost includes waiting for the others and sharing the cores)."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "gloo.json")
-        mp.spawn(
-            _gloo_worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True
-        )
-        with open(out) as f:
-            results = json.load(f)
-    fixed, rates = {}, []
-    for kind, points in results.items():
-        (b0, t0), (b1, t1) = sorted(points)
-        factor = _factor(kind, world)
-        rate = factor * (b1 - b0) / max(t1 - t0, 1e-9)
-        rates.append(rate)
-        fixed[kind] = max(0.0, (t0 - factor * b0 / rate)) * 1e6
-    fixed["recv"] = fixed.get("send", 0.0)
-    rates.sort()
-    return {"gbps": rates[len(rates) // 2] / 1e9, "fixed_us": fixed}
+    return timed(step) / ops * 1e6, ops
 
 
 def measure() -> HardwareProfile:
@@ -622,40 +350,6 @@ def measure() -> HardwareProfile:
     # percent faster than they run inside a model's step
     measured, predicted = calibration_seconds(profile)
     return dataclasses.replace(profile, time_factor=measured / predicted)
-
-
-def calibration_seconds(profile: HardwareProfile) -> tuple[float, float]:
-    """(measured, predicted) seconds of the calibration row (calibration_step) on one thread,
-    alone; predicted by the step-time trace on `profile` (device + host: a CPU runs both on
-    the thread)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from torchtitan.planning.step_time.trace import Compute, OpTrace
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        step = calibration_step()
-        measured = _timed(step, REPEATS)
-        trace = OpTrace(dataclasses.replace(profile, time_factor=1.0), compiled=False)
-
-        class Traced(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                trace.seen(func, args, kwargs or {}, out, label="forward", action=None)
-                return out
-
-        with Traced(), trace.recording():
-            step()
-    finally:
-        torch.set_num_threads(previous)
-    predicted = sum(
-        e.device_s + e.recompute_s + e.host_s
-        for seg in trace.segments
-        for e in seg.events
-        if isinstance(e, Compute)
-    )
-    return measured, predicted
 
 
 def load(measure_if_missing: bool = True) -> HardwareProfile | None:
