@@ -310,6 +310,10 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
+    rows = [r for r in ROWS if args.filter in r[0]]
+    if not rows:  # before any file is written
+        print(f"error: no row id contains {args.filter!r}", file=sys.stderr)
+        return 2
     out = tempfile.mkdtemp(prefix="published_runs_")
     if args.calibrate:
         calibrate(out)
@@ -317,7 +321,6 @@ def main(argv=None) -> int:
     sys.path.insert(0, ROOT)
     from torchtitan.hardware import PROFILES
 
-    rows = [r for r in ROWS if args.filter in r[0]]
     print(
         f"{'row':30s} {'profile':17s} {'GPUs':>5s} {'published':>10s} {'predicted':>10s} {'error':>7s}"
         f" {'uncal.':>8s} {'error':>7s} {'MFU':>6s} {'pub GiB':>8s} {'pred GiB':>8s}  breakdown (s)"
