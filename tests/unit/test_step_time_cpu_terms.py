@@ -85,14 +85,14 @@ def test_a_cpu_pipeline_rank_that_waits_leaves_its_core_to_the_others():
     assert pipeline_time.pipeline_seconds(*args)[0] == pytest.approx(6.0)
     # alone 0.5 s; F1 (rank 0) beside F0 (rank 1) 1 s; rank 1's F1 and B0 alone; the two B
     # beside each other; rank 0's last B alone
-    end, busy = pipeline_time.pipeline_seconds(*args, (1.0, 2.0, 1.0))
+    end, busy = pipeline_time.pipeline_seconds(*args, rates=(1.0, 2.0, 1.0))
     assert end == pytest.approx(4.0)
     assert busy == {0: pytest.approx(3.0), 1: pytest.approx(3.0)}
     # the same speed whatever runs: the plain event simulation, to the last digit
     for mb in (1, 3):
         order, times = _gpipe({"F": 1.0, "B": 2.5}, mb)
         args = (order, {0: 0, 1: 1}, times, 0.3, 2)
-        shared_end, shared_busy = pipeline_time.pipeline_seconds(*args, (1.0, 1.0, 1.0))
+        shared_end, shared_busy = pipeline_time.pipeline_seconds(*args, rates=(1.0, 1.0, 1.0))
         end, busy = pipeline_time.pipeline_seconds(*args)
         assert shared_end == pytest.approx(end, rel=1e-12)
         assert shared_busy == pytest.approx(busy, rel=1e-12)

@@ -476,7 +476,9 @@ def role_times(
             for a in (item if isinstance(item, list) else [item])
         }
         p2p_s = max(t.p2p_s for t in times.values())
-        end, busy = pipeline_seconds(order, stage_rank, times, p2p_s, n_stages, shape.busy_rates)
+        end, busy = pipeline_seconds(
+            order, stage_rank, times, p2p_s, n_stages, rates=shape.busy_rates
+        )
         tail = max(t.tail.seconds for t in times.values())
         step = shape.accum_steps * end + tail
         parts = {}

@@ -15,6 +15,7 @@ def pipeline_seconds(
     times: dict,  # pipeline rank -> its model.RankTimes
     p2p_s: float,
     n_stages: int,
+    *,
     rates: tuple[float, ...] = (),
 ) -> tuple[float, dict[int, float]]:
     """(time the last rank finishes its actions, busy seconds per rank): an event simulation

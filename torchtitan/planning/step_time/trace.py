@@ -175,11 +175,11 @@ def op_seconds(
     """(device seconds, host seconds) of one op on profile `p` (roofline: the larger of the
     FLOPs at the class's efficiency and the bytes at the memory efficiency), times the
     profile's time_factor (a measured profile's fitted constant; 1 on a GPU)."""
-    device, host = _op_seconds(kind, flops, nbytes, dtype, p, compiled, head_dim)
+    device, host = _op_seconds(kind, flops, nbytes, dtype, p, compiled=compiled, head_dim=head_dim)
     return device * p.time_factor, host * p.time_factor
 
 
-def _op_seconds(kind, flops, nbytes, dtype, p: HardwareProfile, compiled, head_dim):
+def _op_seconds(kind, flops, nbytes, dtype, p: HardwareProfile, *, compiled, head_dim):
     bandwidth = p.hbm_gbps * 1e9 * p.memory_efficiency
     if p.dram_gbps and nbytes > p.cache_bytes:  # a CPU op beyond the cache: DRAM's rate
         bandwidth = p.dram_gbps * 1e9 * p.memory_efficiency
