@@ -56,13 +56,8 @@ def pipeline_seconds(
     while progress:
         progress = False
         for r in order:
-            while pos[r] < len(queue[r]):
-                item = queue[r][pos[r]]
-                parts = item if isinstance(item, list) else [item]
-                starts = [ready(a) for a in parts]
-                if any(s is None for s in starts):
-                    break
-                start = max([free[r], *starts])
+            while (nxt := _next(queue[r], pos[r], free[r], ready)) is not None:
+                parts, start = nxt
                 length = sum(duration(r, a) for a in parts)
                 for a in parts:
                     done[a] = start + length
@@ -70,11 +65,29 @@ def pipeline_seconds(
                 busy[r] += length
                 pos[r] += 1
                 progress = True
-    if any(pos[r] < len(queue[r]) for r in order):
+    return _placed(queue, pos, free), busy
+
+
+def _next(actions: list, pos: int, free: float, ready) -> tuple[list, float] | None:
+    """A rank's next item (its actions, when it can start), None when it has none left or its
+    input has not arrived yet."""
+    if pos >= len(actions):
+        return None
+    item = actions[pos]
+    parts = item if isinstance(item, list) else [item]
+    starts = [ready(a) for a in parts]
+    if any(s is None for s in starts):
+        return None
+    return parts, max([free, *starts])
+
+
+def _placed(queue: dict[int, list], pos: dict[int, int], free: dict[int, float]) -> float:
+    """The time the last rank finishes; fails when an action could not be placed."""
+    if any(pos[r] < len(queue[r]) for r in queue):
         raise RuntimeError(
             "step-time model: the pipeline schedule's actions could not all be placed"
         )
-    return max(free.values(), default=0.0), busy
+    return max(free.values(), default=0.0)
 
 
 def _shared_pipeline(
@@ -91,14 +104,10 @@ def _shared_pipeline(
     while True:
         later = []
         for r in queue:
-            if r in running or pos[r] >= len(queue[r]):
+            nxt = None if r in running else _next(queue[r], pos[r], free[r], ready)
+            if nxt is None:
                 continue
-            item = queue[r][pos[r]]
-            parts = item if isinstance(item, list) else [item]
-            starts = [ready(a) for a in parts]
-            if any(s is None for s in starts):
-                continue
-            start = max([free[r], *starts])
+            parts, start = nxt
             if start <= t + 1e-15:
                 running[r] = [sum(duration(r, a) for a in parts), t, parts]
             else:
@@ -121,11 +130,7 @@ def _shared_pipeline(
             busy[r] += t - start
         for run in running.values():
             run[0] -= step * rate
-    if any(pos[r] < len(queue[r]) for r in queue):
-        raise RuntimeError(
-            "step-time model: the pipeline schedule's actions could not all be placed"
-        )
-    return max(free.values(), default=0.0), busy
+    return _placed(queue, pos, free), busy
 
 
 def single_stage_order(kind: str, n_ranks: int, n_microbatches: int) -> dict[int, list]:
