@@ -86,6 +86,11 @@ class HardwareProfile:
     # (hbm_gbps is then the last-level cache's rate, which activation-sized ops get); 0: one rate
     dram_gbps: float = 0.0
     cache_bytes: int = 0
+    # CPU: the rate memory-bound ops reach inside a training step (inputs no longer in the
+    # cache, outputs freshly allocated), measured per op on the calibration step
+    # (cpu_bench.step_memory_rate): 2-3x below the micro-benchmark's in-cache rate on this VM.
+    # Replaces hbm_gbps / dram_gbps for every memory-bound op when set; 0: not measured
+    step_memory_gbps: float = 0.0
     # sustained fraction of the boost clock the tensor cores hold (a power cap lowers it)
     clock_factor: float = 1.0
     # a measured profile's one fitted constant: the framework's debug Llama3 forward + backward

@@ -1,6 +1,7 @@
 """The step-time model's CPU terms measured by the local profile (local_profile.py): FSDP2's
 host time charged per hook it runs (a 1-rank mesh included: its hooks run without any
-collective), and memory-bound ops beyond the last-level cache at DRAM's rate."""
+collective), memory-bound ops beyond the last-level cache at DRAM's rate, and every
+memory-bound op at the rate measured inside the calibration step where it was measured."""
 
 import dataclasses
 
@@ -53,6 +54,71 @@ def test_a_cpu_op_beyond_the_last_level_cache_streams_from_dram():
     # a GPU profile has one rate (dram_gbps 0)
     gpu, _ = op_seconds("memory", 0.0, 1 << 22, "float32", H100, compiled=False)
     assert gpu == pytest.approx((1 << 22) / (H100.hbm_gbps * 1e9 * H100.memory_efficiency))
+
+
+def test_a_measured_step_memory_rate_prices_every_memory_bound_op():
+    """Before profile v6 a CPU's memory-bound ops ran at the micro-benchmark's in-cache rate
+    (84 GB/s here): in a step they ran at 25-35 GB/s, and a model family with more of them
+    (Qwen3's QK norm, the routers) was predicted too fast by more than Llama3."""
+    cpu = dataclasses.replace(
+        H100,
+        hbm_gbps=100.0,
+        memory_efficiency=1.0,
+        dram_gbps=50.0,
+        cache_bytes=1 << 20,
+        step_memory_gbps=25.0,
+    )
+    for nbytes in (1 << 19, 1 << 22):  # in the cache and beyond it: one rate
+        device, _ = op_seconds("memory", 0.0, nbytes, "float32", cpu, compiled=False)
+        assert device == pytest.approx(nbytes / 25e9)
+    # FLOP-bound ops keep their own curves
+    gemm = op_seconds("gemm", 1e9, 1 << 22, "float32", cpu, compiled=False)
+    assert gemm == op_seconds(
+        "gemm",
+        1e9,
+        1 << 22,
+        "float32",
+        dataclasses.replace(cpu, step_memory_gbps=0.0),
+        compiled=False,
+    )
+    assert all(p.step_memory_gbps == 0.0 for p in hardware.PROFILES.values())  # GPUs: none
+
+
+def test_the_step_memory_rate_is_the_memory_bound_ops_bytes_over_their_own_seconds(monkeypatch):
+    """cpu_bench.step_memory_rate times each op the trace classes `memory` where it runs: on a
+    clock that moves 1 ms per reading, each op takes 1 ms, so the rate is the memory-bound
+    ops' bytes over (their count x (1 ms - the host time per op)); GEMMs, attention and ops
+    without a kernel are left out."""
+    import itertools
+    import time
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchtitan.planning.step_time import cpu_bench
+    from torchtitan.planning.step_time.trace import OpTrace, _nbytes
+
+    cpu = dataclasses.replace(H100, host_async=False, host_us_per_op=200.0)
+    step = cpu_bench.calibration_step()
+    trace = OpTrace(cpu, compiled=False)
+    counted = [0, 0]  # memory-bound ops, their bytes
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            trace.seen(func, args, kwargs or {}, out, label="forward", action=None)
+            if trace.last_kind == "memory":
+                counted[0] += 1
+                counted[1] += _nbytes(args) + _nbytes(kwargs or {}) + _nbytes(out)
+            return out
+
+    step()
+    with Count(), trace.recording():
+        step()
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 1e-3)
+    rate = cpu_bench.step_memory_rate(cpu)
+    assert counted[0] > 100
+    assert rate == pytest.approx(counted[1] / (counted[0] * 0.8e-3) / 1e9, rel=1e-9)
 
 
 def _gpipe(times_s: dict, n_mb: int):

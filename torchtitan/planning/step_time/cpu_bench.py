@@ -1,7 +1,7 @@
 """The CPU profile's timing statistic and its calibration row (local_profile.py): every
 figure is the median of its repeats, the statistic a job's step is read with; the debug
-Llama3's step, on which the thread speedup, the sharing of the cores and the profile's one
-fitted constant (time_factor) are read."""
+Llama3's step, on which the thread speedup, the sharing of the cores, the rate of the
+memory-bound ops inside a step and the profile's one fitted constant (time_factor) are read."""
 
 from __future__ import annotations
 
@@ -103,6 +103,50 @@ def measure_sharing(cores: int) -> dict[str, float]:
             times = [float(open(f"{path}.{r}").read()) for r in range(n)]
             out[str(n)] = statistics.median(times) / alone
     return out
+
+
+def step_memory_rate(profile: HardwareProfile) -> float:
+    """GB/s the memory-bound ops of the calibration step reach on one thread: each op the
+    step-time trace classes as `memory` timed where it runs, its bytes (read and written, as
+    the trace counts them) over its seconds less the profile's host time per op; the median
+    over REPEATS steps. Measured, not fitted: the micro-benchmark's rate reads warm caches and
+    reused outputs, a step's ops read activations written long before into fresh outputs
+    (2-3x slower here, and the share of such ops differs by model family)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torchtitan.planning.step_time.trace import OpTrace, _nbytes
+
+    class Timed(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.trace = OpTrace(profile, compiled=False)
+            self.bytes, self.seconds = 0, 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            elapsed = time.perf_counter() - t0
+            self.trace.seen(func, args, kwargs, out, label="forward", action=None)
+            if self.trace.last_kind == "memory":
+                self.bytes += _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
+                self.seconds += max(elapsed - profile.host_us_per_op * 1e-6, 0.0)
+            return out
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        step = calibration_step()
+        step()  # warm-up: first-call allocations, lazy initialisation
+        rates = []
+        for _ in range(REPEATS):
+            mode = Timed()
+            with mode, mode.trace.recording():
+                step()
+            rates.append(mode.bytes / max(mode.seconds, 1e-9) / 1e9)
+    finally:
+        torch.set_num_threads(previous)
+    return statistics.median(rates)
 
 
 def calibration_seconds(profile: HardwareProfile) -> tuple[float, float]:

@@ -19,7 +19,10 @@ What a CPU training rank runs on: one thread per rank when several ranks share t
   DTensor adds per op on DTensors, and what each FSDP2 hook costs (the framework's own
   blocks fully_shard-ed against plain ones, on a 1-process gloo group, over the hooks run);
 - on the calibration row, the debug Llama3's forward, loss and backward (cpu_bench.py): the
-  thread speedup on every core vs one thread (a job with fewer ranks than cores gives each
+  rate its memory-bound ops reach, each timed where it runs (activations read long after
+  they were written, outputs freshly allocated: a step's ops run 2-3x slower than the
+  micro-benchmark above, which re-reads warm tensors; step_memory_gbps, every memory-bound
+  op's rate); the thread speedup on every core vs one thread (a job with fewer ranks than cores gives each
   rank more threads: run_train.sh), the slowdown when 2 and when 4 single-threaded processes
   run it at once (shared caches and memory bandwidth, time slices beyond the cores), and the
   profile's one fitted constant, time_factor: its step on one thread measured over predicted
@@ -53,6 +56,7 @@ from torchtitan.hardware import HardwareProfile, UnknownGPU, gpu_names, resolve
 from torchtitan.planning.step_time.cpu_bench import (
     calibration_seconds,
     measure_sharing,
+    step_memory_rate,
     thread_speedup,
     timed,
 )
@@ -80,7 +84,8 @@ _HEAD_DIMS = (16, 32, 64, 128)
 # 2: medians (not the best of N), FSDP2's host time per hook, DRAM; 3: DRAM in place;
 # 4: the thread speedup, the sharing and gloo's loops from REPEATS measurements each;
 # 5: time_factor fitted on the debug Llama3's forward + backward (calibration_seconds)
-PROFILE_VERSION = 5
+# 6: step_memory_gbps, the memory-bound ops' rate measured inside the calibration step
+PROFILE_VERSION = 6
 
 
 def cache_path() -> str:
@@ -346,8 +351,9 @@ def measure() -> HardwareProfile:
         attention_by_head_dim=attention,
         gloo=gloo,
     )
-    # the one fitted constant (docs/step_time.md): the micro-benchmarks read single ops a few
-    # percent faster than they run inside a model's step
+    # the memory-bound ops' rate inside a step, measured on the calibration row; then the one
+    # fitted constant (docs/step_time.md): what the figures above still miss of that row
+    profile = dataclasses.replace(profile, step_memory_gbps=step_memory_rate(profile))
     measured, predicted = calibration_seconds(profile)
     return dataclasses.replace(profile, time_factor=measured / predicted)
 

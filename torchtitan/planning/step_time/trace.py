@@ -185,6 +185,8 @@ def _op_seconds(kind, flops, nbytes, dtype, p: HardwareProfile, *, compiled, hea
         bandwidth = p.dram_gbps * 1e9 * p.memory_efficiency
     host = p.host_us_per_op * 1e-6 / (p.compiled_ops_per_kernel if compiled else 1.0)
     if kind == "memory":
+        if p.step_memory_gbps:  # a CPU profile's rate measured inside a step (hardware.py)
+            bandwidth = p.step_memory_gbps * 1e9
         return nbytes * (p.compiled_memory_fraction if compiled else 1.0) / bandwidth, host
     peak = p.peak_flops(dtype)
     if kind == "gemm":
@@ -233,6 +235,7 @@ class OpTrace:
         self.recomputing = 0
         self.checkpointed = 0  # inside a checkpointed region's forward
         self.active = False
+        self.last_kind: str | None = None  # the last op's class (None: no kernel, a collective)
 
     def _segment(self, label: str, action) -> Segment:
         if (
@@ -258,6 +261,7 @@ class OpTrace:
             self._host(self.profile.dtensor_us_per_op * 1e-6, label, action)
 
     def seen(self, func, args, kwargs, out, *, label: str, action) -> None:
+        self.last_kind = None
         if not self.active:
             return
         namespace, name = func._overloadpacket._qualified_op_name.split("::")
@@ -314,6 +318,7 @@ class OpTrace:
             head_dim = args[0].shape[-1]
         else:
             op, flops, dtype = "memory", 0.0, "bfloat16"
+        self.last_kind = op
         nbytes = _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
         device_s, host_s = op_seconds(
             op,
