@@ -121,6 +121,45 @@ def test_the_step_memory_rate_is_the_memory_bound_ops_bytes_over_their_own_secon
     assert rate == pytest.approx(counted[1] / (counted[0] * 0.8e-3) / 1e9, rel=1e-9)
 
 
+def test_a_cpu_collective_waits_for_the_ranks_drift_over_the_computation_before_it():
+    """Before profile v7 a blocking gloo collective cost its fixed time and bytes however long
+    the ranks had computed since the last one; on this VM two processes drift apart by 7-12%
+    of the time they compute (cpu_workers._sync_skew), and the 2-rank FSDP jobs' 23
+    collectives a step paid ~45 ms more than predicted. One second of computation, two
+    all-gathers: the first waits 0.1 s more, the second (nothing computed since) does not."""
+    from torchtitan.planning.step_time import model as step_time
+    from torchtitan.planning.step_time.trace import Comm, Segment
+
+    fixed = {k: 1000.0 for k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}
+    table = {"gbps": 1.0, "fixed_us": fixed, "skew": 0.1}
+    cpu = dataclasses.replace(
+        H100,
+        host_async=False,
+        cores=2,
+        sharing={"2": 1.0},
+        gloo={"2": table},
+        host_us_per_op=0.0,
+        intra_latency_us=0.0,
+        inter_latency_us=0.0,
+    )
+    groups = step_time.Groups({"dp": "dp_shard"}, {"dp": [0, 1]}, frozenset({"dp"}), frozenset())
+    seg = Segment("forward", None)
+    seg.events = [
+        Compute(device_s=1.0),
+        Comm("all_gather", "dp", 0, "c10d"),
+        Comm("all_gather", "dp", 0, "c10d"),
+    ]
+    t = step_time.Streams(cpu, groups, 1.0, False).run([seg])
+    assert t.seconds == pytest.approx(1.0 + 0.1 + 2 * 1e-3)
+    assert t.parts["comm_dp_shard"] == pytest.approx(0.1 + 2 * 1e-3)
+    # a GPU profile, more ranks than cores (the time slices' wait is in the fixed costs), and
+    # a CPU profile without the measurement: no drift
+    assert step_time.sync_skew(H100, 8) == 0.0
+    assert step_time.sync_skew(dataclasses.replace(cpu, gloo={"2": table, "4": table}), 4) == 0.0
+    table.pop("skew")
+    assert step_time.Streams(cpu, groups, 1.0, False).run([seg]).seconds == pytest.approx(1.002)
+
+
 def _gpipe(times_s: dict, n_mb: int):
     """Two ranks, one stage each, GPipe over n_mb microbatches; every action `times_s[kind]`."""
     from torchtitan.planning.step_time import model as step_time

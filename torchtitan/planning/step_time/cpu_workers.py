@@ -117,7 +117,7 @@ def measure_framework() -> dict:
             return json.load(f)
 
 
-def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
+def _gloo_worker(rank: int, world: int, path: str, out_path: str, drift: bool) -> None:
     import warnings
 
     import torch.distributed as dist
@@ -166,10 +166,39 @@ def _gloo_worker(rank: int, world: int, path: str, out_path: str) -> None:
             # bytes as step_time counts them: gathered output, reduced input, the tensor otherwise
             nbytes = x.numel() * 4 * (world if kind == "all_gather" else 1)
             results.setdefault(kind, []).append((nbytes, max(with_it - alone, 1e-7) / 8))
+    results["skew"] = _sync_skew(compute, dist) if drift else 0.0
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
     dist.destroy_process_group()
+
+
+def _sync_skew(compute, dist, calls: int = 30) -> float:
+    """What a blocking collective costs per second of computation since the previous one: the
+    ranks drift apart while they compute (time slices, the VM's other work) and the first to
+    arrive waits for the last. A 4 MiB all-gather's mean time per call after ~8x the
+    computation less after ~1x, over the computation added; the mean over the ranks (what a
+    step adds up). Measured: 0.8-1.6 ms more per all-gather after 28 ms than after 2 ms of GEMMs
+    on 2 processes here, which the FSDP jobs' 23 collectives a step paid (docs/step_time.md)."""
+    x = torch.randn(1 << 20)
+    out = torch.empty(x.numel() * dist.get_world_size())
+    figures = []
+    for repeat in (1, 8):
+        seg, call = [], []
+        dist.barrier()
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            for _ in range(repeat):
+                compute()
+            t1 = time.perf_counter()
+            dist.all_gather_into_tensor(out, x)
+            seg.append(t1 - t0)
+            call.append(time.perf_counter() - t1)
+        figures.append((statistics.median(seg), statistics.mean(call[2:])))
+    (seg1, call1), (seg8, call8) = figures
+    skew = torch.tensor([max(0.0, call8 - call1) / max(seg8 - seg1, 1e-6)])
+    dist.all_reduce(skew)
+    return skew.item() / dist.get_world_size()
 
 
 def _factor(kind: str, n: int) -> float:
@@ -179,20 +208,28 @@ def _factor(kind: str, n: int) -> float:
     return 2 * (n - 1) / n if kind == "all_reduce" else 1.0
 
 
-def measure_gloo(world: int) -> dict:
-    """{"gbps": bandwidth, "fixed_us": {kind: fixed cost}} of gloo collectives between `world`
-    processes on this machine, each issued between ~2 ms of computation on every process
-    (what a step does: the cost includes waiting for the others and sharing the cores)."""
+def measure_gloo(world: int, drift: bool) -> dict:
+    """{"gbps": bandwidth, "fixed_us": {kind: fixed cost}, "skew": wait per second computed}
+    of gloo collectives between `world` processes on this machine, each issued between ~2 ms
+    of computation on every process (what a step does: the cost includes waiting for the
+    others and sharing the cores); skew: _sync_skew where `drift` (the processes have a core
+    each), else 0: with more processes than cores the time slices' wait is already in the
+    fixed costs (measured with every process computing). The CPU check's 4-rank jobs on 2
+    cores were within -7..+7% without a skew and +8..+21% with the one 4 processes measure."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "gloo.json")
         mp.spawn(
-            _gloo_worker, args=(world, os.path.join(tmp, "store"), out), nprocs=world, join=True
+            _gloo_worker,
+            args=(world, os.path.join(tmp, "store"), out, drift),
+            nprocs=world,
+            join=True,
         )
         with open(out) as f:
             results = json.load(f)
     fixed, rates = {}, []
+    skew = results.pop("skew")
     for kind, points in results.items():
         (b0, t0), (b1, t1) = sorted(points)
         factor = _factor(kind, world)
@@ -201,4 +238,4 @@ def measure_gloo(world: int) -> dict:
         fixed[kind] = max(0.0, (t0 - factor * b0 / rate)) * 1e6
     fixed["recv"] = fixed.get("send", 0.0)
     rates.sort()
-    return {"gbps": rates[len(rates) // 2] / 1e9, "fixed_us": fixed}
+    return {"gbps": rates[len(rates) // 2] / 1e9, "fixed_us": fixed, "skew": skew}

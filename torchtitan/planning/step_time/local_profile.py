@@ -85,7 +85,8 @@ _HEAD_DIMS = (16, 32, 64, 128)
 # 4: the thread speedup, the sharing and gloo's loops from REPEATS measurements each;
 # 5: time_factor fitted on the debug Llama3's forward + backward (calibration_seconds)
 # 6: step_memory_gbps, the memory-bound ops' rate measured inside the calibration step
-PROFILE_VERSION = 6
+# 7: the gloo table's skew (cpu_workers._sync_skew)
+PROFILE_VERSION = 7
 
 
 def cache_path() -> str:
@@ -311,7 +312,7 @@ def measure() -> HardwareProfile:
     speedup = thread_speedup(cores)
     sharing = measure_sharing(cores)
     framework = measure_framework()
-    gloo = {str(n): measure_gloo(n) for n in (2, 4)}
+    gloo = {str(n): measure_gloo(n, drift=n <= cores) for n in (2, 4)}
     # attention and grouped GEMM: the GEMM curve's efficiency at a mid-size GEMM (1 GFLOP)
     mid = 1.0 / (1.0 + half)
     profile = HardwareProfile(

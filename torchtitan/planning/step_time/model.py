@@ -147,6 +147,16 @@ def _processes_stretch(p: HardwareProfile, n: int) -> float:
     return measured[k] * n / k
 
 
+def sync_skew(p: HardwareProfile, world: int) -> float:
+    """A measured CPU profile's wait per second of computation before a blocking collective
+    (cpu_workers._sync_skew; the gloo table of 2 or 4 processes, as collective_seconds) where
+    the ranks have a core each; 0 with more ranks than cores (the time slices' wait is in the
+    collectives' fixed costs) and on a GPU (its ranks run their kernels without time slices)."""
+    if not p.gloo or world <= 1 or world > p.cores:
+        return 0.0
+    return p.gloo["4" if world > 2 and "4" in p.gloo else "2"].get("skew", 0.0)
+
+
 def busy_rates(p: HardwareProfile, world: int, pp: int) -> tuple[float, ...]:
     """A CPU pipeline's speed by how many of its ranks compute at once: entry k (1..pp) is how
     much faster an action runs while k pipeline ranks (and as many of every other pipeline:
@@ -202,6 +212,9 @@ class Streams:
         self.backward_gather = None  # (end, dim) of the gather the next unit's backward waits for
         self.pending: dict[str, float] = {}  # dim -> end of reductions not yet waited for
         self.parts: dict[str, float] = defaultdict(float)
+        # CPU: the ranks drift apart while computing; a blocking collective waits for the last
+        self.skew = 0.0 if self.overlap else sync_skew(p, self.world)
+        self.computed = 0.0  # busy seconds since the last blocking collective
 
     def compute(self, c: Compute, label: str) -> None:
         device = (c.device_s + c.recompute_s) * self.stretch
@@ -214,6 +227,7 @@ class Streams:
             self.parts["recompute"] += c.recompute_s * self.stretch
             self.parts["overhead"] += busy - device
         self.t += busy
+        self.computed += busy
 
     def comm(self, c: Comm, label: str) -> None:
         if c.kind in ("send", "recv"):
@@ -223,6 +237,8 @@ class Streams:
         duration = collective_seconds(c.kind, c.nbytes, ranks, self.p, self.world)
         if duration <= 0:
             return
+        duration += self.skew * self.computed
+        self.computed = 0.0
         link = link_of(ranks, self.p).name
         free = self.link_free[link]
         gather = c.kind == "all_gather" and c.group in self.groups.fsdp
