@@ -164,8 +164,9 @@ def measure_profile(out: str, rnd: int) -> None:
     print(
         f"round {rnd}: local profile measured in {time.monotonic() - start:.1f}s: GEMM"
         f" {profile.peak_tflops['float32'] * 1e3:.0f} GFLOP/s fp32, memory-bound ops"
-        f" {profile.hbm_gbps:.1f} GB/s, host {profile.host_us_per_op:.1f} us/op, gloo"
-        f" {profile.intra_node_gbps:.2f} GB/s, {profile.cores} cores, thread speedup"
+        f" {profile.hbm_gbps:.1f} GB/s ({profile.step_memory_gbps:.1f} GB/s inside the step),"
+        f" host {profile.host_us_per_op:.1f} us/op, gloo {profile.intra_node_gbps:.2f} GB/s"
+        f" (skew {profile.gloo.get('2', {}).get('skew', 0.0):.3f}), {profile.cores} cores, thread speedup"
         f" {profile.thread_speedup:.2f}, sharing {profile.sharing}, fitted time_factor"
         f" {profile.time_factor:.3f}",
         flush=True,

@@ -173,30 +173,34 @@ def _gloo_worker(rank: int, world: int, path: str, out_path: str, drift: bool) -
     dist.destroy_process_group()
 
 
-def _sync_skew(compute, dist, calls: int = 30) -> float:
+def _sync_skew(compute, dist, calls: int = 12) -> float:
     """What a blocking collective costs per second of computation since the previous one: the
     ranks drift apart while they compute (time slices, the VM's other work) and the first to
     arrive waits for the last. A 4 MiB all-gather's mean time per call after ~8x the
-    computation less after ~1x, over the computation added; the mean over the ranks (what a
-    step adds up). Measured: 0.8-1.6 ms more per all-gather after 28 ms than after 2 ms of GEMMs
-    on 2 processes here, which the FSDP jobs' 23 collectives a step paid (docs/step_time.md)."""
+    computation less after ~1x, over the computation added; the median of REPEATS such pairs
+    (one pair read 0.04-0.12 from profile to profile), then the mean over the ranks. Measured:
+    0.8-1.6 ms more per all-gather after 28 ms than after 2 ms of GEMMs on 2 processes here,
+    which the FSDP jobs' 23 collectives a step paid (docs/step_time.md)."""
     x = torch.randn(1 << 20)
     out = torch.empty(x.numel() * dist.get_world_size())
-    figures = []
-    for repeat in (1, 8):
-        seg, call = [], []
-        dist.barrier()
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            for _ in range(repeat):
-                compute()
-            t1 = time.perf_counter()
-            dist.all_gather_into_tensor(out, x)
-            seg.append(t1 - t0)
-            call.append(time.perf_counter() - t1)
-        figures.append((statistics.median(seg), statistics.mean(call[2:])))
-    (seg1, call1), (seg8, call8) = figures
-    skew = torch.tensor([max(0.0, call8 - call1) / max(seg8 - seg1, 1e-6)])
+    skews = []
+    for _ in range(REPEATS):
+        figures = []
+        for repeat in (1, 8):
+            seg, call = [], []
+            dist.barrier()
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                for _ in range(repeat):
+                    compute()
+                t1 = time.perf_counter()
+                dist.all_gather_into_tensor(out, x)
+                seg.append(t1 - t0)
+                call.append(time.perf_counter() - t1)
+            figures.append((statistics.median(seg), statistics.mean(call[1:])))
+        (seg1, call1), (seg8, call8) = figures
+        skews.append(max(0.0, call8 - call1) / max(seg8 - seg1, 1e-6))
+    skew = torch.tensor([statistics.median(skews)])
     dist.all_reduce(skew)
     return skew.item() / dist.get_world_size()
 

@@ -30,7 +30,9 @@ What a CPU training rank runs on: one thread per rank when several ranks share t
 - gloo (with the framework's host costs: cpu_workers.py, processes of their own): all-gather, reduce-scatter, all-reduce, all-to-all and send/recv among 2 and among 4
   processes at 4 KiB and 4 MiB, each between ~2 ms of GEMMs on every process (as a step
   interleaves them: waiting for the others and sharing the cores count): a fixed cost per
-  collective kind and the bandwidth, per process count.
+  collective kind and the bandwidth, per process count; and, where the processes have a core
+  each, the skew: how much longer a collective waits per second the ranks computed since the
+  last one (they drift apart; the first to arrive waits for the last).
 
 Grouped GEMM on CPU is a loop of GEMMs: it uses the GEMM curve at a mid-size GEMM.
 The cache key is the CPU model, the core count and the torch version (a new machine or
