@@ -127,6 +127,7 @@ def test_a_cpu_collective_waits_for_the_ranks_drift_over_the_computation_before_
     of the time they compute (cpu_workers._sync_skew), and the 2-rank FSDP jobs' 23
     collectives a step paid ~45 ms more than predicted. One second of computation, two
     all-gathers: the first waits 0.1 s more, the second (nothing computed since) does not."""
+    from torchtitan.planning.step_time import cpu_sharing
     from torchtitan.planning.step_time import model as step_time
     from torchtitan.planning.step_time.trace import Comm, Segment
 
@@ -154,8 +155,8 @@ def test_a_cpu_collective_waits_for_the_ranks_drift_over_the_computation_before_
     assert t.parts["comm_dp_shard"] == pytest.approx(0.1 + 2 * 1e-3)
     # a GPU profile, more ranks than cores (the time slices' wait is in the fixed costs), and
     # a CPU profile without the measurement: no drift
-    assert step_time.sync_skew(H100, 8) == 0.0
-    assert step_time.sync_skew(dataclasses.replace(cpu, gloo={"2": table, "4": table}), 4) == 0.0
+    assert cpu_sharing.sync_skew(H100, 8) == 0.0
+    assert cpu_sharing.sync_skew(dataclasses.replace(cpu, gloo={"2": table, "4": table}), 4) == 0.0
     table.pop("skew")
     assert step_time.Streams(cpu, groups, 1.0, False).run([seg]).seconds == pytest.approx(1.002)
 
@@ -204,18 +205,18 @@ def test_a_cpu_pipeline_rank_that_waits_leaves_its_core_to_the_others():
 
 
 def test_busy_rates_follow_the_measured_sharing_of_the_machines_cores():
-    from torchtitan.planning.step_time import model as step_time
+    from torchtitan.planning.step_time import cpu_sharing
 
     cpu = dataclasses.replace(
         H100, host_async=False, cores=2, thread_speedup=1.8, sharing={"2": 1.1, "4": 2.2}
     )
     # 4 ranks as 2 pipelines of 2 stages: one rank of each computing = 2 processes (1.1),
     # both = 4 (2.2): twice the speed while one waits
-    assert step_time.busy_rates(cpu, 4, 2) == pytest.approx((1.0, 2.0, 1.0))
-    assert step_time.busy_rates(cpu, 2, 2) == pytest.approx((1.0, 1.1, 1.0))
-    assert step_time.busy_rates(cpu, 4, 1) == ()  # no pipeline
-    assert step_time.busy_rates(cpu, 1, 1) == ()
-    assert step_time.busy_rates(H100, 16, 2) == ()  # a GPU rank has its own device
+    assert cpu_sharing.busy_rates(cpu, 4, 2) == pytest.approx((1.0, 2.0, 1.0))
+    assert cpu_sharing.busy_rates(cpu, 2, 2) == pytest.approx((1.0, 1.1, 1.0))
+    assert cpu_sharing.busy_rates(cpu, 4, 1) == ()  # no pipeline
+    assert cpu_sharing.busy_rates(cpu, 1, 1) == ()
+    assert cpu_sharing.busy_rates(H100, 16, 2) == ()  # a GPU rank has its own device
 
 
 def test_the_fitted_time_factor_scales_every_ops_time():

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.step_time import cpu_sharing
 from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.planning.step_time.rank import _stretch
@@ -495,7 +496,7 @@ def _pipeline(lay, m: Model, costs, rest, *, tail, groups, hw, accum, tokens):
             times[r] = step_time.RankTimes(step_time.Timed(), actions, tail, p2p)
         roles = [(f"pp{r}", [r], r) for r in times]
         shape = step_time.StepShape(
-            1, d.world_size, 0.0, 0.0, accum, step_time.busy_rates(hw, d.world_size, d.pp)
+            1, d.world_size, 0.0, 0.0, accum, cpu_sharing.busy_rates(hw, d.world_size, d.pp)
         )
         got = step_time.role_times(roles, times, order, shape)
         slowest = max(got, key=lambda t: t.predicted_step_seconds)

@@ -105,6 +105,41 @@ def measure_sharing(cores: int) -> dict[str, float]:
     return out
 
 
+class _Traced:
+    """Runs a step with every op traced on `profile` (step_time's OpTrace, as the forward
+    phase) and, when `time_memory`, each memory-bound op timed where it runs: `moved` bytes
+    in `seconds` (less the profile's host time per op)."""
+
+    def __init__(self, profile: HardwareProfile, time_memory: bool = False):
+        from torchtitan.planning.step_time.trace import OpTrace
+
+        self.trace = OpTrace(profile, compiled=False)
+        self.time_memory, self.host_s = time_memory, profile.host_us_per_op * 1e-6
+        self.moved, self.seconds = 0, 0.0
+
+    def run(self, step) -> _Traced:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        traced = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                t0 = time.perf_counter()
+                out = func(*args, **kwargs)
+                elapsed = time.perf_counter() - t0
+                trace = traced.trace
+                trace.seen(func, args, kwargs, out, label="forward", action=None)
+                if traced.time_memory and trace.last_kind == "memory":
+                    traced.moved += trace.last_bytes
+                    traced.seconds += max(elapsed - traced.host_s, 0.0)
+                return out
+
+        with Mode(), self.trace.recording():
+            step()
+        return self
+
+
 def step_memory_rate(profile: HardwareProfile) -> float:
     """GB/s the memory-bound ops of the calibration step reach on one thread: each op the
     step-time trace classes as `memory` timed where it runs, its bytes (read and written, as
@@ -112,27 +147,6 @@ def step_memory_rate(profile: HardwareProfile) -> float:
     over REPEATS steps. Measured, not fitted: the micro-benchmark's rate reads warm caches and
     reused outputs, a step's ops read activations written long before into fresh outputs
     (2-3x slower here, and the share of such ops differs by model family)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from torchtitan.planning.step_time.trace import OpTrace, _nbytes
-
-    class Timed(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.trace = OpTrace(profile, compiled=False)
-            self.bytes, self.seconds = 0, 0.0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            t0 = time.perf_counter()
-            out = func(*args, **kwargs)
-            elapsed = time.perf_counter() - t0
-            self.trace.seen(func, args, kwargs, out, label="forward", action=None)
-            if self.trace.last_kind == "memory":
-                self.bytes += _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
-                self.seconds += max(elapsed - profile.host_us_per_op * 1e-6, 0.0)
-            return out
-
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -140,10 +154,8 @@ def step_memory_rate(profile: HardwareProfile) -> float:
         step()  # warm-up: first-call allocations, lazy initialisation
         rates = []
         for _ in range(REPEATS):
-            mode = Timed()
-            with mode, mode.trace.recording():
-                step()
-            rates.append(mode.bytes / max(mode.seconds, 1e-9) / 1e9)
+            traced = _Traced(profile, time_memory=True).run(step)
+            rates.append(traced.moved / max(traced.seconds, 1e-9) / 1e9)
     finally:
         torch.set_num_threads(previous)
     return statistics.median(rates)
@@ -153,25 +165,14 @@ def calibration_seconds(profile: HardwareProfile) -> tuple[float, float]:
     """(measured, predicted) seconds of the calibration row (calibration_step) on one thread,
     alone; predicted by the step-time trace on `profile` (device + host: a CPU runs both on
     the thread)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from torchtitan.planning.step_time.trace import Compute, OpTrace
+    from torchtitan.planning.step_time.trace import Compute
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         step = calibration_step()
         measured = timed(step, REPEATS)
-        trace = OpTrace(dataclasses.replace(profile, time_factor=1.0), compiled=False)
-
-        class Traced(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                trace.seen(func, args, kwargs or {}, out, label="forward", action=None)
-                return out
-
-        with Traced(), trace.recording():
-            step()
+        trace = _Traced(dataclasses.replace(profile, time_factor=1.0)).run(step).trace
     finally:
         torch.set_num_threads(previous)
     predicted = sum(

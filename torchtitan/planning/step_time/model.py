@@ -6,7 +6,7 @@ Everything this model assumes is here, to be checked line by line:
 1. Compute. Each op's device time is a roofline on the profile (op_trace.op_seconds); a GPU
    queues kernels, so a run of ops costs max(device time, host dispatch time); a CPU runs
    them on the dispatching thread: device + host. A CPU node's C cores are shared by its N
-   ranks (run_train.sh gives each max(1, C / N) threads; the profile is measured on one):
+   ranks (cpu_sharing.py) (run_train.sh gives each max(1, C / N) threads; the profile is measured on one):
    device time scales by N / C, host time (one thread) by max(1, N / C).
 2. Collectives (`collective_seconds`): ring algorithms on the slowest link the group
    crosses: inside a node `intra_node_gbps`, across nodes `inter_node_gbps` (per rank,
@@ -34,7 +34,7 @@ Everything this model assumes is here, to be checked line by line:
    ends when the last rank has finished, then the step tail (training/phases.py's TAIL: tied
    copies, clipping, the non-finite record, the optimizer, the expert balance) runs on every rank.
    The bubble of a rank is the step time minus its busy time. On a CPU the ranks share the
-   cores: an action runs faster while fewer ranks compute (`busy_rates`: a rank waiting for
+   cores: an action runs faster while fewer ranks compute (cpu_sharing.py's `busy_rates`: a rank waiting for
    its neighbour leaves its core to the others), and the simulation shares them among the
    actions running at each moment.
 """
@@ -46,6 +46,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.step_time.cpu_sharing import sync_skew
 from torchtitan.planning.step_time.pipeline import pipeline_seconds
 from torchtitan.planning.step_time.trace import Comm, Compute, Segment
 from torchtitan.training.phases import BACKWARD, TAIL, StepPhase, phase_of
@@ -119,56 +120,6 @@ def collective_seconds(
     if kind == "broadcast":
         return fixed + nbytes / bw + tree_latency_s(ranks, p)
     return fixed + nbytes / bw + link.latency_us * 1e-6  # send / recv
-
-
-def cpu_stretch(p: HardwareProfile, world: int) -> float:
-    """A CPU node's ranks share its cores (assumption 1): device time x ranks / cores; with
-    fewer ranks than cores each runs cores / ranks threads (run_train.sh), at the measured
-    thread speedup (linear between one thread and all). 1 on a GPU."""
-    if p.host_async or not p.cores:
-        return 1.0
-    cores = p.cores
-    if world > 1 and p.sharing:  # measured: processes computing at once on this machine
-        return _processes_stretch(p, world)
-    if world >= cores or cores == 1:
-        return world / cores
-    threads = cores / world
-    return 1.0 / (1.0 + (p.thread_speedup - 1.0) * (threads - 1) / (cores - 1))
-
-
-def _processes_stretch(p: HardwareProfile, n: int) -> float:
-    """The slowdown of each of n one-thread processes computing at once (the measured sharing
-    of the nearest count at or below n; beyond the largest measured count: time slices)."""
-    if n <= 1:
-        return 1.0
-    measured = {int(k): v for k, v in p.sharing.items()}
-    below = [k for k in measured if k <= n]
-    k = max(below) if below else min(measured)
-    return measured[k] * n / k
-
-
-def sync_skew(p: HardwareProfile, world: int) -> float:
-    """A measured CPU profile's wait per second of computation before a blocking collective
-    (cpu_workers._sync_skew; the gloo table of 2 or 4 processes, as collective_seconds) where
-    the ranks have a core each; 0 with more ranks than cores (the time slices' wait is in the
-    collectives' fixed costs) and on a GPU (its ranks run their kernels without time slices)."""
-    if not p.gloo or world <= 1 or world > p.cores:
-        return 0.0
-    return p.gloo["4" if world > 2 and "4" in p.gloo else "2"].get("skew", 0.0)
-
-
-def busy_rates(p: HardwareProfile, world: int, pp: int) -> tuple[float, ...]:
-    """A CPU pipeline's speed by how many of its ranks compute at once: entry k (1..pp) is how
-    much faster an action runs while k pipeline ranks (and as many of every other pipeline:
-    the replicas run the same schedule) compute than while all do, which is how its time was
-    taken (cpu_stretch of the world). A rank waiting for its neighbour's activations leaves
-    its core to the others: 4 ranks on 2 cores run at half speed each while all compute and at
-    full speed while half of them wait. () on a GPU, or where the ranks run several threads."""
-    if p.host_async or not p.cores or not p.sharing or world < p.cores or pp <= 1:
-        return ()
-    replicas = max(1, world // pp)
-    full = cpu_stretch(p, world)
-    return (1.0,) + tuple(full / _processes_stretch(p, k * replicas) for k in range(1, pp + 1))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The pipeline schedule in time (assumption 4 of model.py): an event simulation of every
 pipeline rank's actions in the real schedule's order, each action as long as the simulated
 step's ops of it took, starting when its rank is free and its input has arrived; on a CPU the
-ranks share the cores (model.busy_rates). And the schedules' per-rank orders: torch's own
+ranks share the cores (cpu_sharing.busy_rates). And the schedules' per-rank orders: torch's own
 (`schedule_order`) and, for a microbatch count that was not simulated, `order_for`."""
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtitan.hardware import HardwareProfile
+from torchtitan.planning.step_time import cpu_sharing
 from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.planning.step_time.trace import OpTrace
@@ -60,5 +61,5 @@ def _groups(dims, trace: OpTrace) -> step_time.Groups:
 
 
 def _stretch(hardware: HardwareProfile, dims) -> float:
-    """A CPU node's ranks share its cores (step_time.cpu_stretch); 1 on a GPU."""
-    return step_time.cpu_stretch(hardware, dims.world_size)
+    """A CPU node's ranks share its cores (cpu_sharing.cpu_stretch); 1 on a GPU."""
+    return cpu_sharing.cpu_stretch(hardware, dims.world_size)

@@ -10,6 +10,7 @@ from torchtitan.dtypes import param_dtype
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.simulate import pool as simulation_pool
 from torchtitan.planning.simulate import roles as derived_roles
+from torchtitan.planning.step_time import cpu_sharing
 from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time import pipeline as pipeline_time
 from torchtitan.training.planned_job import PlannedJob
@@ -68,7 +69,7 @@ def add_times(
         job.model.flops_per_token(cfg.training.seq_len),
         peak,
         shape.accum_steps,
-        step_time.busy_rates(hardware, dims.world_size, dims.pp),
+        cpu_sharing.busy_rates(hardware, dims.world_size, dims.pp),
     )
     for role, rt in zip(
         roles,

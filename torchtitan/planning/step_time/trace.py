@@ -235,7 +235,9 @@ class OpTrace:
         self.recomputing = 0
         self.checkpointed = 0  # inside a checkpointed region's forward
         self.active = False
-        self.last_kind: str | None = None  # the last op's class (None: no kernel, a collective)
+        # the last op's class (None: no kernel, a collective) and bytes read and written
+        self.last_kind: str | None = None
+        self.last_bytes = 0
 
     def _segment(self, label: str, action) -> Segment:
         if (
@@ -318,8 +320,8 @@ class OpTrace:
             head_dim = args[0].shape[-1]
         else:
             op, flops, dtype = "memory", 0.0, "bfloat16"
-        self.last_kind = op
         nbytes = _nbytes(args) + _nbytes(kwargs) + _nbytes(out)
+        self.last_kind, self.last_bytes = op, nbytes
         device_s, host_s = op_seconds(
             op,
             flops,
