@@ -447,3 +447,15 @@ def gpu_memory_bytes() -> list[int] | None:
 def gpu_names() -> list[str]:
     """Names of the GPUs nvidia-smi lists; [] without one."""
     return _nvidia_smi("name") or []
+
+
+def gpu_compute_capabilities() -> list[tuple[int, int]]:
+    """(major, minor) compute capability of each GPU nvidia-smi lists; [] without one."""
+    caps = []
+    for line in _nvidia_smi("compute_cap") or []:
+        try:
+            major, minor = line.split(".")
+            caps.append((int(major), int(minor)))
+        except ValueError:
+            return []
+    return caps

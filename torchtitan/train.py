@@ -41,6 +41,7 @@ from torchtitan.distributed.process_groups import (
     shutdown_distributed,
     start_flight_recorder,
 )
+from torchtitan.models.common.float8 import precompute_scales_on
 from torchtitan.models.flavors import flavors_of
 from torchtitan.models.hf.converters import export_args, export_fields, model_rules
 from torchtitan.models.hf.weights import HFExportError, HFSpec
@@ -267,6 +268,9 @@ class Trainer:
         )
         self.balancer = self._expert_balancer()
         self.tied = tied_copies(self.model_parts, self.dims)
+        self.float8_scales = precompute_scales_on(
+            cfg.quantize.linear.float8, cfg.model.converters, self.dims.dp_shard
+        )
         self.dataloader = build_dataloader(
             t,
             self.tokenizer,
@@ -467,6 +471,7 @@ class Trainer:
             nonfinite=self.nonfinite,
             tied=self.tied,
             balancer=self.balancer,
+            float8_scales=self.float8_scales,
         )
 
     def figures(self, result: StepResult) -> tuple[float, float, dict]:

@@ -638,12 +638,14 @@ CASES = [
 # The cases of upstream's pipeline split and of its feature keys, in files of their own (they
 # import Case from here, so they come in after it is defined).
 import feature_cases  # noqa: E402
+import float8_cases  # noqa: E402
 import pipeline_cases  # noqa: E402
 
 MODELS.update(pipeline_cases.MODELS)
-CASES += pipeline_cases.CASES + feature_cases.CASES
+MODELS.update(float8_cases.MODELS)
+CASES += pipeline_cases.CASES + feature_cases.CASES + float8_cases.CASES
 
-COMPILED_IN_MAKE_TEST = {"qwen3_moe_ep"}
+COMPILED_IN_MAKE_TEST = {"qwen3_moe_ep", "float8_fsdp_all_gather"}
 COMPILE_RTOL = 2e-5
 
 
@@ -708,6 +710,13 @@ def can_compile(case: Case) -> bool:
 
 _TWINS = [compiled_twin(c) for c in CASES if c.name in TWINNED and can_compile(c)]
 assert len(_TWINS) == len(TWINNED), "every twinned case exists and compiles"
+# float8's twins keep their eager case's bound (the float8 rounding of fp32 noise; the twin
+# against its eager case is held tighter: test_parity_suite.py)
+_TWINS += [
+    dataclasses.replace(compiled_twin(c), rtol=c.rtol)
+    for c in CASES
+    if c.name in float8_cases.TWINNED and can_compile(c)
+]
 CASES += _TWINS
 
 

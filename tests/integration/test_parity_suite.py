@@ -110,3 +110,20 @@ def test_qwen3_switch_balance_loss_equals_one_rank(case, tmp_path_factory):
     ours, reference = refs.AUX[case], refs.AUX["reference_qwen3_moe"]
     assert len(ours) == parity_cases.STEPS and all(a > 0 for a in ours), ours
     assert run_tests.max_rel_diff(ours, reference) <= 1e-5, (ours, reference)
+
+
+def test_float8_activation_checkpointing_is_bitwise_neutral(tmp_path_factory):
+    # op SAC keeps the float8 GEMMs' outputs and amaxes and recomputes the casts, which gives
+    # the same float8 operands: the same figures, bit for bit
+    assert refs.losses("float8_fsdp_ac_op", tmp_path_factory) == refs.losses(
+        "float8_fsdp", tmp_path_factory
+    )
+    assert refs.GRAD_NORMS["float8_fsdp_ac_op"] == refs.GRAD_NORMS["float8_fsdp"]
+
+
+def test_float8_compiled_matches_eager(tmp_path_factory):
+    # aot_eager (graph capture, AOTAutograd, the partitioner; no inductor codegen) over
+    # torchao's float8 linears and FSDP2's float8 all-gather: the eager run's figures
+    compiled = refs.losses("float8_fsdp_all_gather_compiled", tmp_path_factory)
+    eager = refs.losses("float8_fsdp_all_gather", tmp_path_factory)
+    assert run_tests.max_rel_diff(compiled, eager) <= 1e-6, (compiled, eager)

@@ -94,7 +94,7 @@ def ep_policy(spec=RegionSpec("op", None)):
 # region_policy: compute decision
 
 
-def test_save_ops_are_the_matmuls_and_the_attention_kernels():
+def test_save_ops_are_the_matmuls_the_attention_kernels_and_float8_amaxes():
     attention = {
         getattr(aten, n).default
         for n in (
@@ -107,8 +107,9 @@ def test_save_ops_are_the_matmuls_and_the_attention_kernels():
     }
     assert aten._scaled_dot_product_flash_attention_for_cpu.default in attention  # what CPU runs
     cuda_attention = {torch.ops.higher_order.flex_attention, aten._flash_attention_forward.default}
+    amax = {aten.max.default}  # float8's scales (test_float8.py)
     assert SAVE_OPS == {aten.mm.default, aten.addmm.default, aten.bmm.default} | (
-        attention | cuda_attention
+        attention | cuda_attention | amax
     )
 
 

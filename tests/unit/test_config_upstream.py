@@ -193,9 +193,8 @@ def test_upstream_extension_modules_are_built_in():
         ),
         (["--model.name=gpt_oss"], "--model.name=gpt_oss: upstream's gpt-oss"),
         (
-            ["--model.converters=quantize.linear.float8"],
-            "--model.converters=quantize.linear.float8: float8/MX training (torchao) is not in"
-            " this fork yet; remove the converter",
+            ["--model.converters=mx"],
+            "--model.converters=mx: MX (microscaling) training is not in this fork",
         ),
         (["--fault_tolerance.enable"], "--fault_tolerance.enable: torchft replica-group"),
         (

@@ -15,6 +15,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from torchtitan.models.common.float8 import plain_weights
+
 # Optimizer state flattened to one entry per parameter ("state.<fqn>.exp_avg",
 # "param_groups.<fqn>.lr"), so it does not depend on how parameters are grouped per rank.
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
@@ -70,6 +72,7 @@ class ModelState(Stateful):
             for m in self.model_parts
             for k, v in _renamed(_one_name(get_model_state_dict(m), m), _copies(m)).items()
         }
+        out = plain_weights(out)  # float8 all-gather weights: the high-precision tensors
         if self.dtype is not None:
             out = {k: v.to(self.dtype) for k, v in out.items()}
         return out
@@ -87,7 +90,7 @@ class OptimizerState(Stateful):
         out = {}
         for m, o in zip(self.model_parts, self.optimizers.optimizers):
             out.update(_renamed(get_optimizer_state_dict(m, o, options=_FLAT), _copies(m)))
-        return out
+        return plain_weights(out)
 
     def load_state_dict(self, state):
         for m, o in zip(self.model_parts, self.optimizers.optimizers):

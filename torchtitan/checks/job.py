@@ -29,6 +29,7 @@ from torchtitan.checks.layout import (
 )
 from torchtitan.checks.optimizer import check_optimizer_placement
 from torchtitan.checks.outputs import check_outputs, check_wandb
+from torchtitan.checks.quantize import check_converters
 from torchtitan.checks.upstream_keys import check_upstream_keys
 from torchtitan.checks.upstream_only import check_upstream_only
 from torchtitan.config.job_config import AUTO, JobConfig
@@ -54,6 +55,7 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_compile_keys(cfg)
     check_validation_and_profiling(cfg)
     check_inputs(cfg, args, global_batch)
+    check_converters(cfg, linear_names(cfg))
     check_fsdp_policies(cfg)
     check_outputs(cfg, world_size, global_batch)
     check_wandb(cfg)
@@ -73,6 +75,16 @@ def accepts(world_size: int) -> Callable[[JobConfig], bool]:
         return True
 
     return ok
+
+
+def linear_names(cfg: JobConfig) -> list[str] | None:
+    """The model's linear layers by name (its shapes.py), for [quantize]'s filters; None when no
+    converter is on (the tokenizer's vocabulary need not be read)."""
+    if not cfg.model.converters:
+        return None
+    shapes = model_states.model_shapes(cfg.model.name, run_model_args(cfg))
+    params = shapes.first + [p for block in shapes.blocks for p in block] + shapes.last
+    return [p.name.removesuffix(".weight") for p in params if p.linear]  # tied ones too
 
 
 def check_attention_backend(cfg: JobConfig, args) -> None:

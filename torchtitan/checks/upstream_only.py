@@ -17,7 +17,6 @@ UPSTREAM_ONLY_MODELS = {
 }
 
 # What a refused feature is waiting for; the message names it so the user knows where it lands.
-FLOAT8 = "float8/MX training (torchao) is not in this fork yet"
 TORCHFT = "torchft replica-group fault tolerance is not in this fork yet"
 
 
@@ -34,11 +33,6 @@ def unknown_model_reason(name: str) -> str | None:
 
 def check_upstream_only(cfg: JobConfig) -> None:
     """Raise ConfigError for the first upstream feature that cannot run here."""
-    if cfg.model.converters:
-        raise ConfigError(
-            f"--model.converters={','.join(cfg.model.converters)}: {FLOAT8}; remove the"
-            " converter (the [quantize] keys are accepted and have no effect without it)"
-        )
     if cfg.fault_tolerance.enable:
         raise ConfigError(
             f"--fault_tolerance.enable: {TORCHFT}; train without it (a failed rank ends the job;"

@@ -15,20 +15,17 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from torchtitan.config.output_sections import AUTO, Checkpoint, Comm, Metrics, Profiling
-from torchtitan.config.parallel_sections import (
-    ActivationCheckpoint,
-    Compile,
+from torchtitan.config.parallel_sections import ActivationCheckpoint, Compile, MoE, Parallelism
+from torchtitan.config.planning_sections import Hardware, MemoryEstimation, Planning
+from torchtitan.config.quantize_sections import (
     Float8GroupedMM,
     Float8Linear,
-    MoE,
     MXGroupedMM,
     MXLinear,
-    Parallelism,
     Quantize,
     QuantizedGroupedMM,
     QuantizedLinear,
 )
-from torchtitan.config.planning_sections import Hardware, MemoryEstimation, Planning
 
 
 @dataclass
@@ -102,9 +99,11 @@ class Model:
     the project's own tokenizer. Upstream's example value ./tests/assets/tokenizer ships here."""
 
     converters: list[str] = field(default_factory=list)
-    """Model converters applied after the model is built (upstream: float8 /
-    quantize.linear.float8, quantize.grouped_mm.float8, mx / quantize.linear.mx). Float8 and MX
-    training are refused in one line until float8 training (torchao) lands."""
+    """Model converters applied to the model on meta, before it is split and parallelized:
+    quantize.linear.float8 (upstream's older spelling: float8) trains the linear layers in
+    float8 ([quantize.linear.float8], torchao); quantize.grouped_mm.float8 the routed experts
+    (CUDA only); the MX converters (quantize.linear.mx / mx, quantize.grouped_mm.mx) are
+    refused in one line."""
 
     print_after_conversion: bool = False
     """Log the model's module tree after it is built and converted (rank 0)."""

@@ -1,5 +1,6 @@
 """The sections of how a job is split and what it recomputes or compiles: [parallelism],
-[moe], [activation_checkpoint], [compile], [quantize] (see job_config.py for the conventions)."""
+[moe], [activation_checkpoint], [compile] (see job_config.py for the conventions; [quantize]
+is quantize_sections.py)."""
 
 from dataclasses import dataclass, field
 from typing import Literal
@@ -239,76 +240,3 @@ class Compile:
     and overlap them with compute: auto_bucketing (inductor chooses the buckets),
     transformer_block_bucketing (one bucket per block); empty: none (upstream's SimpleFSDP
     extension key)."""
-
-
-@dataclass
-class Float8Linear:
-    """Float8 training of nn.Linear (torchao; [quantize.linear.float8])."""
-
-    enable_fsdp_float8_all_gather: bool = False
-    """All-gather FSDP's parameters in float8 (half of bf16's bytes)."""
-
-    precompute_float8_dynamic_scale_for_fsdp: bool = False
-    """Compute every parameter's float8 scale in one fused pass after the optimizer step."""
-
-    recipe_name: Literal["", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = ""
-    """torchao's float8 recipe; empty = tensorwise."""
-
-    filter_fqns: list[str] = field(default_factory=list)
-    """Linear layers (by name) kept in high precision, e.g. output."""
-
-    emulate: bool = False
-    """Emulate float8 matmuls in high precision (for hardware without float8)."""
-
-
-@dataclass
-class Float8GroupedMM:
-    """Float8 grouped GEMMs of the experts ([quantize.grouped_mm.float8])."""
-
-    fqns: list[str] = field(default_factory=list)
-    """MoE modules (by name) whose grouped GEMMs run in float8, e.g. experts."""
-
-
-@dataclass
-class MXLinear:
-    """MX (microscaling) training of nn.Linear ([quantize.linear.mx])."""
-
-    mxfp8_dim1_cast_kernel_choice: Literal["triton", "cuda", "torch"] = "triton"
-    """Kernel casting along dim 1 to mxfp8."""
-
-    recipe_name: str = "mxfp8_cublas"
-    """torchao's MX recipe."""
-
-    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
-    """Linear layers (by name) kept in high precision."""
-
-
-@dataclass
-class MXGroupedMM:
-    """MX grouped GEMMs of the experts ([quantize.grouped_mm.mx])."""
-
-    recipe_name: Literal["mxfp8"] = "mxfp8"
-    """torchao's MX recipe for grouped GEMMs."""
-
-    fqns: list[str] = field(default_factory=list)
-    """MoE modules (by name) whose grouped GEMMs run in MX."""
-
-
-@dataclass
-class QuantizedLinear:
-    float8: Float8Linear = field(default_factory=Float8Linear)
-    mx: MXLinear = field(default_factory=MXLinear)
-
-
-@dataclass
-class QuantizedGroupedMM:
-    float8: Float8GroupedMM = field(default_factory=Float8GroupedMM)
-    mx: MXGroupedMM = field(default_factory=MXGroupedMM)
-
-
-@dataclass
-class Quantize:
-    """Low-precision training, read by model.converters (upstream's [quantize] tables)."""
-
-    linear: QuantizedLinear = field(default_factory=QuantizedLinear)
-    grouped_mm: QuantizedGroupedMM = field(default_factory=QuantizedGroupedMM)

@@ -81,11 +81,13 @@ _CUDA_ATTENTION = [
     if op is not None
 ]
 SAVE_OPS = {
-    aten.mm.default,
+    aten.mm.default,  # a float8 linear's GEMM too (SAC sees torchao's mm, not _scaled_mm)
     aten.addmm.default,
     aten.bmm.default,
     *(getattr(aten, n).default for n in _ATTENTION_OPS),
     *_CUDA_ATTENTION,
+    # the full-tensor max: float8's amaxes (a scalar each; their scales and casts recompute)
+    aten.max.default,
 }
 MUST = {"save": CheckpointPolicy.MUST_SAVE, "recompute": CheckpointPolicy.MUST_RECOMPUTE}
 

@@ -31,6 +31,7 @@ class Param:
     shape: tuple[int, ...]
     tp_dim: int | None = None  # the dim tensor parallel splits; None: replicated over TP
     expert: bool = False  # a routed-expert stack: expert parallel splits dim 0
+    linear: bool = False  # the weight of an nn.Linear (what float8 training converts)
 
     @property
     def numel(self) -> int:
@@ -57,7 +58,7 @@ class ModelShapes:
 
 
 def linear(name: str, out_dim: int, in_dim: int, tp_dim: int | None) -> Param:
-    return Param(f"{name}.weight", (out_dim, in_dim), tp_dim)
+    return Param(f"{name}.weight", (out_dim, in_dim), tp_dim, linear=True)
 
 
 def norm(name: str, dim: int) -> Param:

@@ -4,8 +4,9 @@ A TorchDispatchMode sees every collective op this process issues: FSDP2's c10d c
 DTensor's functional collectives (TP), the pipeline's send/recv, and the functional
 collectives that compiled graphs call at run time (`ignore_compile_internals` keeps the
 mode out of compilation but active while compiled code runs). Ops on tensor subclasses
-(DTensor) are handed back to the subclass first, so the mode sees the collectives they
-lower to instead of the DTensor op.
+(DTensor, torchao's float8 tensors) are handed back to the subclass first, so the mode sees
+the collectives they lower to (a float8 gather: 1 byte per element) instead of the
+subclass's op.
 
 Keys are "<phase>/<collective>/<mesh dim>": phase is backward while autograd runs backward
 (or inside `phase("backward")`, e.g. the pipeline's deferred gradient reduction), else the
@@ -65,6 +66,12 @@ def _tensor_bytes(x) -> int:
     if isinstance(x, (list, tuple)):
         return sum(_tensor_bytes(t) for t in x)
     return 0
+
+
+def _wrapper(t: type) -> bool:
+    """A traceable tensor subclass that wraps other tensors (torchao's Float8TrainingTensor,
+    funcol's AsyncCollectiveTensor): it lowers an op to ops on what it wraps."""
+    return t is not torch.Tensor and hasattr(t, "__tensor_flatten__")
 
 
 def group_name_of(args, known: dict) -> str | None:
@@ -139,8 +146,10 @@ class CommStats(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
-        if any(issubclass(t, DTensor) for t in types):
-            return NotImplemented  # let DTensor lower the op; its collectives come back here
+        if any(issubclass(t, DTensor) or _wrapper(t) for t in types):
+            # let DTensor (or torchao's float8 tensor, whose element size is the original
+            # dtype's) lower the op: its collectives come back here on the bytes they move
+            return NotImplemented
         out = func(*args, **kwargs)
         kind = collective_kind(func, args)
         if kind is not None:

@@ -31,6 +31,7 @@ class StepPhase(StrEnum):
     CLIP = "clip"
     NONFINITE = "non-finite record"
     OPTIMIZER = "optimizer"
+    FLOAT8_SCALES = "float8 scales"  # the float8-gathered weights' scales, after the update
     EXPERT_BALANCE = "expert balance"
 
 
@@ -40,6 +41,7 @@ TAIL = (
     StepPhase.CLIP,
     StepPhase.NONFINITE,
     StepPhase.OPTIMIZER,
+    StepPhase.FLOAT8_SCALES,
     StepPhase.EXPERT_BALANCE,
 )
 BACKWARD = frozenset({StepPhase.BACKWARD, StepPhase.BACKWARD_WEIGHTS, StepPhase.GRADIENT_REDUCTION})

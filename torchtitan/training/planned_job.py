@@ -19,6 +19,7 @@ from torch import nn
 from torchtitan.distributed.job_shape import BatchShape, Degrees, batch_shape, pipeline_microbatches
 from torchtitan.distributed.pipeline_layout import PipelineLayout, pipeline_layout
 from torchtitan.dtypes import DTYPES
+from torchtitan.models.common.float8 import convert_model
 from torchtitan.models.registry import load_model_modules
 from torchtitan.models.train_spec import TrainSpec, get_train_spec
 from torchtitan.training.model_args import run_model_args
@@ -43,7 +44,9 @@ def model_on_meta(cfg: JobConfig, args=None) -> MetaModel:
     args = run_model_args(cfg) if args is None else args
     with torch.device("meta"):
         model = spec.model_cls(args)
-    return MetaModel(spec, with_param_dtype(model, cfg.training.dtype), args)
+    model = with_param_dtype(model, cfg.training.dtype)
+    convert_model(model, cfg.model.converters, cfg.quantize.linear.float8)  # before any split
+    return MetaModel(spec, model, args)
 
 
 def with_param_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:

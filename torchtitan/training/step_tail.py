@@ -2,8 +2,9 @@
 the memory simulation (which runs it on fake tensors), so that the simulated step cannot
 drift from the run: a tied weight's copies get their summed gradient, the gradients are
 clipped by their global norm, a non-finite loss or norm is noted, the optimizers step (or,
-stepped in backward already, only their schedules), and
-the MoE layers' expert bias follows the step's load.
+stepped in backward already, only their schedules), the float8 all-gather's weight scales
+are computed for the next step (when on), and the MoE layers' expert bias follows the
+step's load.
 
 Nothing here reads a tensor's value on the host (on a GPU the host queues the step and goes
 on; on fake tensors there is no value): the non-finite note and the expert load stay on the
@@ -20,6 +21,7 @@ from torch import nn
 from torchtitan.distributed.grad_norm import clip_grad_norm_
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tied_copies import TiedCopies
+from torchtitan.models.common.float8 import precompute_scales
 from torchtitan.training.expert_balance import ExpertBalancer
 from torchtitan.training.nonfinite import NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
@@ -46,11 +48,14 @@ def step_tail(
     nonfinite: NonFiniteWatch,
     tied: TiedCopies | None = None,
     balancer: ExpertBalancer | None = None,
+    float8_scales: bool = False,
     on_phase: Callable[[StepPhase], None] | None = None,
 ) -> StepResult:
     """The rest of step `step` after forward/backward left `sums` and the gradients: the
     phases of `phases.TAIL` in order (those without their part skipped), each announced to
-    `on_phase` first. `pp_group`: the pipeline's (the norm spans every stage), None without."""
+    `on_phase` first. `pp_group`: the pipeline's (the norm spans every stage), None without.
+    `float8_scales`: precompute the float8 all-gather's weight scales after the update
+    (models/common/float8.precompute_scales_on)."""
 
     def mark(phase: StepPhase) -> None:
         if on_phase is not None:
@@ -73,6 +78,9 @@ def step_tail(
     nonfinite.record(step, sums.main, grad_norm)
     mark(StepPhase.OPTIMIZER)
     optimizers.step()
+    if float8_scales:
+        mark(StepPhase.FLOAT8_SCALES)
+        precompute_scales(model_parts)
     load = None
     if balancer is not None:
         mark(StepPhase.EXPERT_BALANCE)

@@ -2,6 +2,7 @@
 (embeddings, final norm, output), grouped-query attention and a SwiGLU feed-forward, Megatron-style with sequence
 parallel between blocks."""
 
+from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -11,6 +12,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
+from torchtitan.models.common.float8 import float8_tp_styles
 from torchtitan.models.common.moe import moe_modules
 
 
@@ -33,30 +35,35 @@ def root_sharding(model, loss_parallel: bool) -> dict:
     return sharding
 
 
-def feed_forward_sharding(name: str) -> dict:
-    """A SwiGLU feed-forward at `name`: the sequence gathered in, hidden units split, the
-    output reduce-scattered back over the sequence."""
+def feed_forward_sharding(block: nn.Module, name: str) -> dict:
+    """A SwiGLU feed-forward at `name` of `block`: the sequence gathered in, hidden units split,
+    the output reduce-scattered back over the sequence. Float8 linears (tensorwise): the input
+    is cast to float8 before its gather (models/common/float8.py)."""
+    ffn = block.get_submodule(name)
+    s = float8_tp_styles([ffn.w1, ffn.w2, ffn.w3])
     return {
-        name: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        f"{name}.w1": ColwiseParallel(),
-        f"{name}.w2": RowwiseParallel(output_layouts=Shard(1)),
-        f"{name}.w3": ColwiseParallel(),
+        name: s.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        f"{name}.w1": s.colwise(),
+        f"{name}.w2": s.rowwise(output_layouts=Shard(1)),
+        f"{name}.w3": s.colwise(),
     }
 
 
-def gqa_sharding(name: str, qk_norm: bool = False) -> dict:
+def gqa_sharding(block: nn.Module, name: str, qk_norm: bool = False) -> dict:
     """common.gqa.GroupedQueryAttention at `name`: the sequence gathered in, heads split
     (q, k, v column-wise), the output reduce-scattered back over the sequence. QK-norm
     weights are replicated: each rank normalises its own heads (input sharded on the heads
     dim), so their gradient is a partial sum that DTensor adds up over TP."""
+    attn = block.get_submodule(name)
+    s = float8_tp_styles([attn.wq, attn.wk, attn.wv, attn.wo])
     sharding = {
-        name: PrepareModuleInput(
+        name: s.prepare_input(
             input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
         ),
-        f"{name}.wq": ColwiseParallel(),
-        f"{name}.wk": ColwiseParallel(),
-        f"{name}.wv": ColwiseParallel(),
-        f"{name}.wo": RowwiseParallel(output_layouts=Shard(1)),
+        f"{name}.wq": s.colwise(),
+        f"{name}.wk": s.colwise(),
+        f"{name}.wv": s.colwise(),
+        f"{name}.wo": s.rowwise(output_layouts=Shard(1)),
     }
     if qk_norm:
         sharding[f"{name}.q_norm"] = ReplicateParallel(input_layout=Shard(2))
@@ -64,7 +71,7 @@ def gqa_sharding(name: str, qk_norm: bool = False) -> dict:
     return sharding
 
 
-def moe_sharding(name: str, shared_experts: bool = False) -> dict:
+def moe_sharding(block: nn.Module, name: str, shared_experts: bool = False) -> dict:
     """A common.moe.MoE at `name`. Under sequence parallel each TP rank routes its own tokens
     (the router's gradient is summed over TP); expert parallel moves them to their experts:
     with etp 1 EP includes the TP ranks and routed experts are not TP-split; with etp = tp
@@ -78,7 +85,7 @@ def moe_sharding(name: str, shared_experts: bool = False) -> dict:
         f"{name}.router.gate": ReplicateParallel(input_layout=Shard(0)),
     }
     if shared_experts:
-        sharding.update(feed_forward_sharding(f"{name}.shared_experts"))
+        sharding.update(feed_forward_sharding(block, f"{name}.shared_experts"))
     return sharding
 
 

@@ -9,9 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
     PrepareModuleInput,
-    RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
@@ -21,6 +19,7 @@ from torchtitan.distributed.data_parallel import Precision
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.plan import PartPlan
 from torchtitan.distributed.tensor_parallel import ReplicateParallel
+from torchtitan.models.common.float8 import float8_tp_styles
 from torchtitan.models.common.parallelize import parallelize_decoder
 from torchtitan.models.common.tensor_parallel import (
     feed_forward_sharding,
@@ -42,7 +41,12 @@ def block_sharding(block: nn.Module) -> dict:
     parallel norms; MLA's LoRA down-projections and their norms replicated, up-projections
     column-wise (heads split), output row-wise; dense FFN and shared experts column/row-wise.
     Routed experts are not TP-split: under sequence parallel each TP rank routes its own
-    tokens, and EP (which includes the TP ranks) moves them to their experts."""
+    tokens, and EP (which includes the TP ranks) moves them to their experts. Float8 linears
+    (tensorwise) take torchao's styles; attention's input is gathered in high precision, as
+    the replicated down-projections read it whole."""
+    attn = block.attention
+    q_split = "wq" if getattr(attn, "wq", None) is not None else "wq_b"
+    s = float8_tp_styles([attn.wkv_b, attn.wo, getattr(attn, q_split)])
     sharding = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(
@@ -53,24 +57,18 @@ def block_sharding(block: nn.Module) -> dict:
         "attention.wkv_a": ReplicateParallel(),
         "attention.kv_norm": ReplicateParallel(),
         "attention.shared_key": ReplicateParallel(partial_output_grad=True),
-        "attention.wkv_b": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention.wkv_b": s.colwise(),
+        "attention.wo": s.rowwise(output_layouts=Shard(1)),
+        f"attention.{q_split}": s.colwise(),
         "ffn_norm": SequenceParallel(),
     }
-    if getattr(block.attention, "wq", None) is not None:
-        sharding["attention.wq"] = ColwiseParallel()
-    else:
-        sharding.update(
-            {
-                "attention.wq_a": ReplicateParallel(),
-                "attention.q_norm": ReplicateParallel(),
-                "attention.wq_b": ColwiseParallel(),
-            }
-        )
+    if q_split == "wq_b":
+        sharding["attention.wq_a"] = ReplicateParallel()
+        sharding["attention.q_norm"] = ReplicateParallel()
     if block.moe_enabled:
-        sharding.update(moe_sharding("moe", block.moe.shared_experts is not None))
+        sharding.update(moe_sharding(block, "moe", block.moe.shared_experts is not None))
     else:
-        sharding.update(feed_forward_sharding("feed_forward"))
+        sharding.update(feed_forward_sharding(block, "feed_forward"))
     return sharding
 
 

@@ -32,9 +32,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                **gqa_sharding("attention"),
+                **gqa_sharding(block, "attention"),
                 "ffn_norm": SequenceParallel(),
-                **feed_forward_sharding("feed_forward"),
+                **feed_forward_sharding(block, "feed_forward"),
             },
         )
 

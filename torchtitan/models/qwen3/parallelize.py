@@ -40,13 +40,17 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None
     model.sequence_shards = tp_mesh.size()
     split_moe_tokens(model, tp_mesh)  # the balance statistics are summed over TP
     for block in model.layers.values():
-        ffn = moe_sharding("moe") if block.moe_enabled else feed_forward_sharding("feed_forward")
+        ffn = (
+            moe_sharding(block, "moe")
+            if block.moe_enabled
+            else feed_forward_sharding(block, "feed_forward")
+        )
         parallelize_module(
             block,
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                **gqa_sharding("attention", qk_norm=True),
+                **gqa_sharding(block, "attention", qk_norm=True),
                 "ffn_norm": SequenceParallel(),
                 **ffn,
             },

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
+from torchtitan.models.common.float8 import precompute_scales_on
 from torchtitan.models.common.moe import moe_modules
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.planning.simulate import patches as simulation_patches
@@ -325,6 +326,9 @@ def simulate_pp_rank(
                 nonfinite=nonfinite,
                 tied=tied,
                 balancer=balancer,
+                float8_scales=precompute_scales_on(
+                    cfg.quantize.linear.float8, cfg.model.converters, dims.dp_shard
+                ),
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
     breakdown = tracker.breakdown_at_peak()

@@ -49,7 +49,13 @@ aten = torch.ops.aten
 # phases whose ops run outside compiled code even in a compiled job: the optimizer and the
 # tail's bookkeeping. (Clipping keeps the cost the model has always given it: as if compiled.)
 UNCOMPILED = frozenset(
-    {StepPhase.TIED_COPIES, StepPhase.NONFINITE, StepPhase.OPTIMIZER, StepPhase.EXPERT_BALANCE}
+    {
+        StepPhase.TIED_COPIES,
+        StepPhase.NONFINITE,
+        StepPhase.OPTIMIZER,
+        StepPhase.FLOAT8_SCALES,
+        StepPhase.EXPERT_BALANCE,
+    }
 )
 
 _GEMM = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
