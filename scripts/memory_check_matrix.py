@@ -56,6 +56,21 @@ CKPT_PRESETS = {
         "checkpoint.async_mode": "async",
     }
 }
+# f8=<preset>: float8 linears (torchao; the debug TOMLs keep the output head in high precision)
+_F8 = {"model.converters": "quantize.linear.float8"}
+_F8_AG = {
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": "true",
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": "true",
+}
+F8_PRESETS = {
+    "tensorwise": {**_F8, "quantize.linear.float8.enable_fsdp_float8_all_gather": "false"},
+    "all_gather": {**_F8, **_F8_AG},
+    "rowwise": {
+        **_F8,
+        "quantize.linear.float8.enable_fsdp_float8_all_gather": "false",
+        "quantize.linear.float8.recipe_name": "rowwise",
+    },
+}
 # ac=<preset>: the activation-checkpointing modes by their usual names
 AC_PRESETS = {
     "none": {"activation_checkpoint.mode": "none"},
@@ -144,6 +159,16 @@ ds_tp_etp                               2      tp=2 parallelism.expert_tensor_pa
 llama_fsdp2_early_step                  2      optimizer.early_step_in_backward=true training.max_norm=0
 llama_fsdp2_cpu_offload                 2      training.enable_cpu_offload=true
 llama_pp_Interleaved1F1B_uneven         2      pp=2 schedule=Interleaved1F1B lbs=4 mbs=1
+# float8 linears (torchao): FSDP2 with and without the float8 all-gather, rowwise, TP's float8
+# styles, op SAC, PP, DeepSeek-V3's dense parts under EP
+llama_fsdp2_f8                          2      f8=tensorwise
+llama_fsdp2_f8_all_gather               2      f8=all_gather
+llama_fsdp2_f8_all_gather_bf16          2      f8=all_gather dtype=bfloat16
+llama_fsdp2_f8_rowwise                  2      f8=rowwise
+llama_fsdp2_f8_ac_op                    2      f8=all_gather ac=op
+llama_tp_f8                             2      tp=2 f8=tensorwise
+llama_pp_f8_1F1B_mb4                    2      pp=2 schedule=1F1B lbs=4 mbs=1 f8=tensorwise
+ds_ep_f8                                2      ep=2 f8=tensorwise
 """
 
 # The dimensions the matrix must cover (tests/unit/test_memory_check.py), as tags().
@@ -180,6 +205,7 @@ REQUIRED_TAGS = {
     "cp",
     "mask:block_causal",
     "checkpoint:async",
+    "float8",
 }
 
 
@@ -214,8 +240,8 @@ def parse_settings(tokens: list[str], where: str) -> tuple[tuple[str, str], ...]
         key, sep, value = token.partition("=")
         if not sep or not value:
             raise ValueError(f"{where}: '{token}' is not key=value")
-        if key in ("ac", "ckpt"):
-            presets = AC_PRESETS if key == "ac" else CKPT_PRESETS
+        if key in ("ac", "ckpt", "f8"):
+            presets = {"ac": AC_PRESETS, "ckpt": CKPT_PRESETS, "f8": F8_PRESETS}[key]
             if value not in presets:
                 raise ValueError(f"{where}: {key}={value}: one of {', '.join(presets)}")
             pairs = presets[value].items()
@@ -225,7 +251,7 @@ def parse_settings(tokens: list[str], where: str) -> tuple[tuple[str, str], ...]
             pairs = [(key, value)]
         else:
             raise ValueError(
-                f"{where}: unknown short key '{key}' (one of ac, ckpt, {', '.join(KEYS)}, or section.key)"
+                f"{where}: unknown short key '{key}' (one of ac, ckpt, f8, {', '.join(KEYS)}, or section.key)"
             )
         for k, v in pairs:
             if k in out:
@@ -346,4 +372,6 @@ def tags(job: Job) -> set[str]:
         out.add("grad_accum")
     if job.value("checkpoint.async_mode", "disabled") == "async":
         out.add("checkpoint:async")
+    if job.value("model.converters"):
+        out.add("float8")
     return out

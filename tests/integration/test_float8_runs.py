@@ -137,9 +137,7 @@ def test_float8_checkpoints_hold_high_precision_weights_resume_bitwise_and_load_
     steps = ["--training.steps=10"]
     dump = tmp_path / "float8"
     straight = _run(2, [*job, *steps], dump)
-    _run(
-        1, [*ckpt, "--checkpoint.last_save_in_hf=true", "--training.steps=5"], tmp_path / "plain"
-    )
+    _run(1, [*ckpt, "--checkpoint.last_save_in_hf=true", "--training.steps=5"], tmp_path / "plain")
 
     # the Hugging Face export: a plain run's tensors, names and dtypes
     def tensors(folder) -> dict:

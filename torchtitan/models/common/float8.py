@@ -227,6 +227,12 @@ def _weight_wrapper(t) -> bool:
     return "torchao.float8" in type(t).__module__ and hasattr(t, "_tensor")
 
 
+def plain_tensor(t):
+    """`t`, or the high-precision tensor inside it if it is torchao's float8 all-gather weight
+    wrapper (which holds no storage of its own)."""
+    return t._tensor if _weight_wrapper(t) else t
+
+
 def plain_weights(state: dict) -> dict:
     """A model or optimizer state dict with torchao's float8 all-gather weight wrappers (bare,
     or as a DTensor's local tensor) replaced by the high-precision tensors they wrap, sharing
@@ -244,7 +250,7 @@ def plain_weights(state: dict) -> dict:
                 shape=t.shape,
                 stride=t.stride(),
             )
-        return t._tensor if _weight_wrapper(t) else t
+        return plain_tensor(t)
 
     with torch.no_grad():
         return {k: plain(v) for k, v in state.items()}

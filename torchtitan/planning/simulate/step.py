@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
-from torchtitan.models.common.float8 import precompute_scales_on
+from torchtitan.models.common.float8 import plain_tensor, precompute_scales_on
 from torchtitan.models.common.moe import moe_modules
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.planning.simulate import patches as simulation_patches
@@ -194,6 +194,7 @@ def _storages(tensors):
     for t in tensors:
         if isinstance(t, DTensor):
             t = t._local_tensor
+        t = plain_tensor(t)  # torchao's float8 all-gather weight: the tensor it wraps
         if isinstance(t, torch.Tensor):
             yield t
 
