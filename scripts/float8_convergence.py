@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Float8 against fp32 and bf16 on the debug model: the same job (train_configs/llama3_debug.toml,
 2 CPU ranks, FSDP2) for --steps steps in each precision; prints the final losses side by side
-(mean of the last 10 steps, and the difference from bf16) and plots the curves.
+(mean of the last 10 logged steps, and the difference from bf16) and plots the curves. A run
+whose dump folder already holds every logged step is kept (an interrupted call resumes).
 
     python scripts/float8_convergence.py --steps 300 --out outputs/float8_convergence
 
@@ -50,6 +51,10 @@ def main(argv=None) -> int:
     dumps, seconds = {}, {}
     for name, overrides in RUNS.items():
         dump = os.path.join(args.out, name.replace(" ", "_"))
+        done_steps = losses(dump) if os.path.exists(os.path.join(dump, "metrics.jsonl")) else []
+        if len(done_steps) * 10 >= args.steps:  # a finished run of an earlier call: kept
+            dumps[name], seconds[name] = dump, float("nan")
+            continue
         start = time.perf_counter()
         cmd = [
             "./run_train.sh",
@@ -72,7 +77,8 @@ def main(argv=None) -> int:
     for name, dump in dumps.items():
         print(
             f"{name:28s} {losses(dump)[-1]:10.4f} {tail[name]:12.4f}"
-            f" {100 * (tail[name] / tail['bf16'] - 1):+7.2f}% {seconds[name]:7.0f}"
+            f" {100 * (tail[name] / tail['bf16'] - 1):+7.2f}%"
+            f" {'-' if seconds[name] != seconds[name] else f'{seconds[name]:.0f}':>7s}"
         )
     png = os.path.join(args.out, "loss.png")
     subprocess.run(
@@ -89,7 +95,6 @@ def main(argv=None) -> int:
         ],
         check=True,
     )
-    print(f"wrote {png}")
     return 0
 
 

@@ -6,6 +6,8 @@ and memory against the prediction?
     python scripts/gpu_smoke.py --flavor 1B -- --training.seq_len=4096 --training.local_batch_size=2
     torchrun --nproc_per_node=8 scripts/gpu_smoke.py --flavor 8B -- --parallelism.tensor_parallel_degree=2
     python scripts/gpu_smoke.py --device cpu          # the same wiring on CPU (no sync check there)
+    python scripts/gpu_smoke.py --flavor 8B --float8 -- ...   # the float8 row: run it beside the
+                                                      # same command without --float8 (bf16)
 
 It trains a dense model (Llama3 by default; MoE's expert-parallel split sizes sync by design)
 with --metrics.log_freq=LOG_FREQ and, from step 2 on (step 1 compiles and initialises),
@@ -25,6 +27,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+FLOAT8 = [
+    "--model.converters=quantize.linear.float8",
+    "--quantize.linear.float8.filter_fqns=output",
+    "--quantize.linear.float8.enable_fsdp_float8_all_gather=true",
+    "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp=true",
+]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -35,6 +45,12 @@ def main(argv=None) -> int:
     ap.add_argument("--log-freq", type=int, default=4)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dump", default=os.path.join(ROOT, "outputs", "gpu_smoke"))
+    ap.add_argument(
+        "--float8",
+        action="store_true",
+        help="float8 linears (torchao tensorwise, FSDP2's float8 all-gather, precomputed"
+        " scales, the output head kept in bf16): tokens/s and MFU against the bf16 run",
+    )
     ap.add_argument("extra", nargs="*", help="config overrides (after --)")
     args = ap.parse_args(argv)
 
@@ -60,6 +76,7 @@ def main(argv=None) -> int:
         "--checkpoint.enable=false",
         "--metrics.enable_tensorboard=false",
         f"--job.dump_folder={args.dump}",
+        *(FLOAT8 if args.float8 else []),
         *args.extra,
     ]
     if "RANK" not in os.environ:  # one process: a 1-rank job

@@ -31,12 +31,13 @@ LLAMA_F8, LLAMA_F8_ROWWISE, DS_F8, QWEN_F8 = (
     "deepseek_v3_float8",
     "qwen3_float8",
 )
+QWEN_F8_RTOL = 3e-3
 MODELS = {
     LLAMA_F8: ("llama3", "tiny", F8),
     LLAMA_F8_ROWWISE: ("llama3", "tiny", [*F8, ROWWISE]),
     # the routers stay in high precision too (upstream's MoE debug configs)
     DS_F8: (DS, "tiny", [*F8[:1], "--quantize.linear.float8.filter_fqns=output,router.gate"]),
-    QWEN_F8: (QWEN, "tiny", F8),
+    QWEN_F8: (QWEN, "tiny", [*F8, "--optimizer.lr=1e-3"]),
 }
 
 
@@ -105,7 +106,11 @@ CASES = [
         model=DS_F8,
         slow=True,
     ),
-    _c("float8_qwen3_fsdp", 2, [], model=QWEN_F8, slow=True),
+    # Qwen3 in float8 (at lr 1e-3: at the suite's 3e-3 its own 1-rank run spikes to a gradient
+    # norm of 5.6): the first 6 steps within 8.5e-6, then the float8 rounding of weights that
+    # differ by fp32 noise grows to 1.5e-3 (gradient norm) by step 10 (docs/float8.md)
+    _c("float8_qwen3_fsdp", 2, [], model=QWEN_F8, slow=True, rtol=QWEN_F8_RTOL),
+    _c("float8_qwen3_tp", 2, [TP], model=QWEN_F8, slow=True, rtol=QWEN_F8_RTOL),
 ]
 
 # compiled twins (parity_cases.compiled_twin): FSDP2 with the float8 all-gather in `make test`

@@ -490,3 +490,59 @@ def test_gradient_accumulation_runs_each_pipeline_action_again_not_longer():
         t = step_time.rank_times(segments, H100, groups, 1.0, False)
         assert t.actions[(0, "F", 0)].seconds == pytest.approx(1.5)
         assert t.actions[(0, "B", 0)].seconds == pytest.approx(2.0)
+
+
+def _float8_linear():
+    from torch import nn
+
+    from torchtitan.config.manager import build_config
+    from torchtitan.models.common.float8 import convert_model
+
+    cfg, _ = build_config(["--model.converters=quantize.linear.float8"])
+    model = nn.Sequential(nn.Linear(256, 512, bias=False))
+    convert_model(model, cfg.model.converters, cfg.quantize.linear.float8)
+    return model
+
+
+def test_float8_gemms_run_at_the_float8_peak_and_compiled_casts_fuse():
+    """A float8 linear's GEMMs (torchao's mm on float8 tensors) are priced at the profile's
+    float8 peak; in a compiled block each cast (simulate/patches.float8_casts_marked) is one
+    fused kernel moving its amax read, its cast read and a float8 write, not its eager ops."""
+    from torchtitan.planning.simulate.patches import float8_casts_marked
+
+    model = _float8_linear()
+    x = torch.randn(128, 256, requires_grad=True)
+
+    def step():
+        with float8_casts_marked():
+            model(x).sum().backward()
+
+    eager, compiled = _trace(step), _trace(step, compiled=True)
+    assert _flops(eager) == _flops(compiled) == 3 * 2 * 128 * 256 * 512  # out, grad in, grad w
+
+    def device_s(segs):
+        return sum(e.device_s for s in segs for e in s.events if isinstance(e, Compute))
+
+    # the GEMMs: each priced as op_seconds prices a float8 GEMM of its shape
+    from torchtitan.planning.step_time import trace as trace_module
+
+    priced = []
+    original = trace_module.op_seconds
+
+    def spy(kind, flops, nbytes, dtype, p, **kw):
+        if kind == "gemm":
+            priced.append(dtype)
+        return original(kind, flops, nbytes, dtype, p, **kw)
+
+    trace_module.op_seconds = spy
+    try:
+        _trace(step)
+    finally:
+        trace_module.op_seconds = original
+    assert priced == ["float8"] * 3
+    assert H100.peak_flops("float8") == pytest.approx(2 * H100.peak_flops("bfloat16"), rel=1e-4)
+    # the casts fused: one kernel each, far fewer than their eager ops and their bytes
+    ops = sum(e.ops for s in compiled for e in s.events if isinstance(e, Compute))
+    eager_ops = sum(e.ops for s in eager for e in s.events if isinstance(e, Compute))
+    assert ops < eager_ops / 3
+    assert device_s(compiled) < device_s(eager)

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FLOAT8_DIM_MULTIPLE = 16  # _scaled_mm's operands: both dims of a weight divisible by 16
+# the record_function a simulated step wraps each float8 cast in, followed by the bytes the
+# cast moves once fused (planning/simulate/patches.py, planning/step_time/trace.py)
+FLOAT8_CAST = "float8::cast"
 
 
 @functools.cache

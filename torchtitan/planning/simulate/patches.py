@@ -21,6 +21,10 @@ Changed here, only inside a simulation:
 - context parallel on a CUDA target: each chunk attends with torch's lower-right causal bias,
   never materialized; the CPU tensors of the simulation build the mask instead, uncounted
   (`cuda_causal_bias`).
+- float8 casts (torchao) are marked for the step-time trace: each runs inside a
+  record_function named `FLOAT8_CAST` with the bytes its fused kernels move, so a compiled
+  job's cast is priced as inductor runs it, one amax read and one cast pass, rather than as
+  its eager ops (`float8_casts_marked`); nothing else changes.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from torch.distributed.pipelining._utils import (
 )
 
 from torchtitan.distributed.expert_parallel import AllToAllDispatcher, wait_collective
+from torchtitan.models.common.float8 import FLOAT8_CAST
 
 aten = torch.ops.aten
 
@@ -197,3 +202,52 @@ def cuda_causal_bias(tracker, target: str):
         yield
     finally:
         context_parallel.causal_chunk_mask = original
+
+
+# torchao's cast functions and the modules that call them by name (torchao 0.18): each wrapped
+# in place while a simulation runs. (module, function, amax pass, cast pass)
+_FLOAT8_CASTS = (
+    ("torchao.float8.float8_linear", "hp_tensor_to_float8_dynamic", True, True),
+    ("torchao.float8.float8_tensor_parallel", "hp_tensor_to_float8_dynamic", True, True),
+    ("torchao.float8.fsdp_utils", "hp_tensor_to_float8_dynamic", True, True),
+    ("torchao.float8.fsdp_utils", "hp_tensor_and_scale_to_float8", False, True),
+    ("torchao.float8.float8_scaling_utils", "tensor_to_scale", True, False),
+    ("torchao.float8.float8_scaling_utils", "hp_tensor_and_scale_to_float8", False, True),
+)
+
+
+def _local_bytes(t) -> int:
+    local = getattr(t, "_local_tensor", t)
+    return local.numel() * local.element_size() if isinstance(local, torch.Tensor) else 0
+
+
+@contextlib.contextmanager
+def float8_casts_marked():
+    """Wrap torchao's float8 casts (when torchao is in use) in a record_function that names
+    the bytes the cast moves once fused: an amax pass reads the high-precision input, a cast
+    pass reads it again and writes one byte per element."""
+    import sys
+
+    patched = []
+
+    def marked(fn, amax: bool, cast: bool):
+        def wrapper(x, *args, **kwargs):
+            hp = _local_bytes(x)
+            elements = hp // max(getattr(x, "element_size", lambda: 1)(), 1)
+            moved = hp * (int(amax) + int(cast)) + (elements if cast else 0)
+            with torch.profiler.record_function(f"{FLOAT8_CAST} {moved}"):
+                return fn(x, *args, **kwargs)
+
+        return wrapper
+
+    try:
+        for module_name, name, amax, cast in _FLOAT8_CASTS:
+            module = sys.modules.get(module_name)
+            if module is not None and hasattr(module, name):
+                original = getattr(module, name)
+                patched.append((module, name, original))
+                setattr(module, name, marked(original, amax, cast))
+        yield
+    finally:
+        for module, name, original in reversed(patched):
+            setattr(module, name, original)

@@ -312,6 +312,7 @@ def simulate_pp_rank(
             tracker,
             startup.patched(),
             simulation_patches.cuda_causal_bias(tracker, target),
+            simulation_patches.float8_casts_marked(),
             trace.recording() if trace is not None else contextlib.nullcontext(),
         ):
             tracker.phase = StepPhase.FORWARD

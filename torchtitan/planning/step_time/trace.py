@@ -41,6 +41,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._pytree import tree_leaves
 
 from torchtitan.hardware import HardwareProfile
+from torchtitan.models.common.float8 import FLOAT8_CAST
 from torchtitan.observe.comm_stats import collective_bytes, collective_kind, group_name_of
 from torchtitan.training.phases import StepPhase
 
@@ -95,11 +96,32 @@ _NO_KERNEL = {
 }
 
 
+_FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+
+
+def _float8_data(t) -> torch.Tensor | None:
+    """The float8 tensor inside torchao's float8 training tensor (a wrapper whose dtype is the
+    original precision's), None for any other tensor."""
+    data = getattr(t, "_data", None)
+    return data if isinstance(data, torch.Tensor) and data.dtype in _FLOAT8 else None
+
+
 def _nbytes(x) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+    leaves = [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+    return sum(
+        (d.numel() * d.element_size())
+        if (d := _float8_data(t)) is not None
+        # a float8 GEMM operand: the bytes of its float8 data, not of the wrapper's dtype
+        else t.numel() * t.element_size()
+        for t in leaves
+    )
 
 
 def _dtype_name(t: torch.Tensor) -> str:
+    """The dtype an op computes in: "float8" for torchao's float8 operands (a GEMM on them runs
+    at the profile's float8 peak), the tensor's dtype otherwise."""
+    if _float8_data(t) is not None:
+        return "float8"
     return str(t.dtype).removeprefix("torch.")
 
 
@@ -244,6 +266,8 @@ class OpTrace:
         # the last op's class (None: no kernel, a collective) and bytes read and written
         self.last_kind: str | None = None
         self.last_bytes = 0
+        self.records: list = []  # open record_functions: a float8 cast's bytes, else None
+        self.casts = 0  # float8 casts open now
 
     def _segment(self, label: str, action) -> Segment:
         if (
@@ -291,6 +315,11 @@ class OpTrace:
                     namespace if namespace in ("c10d", "torchtitan") else "functional",
                 )
             )
+            return
+        fused = self.compiled and label not in UNCOMPILED
+        if namespace == "profiler" and self._float8_cast(name, args, fused, label, action):
+            return
+        if self.casts and fused:  # inside a compiled float8 cast: priced as its fused kernels
             return
         if (
             namespace == "profiler"
@@ -351,6 +380,42 @@ class OpTrace:
         last.host_s += host_s
         last.flops += flops
         last.ops += 1
+
+    def _float8_cast(self, name: str, args, fused: bool, label: str, action) -> bool:
+        """A record_function opens or closes; True when it is a float8 cast's
+        (simulate/patches.float8_casts_marked). Every record_function is kept on a stack
+        (they nest), so a cast's exit is told apart from another's (its handle object is not
+        the one its enter returned). Compiled, the outermost cast is priced as inductor runs
+        it: the bytes its amax and cast passes move, one kernel's launch; eager, its ops are
+        priced one by one as they come (the markers cost nothing)."""
+        if name == "_record_function_enter_new":
+            text = str(args[0]) if args else ""
+            cast = text.startswith(FLOAT8_CAST)
+            self.records.append(int(text.split()[-1]) if cast else None)
+            if cast:
+                self.casts += 1
+            return cast
+        if name != "_record_function_exit" or not self.records:
+            return False
+        moved = self.records.pop()
+        if moved is None:
+            return False
+        self.casts -= 1
+        if fused and not self.casts:
+            device_s = op_seconds("memory", 0.0, moved, "bfloat16", self.profile, compiled=False)[0]
+            host_s = op_seconds("memory", 0.0, 0, "bfloat16", self.profile, compiled=True)[1]
+            seg = self._segment(label, action)
+            last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
+            if last is None:
+                last = Compute()
+                seg.events.append(last)
+            if self.recomputing:
+                last.recompute_s += device_s
+            else:
+                last.device_s += device_s
+            last.host_s += host_s
+            last.ops += 1
+        return True
 
     def _ac_host_s(self) -> float:
         """Host time checkpointing adds to an op of a checkpointed region: an op-level policy's
