@@ -589,7 +589,7 @@ H100_CASES = [
         ["--compile.enable", TP2, "--parallelism.enable_async_tensor_parallel"],
         disabled=True,
     ),
-    _h("float8", "Float8 test", list(FLOAT8)),
+    _h("float8", "Float8 test", list(FLOAT8), fast=True),
     _h(
         "fsdp+tp+cp+compile+float8",
         "FSDP+async TP+PP+torch.compile+Float8",
