@@ -155,10 +155,18 @@ def _merge(base: str, snippet: str) -> str:
     for section, values in tomllib.loads(snippet).items():
         data.setdefault(section, {}).update(values)
     lines = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
+
+    def table(name: str, values: dict) -> None:
+        lines.append(f"[{name}]")
+        nested = {k: v for k, v in values.items() if isinstance(v, dict)}
         for k, v in values.items():
-            lines.append(f"{k} = {_toml(v)}")
+            if k not in nested:
+                lines.append(f"{k} = {_toml(v)}")
+        for k, v in nested.items():  # a nested table ([quantize.linear.float8])
+            table(f"{name}.{k}", v)
+
+    for section, values in data.items():
+        table(section, values)
     return "\n".join(lines) + "\n"
 
 
