@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.distributed.simple_fsdp import GATHER_OP
 from torchtitan.distributed.tensor_parallel import loss_parallel_context
-from torchtitan.models.common.float8 import plain_tensor, precompute_scales_on
+from torchtitan.models.common.float8 import plain_tensor, precompute_scales, precompute_scales_on
 from torchtitan.models.common.moe import moe_modules
 from torchtitan.observe.cpu_memory import CpuPeakMeter
 from torchtitan.planning.simulate import patches as simulation_patches
@@ -271,6 +271,11 @@ def simulate_pp_rank(
             p.grad = torch.zeros_like(p)
         for o in optimizers.optimizers:
             o.step()
+        float8_scales = precompute_scales_on(
+            cfg.quantize.linear.float8, cfg.model.converters, dims.dp_shard
+        )
+        if float8_scales:  # ... and step 1's tail: the scales step 2's gathers cast with
+            precompute_scales(parts.modules)
         for p in params:
             p.grad = None
         batches = [
@@ -328,9 +333,7 @@ def simulate_pp_rank(
                 nonfinite=nonfinite,
                 tied=tied,
                 balancer=balancer,
-                float8_scales=precompute_scales_on(
-                    cfg.quantize.linear.float8, cfg.model.converters, dims.dp_shard
-                ),
+                float8_scales=float8_scales,
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
     breakdown = tracker.breakdown_at_peak()
