@@ -119,6 +119,7 @@ def test_bundled_debug_toml_loads_and_validates(repo_root):
     cfg, warnings = load_config(["--job.config_file", path], 2)
     assert warnings == []
     assert cfg.job.config_file == path
+
     def check(obj, table: dict, where: str) -> None:
         for key, value in table.items():
             got = getattr(obj, key)
