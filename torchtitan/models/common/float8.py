@@ -64,7 +64,6 @@ def _gather_float8_as_bytes_on_cpu() -> None:
     them. On CPU tensors, torchao's all-gather of a Float8TrainingTensor moves the same bytes as
     uint8 and waits at once (the copy is bitwise; its wait is a no-op after); elsewhere
     (NCCL) it runs unchanged."""
-    import torch
     from torchao.float8 import float8_ops
 
     table = float8_ops.FLOAT8_OPS_TABLE
