@@ -101,9 +101,9 @@ class Model:
     converters: list[str] = field(default_factory=list)
     """Model converters applied to the model on meta, before it is split and parallelized:
     quantize.linear.float8 (upstream's older spelling: float8) trains the linear layers in
-    float8 ([quantize.linear.float8], torchao); quantize.grouped_mm.float8 the routed experts
-    (CUDA only); the MX converters (quantize.linear.mx / mx, quantize.grouped_mm.mx) are
-    refused in one line."""
+    float8 ([quantize.linear.float8], torchao). Refused in one line: quantize.grouped_mm.float8
+    (the routed experts: no CPU kernel, the CUDA path not in this fork yet) and the MX
+    converters (quantize.linear.mx / mx, quantize.grouped_mm.mx)."""
 
     print_after_conversion: bool = False
     """Log the model's module tree after it is built and converted (rank 0)."""

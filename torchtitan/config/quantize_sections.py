@@ -69,8 +69,9 @@ class Float8GroupedMM:
     model.converters holds quantize.grouped_mm.float8."""
 
     fqns: list[str] = field(default_factory=list)
-    """MoE modules (by name) whose grouped GEMMs run in float8, e.g. experts. No CPU kernel
-    exists (`torch._scaled_grouped_mm`): refused on CPU."""
+    """MoE modules (by name) whose grouped GEMMs would run in float8, e.g. experts. Refused
+    for now: no CPU kernel exists (`torch._scaled_grouped_mm`), and the CUDA path is not in
+    this fork yet."""
 
 
 @dataclass
