@@ -14,7 +14,6 @@ from torchtitan.checks import quantize as quantize_checks
 from torchtitan.config.quantize_sections import converter_names
 from torchtitan.models.common.float8 import (
     convert_model,
-    float8_gemm_count,
     float8_tp_styles,
     is_float8_linear,
     precompute_scales_on,
@@ -110,7 +109,6 @@ def test_float8_gemms_per_linear_and_step_on_cpu(recipe, scaled, mm):
     with _CountScaledMM() as count:
         model(x).sum().backward()
     assert (count.scaled, count.mm) == (2 * scaled, 2 * mm)
-    assert float8_gemm_count(model) == 2 * scaled
     ref = nn.Sequential(nn.Linear(64, 128, bias=False), nn.Linear(128, 32, bias=False))
     ref.load_state_dict(model.state_dict())  # a Float8Linear's state is a Linear's
     rel = (model(x) - ref(x)).norm() / ref(x).norm()

@@ -256,14 +256,3 @@ def plain_weights(state: dict) -> dict:
 
     with torch.no_grad():
         return {k: plain(v) for k, v in state.items()}
-
-
-def float8_gemm_count(model: nn.Module) -> int:
-    """Float8 GEMMs (`_scaled_mm`) per forward + backward of `model`: 3 per converted linear,
-    2 where the weight gradient stays in high precision (rowwise_with_gw_hp)."""
-    n = 0
-    for m in model.modules():
-        if is_float8_linear(m):
-            hp = m.config.cast_config_grad_output_for_grad_weight.scaling_type.value == "disabled"
-            n += 2 if hp else 3
-    return n

@@ -278,6 +278,22 @@ class OpTrace:
             self.segments.append(Segment(label, action))
         return self.segments[-1]
 
+    def _charge(self, label: str, action, device_s: float, host_s: float, flops=0.0) -> None:
+        """Add one kernel's time to the segment's running Compute event (recompute time while
+        a checkpointed region recomputes)."""
+        seg = self._segment(label, action)
+        last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
+        if last is None:
+            last = Compute()
+            seg.events.append(last)
+        if self.recomputing:
+            last.recompute_s += device_s
+        else:
+            last.device_s += device_s
+        last.host_s += host_s
+        last.flops += flops
+        last.ops += 1
+
     def _host(self, seconds: float, label: str, action) -> None:
         """Host time outside any op's kernel (DTensor's dispatch, a collective's hooks)."""
         seg = self._segment(label, action)
@@ -368,18 +384,7 @@ class OpTrace:
         )
         if (self.checkpointed or self.recomputing) and not self.compiled:
             host_s += self._ac_host_s()
-        seg = self._segment(label, action)
-        last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
-        if last is None:
-            last = Compute()
-            seg.events.append(last)
-        if self.recomputing:
-            last.recompute_s += device_s
-        else:
-            last.device_s += device_s
-        last.host_s += host_s
-        last.flops += flops
-        last.ops += 1
+        self._charge(label, action, device_s, host_s, flops)
 
     def _float8_cast(self, name: str, args, fused: bool, label: str, action) -> bool:
         """A record_function opens or closes; True when it is a float8 cast's
@@ -404,17 +409,7 @@ class OpTrace:
         if fused and not self.casts:
             device_s = op_seconds("memory", 0.0, moved, "bfloat16", self.profile, compiled=False)[0]
             host_s = op_seconds("memory", 0.0, 0, "bfloat16", self.profile, compiled=True)[1]
-            seg = self._segment(label, action)
-            last = seg.events[-1] if seg.events and isinstance(seg.events[-1], Compute) else None
-            if last is None:
-                last = Compute()
-                seg.events.append(last)
-            if self.recomputing:
-                last.recompute_s += device_s
-            else:
-                last.device_s += device_s
-            last.host_s += host_s
-            last.ops += 1
+            self._charge(label, action, device_s, host_s)
         return True
 
     def _ac_host_s(self) -> float:
