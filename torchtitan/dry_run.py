@@ -133,13 +133,23 @@ def layout_main(cfg, world: int, target: str, *, budget, hardware, start: float)
         origin = f"{hardware.name}: {hardware.memory_gib:.1f} GiB - {CUDA_MARGIN:.0%}"
     else:
         budget_bytes, origin = budget.bytes, budget.origin
+    choose_float8 = cfg.planning.layout_float8 == "choose"
+    if choose_float8 and "float8" not in hardware.peak_tflops:
+        logger.error(
+            f"error: --planning.layout_float8=choose: {hardware.name} has no float8 tensor cores"
+            " (SM89 or later); use --planning.layout_float8=keep"
+        )
+        return 2
     job = PlannedJob(cfg, model_on_meta(cfg), degrees(cfg, world), target)  # no mesh: shapes only
     global_batch = job.batch.global_batch
-    configured = layout_space.layout_of(cfg, world, global_batch, job.args.n_layers)
+    configured = layout_space.layout_of(
+        cfg, world, global_batch, job.args.n_layers, float8_choice=choose_float8
+    )
     logger.info(
         f"[dry run] layout search: {cfg.model.name} {cfg.model.flavor}, {world} devices"
         f" ({hardware.gpus_per_node} per node), hardware {hardware.name}, global batch {global_batch} x"
         f" {cfg.training.seq_len} tokens, compile {'on' if cfg.compile.enable else 'off'},"
+        f" float8 {'chosen' if choose_float8 else 'as configured'},"
         f" budget {budget_bytes / GIB:.2f} GiB ({origin})"
     )
     result = layout_search.search(

@@ -1,6 +1,6 @@
 """The layout search end to end (`--job.dry_run=true --planning.fit=layout`, a 4-rank tiny job):
-it lists fitting layouts fastest first with overrides the checks accept, writes the best as
-a TOML snippet that loads as that layout, and times many-microbatch pipelines through the
+it lists fitting layouts fastest first with overrides the checks accept (float8 linears on and
+off among the choices), writes the best as a TOML snippet that loads as that layout, and times many-microbatch pipelines through the
 real count's schedule exactly as a simulation of that count would. (Its torch-free stages:
 tests/unit/test_layout_search.py; the pick measured on this machine:
 scripts/layout_pick_check.py.)"""
@@ -34,6 +34,7 @@ def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
             "--job.dry_run=true",
             "--planning.fit=layout",
             "--planning.layout_candidates=3",
+            "--planning.layout_float8=choose",
             f"--job.dump_folder={tmp_path}",
         ],
         str(tmp_path / "ranks"),
@@ -43,10 +44,19 @@ def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
         r"layout search: [\d,]+ layouts enumerated, [\d,]+ within the model-states floor", out
     ), out[-3000:]
     assert "certificate: the pick is the fastest of the " in out
+    assert re.search(r"probe of the block: 5 AC modes, float8 off and on in", out), out[-3000:]
     result = json.loads((tmp_path / "layout_search.json").read_text())
     pick, simulated = result["pick"], result["simulated"]
     assert result["global_batch"] == 8 and result["scored"] >= result["feasible"] >= len(simulated)
     assert 1 <= len(simulated) <= 3  # planning.layout_candidates
+    # every layout both ways: the overrides set the converter, on or off
+    assert result["enumerated"] % 2 == 0
+    spread = [c["overrides"][-1] for c in result["spread"]]
+    assert set(spread) == {"--model.converters=", "--model.converters=quantize.linear.float8"}
+    assert all(
+        ("| float8" in c["layout"]) == c["overrides"][-1].endswith("float8")
+        for c in result["spread"]
+    )
     # the layout as configured has no special place: simulated only if chosen
     assert sum(1 for c in simulated if c["configured"]) <= 1
     # the pick: the first simulated (composed ranking order) whose full prediction fits

@@ -152,3 +152,50 @@ def test_a_float32_job_moves_four_bytes_per_activation_and_gathered_parameter():
     args = SimpleNamespace(dim=DIM, vocab_size=VOCAB, n_layers=LAYERS, attention=None, moe=None)
     assert compose.model_of(shapes, args, "float32").act_bytes == 4
     assert compose.model_of(shapes, args, "bfloat16").act_bytes == 2
+
+
+def test_float8_linears_run_at_the_float8_peak_and_gather_one_byte_per_converted_element():
+    """A layout with float8 linears (the layout search's float8 choice): each converted
+    weight's three GEMMs at the profile's float8 peak (two with rowwise_with_gw_hp, whose
+    weight gradient stays bf16), FSDP gathers the converted weights at 1 byte with the float8
+    all-gather, and sequence parallel gathers the block inputs in float8 (forward only)."""
+    block = _block(0)
+    matrices = [p for p in block if len(p.shape) == 2]
+    names = frozenset(compose.local_name(p.name) for p in matrices)
+    assert "attention.wq.weight" in names  # any block's names
+    f8 = compose.Float8(names, gather=True, tp=True, wgrad=True)
+    tokens = 4096
+    per = [2.0 * tokens * p.numel for p in matrices]
+    want = {
+        "bf16": sum(3 * compose._gemm_s(f, H100) for f in per),
+        "f8": sum(3 * compose._gemm_s(f, H100, dtype="float8") for f in per),
+        "gw_hp": sum(
+            2 * compose._gemm_s(f, H100, dtype="float8") + compose._gemm_s(f, H100) for f in per
+        ),
+    }
+    assert compose.gemm_seconds(block, tokens, H100) == pytest.approx(want["bf16"])
+    assert compose.gemm_seconds(block, tokens, H100, float8=f8) == pytest.approx(want["f8"])
+    gw_hp = dataclasses.replace(f8, wgrad=False)
+    assert compose.gemm_seconds(block, tokens, H100, float8=gw_hp) == pytest.approx(want["gw_hp"])
+    assert want["f8"] < want["gw_hp"] < want["bf16"]
+
+    lay = _lay(dp_shard=8, tp=2)
+    args = dict(seq=4096, hw=H100, compiled=False, skew=1.0)
+    plain = compose._block_costs(MODEL, block, PROBE, lay, **args)
+    f8_costs = compose._block_costs(
+        dataclasses.replace(MODEL, float8=f8), block, PROBE, lay, **args
+    )
+    split = sum(p.numel // 2 for p in matrices)  # TP 2 splits every matrix
+    assert compose._bytes(plain.gather, "all_gather") == 2 * (split + DIM)  # bf16, the norm whole
+    assert compose._bytes(f8_costs.gather, "all_gather") == split + 2 * DIM
+    # the reductions stay fp32; TP's forward gathers halve, its backward ones do not
+    assert compose._bytes(f8_costs.reduce) == compose._bytes(plain.reduce)
+    assert compose._bytes(f8_costs.crit_fwd, "all_gather") * 2 == compose._bytes(
+        plain.crit_fwd, "all_gather"
+    )
+    assert compose._bytes(f8_costs.crit_bwd) == compose._bytes(plain.crit_bwd)
+    no_gather = dataclasses.replace(f8, gather=False)
+    off = compose._block_costs(
+        dataclasses.replace(MODEL, float8=no_gather), block, PROBE, lay, **args
+    )
+    assert compose._bytes(off.gather, "all_gather") == compose._bytes(plain.gather, "all_gather")

@@ -73,6 +73,30 @@ def test_auto_filter_keeps_layers_too_small_to_gain():
     assert not [n for n in converted if n.endswith((".wk", ".wv"))]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model.flavor=8B", f"{KEY}.filter_fqns=output,auto_filter_small_kn"],
+        ["--model.flavor=debugmodel", f"{KEY}.filter_fqns=auto_filter_small_kn"],
+        ["--model.flavor=tiny", f"{KEY}.filter_fqns=wq,output"],
+        ["--model.name=qwen3", "--model.flavor=tiny"],  # its output head tied
+        ["--model.name=deepseek_v3", "--model.flavor=debugmodel", f"{KEY}.filter_fqns=router"],
+    ],
+)
+def test_the_shapes_name_the_weights_the_conversion_converts(argv):
+    """converted_weights (the layout search prices float8 GEMMs by it) from the model's
+    shapes alone equals what convert_model converts on the model built on meta."""
+    from torchtitan.models.common.float8 import converted_weights
+    from torchtitan.planning.memory.model_states import model_shapes
+
+    cfg = cfg_of([*argv, *F8])
+    meta = model_on_meta(cfg)
+    _, converted = _converted([*argv, *F8])
+    shapes = model_shapes(cfg.model.name, meta.args)
+    got = converted_weights(shapes.all(), cfg.quantize.linear.float8, shapes.tied)
+    assert got == {f"{n}.weight" for n in converted}
+
+
 def test_nothing_is_converted_without_the_converter():
     assert (
         convert_model(nn.Sequential(nn.Linear(16, 16)), [], cfg_of([]).quantize.linear.float8) == []

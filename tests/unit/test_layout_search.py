@@ -126,6 +126,8 @@ def _replaced(lay: Layout, **kw) -> Layout:
             local_batch=4,
             split_points=("layers.3",),
         ),
+        _layout(float8=True),
+        _layout(dp_shard=1, dp_replicate=2, ac="op", float8=False),
     ],
 )
 def test_overrides_and_toml_snippet_give_the_layout_back(lay, tmp_path):
@@ -133,7 +135,7 @@ def test_overrides_and_toml_snippet_give_the_layout_back(lay, tmp_path):
     want = layout_space.apply(cfg, lay, 8)
     got, _ = load_config(DEBUG + lay.overrides(8), 4)
     assert got == want
-    assert layout_space.layout_of(got, 4, 8, 6) == lay
+    assert layout_space.layout_of(got, 4, 8, 6, float8_choice=lay.float8 is not None) == lay
     snippet = layout_search.toml_snippet(lay, 8)
     tomllib.loads(snippet)
     path = tmp_path / "best.toml"
@@ -147,6 +149,9 @@ def test_overrides_and_toml_snippet_give_the_layout_back(lay, tmp_path):
         and from_file.training.local_batch_size == lay.local_batch
     )
     assert from_file.activation_checkpoint == want.activation_checkpoint
+    assert from_file.model.converters == want.model.converters
+    if lay.float8 is not None:  # the choice is the converter's presence
+        assert want.model.converters == (["quantize.linear.float8"] if lay.float8 else [])
 
 
 def _merge(base: str, snippet: str) -> str:
@@ -229,6 +234,23 @@ def test_the_checks_refuse_what_cannot_run_and_bad_search_keys():
     assert "--planning.layout_seconds=0" in config_error(
         DEBUG + ["--planning.fit=layout", "--planning.layout_seconds=0"], 4
     )
+    no_f8 = ["--planning.layout_float8=choose", "--hardware.profile=a100_80gb"]
+    assert config_error(DEBUG + ["--planning.fit=layout", *no_f8], 4) == (
+        "--planning.layout_float8=choose: a100_80gb has no float8 tensor cores (SM89 or later);"
+        " use --planning.layout_float8=keep or a profile with them"
+    )
+
+
+def test_the_float8_choice_doubles_the_layouts_and_states_the_jobs_own():
+    kw = dict(global_batch=16, seq_len=4096, n_layers=8)
+    plain = layout_space.enumerate_layouts(8, 8, **kw)
+    both = layout_space.enumerate_layouts(8, 8, **kw, float8=(False, True))
+    assert {lay.float8 for lay in plain} == {None} and len(both) == 2 * len(plain)
+    assert {dataclasses.replace(lay, float8=None) for lay in both} == set(plain)
+    assert "| float8" in _layout(float8=True).short() and "float8" not in _layout().short()
+    cfg, _ = load_config(DEBUG + ["--model.converters=float8"], 4)
+    assert layout_space.layout_of(cfg, 4, 8, 6).float8 is None  # kept: no override
+    assert layout_space.layout_of(cfg, 4, 8, 6, float8_choice=True).float8 is True
 
 
 def _stub_search(monkeypatch, n=60, seed=0):

@@ -198,6 +198,12 @@ def check_memory_keys(cfg: JobConfig) -> None:
             f"--planning.layout_seconds={cfg.planning.layout_seconds:g}: must be > 0 (seconds of full simulations"
             " the layout search may take)"
         )
+    named = hardware.PROFILES.get(cfg.hardware.profile)  # auto / local: checked by the search
+    if cfg.planning.layout_float8 == "choose" and named and "float8" not in named.peak_tflops:
+        raise ConfigError(
+            f"--planning.layout_float8=choose: {named.name} has no float8 tensor cores (SM89"
+            " or later); use --planning.layout_float8=keep or a profile with them"
+        )
     skew = cfg.planning.memory_skew
     if not (1 <= skew < math.inf):
         raise ConfigError(

@@ -47,6 +47,13 @@ class Planning:
     """With fit = layout: no full simulation starts after this many seconds of them; the
     search then picks among those done."""
 
+    layout_float8: Literal["keep", "choose"] = "keep"
+    """With fit = layout: keep the job's precision (model.converters as configured), or
+    choose: every layout also scored with float8 linears on and off (quantize.linear.float8,
+    its [quantize.linear.float8] keys as configured; float8 changes the numerics, the
+    convergence in docs/float8.md), the pick's overrides then set model.converters. Needs a
+    profile with float8 tensor cores (SM89 or later)."""
+
     nearby: bool = True
     """With dry_run and a hardware profile: also predict the choices next to the job (the AC
     modes on either side, reshard never / always, one microbatch more or fewer, compile

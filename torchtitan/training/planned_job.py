@@ -65,8 +65,8 @@ def with_param_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
 
 def _model_keys(cfg: JobConfig) -> tuple:
     """What of a config the model's args are made from (training/model_args.run_model_args),
-    but for the sequence length."""
-    return cfg.model, cfg.moe, cfg.checkpoint.initial_load_path
+    but for the sequence length, and its float8 conversion ([quantize])."""
+    return cfg.model, cfg.moe, cfg.quantize, cfg.checkpoint.initial_load_path
 
 
 @dataclass(frozen=True)

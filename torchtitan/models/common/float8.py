@@ -153,6 +153,23 @@ def convert_model(model: nn.Module, converters: list[str], section: Float8Linear
     return converted
 
 
+def converted_weights(params, section: Float8Linear, tied: tuple[str, ...] = ()) -> frozenset:
+    """Names of the linear weights (models/shapes.Param) that convert_model converts, from the
+    shapes alone: the same filter run on a stand-in Linear on meta of each weight's shape
+    (`tied`: names of weights that are another module's, never converted). The layout search
+    prices these GEMMs at the float8 peak without building the model."""
+    keep = _keep_filter(section, section.recipe_name or "tensorwise", set())
+    out = []
+    for p in params:
+        if not p.linear or p.name in tied:
+            continue
+        with torch.device("meta"):
+            stand_in = nn.Linear(p.shape[1], p.shape[0], bias=False)
+        if keep(stand_in, p.name.removesuffix(".weight")):
+            out.append(p.name)
+    return frozenset(out)
+
+
 def is_float8_linear(module: nn.Module) -> bool:
     if "torchao.float8" not in type(module).__module__:  # torchao never imported: none
         return False

@@ -18,6 +18,10 @@ changes exactly:
   layout's sequence and CP (causal blocks only, as a GPU runs them), and the probe's
   memory-bound time and recompute scaled by tokens per rank; host time the probe's, with
   DTensor's per-op cost under eager TP;
+- float8 linears (planning.layout_float8 = choose; `Float8`): the converted weights' GEMMs at
+  the profile's float8 peak, FSDP's gathers of them at 1 byte with the float8 all-gather,
+  sequence parallel's forward gathers in float8; the casts are in the float8 probe's
+  memory-bound time;
 - the layout's collectives by kind, bytes and group (TP's sequence-parallel gathers and
   reductions, CP's K/V gathers, EP's all-to-alls, FSDP's per-unit gathers and reductions,
   HSDP's and DDP's all-reduces, the pipeline's P2P), on the ranks of the layout's mesh;
@@ -46,6 +50,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from torchtitan.distributed.plan import BLOCKS
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.step_time import cpu_sharing
 from torchtitan.planning.step_time import model as step_time
@@ -56,6 +61,28 @@ from torchtitan.planning.step_time.trace import Comm, Compute, Segment, causal_k
 ACT_BYTES = 2  # bf16 activations on the wire (TP, CP, EP, P2P): Model.act_bytes's default
 _EXTRAPOLATE_FROM = 4  # pipelines of more than this x pp microbatches: extrapolated (_pipeline)
 REDUCE_BYTES = 4  # FSDP: fp32 gradients reduced (parameters gathered at Model.act_bytes)
+
+
+@dataclass(frozen=True)
+class Float8:
+    """A layout with float8 linears (quantize.linear.float8): what changes in its kernels and
+    collectives (the casts and what torchao saves are in the float8 probe)."""
+
+    names: frozenset  # converted weights, block weights without their f"{BLOCKS}.<i>." prefix
+    gather: bool  # FSDP gathers the converted weights in float8 (1 byte per element)
+    tp: bool  # sequence parallel gathers block inputs in float8 (tensorwise: torchao's styles)
+    wgrad: bool  # the weight gradient's GEMM in float8 too (all but rowwise_with_gw_hp)
+
+    def converted(self, p) -> bool:
+        return local_name(p.name) in self.names
+
+
+def local_name(name: str) -> str:
+    """A block parameter's name without its block's prefix (any block's is the same)."""
+    head, _, rest = name.partition(".")
+    if head == BLOCKS and rest.split(".", 1)[0].isdigit():
+        return rest.split(".", 1)[1]
+    return name
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,7 @@ class Model:
     # bytes of an activation element and of a gathered parameter element: the job's
     # training.mixed_precision_param (2 for bfloat16; 4 when a job computes in float32)
     act_bytes: int = ACT_BYTES
+    float8: Float8 | None = None  # float8 linears on (the layout search's float8 choice)
 
 
 def model_of(shapes, args, param_dtype: str = "bfloat16") -> Model:
@@ -137,19 +165,29 @@ def largest_block(m: Model) -> list:
 # ---------------------------------------------------------------------------- analytic kernels
 
 
-def _gemm_s(flops: float, hw: HardwareProfile, grouped: bool = False) -> float:
+def _gemm_s(
+    flops: float, hw: HardwareProfile, grouped: bool = False, dtype: str = "bfloat16"
+) -> float:
     eff = hw.grouped_gemm_efficiency if grouped else hw.gemm_efficiency
     eff *= flops / (flops + hw.gemm_half_gflop * 1e9)
-    return flops / (hw.peak_flops("bfloat16") * max(eff, 1e-9))
+    return flops / (hw.peak_flops(dtype) * max(eff, 1e-9))
 
 
 def gemm_seconds(
-    params, tokens: int, hw, *, tp: int = 1, ep_rows: float = 0.0, etp: int = 1
+    params,
+    tokens: int,
+    hw,
+    *,
+    tp: int = 1,
+    ep_rows: float = 0.0,
+    etp: int = 1,
+    float8: Float8 | None = None,
 ) -> float:
     """Forward + backward seconds of the GEMMs of `params` (one block, or the head): each
     dense weight [out, in] three GEMMs (forward, input and weight gradients) of
-    2 x tokens x in x out / tp FLOPs; routed experts one grouped GEMM forward and one
-    backward (twice the FLOPs) per weight over `ep_rows` routed rows."""
+    2 x tokens x in x out / tp FLOPs, a converted weight's at the float8 peak (its weight
+    gradient's too unless `float8.wgrad` is off); routed experts one grouped GEMM forward and
+    one backward (twice the FLOPs) per weight over `ep_rows` routed rows."""
     total = 0.0
     for p in params:
         if len(p.shape) < 2:
@@ -160,7 +198,12 @@ def gemm_seconds(
             continue
         split = tp if p.tp_dim is not None else 1
         flops = 2.0 * tokens * math.prod(p.shape) / split
-        total += 3 * _gemm_s(flops, hw)
+        if float8 is not None and float8.converted(p):
+            in_float8 = 3 if float8.wgrad else 2
+            total += in_float8 * _gemm_s(flops, hw, dtype="float8")
+            total += (3 - in_float8) * _gemm_s(flops, hw)
+        else:
+            total += 3 * _gemm_s(flops, hw)
     return total
 
 
@@ -249,7 +292,7 @@ def _block_costs(
     scale = tokens / pr.tokens / d.tp
     moe = any(p.expert for p in block)
     rows = tokens * m.top_k * skew if moe else 0.0
-    kernels = gemm_seconds(block, tokens, hw, tp=d.tp, ep_rows=rows, etp=d.etp)
+    kernels = gemm_seconds(block, tokens, hw, tp=d.tp, ep_rows=rows, etp=d.etp, float8=m.float8)
     kernels += attention_seconds(m, batch, seq, hw, tp=d.tp, cp=d.cp)
     # memory-bound time: A + B / tp per probe token (what TP splits and what it does not),
     # from the probes at TP 1 and 2; then the layout's tokens per rank
@@ -286,8 +329,10 @@ def _block_costs(
             Comm("all_gather", "tp", act, "functional"),
             Comm("reduce_scatter", "tp", act, "functional"),
         ]
-        crit_f += pair * 2
         crit_b += pair * 2
+        if m.float8 is not None and m.float8.tp:  # the inputs cast to float8 before the gather
+            pair = [Comm("all_gather", "tp", act // m.act_bytes, "functional"), pair[1]]
+        crit_f += pair * 2
     if d.cp > 1:
         kv = m.act_bytes * tokens * d.cp * m.kv_width // d.tp
         crit_f.append(Comm("all_gather", "cp", kv, "functional"))
@@ -298,10 +343,16 @@ def _block_costs(
         crit_b += [Comm("all_to_all", "ep", a2a, "functional")] * 2
     dense = sum(p.numel / (d.tp if p.tp_dim is not None else 1) for p in block if not p.expert)
     expert = sum(p.numel / d.ep / d.etp for p in block if p.expert)
+    gathered = m.act_bytes * dense
+    if m.float8 is not None and m.float8.gather:  # the converted weights gathered in float8
+        f8 = sum(
+            p.numel / (d.tp if p.tp_dim is not None else 1) for p in block if m.float8.converted(p)
+        )
+        gathered -= (m.act_bytes - 1) * f8
     gather, reduce = [], []
     shard = d.dp_shard * d.cp
     if shard > 1:
-        gather.append(Comm("all_gather", "fsdp", int(m.act_bytes * dense), "c10d"))
+        gather.append(Comm("all_gather", "fsdp", int(gathered), "c10d"))
         reduce.append(Comm("reduce_scatter", "fsdp", int(REDUCE_BYTES * dense), "c10d"))
         if expert:
             gather.append(Comm("all_gather", "efsdp", int(m.act_bytes * expert), "c10d"))
@@ -328,7 +379,7 @@ def _rest(m: Model, pr: BlockProbe, lay, seq: int, hw) -> Compute:
     batch = lay.microbatch if d.pp > 1 else lay.local_batch
     tokens = batch * seq // d.cp
     scale = tokens / pr.tokens / d.tp
-    kernels = gemm_seconds(m.last, tokens, hw, tp=d.tp)
+    kernels = gemm_seconds(m.last, tokens, hw, tp=d.tp, float8=m.float8)
     return Compute(device_s=kernels + pr.rest_memory_s * scale, host_s=pr.rest_host_s)
 
 

@@ -100,7 +100,9 @@ def probe(
     job: PlannedJob, hw, ac_labels, model: compose.Model, *, tp: bool = True, cp: bool = True
 ) -> dict:
     """AC label -> compose.BlockProbe (at TP 1 CP 1, TP 2 and CP 2; tp / cp False: the
-    layouts to compose split neither, their probe is skipped and reads as TP 1 / CP 1)."""
+    layouts to compose split neither, their probe is skipped and reads as TP 1 / CP 1).
+    `job` and `model` with float8 linears on or off alike (the float8 probe: its casts and
+    what torchao saves measured, its GEMMs at the float8 peak)."""
     from torchtitan.planning.memory.model_states import model_shapes
 
     seq = job.cfg.training.seq_len
@@ -114,16 +116,16 @@ def probe(
 
     def kernels_at(tokens: int) -> float:
         rows = tokens * model.top_k if moe else 0.0
-        gemm = compose.gemm_seconds(block, tokens, hw, ep_rows=rows)
+        gemm = compose.gemm_seconds(block, tokens, hw, ep_rows=rows, float8=model.float8)
         return gemm + compose.attention_seconds(model, 1, tokens, hw)
 
     def kernels(t: int, c: int) -> float:
         tokens = seq // c
         rows = tokens * model.top_k if moe else 0.0
-        gemm = compose.gemm_seconds(block, tokens, hw, tp=t, ep_rows=rows)
+        gemm = compose.gemm_seconds(block, tokens, hw, tp=t, ep_rows=rows, float8=model.float8)
         return gemm + compose.attention_seconds(model, 1, seq, hw, tp=t, cp=c)
 
-    rest_gemm = compose.gemm_seconds(model.last, seq, hw)
+    rest_gemm = compose.gemm_seconds(model.last, seq, hw, float8=model.float8)
     unit = sum(p.numel for p in block)
     # the memory-bound time that follows the parameters, not the tokens (FSDP's copy-in and
     # copy-out around each gather and reduction, casts): the AC-none block at half the

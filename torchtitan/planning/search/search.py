@@ -35,6 +35,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from torchtitan.config.quantize_sections import FLOAT8_LINEAR, float8_linear_on
 from torchtitan.dtypes import param_dtype
 from torchtitan.planning.search import compose
 from torchtitan.planning.search import space as layout_space
@@ -115,13 +116,21 @@ def _states(job: PlannedJob, shapes, layout: Layout, cache: dict) -> int | None:
 def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate], dict]:
     """Stages 1-3: every layout within the states floor, composed, fastest first (feasible
     or not); and counts and seconds."""
+    import warnings
+
     from torchtitan.planning.memory.model_states import model_shapes
     from torchtitan.planning.search import probe as block_probe
+
+    # FSDP2 warns once per process that the embeddings return a view; every forked
+    # simulation (the probes, the full ones) is a new process, so the search would repeat it
+    # hundreds of times
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
     cfg, args = job.cfg, job.args
     global_batch = job.batch.global_batch
     t0 = time.perf_counter()
     shapes = model_shapes(cfg.model.name, args)
+    float8 = (False, True) if cfg.planning.layout_float8 == "choose" else (None,)
     layouts = layout_space.enumerate_layouts(
         job.dims.world_size,
         hw.gpus_per_node,
@@ -129,6 +138,7 @@ def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate],
         seq_len=cfg.training.seq_len,
         n_layers=args.n_layers,
         n_experts=args.moe.n_routed_experts if args.moe else 0,
+        float8=float8,
     )
     cache: dict = {}
     within = []
@@ -137,18 +147,28 @@ def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate],
         if states is not None and states <= budget:
             within.append((lay, states))
     t1 = time.perf_counter()
-    model = compose.model_of(
+    plain = compose.model_of(
         shapes, args, param_dtype(job.cfg.training.mixed_precision_param, job.target)
     )
-    probes = block_probe.probe(job, hw, sorted({lay.ac for lay, _ in within}), model)
+    models, probes = {}, {}
+    acs = sorted({lay.ac for lay, _ in within})
+    for f8 in float8:  # the job as configured, or float8 off and on (planning.layout_float8)
+        f8_job = job if f8 is None else job.with_config(_with_float8(cfg, f8))
+        models[f8] = dataclasses.replace(plain, float8=float8_of(f8_job.cfg, shapes))
+        probes[f8] = block_probe.probe(f8_job, hw, acs, models[f8])
     t2 = time.perf_counter()
-    log(f"  probe of the block: {len(probes)} AC modes in {t2 - t1:.1f}s", flush=True)
+    log(
+        f"  probe of the block: {len(acs)} AC modes"
+        + (", float8 off and on" if len(float8) > 1 else "")
+        + f" in {t2 - t1:.1f}s",
+        flush=True,
+    )
     cands = []
     for lay, states in within:
         got = compose.compose(
             lay,
-            model,
-            probes,
+            models[lay.float8],
+            probes[lay.float8],
             hw,
             seq=cfg.training.seq_len,
             global_batch=global_batch,
@@ -165,16 +185,36 @@ def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate],
     return cands, {**counts, "enumerate": t1 - t0, "probe": t2 - t1, "compose": t3 - t2}
 
 
+def _with_float8(cfg, on: bool):
+    converters = [FLOAT8_LINEAR] if on else []
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, converters=converters))
+
+
+def float8_of(cfg, shapes) -> compose.Float8 | None:
+    """What the composition needs of a job's float8 linears (None: the converter is off):
+    the weights converted (the conversion's own filter on the shapes), its gathers."""
+    from torchtitan.models.common.float8 import converted_weights
+
+    if not float8_linear_on(cfg.model.converters):
+        return None
+    section = cfg.quantize.linear.float8
+    block = max(shapes.blocks, key=lambda b: sum(p.numel for p in b))  # as compose times
+    names = converted_weights(block + shapes.last, section, shapes.tied)
+    recipe = section.recipe_name or "tensorwise"
+    linears = [p for p in block if p.linear]
+    return compose.Float8(
+        frozenset(compose.local_name(n) for n in names),
+        gather=section.enable_fsdp_float8_all_gather,
+        # torchao's float8 styles take tensorwise Float8Linears, all of a group's
+        tp=recipe == "tensorwise" and all(p.name in names for p in linears),
+        wgrad=recipe != "rowwise_with_gw_hp",
+    )
+
+
 def _full(job: PlannedJob, hw, cand: Candidate) -> None:
     """Stage 4 for one candidate: its prediction in a fake world of its own mesh."""
-    import warnings
-
     from torchtitan.planning.memory.predict import predict_roles
     from torchtitan.training.build import fake_world
-
-    # FSDP2 warns once per process that the embeddings return a view; every forked
-    # simulation worker is a new process, so the search would repeat it hundreds of times
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
     cfg, global_batch = job.cfg, job.batch.global_batch
     c = layout_space.apply(cfg, cand.layout, global_batch)
@@ -393,7 +433,7 @@ def toml_snippet(best: Layout, global_batch: int) -> str:
     for flag in best.overrides(global_batch):
         key, value = flag[2:].split("=", 1)
         section, name = key.split(".", 1)
-        if name == "pipeline_parallel_split_points":
+        if name in ("pipeline_parallel_split_points", "converters"):  # lists
             value = "[" + ", ".join(f'"{v}"' for v in value.split(",") if v) + "]"
         elif not value.lstrip("-").isdigit() and value not in ("true", "false"):
             value = f'"{value}"'

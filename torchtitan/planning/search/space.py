@@ -27,7 +27,9 @@ What is enumerated, and why no more:
   every block (as `always` does), so `never` is the other choice; under PP auto keeps every
   unit (as `never`), so `always` is;
 - local batch: every divisor of (global batch / data-parallel degree), the rest of the
-  global batch made up by gradient accumulation.
+  global batch made up by gradient accumulation;
+- float8 linears on and off with planning.layout_float8 = choose (Layout.float8 None: the
+  job's model.converters as configured).
 The pre-launch checks (checks/job.py) then refuse what cannot run (e.g. heads TP cannot
 split, microbatches a schedule cannot take), and the model-states floor what cannot fit.
 """
@@ -35,8 +37,10 @@ split, microbatches a schedule cannot take), and the model-states floor what can
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
+from torchtitan.config.quantize_sections import FLOAT8_LINEAR, float8_linear_on
 from torchtitan.distributed.job_shape import Degrees, degrees
 from torchtitan.planning.memory.fit import AC_CHOICES  # every AC mode the fit tries
 
@@ -61,6 +65,7 @@ class Layout:
     reshard: str
     local_batch: int
     split_points: tuple[str, ...] = ()
+    float8: bool | None = None  # float8 linears on / off; None: as the job has them
 
     def overrides(self, global_batch: int) -> list[str]:
         """The exact command-line overrides that set this layout."""
@@ -87,6 +92,8 @@ class Layout:
             f"--training.local_batch_size={self.local_batch}",
             f"--training.global_batch_size={global_batch}",
         ]
+        if self.float8 is not None:  # float8 linears are the only converter a job can run
+            out.append(f"--model.converters={FLOAT8_LINEAR if self.float8 else ''}")
         return out
 
     def short(self) -> str:
@@ -97,6 +104,7 @@ class Layout:
         return (
             f"dp {d.dp_replicate}x{d.dp_shard} tp {d.tp} {pp} cp {d.cp}{ep} | AC {self.ac}"
             f" | reshard {self.reshard} | local {self.local_batch}"
+            + (" | float8" if self.float8 else "")
         )
 
 
@@ -121,7 +129,12 @@ def apply(cfg, layout: Layout, global_batch: int):
     t = dataclasses.replace(
         cfg.training, local_batch_size=layout.local_batch, global_batch_size=global_batch
     )
-    return dataclasses.replace(cfg, parallelism=p, activation_checkpoint=ac, training=t)
+    model = cfg.model
+    if layout.float8 is not None:
+        model = dataclasses.replace(model, converters=[FLOAT8_LINEAR] if layout.float8 else [])
+    return dataclasses.replace(
+        cfg, model=model, parallelism=p, activation_checkpoint=ac, training=t
+    )
 
 
 def _powers(limit: int) -> list[int]:
@@ -169,6 +182,7 @@ def enumerate_layouts(
     seq_len: int,
     n_layers: int,
     n_experts: int = 0,
+    float8: tuple[bool | None, ...] = (None,),
 ) -> list[Layout]:
     """Every layout of the module docstring for `world` devices (before the checks)."""
     out = []
@@ -213,7 +227,7 @@ def enumerate_layouts(
                                     reshards = ["auto"] + (
                                         [("always" if pp > 1 else "never")] if shard > 1 else []
                                     )
-                                    for reshard in reshards:
+                                    for reshard, f8 in itertools.product(reshards, float8):
                                         out.append(
                                             Layout(
                                                 Degrees(rep, shard, tp, pp, ep, world, cp),
@@ -223,13 +237,17 @@ def enumerate_layouts(
                                                 reshard,
                                                 local,
                                                 splits,
+                                                f8,
                                             )
                                         )
     return out
 
 
-def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | None:
-    """The layout a job as configured has (to show its rank), None if outside the space."""
+def layout_of(
+    cfg, world: int, global_batch: int, n_layers: int, float8_choice: bool = False
+) -> Layout | None:
+    """The layout a job as configured has (to show its rank), None if outside the space;
+    `float8_choice`: the search chooses float8 (the layout states the job's)."""
     p, a = cfg.parallelism, cfg.activation_checkpoint
     d = degrees(cfg, world)
     ac = next(
@@ -247,4 +265,5 @@ def layout_of(cfg, world: int, global_batch: int, n_layers: int) -> Layout | Non
         p.reshard_after_forward,
         cfg.training.local_batch_size,
         splits if d.pp > 1 else (),
+        float8_linear_on(cfg.model.converters) if float8_choice else None,
     )
