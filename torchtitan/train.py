@@ -30,6 +30,7 @@ from torchtitan.data.tokenizer import load_model_tokenizer
 from torchtitan.data.validation import Validator
 from torchtitan.distributed.compile import compile_log_lines
 from torchtitan.distributed.data_parallel import reshard_after_eval
+from torchtitan.distributed.job_shape import replica_groups
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.process_groups import (
     DeviceError,
@@ -67,6 +68,7 @@ from torchtitan.resilience.preemption import Preemption, kill_wait_note, stop_li
 from torchtitan.resilience.timeouts import hang_timeout
 from torchtitan.training.build import ModelParts, build_parts, plan_records, step_runner
 from torchtitan.training.expert_balance import ExpertBalancer
+from torchtitan.training.fault_tolerance import DataPositions, ReplicaGroups
 from torchtitan.training.garbage import GarbageSchedule
 from torchtitan.training.loss import global_sum
 from torchtitan.training.lr_schedule import schedule_steps
@@ -271,11 +273,15 @@ class Trainer:
         self.float8_scales = precompute_scales_on(
             cfg.quantize.linear.float8, cfg.model.converters, self.dims.dp_shard
         )
+        ft = cfg.fault_tolerance
+        # the global batch's rows: under fault tolerance each replica group reads those of its id
+        self.data_rank = self.dims.dp_rank() + (ft.replica_id * self.dims.dp if ft.enable else 0)
+        self.data_degree = self.dims.dp * replica_groups(cfg)
         self.dataloader = build_dataloader(
             t,
             self.tokenizer,
-            self.dims.dp_rank(),
-            self.dims.dp,
+            self.data_rank,
+            self.data_degree,
             self.shape.accum_steps,
             workers=resolve_workers(t.dataloader.num_workers, self.device.type),
             options=loader_options(t.dataloader, self.device.type),
@@ -285,8 +291,8 @@ class Trainer:
             Validator(
                 cfg,
                 self.tokenizer,
-                self.dims.dp_rank(),
-                self.dims.dp,
+                self.data_rank,
+                self.data_degree,
                 self.shape.accum_steps,
                 device_type=self.device.type,
             )
@@ -324,7 +330,7 @@ class Trainer:
             self.model_parts,
             run_info(cfg, self.dims, self.tokenizer, self.job.args, self.shape.global_batch),
             optimizers=self.optimizers,
-            dataloader=self.dataloader,
+            dataloader=None if ft.enable else self.dataloader,  # each group keeps its own
             train_state=self.train_state,
             io_timeout_seconds=cfg.comm.checkpoint_timeout_seconds,
             hf=hf_spec(cfg, self.dims, self.tokenizer, self.job.args),
@@ -333,6 +339,18 @@ class Trainer:
             hf_assets_path=cfg.model.hf_assets_path,
         )
         load_note = self.checkpoint.load()
+        self.replicas, self.data_positions = None, None
+        if ft.enable:
+            self.replicas = ReplicaGroups(
+                ft,
+                model_parts=self.model_parts,
+                optimizers=self.optimizers,
+                train_state=self.train_state,
+                log=self.log,
+            )
+            if cfg.checkpoint.enable_ft_dataloader_checkpoints:
+                self.data_positions = DataPositions(cfg.job.dump_folder, ft.replica_id, self.rank)
+                self._resume_data()
         self.metrics = MetricsLogger(
             cfg.job.dump_folder,
             enabled=self.rank == 0,
@@ -472,6 +490,7 @@ class Trainer:
             tied=self.tied,
             balancer=self.balancer,
             float8_scales=self.float8_scales,
+            replicas=self.replicas,
         )
 
     def figures(self, result: StepResult) -> tuple[float, float, dict]:
@@ -537,6 +556,10 @@ class Trainer:
             self.preemption.drain()
             self.metrics.preempted = self.preempted is not None
         self.checkpoint.close()
+        if self.data_positions is not None:
+            self.data_positions.wait()
+        if self.replicas is not None:
+            self.replicas.close()
         if self.preempted is None:
             self.log(f"[torchtitan] training done: {self.cfg.training.steps} steps")
 
@@ -547,6 +570,10 @@ class Trainer:
         if self.validator is not None and self.validator.due(0, t.steps, start_step):
             self._run_validation(0)
         while self.train_state.step < t.steps:
+            if self.replicas is not None and self._quorum():
+                data = iter(self.dataloader)  # healed: this group's data position of the step
+                if self.train_state.step >= t.steps:
+                    break
             step = self.train_state.step + 1
             self.clock.begin()
             self.watchdog.progress(f"step {step}: data")
@@ -561,10 +588,25 @@ class Trainer:
             with profiler.step(step):
                 result = self.train_step(batches, step)
             memory = self.memory.end(step)
+            if not result.committed:  # a replica group was lost during it: trained again
+                self.clock.end(synced=False)
+                self.log(
+                    f"[torchtitan] fault tolerance: step {step} not committed (a replica group"
+                    " failed during it); trained again with the next batches"
+                )
+                continue
             self.watchdog.progress(f"step {step}: metrics")
             self.train_state.step = step
-            self.train_state.tokens_seen += self.shape.global_batch * t.seq_len
+            self.train_state.tokens_seen += self._tokens_of_step()
             comm = self._comm_figures()
+            if self.replicas is not None:
+                comm["replica_groups"] = self.replicas.participants
+                if self.data_positions is not None:
+                    self.data_positions.save(
+                        step,
+                        self.dataloader.state_dict(),
+                        self.checkpoint.due(step, step == t.steps),
+                    )
             if self._sync_point(step, start_step):
                 self.nonfinite.check()  # before anything is logged, validated or saved
                 loss, grad_norm, figures = self.figures(result)
@@ -602,6 +644,37 @@ class Trainer:
             self.garbage.after_step(step)  # every rank at the same steps (training.gc_freq)
             if self._between_steps(step, start_step):
                 return
+
+    def _quorum(self) -> bool:
+        """Fault tolerance: this step's quorum of replica groups (waiting for a peer is not a
+        hang); True when this group healed from a live peer in it (its step, weights and data
+        position moved)."""
+        with self.watchdog.paused("the replica groups' quorum"):
+            self.replicas.begin_step()
+        if self.replicas.healed_from is None:
+            return False
+        self._resume_data()
+        return True
+
+    def _resume_data(self) -> None:
+        """Fault tolerance: this group's own data position of the current step (ft/ files)."""
+        if self.data_positions is None:
+            return
+        saved = self.data_positions.load(self.train_state.step)
+        if saved is not None:
+            self.dataloader.load_state_dict(saved["data"])
+            self.log(
+                f"[torchtitan] fault tolerance: data position of replica group"
+                f" {self.cfg.fault_tolerance.replica_id} after its step {saved['step']}"
+            )
+
+    def _tokens_of_step(self) -> int:
+        """Tokens a step trains on: the global batch's, under fault tolerance those of the
+        replica groups that took part."""
+        tokens = self.shape.global_batch * self.cfg.training.seq_len
+        if self.replicas is None:
+            return tokens
+        return tokens * self.replicas.participants // replica_groups(self.cfg)
 
     def _logs(self, step: int) -> bool:
         return step % self.cfg.metrics.log_freq == 0 or step == self.cfg.training.steps
@@ -676,7 +749,8 @@ class Trainer:
         if self.validator is not None and self.validator.due(step, t.steps, start_step):
             self._run_validation(step)
         with self.watchdog.paused(f"the checkpoint save after step {step}"):
-            self.checkpoint.maybe_save(step, last=step == t.steps)
+            if self.replicas is None or self.replicas.writes_checkpoints:  # one group writes
+                self.checkpoint.maybe_save(step, last=step == t.steps)
         if step == t.steps:
             return False  # finished: a late signal has nothing left to stop
         note = (
@@ -693,7 +767,9 @@ class Trainer:
             return False
         self.nonfinite.check()  # a preemption save is a sync point too
         with self.watchdog.paused(f"the preemption save after step {step}"):
-            saved = self.checkpoint.save_now(step)
+            # fault tolerance: a group preempted alone leaves the saving to the lowest group
+            writes = self.replicas is None or self.replicas.writes_checkpoints
+            saved = self.checkpoint.save_now(step) if writes else None
         save_s = saved[1] if saved is not None else 0.0
         self.preempted = stop_line(
             stop,

@@ -196,7 +196,7 @@ def test_upstream_extension_modules_are_built_in():
             ["--model.converters=mx"],
             "--model.converters=mx: MX (microscaling) training is not in this fork",
         ),
-        (["--fault_tolerance.enable"], "--fault_tolerance.enable: torchft replica-group"),
+        (["--model.name=llama3_ft"], "--model.name=llama3_ft: upstream's fault-tolerant Llama 3"),
         (
             ["--parallelism.expert_parallel_comm_backend=deepep"],
             "--parallelism.expert_parallel_comm_backend=deepep: DeepEP's CUDA kernels",

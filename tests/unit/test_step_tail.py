@@ -57,6 +57,7 @@ def _sums(main: float = 1.5) -> StepSums:
 def test_phase_labels_keep_the_strings_written_to_plan_json():
     assert [p.value for p in TAIL] == [
         "tied copies",
+        "replica groups",
         "clip",
         "non-finite record",
         "optimizer",
@@ -90,7 +91,8 @@ def test_the_tail_runs_its_phases_in_order_as_the_trainer_always_did():
         balancer=ExpertBalancer(parts, torch.device("cpu"), None),  # no MoE: the load figure only
         on_phase=seen.append,
     )
-    assert seen == [p for p in TAIL if p != StepPhase.FLOAT8_SCALES]  # no float8 all-gather
+    # no float8 all-gather, no replica groups
+    assert seen == [p for p in TAIL if p not in (StepPhase.FLOAT8_SCALES, StepPhase.REPLICA_GROUPS)]
     assert isinstance(result, StepResult) and result.load.tolist() == [-float("inf")] * 2
     assert watch.first_step() == (7, "loss", pytest.approx(float("nan"), nan_ok=True))
 
@@ -154,6 +156,7 @@ def test_the_trainer_runs_the_step_tail(monkeypatch):
         tied="tied",
         balancer="balancer",
         float8_scales=False,
+        replicas="replicas",
     )
     assert train.Trainer.train_step(trainer, [], 3) == "tail result"
     ((args, kwargs),) = calls
@@ -168,7 +171,50 @@ def test_the_trainer_runs_the_step_tail(monkeypatch):
         "tied": "tied",
         "balancer": "balancer",
         "float8_scales": False,
+        "replicas": "replicas",
     }
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_replica_groups_average_before_the_clip_and_an_uncommitted_step_is_not_taken(committed):
+    """Fault tolerance: the gradients (and loss sums) are averaged over the replica groups
+    before the norm; a step torchft does not commit leaves weights and schedule as they were."""
+    parts, cfg = _tied_parts(), _cfg()
+    before = [p.detach().clone() for m in parts for p in m.parameters()]
+    calls = []
+
+    class Replicas:
+        def average(self, params, sums):
+            calls.append(("average", len(params), sums.main.item()))
+            for p in params:
+                p.grad.mul_(0.5)
+
+        def commit(self):
+            calls.append(("commit",))
+            return committed
+
+    optimizers = PartOptimizers(parts, cfg.optimizer, 10, cfg.lr_scheduler)
+    seen = []
+    result = tail_module.step_tail(
+        _sums(),
+        1,
+        parts,
+        optimizers,
+        0.0,
+        pp_group=None,
+        nonfinite=NonFiniteWatch(torch.device("cpu")),
+        replicas=Replicas(),
+        on_phase=seen.append,
+    )
+    n = sum(1 for m in parts for _ in m.parameters())
+    assert calls == [("average", n, 1.5), ("commit",)]
+    assert seen[:2] == [StepPhase.REPLICA_GROUPS, StepPhase.CLIP]
+    assert result.committed is committed
+    grads = torch.cat([p.grad.reshape(-1) for m in parts for p in m.parameters()])
+    assert torch.equal(result.grad_norm, grads.norm())  # the norm of the averaged gradients
+    after = [p.detach() for m in parts for p in m.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after)) is not committed
+    assert (optimizers.schedulers[0].last_epoch == 1) is committed
 
 
 def _bound(args, kwargs) -> dict:

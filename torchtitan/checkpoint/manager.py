@@ -13,7 +13,8 @@ checkpoint fresh, initial_load_model_only=false starts from another run's full c
 load_only never saves, enable_first_step_checkpoint also saves after step 1. Where upstream
 writes last_save_in_hf's folder in place of step-N, this trainer writes it beside the
 checkpoints (<dump_folder>/hf/step-N) and names it in step-N's marker.
-enable_ft_dataloader_checkpoints is torchft's, whose fault tolerance is refused (checks/).
+Under fault tolerance (torchft replica groups) one group writes the checkpoints and no data
+position is in them: each group keeps its own (training/fault_tolerance.DataPositions).
 """
 
 import logging
@@ -118,9 +119,10 @@ class CheckpointManager:
                     "optimizer": OptimizerState(model_parts, optimizers),
                     "lr_scheduler": LRSchedulerState(optimizers),
                     "train_state": train_state,
-                    "dataloader": DataloaderState(dataloader),
                 }
             )
+            if dataloader is not None:  # fault tolerance: each group keeps its own (ft/)
+                self.states["dataloader"] = DataloaderState(dataloader)
         self.train_state = train_state
         self.run_info = run_info  # world_size, global_batch, model, mesh: written into each marker
         self._io_timeout = timedelta(seconds=io_timeout_seconds)

@@ -21,6 +21,7 @@ from torchtitan.checks.data import (
     training_datasets,
     validation_sets,
 )
+from torchtitan.checks.fault_tolerance import check_fault_tolerance, check_lighthouse_of
 from torchtitan.checks.layout import (
     check_activation_checkpoint,
     check_fsdp_policies,
@@ -45,6 +46,7 @@ from torchtitan.units import gib_text
 def check_job(cfg: JobConfig, world_size: int) -> None:
     """Raise ConfigError for the first problem found, one concern after another."""
     check_upstream_only(cfg)
+    check_fault_tolerance(cfg)
     args = check_model(cfg)
     check_attention_backend(cfg, args)
     dp_shard = check_layout(cfg, args, world_size)
@@ -62,6 +64,7 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_memory_keys(cfg)
     check_hardware_keys(cfg)
     check_model_states(cfg, args, world_size)
+    check_lighthouse_of(cfg)
 
 
 def accepts(world_size: int) -> Callable[[JobConfig], bool]:

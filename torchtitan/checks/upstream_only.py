@@ -16,9 +16,6 @@ UPSTREAM_ONLY_MODELS = {
     "vlm": "upstream's vision-language model",
 }
 
-# What a refused feature is waiting for; the message names it so the user knows where it lands.
-TORCHFT = "torchft replica-group fault tolerance is not in this fork yet"
-
 
 def unknown_model_reason(name: str) -> str | None:
     """The refusal of an upstream-only model name (called where an unknown name is refused)."""
@@ -33,11 +30,6 @@ def unknown_model_reason(name: str) -> str | None:
 
 def check_upstream_only(cfg: JobConfig) -> None:
     """Raise ConfigError for the first upstream feature that cannot run here."""
-    if cfg.fault_tolerance.enable:
-        raise ConfigError(
-            f"--fault_tolerance.enable: {TORCHFT}; train without it (a failed rank ends the job;"
-            " resume from the last checkpoint, docs/reliability.md)"
-        )
     if cfg.parallelism.expert_parallel_comm_backend == "deepep":
         raise ConfigError(
             "--parallelism.expert_parallel_comm_backend=deepep: DeepEP's CUDA kernels are not part"

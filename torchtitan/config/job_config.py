@@ -334,31 +334,39 @@ class Validation:
 
 @dataclass
 class FaultTolerance:
-    """Replica-group fault tolerance (torchft; [fault_tolerance])."""
+    """Replica-group fault tolerance with torchft ([fault_tolerance]; training/fault_tolerance.py,
+    docs/reliability.md): the job runs as group_size launches of the same layout (replica
+    groups, the replicate dimension), averaged every step over the groups alive; a lost group
+    does not stop the others, and one that restarts heals from a live peer. Needs the
+    optional extra (pip install -e '.[ft]') and a lighthouse (TORCHFT_LIGHTHOUSE;
+    scripts/ft_local.py starts one)."""
 
     enable: bool = False
-    """Train with torchft replica groups: refused until fault tolerance lands (torchft)."""
+    """Train as one replica group of group_size (this launch is replica_id)."""
 
     process_group: str = "gloo"
-    """torchft's process group between replica groups (gloo or nccl)."""
+    """torchft's process group between the replica groups: gloo, or nccl between GPU groups."""
 
     process_group_timeout_ms: int = 10000
-    """Timeout of operations on that process group, in milliseconds."""
+    """How long a collective between the groups (and a checkpoint transfer to a healing group)
+    may take before the step is given up (not committed) and the quorum re-formed, in ms."""
 
     replica_id: int = 0
-    """This replica group's id."""
+    """This replica group's id, 0..group_size-1: it reads the global batch's rows of its id."""
 
     group_size: int = 0
-    """Number of replica groups."""
+    """Number of replica groups (the global batch is split over group_size x each group's
+    data-parallel ranks)."""
 
     min_replica_size: int = 1
-    """Fewest replica groups that keep training."""
+    """Fewest replica groups a step needs to be committed (1: any group alone trains on)."""
 
     semi_sync_method: str = ""
-    """Semi-synchronous training between replica groups: local_sgd or diloco; empty: none."""
+    """Semi-synchronous training between replica groups: local_sgd or diloco (not in this fork
+    yet: refused); empty: every step averaged over the groups."""
 
     sync_steps: int = 5
-    """Steps between synchronisations (semi_sync_method)."""
+    """Steps between synchronisations (semi_sync_method); a multiple of num_fragments."""
 
     should_quantize: bool = False
     """Quantize the pseudo-gradients before their all-reduce (semi_sync_method)."""

@@ -85,7 +85,10 @@ class Checkpoint:
     """Load checkpoints but never save one."""
 
     enable_ft_dataloader_checkpoints: bool = True
-    """Fault tolerance: each replica group checkpoints its data position (fault_tolerance only)."""
+    """With fault_tolerance: each replica group writes its data position after every step to
+    small files of its own (<dump_folder>/ft/replica_<id>/, in the background) and the full
+    checkpoint holds none, so a group that restarts resumes its own data exactly; false: no
+    data position is kept under fault tolerance (a restarted group reads its rows anew)."""
 
 
 @dataclass

@@ -148,25 +148,36 @@ def pipeline_microbatches(cfg: JobConfig) -> int:
     return t.local_batch_size // mb
 
 
+def replica_groups(cfg: JobConfig) -> int:
+    """Replica groups of a fault-tolerant job (each a launch of its own with `dp` data-parallel
+    ranks; the global batch spans them all); 1 without fault tolerance."""
+    f = cfg.fault_tolerance
+    return max(1, f.group_size) if f.enable else 1
+
+
 def global_batch(cfg: JobConfig, dp: int) -> int:
     """Rows per optimizer step: training.global_batch_size, or ("auto") one local batch per
-    data-parallel rank. Unchecked: batch_shape checks it against the degrees."""
+    data-parallel rank (of every replica group). Unchecked: batch_shape checks it against the
+    degrees."""
     t = cfg.training
+    dp *= replica_groups(cfg)
     return t.global_batch_size if t.global_batch_size != "auto" else t.local_batch_size * dp
 
 
 def batch_shape(cfg: JobConfig, dp: int) -> BatchShape:
     """global_batch_size ("auto": one local batch per data-parallel rank), accumulation and PP
-    microbatches, for `dp` data-parallel ranks."""
+    microbatches, for `dp` data-parallel ranks (in each replica group, under fault tolerance)."""
     t = cfg.training
-    per_step = t.local_batch_size * dp
+    groups = replica_groups(cfg)
+    per_step = t.local_batch_size * dp * groups
     if t.global_batch_size != "auto" and (
         t.global_batch_size < per_step or t.global_batch_size % per_step
     ):
         raise ShapeError(
             f"--training.global_batch_size={t.global_batch_size} must be a positive multiple of"
-            f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp} = {per_step}"
-            " (or auto)"
+            f" local_batch_size x data-parallel degree = {t.local_batch_size} x {dp}"
+            + (f" x {groups} replica groups" if groups > 1 else "")
+            + f" = {per_step} (or auto)"
         )
     rows = global_batch(cfg, dp)
     return BatchShape(rows, rows // per_step if per_step > 0 else 0, pipeline_microbatches(cfg))

@@ -298,6 +298,7 @@ class MetricsLogger:
             + (f"  aux {values['aux_loss']:.5f}" if "aux_loss" in values else "")
             + (f"  mtp {values['mtp_loss']:.4f}" if "mtp_loss" in values else "")
             + f"  grad_norm {values['grad_norm']:.3f}  lr {values['lr']:.2e}"
+            + (f"  groups {values['replica_groups']}" if "replica_groups" in values else "")
             + (
                 f"  expert load {values['expert_load_min']:.2f}-{values['expert_load_max']:.2f}x"
                 if "expert_load_max" in values

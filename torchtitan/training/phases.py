@@ -28,6 +28,7 @@ class StepPhase(StrEnum):
     PIPELINE = "pipeline"  # the schedule's own work between actions (P2P buffers)
     # the step tail (step_tail.py), in this order
     TIED_COPIES = "tied copies"
+    REPLICA_GROUPS = "replica groups"  # fault tolerance: averaged over the replica groups
     CLIP = "clip"
     NONFINITE = "non-finite record"
     OPTIMIZER = "optimizer"
@@ -38,6 +39,7 @@ class StepPhase(StrEnum):
 # after the gradients are complete: every rank runs them once per step, after backward
 TAIL = (
     StepPhase.TIED_COPIES,
+    StepPhase.REPLICA_GROUPS,
     StepPhase.CLIP,
     StepPhase.NONFINITE,
     StepPhase.OPTIMIZER,

@@ -38,6 +38,7 @@ class StepResult:
     sums: StepSums
     grad_norm: torch.Tensor  # the global norm before clipping
     load: torch.Tensor | None = None  # MoE: this rank's expert load (training/expert_balance.py)
+    committed: bool = True  # fault tolerance: every replica group in the quorum finished it
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """What one optimizer step does once its gradients are complete, shared by the trainer and
 the memory simulation (which runs it on fake tensors), so that the simulated step cannot
-drift from the run: a tied weight's copies get their summed gradient, the gradients are
-clipped by their global norm, a non-finite loss or norm is noted, the optimizers step (or,
+drift from the run: a tied weight's copies get their summed gradient, under fault tolerance
+the gradients are averaged over the replica groups (and the step given up when a group was
+lost during it: not committed), the gradients are clipped by their global norm, a non-finite loss or norm is noted, the optimizers step (or,
 stepped in backward already, only their schedules), the float8 all-gather's weight scales
 are computed for the next step (when on), and the MoE layers' expert bias follows the
 step's load.
@@ -49,13 +50,15 @@ def step_tail(
     tied: TiedCopies | None = None,
     balancer: ExpertBalancer | None = None,
     float8_scales: bool = False,
+    replicas=None,
     on_phase: Callable[[StepPhase], None] | None = None,
 ) -> StepResult:
     """The rest of step `step` after forward/backward left `sums` and the gradients: the
     phases of `phases.TAIL` in order (those without their part skipped), each announced to
     `on_phase` first. `pp_group`: the pipeline's (the norm spans every stage), None without.
     `float8_scales`: precompute the float8 all-gather's weight scales after the update
-    (models/common/float8.precompute_scales_on)."""
+    (models/common/float8.precompute_scales_on). `replicas`: fault tolerance's replica groups
+    (training/fault_tolerance.ReplicaGroups), None without."""
 
     def mark(phase: StepPhase) -> None:
         if on_phase is not None:
@@ -69,6 +72,11 @@ def step_tail(
         ids = tied.copies()
         copies = [p for p in params if id(p) in ids]
         params = [p for p in params if id(p) not in ids]
+    committed = True
+    if replicas is not None:
+        mark(StepPhase.REPLICA_GROUPS)
+        replicas.average(params + copies, sums)
+        committed = replicas.commit()
     mark(StepPhase.CLIP)
     if optimizers.in_backward:  # stepped in backward: the norm its hooks measured (no clip)
         grad_norm = optimizers.grad_norm(sums.main.device)
@@ -76,6 +84,8 @@ def step_tail(
         grad_norm = clip_grad_norm_(params, max_norm, pp_group, also_clip=copies)
     mark(StepPhase.NONFINITE)
     nonfinite.record(step, sums.main, grad_norm)
+    if not committed:  # a group was lost during the step: no group takes it
+        return StepResult(sums, grad_norm, None, committed=False)
     mark(StepPhase.OPTIMIZER)
     optimizers.step()
     if float8_scales:

@@ -1,0 +1,257 @@
+"""Replica-group fault tolerance with torchft ([fault_tolerance]).
+
+A job of G replica groups is G launches (scripts/ft_local.py starts them on one machine,
+docs/reliability.md on a cluster), each its own torchrun of the same layout: the replicate
+dimension is the groups. A lighthouse (torchft's) forms a quorum of the groups alive at
+every step, and each step here runs:
+
+1. `begin_step`: the quorum (synchronous: no step starts before it). A group behind the
+   others (restarted, or joining) gets model, optimizer, lr schedule and step from a live
+   peer's ranks of the same group rank (torchft's HTTP checkpoint transport, plain local
+   shards: every group has the same layout, so shard i is shard i) and loads them: its
+   weights are then bitwise the peer's.
+2. the group's forward/backward (its own gradient reductions, as without FT);
+3. `average`: every local gradient and the step's loss sums averaged over the groups in the
+   quorum in one all-reduce per dtype on torchft's process group (the same rank of every
+   group holds the same shard), so with every group alive the step is HSDP's over
+   groups x the group's data-parallel ranks;
+4. `commit`: torchft's vote; a step that a group lost during it is not committed anywhere
+   and is trained again with the next batches.
+
+Nothing of the group's own mesh changes: FSDP2, SimpleFSDP, TP, PP, CP and EP inside a group
+work as without FT (the averaging follows the local shards, whatever they are).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import threading
+import time
+import warnings
+from datetime import timedelta
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from torchtitan.checkpoint.states import LRSchedulerState, ModelState, OptimizerState
+
+logger = logging.getLogger(__name__)
+
+REPLICA_PREFIX = "torchtitan_ft_"  # torchft replica ids: this prefix and the replica_id
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # where torchft's manager finds the lighthouse
+STARTUP_WAIT_S = 60.0  # a group's first quorum waits this long for every group to join
+STARTUP_POLL_S = 0.5
+
+
+def _local(state: dict) -> dict:
+    """A state dict with each DTensor as its local shard (what is sent to a healing peer)."""
+    return {k: v.to_local() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+
+def _as_own(received: dict, own: dict) -> dict:
+    """Received local shards as DTensors of this rank's own layout (the same as the sender's)."""
+    out = {}
+    for k, v in received.items():
+        mine = own.get(k)
+        if isinstance(mine, DTensor):
+            v = DTensor.from_local(
+                v.to(mine.device),
+                mine.device_mesh,
+                mine.placements,
+                run_check=False,
+                shape=mine.shape,
+                stride=mine.stride(),
+            )
+        out[k] = v
+    return out
+
+
+def digest(model_parts) -> str:
+    """16 hex digits of SHA-256 over this rank's local parameter shards in name order: two
+    groups' same ranks hold bitwise the same weights exactly when their digests agree."""
+    h = hashlib.sha256()
+    for m in model_parts:
+        for name, p in sorted(m.named_parameters()):
+            t = p.to_local() if isinstance(p, DTensor) else p
+            h.update(name.encode())
+            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class ReplicaGroups:
+    """This rank's part of the replica groups (module docstring); `section`: [fault_tolerance]."""
+
+    def __init__(self, section, *, model_parts, optimizers, train_state, log=logger.info):
+        # torchft's Rust side logs every quorum and commit at INFO: its warnings are enough
+        os.environ.setdefault("RUST_LOG", "warn")
+        import torchft
+        from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
+
+        # a warning per quorum about NCCL's flight recorder, on every backend (ERROR stays)
+        logging.getLogger("torchft.manager").setLevel(logging.ERROR)
+        # torchft reads a received checkpoint from a read-only buffer (its tensors are copied
+        # into this rank's own at once)
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+        timeout = timedelta(milliseconds=section.process_group_timeout_ms)
+        pg = (
+            ProcessGroupNCCL(timeout=timeout)
+            if section.process_group == "nccl"
+            else ProcessGroupGloo(timeout=timeout)
+        )
+        self.section, self.log = section, log
+        self.model_parts, self.train_state = model_parts, train_state
+        self.optimizers = optimizers
+        self.model = ModelState(model_parts)
+        self.optim = OptimizerState(model_parts, optimizers)
+        self.lr = LRSchedulerState(optimizers)
+        self.healed_from: int | None = None  # the step a heal brought this group to
+        self.first = True  # the group's first quorum (begin_step)
+        self.manager = torchft.Manager(
+            pg=pg,
+            load_state_dict=self._load,
+            state_dict=self._state,
+            min_replica_size=section.min_replica_size,
+            use_async_quorum=False,  # no step before its quorum: a healed group trains at once
+            replica_id=f"{REPLICA_PREFIX}{section.replica_id}",
+            timeout=timeout,
+            quorum_timeout=max(timeout, timedelta(seconds=60)),
+            init_sync=True,  # a group that starts late takes the weights of those running
+        )
+
+    # ------------------------------------------------------------------ healing
+
+    def _state(self) -> dict:
+        """What a healing peer gets (called on torchft's quorum thread while this rank waits
+        for the quorum, between two steps)."""
+        state = {
+            "model": _local(self.model.state_dict()),
+            "lr_scheduler": self.lr.state_dict(),
+            "step": self.train_state.step,
+            "tokens_seen": self.train_state.tokens_seen,
+        }
+        # before the first step an optimizer holds no state, and torch's state-dict reader
+        # would create it with a step of zero gradients (AdamW's step count then off by one)
+        if any(o.state for o in self.optimizers.optimizers):
+            state["optimizer"] = _local(self.optim.state_dict())
+        self.log(
+            f"[torchtitan] fault tolerance: sending step {self.train_state.step} to a healing"
+            f" replica group (weights digest {digest(self.model_parts)})"
+        )
+        return state
+
+    def _load(self, state: dict) -> None:
+        if "optimizer" in state:
+            self.optim.load_state_dict(_as_own(state["optimizer"], self.optim.state_dict()))
+        self.model.load_state_dict(_as_own(state["model"], self.model.state_dict()))
+        self.lr.load_state_dict(state["lr_scheduler"])
+        self.lr.apply()
+        self.train_state.step = int(state["step"])
+        self.train_state.tokens_seen = int(state["tokens_seen"])
+        self.healed_from = self.train_state.step
+        self.log(
+            f"[torchtitan] fault tolerance: healed from a live replica group at step"
+            f" {self.train_state.step} (weights digest {digest(self.model_parts)})"
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    def begin_step(self) -> None:
+        """The quorum of this step (a group behind heals inside it). A group's first quorum
+        waits (up to STARTUP_WAIT_S) for every group to be in it: the groups of a job start
+        at different moments, and the first to come would otherwise train alone (and the
+        others heal to its step), where a job of every group trains as HSDP."""
+        self.healed_from = None
+        self.manager.start_quorum()
+        if self.first:
+            self.first = False
+            # a count of tries, not a clock: every rank of the group sees the same quorums
+            # and must leave the loop at the same one (each start_quorum is collective)
+            for _ in range(int(STARTUP_WAIT_S / STARTUP_POLL_S)):
+                if self.participants >= self.section.group_size:
+                    break
+                time.sleep(STARTUP_POLL_S)
+                self.manager.start_quorum()
+
+    @property
+    def participants(self) -> int:
+        """Replica groups in this step's quorum."""
+        return self.manager.num_participants()
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """The full checkpoint is written by one group: the lowest in the quorum."""
+        return self.manager.participating_rank() == 0
+
+    def average(self, params, sums) -> None:
+        """Every local gradient of `params` and the loss sums (`sums`: training/step.StepSums)
+        averaged over the groups in the quorum: one all-reduce per dtype."""
+        tensors = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+        tensors = [t for t in tensors if t is not None]
+        tensors += [sums.main, sums.aux, sums.mtp]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for group in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            self.manager.allreduce(flat).wait()
+            at = 0
+            for t in group:
+                t.copy_(flat[at : at + t.numel()].view_as(t))
+                at += t.numel()
+
+    def commit(self) -> bool:
+        """torchft's vote: True when every group in the quorum finished the step."""
+        return self.manager.should_commit()
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+class DataPositions:
+    """Each replica group's data position in small files of its own, written after every
+    step in the background (`<dump_folder>/ft/replica_<id>/rank_<r>/`): `latest`, and the
+    steps a full checkpoint is written at. A group that restarts resumes its data from them
+    (the full checkpoint, written by one group, holds no data position under FT)."""
+
+    def __init__(self, dump_folder: str, replica_id: int, rank: int):
+        self.folder = os.path.join(dump_folder, "ft", f"replica_{replica_id}", f"rank_{rank}")
+        self.thread: threading.Thread | None = None
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.folder, f"{name}.pkl")
+
+    def save(self, step: int, state: dict, also_as_step: bool) -> None:
+        """Write `state` (a loader's state_dict) for `step` without waiting for the disk."""
+        self.wait()
+        record = pickle.dumps({"step": step, "data": state})
+
+        def write() -> None:
+            os.makedirs(self.folder, exist_ok=True)
+            names = ["latest"] + ([f"step_{step}"] if also_as_step else [])
+            for name in names:
+                tmp = self._path(name) + ".tmp"
+                with open(tmp, "wb") as f:
+                    f.write(record)
+                os.replace(tmp, self._path(name))  # a reader never sees half a file
+
+        self.thread = threading.Thread(target=write, name="ft-data-position", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+    def load(self, step: int) -> dict | None:
+        """The position saved at `step` if there is one, else the latest (a group that
+        restarts after the others went on resumes its own data where it stopped); None
+        when this group never saved one."""
+        for name in (f"step_{step}", "latest"):
+            if os.path.exists(self._path(name)):
+                with open(self._path(name), "rb") as f:
+                    return pickle.load(f)
+        return None
