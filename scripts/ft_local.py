@@ -117,6 +117,40 @@ class Group:
             self.proc.wait()
 
 
+def _readable(summary: dict, args, kill_s) -> list[str]:
+    """The summary as the lines a reader wants: steps done, the survivor's step times around
+    the kill, the restarted group's time to its first step, the weights compared at the heal."""
+    lines = [
+        f"exit codes {summary['exit_codes']}; group 0 completed {summary['group0_steps']} steps"
+    ]
+    gaps = {int(s): t for s, t in summary["group0_step_seconds"].items()}
+    if gaps:
+        median = sorted(gaps.values())[len(gaps) // 2]
+        worst = max(gaps, key=gaps.get)
+        lines.append(
+            f"group 0's longest step: {gaps[worst]:.2f} s (step {worst}), median {median:.2f} s"
+        )
+        if kill_s is not None:
+            near = [s for s in sorted(gaps) if kill_s - 3 <= s <= kill_s + 4]
+            lines.append(
+                "group 0's step times around the kill: "
+                + ", ".join(f"{s}: {gaps[s]:.2f} s" for s in near)
+            )
+    if "healed" in summary:
+        lines.append(
+            f"restarted group: its first step {summary['restart_to_first_step_s']} s after its start"
+        )
+        if summary["healed"]:
+            step, mine = summary["healed"]
+            theirs = [d for s, d in summary["sent"]]
+            same = "bitwise equal" if theirs == [mine] else "DIFFERENT"
+            lines.append(
+                f"healed at step {step}: weights digest {mine} (healed) vs"
+                f" {', '.join(theirs) or 'none'} (sent): {same}"
+            )
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=2)
@@ -199,6 +233,8 @@ def main() -> int:
         summary["healed"] = heal[-1] if heal else None
         sent = SENT.findall("".join(groups[0].lines))
         summary["sent"] = [s for s in sent if heal and s[0] == heal[-1][0]]
+    for line in _readable(summary, args, kill_s):
+        print(f"[ft_local] {line}", flush=True)
     print("[ft_local] summary " + json.dumps(summary), flush=True)
     return 0 if all(c == 0 for c in codes) else 1
 
