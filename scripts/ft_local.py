@@ -116,6 +116,12 @@ class Group:
             kill_all(self.proc.pid)
             self.proc.wait()
 
+    def terminate(self) -> None:
+        """SIGTERM to the group's run_train.sh (as Slurm preempts a job): it passes it on to
+        its ranks, which finish the step and stop."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
 
 def _readable(summary: dict, args, kill_s) -> list[str]:
     """The summary as the lines a reader wants: steps done, the survivor's step times around
@@ -161,6 +167,12 @@ def main() -> int:
     ap.add_argument(
         "--restart-at", type=int, default=0, help="restart it once group 0 logs this step"
     )
+    ap.add_argument(
+        "--signal",
+        choices=("KILL", "TERM"),
+        default="KILL",
+        help="--kill's signal: KILL every process of the group, or TERM its run_train.sh",
+    )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("overrides", nargs="*", help="run_train.sh overrides, after --")
     args = ap.parse_args()
@@ -189,12 +201,14 @@ def main() -> int:
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             if kill_g is not None and killed_at is None and groups[kill_g].last_step() >= kill_s:
-                groups[kill_g].kill()
+                if args.signal == "KILL":
+                    groups[kill_g].kill()
+                    what = f"killed every rank of group {kill_g} (SIGKILL)"
+                else:
+                    groups[kill_g].terminate()
+                    what = f"sent SIGTERM to group {kill_g}'s run_train.sh"
                 killed_at = time.monotonic()
-                print(
-                    f"[ft_local] killed every rank of group {kill_g} (SIGKILL) at its step {kill_s}",
-                    flush=True,
-                )
+                print(f"[ft_local] {what} at its step {kill_s}", flush=True)
             if (
                 killed_at is not None
                 and restarted_at is None
@@ -221,6 +235,8 @@ def main() -> int:
         lighthouse.shutdown()
     codes = [grp.proc.returncode for grp in groups]
     summary = {"exit_codes": codes, "group0_steps": groups[0].last_step()}
+    if kill_g is not None and restarted_at is None:
+        summary["stopped_group_steps"] = groups[kill_g].last_step()
     times = sorted(around.items())
     gaps = {s: round(b - a, 3) for (_, a), (s, b) in zip(times, times[1:])}
     summary["group0_step_seconds"] = gaps
@@ -236,7 +252,11 @@ def main() -> int:
     for line in _readable(summary, args, kill_s):
         print(f"[ft_local] {line}", flush=True)
     print("[ft_local] summary " + json.dumps(summary), flush=True)
-    return 0 if all(c == 0 for c in codes) else 1
+    # a group stopped on purpose and not restarted: SIGKILL (any code), SIGTERM (preempted: 75)
+    expected = [0] * len(codes)
+    if kill_g is not None and restarted_at is None:
+        expected[kill_g] = codes[kill_g] if args.signal == "KILL" else 75
+    return 0 if codes == expected else 1
 
 
 if __name__ == "__main__":

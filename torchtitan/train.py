@@ -347,6 +347,7 @@ class Trainer:
                 optimizers=self.optimizers,
                 train_state=self.train_state,
                 log=self.log,
+                paused=self.watchdog.paused,
             )
             if cfg.checkpoint.enable_ft_dataloader_checkpoints:
                 self.data_positions = DataPositions(cfg.job.dump_folder, ft.replica_id, self.rank)
@@ -649,8 +650,7 @@ class Trainer:
         """Fault tolerance: this step's quorum of replica groups (waiting for a peer is not a
         hang); True when this group healed from a live peer in it (its step, weights and data
         position moved)."""
-        with self.watchdog.paused("the replica groups' quorum"):
-            self.replicas.begin_step()
+        self.replicas.begin_step()
         if self.replicas.healed_from is None:
             return False
         self._resume_data()
@@ -777,6 +777,11 @@ class Trainer:
             saved[0] if saved is not None else None,
             save_s,
             stop.since_signal_s + save_s,
+            **(
+                {}
+                if writes or not self.cfg.checkpoint.enable
+                else {"not_saved": "the lowest live replica group writes the checkpoints"}
+            ),
         )
         self.log(f"[torchtitan] {self.preempted}")
         return True

@@ -49,8 +49,8 @@ CASES = [
     _c("float8_fsdp", 2, []),
     _c("float8_fsdp_all_gather", 2, ALL_GATHER),
     _c("float8_tp", 2, [TP]),
-    _c("float8_pp", 2, [PP, "--training.local_batch_size=8", MB2]),
-    _c("float8_rowwise_fsdp", 2, [], model=LLAMA_F8_ROWWISE),
+    _c("float8_pp", 2, [PP, "--training.local_batch_size=8", MB2], slow=True),
+    _c("float8_rowwise_fsdp", 2, [], model=LLAMA_F8_ROWWISE, slow=True),
     _c(
         "float8_rowwise_tp",
         2,
@@ -98,7 +98,7 @@ CASES = [
         ],
     ),
     _c("float8_fsdp_ac_full", 2, ["--activation_checkpoint.mode=full"], slow=True),
-    _c("float8_deepseek_fsdp+ep", 2, [EP], model=DS_F8),
+    _c("float8_deepseek_fsdp+ep", 2, [EP], model=DS_F8, slow=True),
     _c(
         "float8_deepseek_tp+ep",
         2,

@@ -2,10 +2,12 @@
 ranks, each a run_train.sh job): with both groups alive the job trains as HSDP 2 x 2 (the same
 gradient norms, bitwise); every rank of group 1 killed with SIGKILL, group 0 trains on alone
 without a long stall and completes every step, and group 1 restarted heals from group 0: its
-weights bitwise group 0's (the digests both sides log), then both train in step."""
+weights bitwise group 0's (the digests both sides log), then both train in step; the whole
+job resumed from the checkpoint written under fault tolerance repeats its last steps bitwise."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,8 +15,9 @@ import pytest
 import run_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = 80
+STEPS = 100
 KILL_AT, RESTART_AT = 6, 10
+INTERVAL = 20  # checkpoint steps (written by group 0, the lowest group in every quorum)
 TINY = [
     "--model.flavor=tiny",
     "--training.seq_len=64",
@@ -35,16 +38,10 @@ def _rows(path: str) -> dict[int, dict]:
         return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
 
 
-@pytest.fixture(scope="module")
-def killed_and_healed(tmp_path_factory):
-    dump = tmp_path_factory.mktemp("ft")
-    env = {
-        **os.environ,
-        # ~0.1 s more per step on every rank, so that group 0 is still training when the
-        # restarted group 1 has started (about 10 s here)
-        "TORCHTITAN_FAULT": "sleep=0.1@data",
-        "PYTHONPATH": ROOT,
-    }
+def _ft_local(dump, *script_args: str, slow: bool = True) -> tuple[dict, str]:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    if slow:  # ~0.1 s more per step on every rank, so that group 0 is still training when the
+        env["TORCHTITAN_FAULT"] = "sleep=0.1@data"  # restarted group 1 has started (~10 s)
     done = subprocess.run(
         [
             sys.executable,
@@ -52,11 +49,12 @@ def killed_and_healed(tmp_path_factory):
             "--groups=2",
             "--ranks=2",
             f"--dump={dump}",
-            f"--kill=1@{KILL_AT}",
-            f"--restart-at={RESTART_AT}",
             "--timeout=400",
+            *script_args,
             "--",
             f"--training.steps={STEPS}",
+            "--checkpoint.enable=true",
+            f"--checkpoint.interval={INTERVAL}",
             *TINY,
         ],
         capture_output=True,
@@ -68,7 +66,13 @@ def killed_and_healed(tmp_path_factory):
     out = done.stdout + done.stderr
     line = [ln for ln in out.splitlines() if ln.startswith("[ft_local] summary ")]
     assert done.returncode == 0 and line, out[-5000:]
-    summary = json.loads(line[-1].split(" ", 2)[2])
+    return json.loads(line[-1].split(" ", 2)[2]), out
+
+
+@pytest.fixture(scope="module")
+def killed_and_healed(tmp_path_factory):
+    dump = tmp_path_factory.mktemp("ft")
+    summary, out = _ft_local(dump, f"--kill=1@{KILL_AT}", f"--restart-at={RESTART_AT}")
     return summary, str(dump), out
 
 
@@ -126,3 +130,32 @@ def test_a_killed_group_does_not_stop_the_other_and_heals_bitwise_on_restart(kil
         "[group 1] [torchtitan] fault tolerance: data position of replica group 1 after its step"
         in out
     )
+
+
+def test_the_whole_job_resumes_from_the_checkpoint_written_under_fault_tolerance_bitwise(
+    killed_and_healed,
+):
+    """Both groups restarted from the step-80 checkpoint (group 0 wrote it, group 1 none;
+    each group's data position of that step in its own files) train steps 81..100 as the
+    first run did: the same losses and gradient norms, bitwise."""
+    _, dump, _ = killed_and_healed
+    ckpt = os.path.join(dump, "checkpoint")
+    assert sorted(os.listdir(ckpt)) == [f"step-{s}" for s in (100, 20, 40, 60, 80)]
+    first = {g: _rows(os.path.join(dump, f"group_{g}", "metrics.jsonl")) for g in (0, 1)}
+    shutil.rmtree(os.path.join(ckpt, f"step-{STEPS}"))
+    for g in (0, 1):
+        os.rename(  # the first run's records, apart from the resumed run's
+            os.path.join(dump, f"group_{g}", "metrics.jsonl"),
+            os.path.join(dump, f"group_{g}", "metrics_first.jsonl"),
+        )
+    summary, out = _ft_local(dump, slow=False)
+    assert summary["exit_codes"] == [0, 0], out[-5000:]
+    assert "checkpoint: resumed from step 80" in out
+    for g in (0, 1):
+        again = _rows(os.path.join(dump, f"group_{g}", "metrics.jsonl"))
+        assert sorted(again) == list(range(81, STEPS + 1))
+        for s in again:
+            assert (again[s]["loss"], again[s]["grad_norm"]) == (
+                first[g][s]["loss"],
+                first[g][s]["grad_norm"],
+            ), (g, s)

@@ -2,6 +2,7 @@
 batch over the replica groups and the rows each group reads, the groups' data positions, the
 weights digest, and the averaging of gradients and loss sums over the groups."""
 
+import contextlib
 import importlib.util
 import socket
 from types import SimpleNamespace as NS
@@ -147,6 +148,7 @@ def test_gradients_and_loss_sums_are_averaged_over_the_groups_in_one_all_reduce_
 
     groups = ft.ReplicaGroups.__new__(ft.ReplicaGroups)
     groups.manager = Manager()
+    groups.paused = lambda activity: contextlib.nullcontext()
     params = [torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.zeros(4))]
     params[0].grad = torch.full((2, 3), 1.0)
     params[1].grad = torch.full((4,), 5.0, dtype=torch.float32)

@@ -123,10 +123,17 @@ class Preemption:
             self._pending = None
 
 
-def stop_line(stop: Stop, step: int, saved: str | None, save_s: float, total_s: float) -> str:
-    """The one line a preempted run ends with."""
+def stop_line(
+    stop: Stop,
+    step: int,
+    saved: str | None,
+    save_s: float,
+    total_s: float,
+    not_saved: str = "checkpointing is off: --checkpoint.enable=false",
+) -> str:
+    """The one line a preempted run ends with (`not_saved`: why nothing was saved)."""
     if saved is None:
-        what = "nothing saved (checkpointing is off: --checkpoint.enable=false)"
+        what = f"nothing saved ({not_saved})"
     else:
         what = f"checkpoint {saved} saved in {save_s:.2f}s"
     return (

@@ -24,6 +24,7 @@ work as without FT (the averaging follows the local shards, whatever they are).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -84,7 +85,19 @@ def digest(model_parts) -> str:
 class ReplicaGroups:
     """This rank's part of the replica groups (module docstring); `section`: [fault_tolerance]."""
 
-    def __init__(self, section, *, model_parts, optimizers, train_state, log=logger.info):
+    def __init__(
+        self,
+        section,
+        *,
+        model_parts,
+        optimizers,
+        train_state,
+        log=logger.info,
+        paused=lambda activity: contextlib.nullcontext(),
+    ):
+        """`paused(activity)`: a context in which the hang watchdog is paused (waiting for
+        another group, in the quorum or the groups' collectives, is torchft's business: a
+        lost group costs a timeout there, never a hang report)."""
         # torchft's Rust side logs every quorum and commit at INFO: its warnings are enough
         os.environ.setdefault("RUST_LOG", "warn")
         import torchft
@@ -102,7 +115,7 @@ class ReplicaGroups:
             if section.process_group == "nccl"
             else ProcessGroupGloo(timeout=timeout)
         )
-        self.section, self.log = section, log
+        self.section, self.log, self.paused = section, log, paused
         self.model_parts, self.train_state = model_parts, train_state
         self.optimizers = optimizers
         self.model = ModelState(model_parts)
@@ -121,6 +134,8 @@ class ReplicaGroups:
             quorum_timeout=max(timeout, timedelta(seconds=60)),
             init_sync=True,  # a group that starts late takes the weights of those running
         )
+        # a job resumed from a checkpoint: its groups start at the checkpoint's step, level
+        self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
 
     # ------------------------------------------------------------------ healing
 
@@ -165,6 +180,10 @@ class ReplicaGroups:
         at different moments, and the first to come would otherwise train alone (and the
         others heal to its step), where a job of every group trains as HSDP."""
         self.healed_from = None
+        with self.paused("the replica groups' quorum"):
+            self._quorum()
+
+    def _quorum(self) -> None:
         self.manager.start_quorum()
         if self.first:
             self.first = False
@@ -197,7 +216,8 @@ class ReplicaGroups:
             by_dtype.setdefault(t.dtype, []).append(t)
         for group in by_dtype.values():
             flat = torch.cat([t.reshape(-1) for t in group])
-            self.manager.allreduce(flat).wait()
+            with self.paused("the average over the replica groups"):
+                self.manager.allreduce(flat).wait()
             at = 0
             for t in group:
                 t.copy_(flat[at : at + t.numel()].view_as(t))
@@ -205,7 +225,8 @@ class ReplicaGroups:
 
     def commit(self) -> bool:
         """torchft's vote: True when every group in the quorum finished the step."""
-        return self.manager.should_commit()
+        with self.paused("the replica groups' commit vote"):
+            return self.manager.should_commit()
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
