@@ -129,6 +129,7 @@ def stop_line(
     saved: str | None,
     save_s: float,
     total_s: float,
+    *,
     not_saved: str = "checkpointing is off: --checkpoint.enable=false",
 ) -> str:
     """The one line a preempted run ends with (`not_saved`: why nothing was saved)."""
