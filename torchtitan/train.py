@@ -339,19 +339,24 @@ class Trainer:
             hf_assets_path=cfg.model.hf_assets_path,
         )
         load_note = self.checkpoint.load()
-        self.replicas, self.data_positions = None, None
-        if ft.enable:
-            self.replicas = ReplicaGroups(
+        self.replicas = (
+            ReplicaGroups(
                 ft,
                 model_parts=self.model_parts,
                 optimizers=self.optimizers,
                 train_state=self.train_state,
+                dataloader=self.dataloader,
+                positions=(
+                    DataPositions(cfg.job.dump_folder, ft.replica_id, self.rank)
+                    if cfg.checkpoint.enable_ft_dataloader_checkpoints
+                    else None
+                ),
                 log=self.log,
                 paused=self.watchdog.paused,
             )
-            if cfg.checkpoint.enable_ft_dataloader_checkpoints:
-                self.data_positions = DataPositions(cfg.job.dump_folder, ft.replica_id, self.rank)
-                self._resume_data()
+            if ft.enable
+            else None
+        )
         self.metrics = MetricsLogger(
             cfg.job.dump_folder,
             enabled=self.rank == 0,
@@ -557,8 +562,6 @@ class Trainer:
             self.preemption.drain()
             self.metrics.preempted = self.preempted is not None
         self.checkpoint.close()
-        if self.data_positions is not None:
-            self.data_positions.wait()
         if self.replicas is not None:
             self.replicas.close()
         if self.preempted is None:
@@ -571,7 +574,7 @@ class Trainer:
         if self.validator is not None and self.validator.due(0, t.steps, start_step):
             self._run_validation(0)
         while self.train_state.step < t.steps:
-            if self.replicas is not None and self._quorum():
+            if self.replicas is not None and self.replicas.begin_step():
                 data = iter(self.dataloader)  # healed: this group's data position of the step
                 if self.train_state.step >= t.steps:
                     break
@@ -598,16 +601,13 @@ class Trainer:
                 continue
             self.watchdog.progress(f"step {step}: metrics")
             self.train_state.step = step
-            self.train_state.tokens_seen += self._tokens_of_step()
+            tokens = self.shape.global_batch * t.seq_len
             comm = self._comm_figures()
-            if self.replicas is not None:
+            if self.replicas is not None:  # the groups that took part; this group's data position
+                tokens = self.replicas.tokens_of_step(tokens)
                 comm["replica_groups"] = self.replicas.participants
-                if self.data_positions is not None:
-                    self.data_positions.save(
-                        step,
-                        self.dataloader.state_dict(),
-                        self.checkpoint.due(step, step == t.steps),
-                    )
+                self.replicas.after_step(step, self.checkpoint.due(step, step == t.steps))
+            self.train_state.tokens_seen += tokens
             if self._sync_point(step, start_step):
                 self.nonfinite.check()  # before anything is logged, validated or saved
                 loss, grad_norm, figures = self.figures(result)
@@ -645,36 +645,6 @@ class Trainer:
             self.garbage.after_step(step)  # every rank at the same steps (training.gc_freq)
             if self._between_steps(step, start_step):
                 return
-
-    def _quorum(self) -> bool:
-        """Fault tolerance: this step's quorum of replica groups (waiting for a peer is not a
-        hang); True when this group healed from a live peer in it (its step, weights and data
-        position moved)."""
-        self.replicas.begin_step()
-        if self.replicas.healed_from is None:
-            return False
-        self._resume_data()
-        return True
-
-    def _resume_data(self) -> None:
-        """Fault tolerance: this group's own data position of the current step (ft/ files)."""
-        if self.data_positions is None:
-            return
-        saved = self.data_positions.load(self.train_state.step)
-        if saved is not None:
-            self.dataloader.load_state_dict(saved["data"])
-            self.log(
-                f"[torchtitan] fault tolerance: data position of replica group"
-                f" {self.cfg.fault_tolerance.replica_id} after its step {saved['step']}"
-            )
-
-    def _tokens_of_step(self) -> int:
-        """Tokens a step trains on: the global batch's, under fault tolerance those of the
-        replica groups that took part."""
-        tokens = self.shape.global_batch * self.cfg.training.seq_len
-        if self.replicas is None:
-            return tokens
-        return tokens * self.replicas.participants // replica_groups(self.cfg)
 
     def _logs(self, step: int) -> bool:
         return step % self.cfg.metrics.log_freq == 0 or step == self.cfg.training.steps

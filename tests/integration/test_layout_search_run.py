@@ -1,6 +1,6 @@
 """The layout search end to end (`--job.dry_run=true --planning.fit=layout`, a 4-rank tiny job):
-it lists fitting layouts fastest first with overrides the checks accept (float8 linears on and
-off among the choices), writes the best as a TOML snippet that loads as that layout, and times many-microbatch pipelines through the
+it lists fitting layouts fastest first with overrides the checks accept, writes the best as
+a TOML snippet that loads as that layout, and times many-microbatch pipelines through the
 real count's schedule exactly as a simulation of that count would. (Its torch-free stages:
 tests/unit/test_layout_search.py; the pick measured on this machine:
 scripts/layout_pick_check.py.)"""
@@ -34,7 +34,6 @@ def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
             "--job.dry_run=true",
             "--planning.fit=layout",
             "--planning.layout_candidates=3",
-            "--planning.layout_float8=choose",
             f"--job.dump_folder={tmp_path}",
         ],
         str(tmp_path / "ranks"),
@@ -44,19 +43,10 @@ def test_the_search_lists_fitting_layouts_and_writes_the_best(tmp_path):
         r"layout search: [\d,]+ layouts enumerated, [\d,]+ within the model-states floor", out
     ), out[-3000:]
     assert "certificate: the pick is the fastest of the " in out
-    assert re.search(r"probe of the block: 5 AC modes, float8 off and on in", out), out[-3000:]
     result = json.loads((tmp_path / "layout_search.json").read_text())
     pick, simulated = result["pick"], result["simulated"]
     assert result["global_batch"] == 8 and result["scored"] >= result["feasible"] >= len(simulated)
     assert 1 <= len(simulated) <= 3  # planning.layout_candidates
-    # every layout both ways: the overrides set the converter, on or off
-    assert result["enumerated"] % 2 == 0
-    spread = [c["overrides"][-1] for c in result["spread"]]
-    assert set(spread) == {"--model.converters=", "--model.converters=quantize.linear.float8"}
-    assert all(
-        ("| float8" in c["layout"]) == c["overrides"][-1].endswith("float8")
-        for c in result["spread"]
-    )
     # the layout as configured has no special place: simulated only if chosen
     assert sum(1 for c in simulated if c["configured"]) <= 1
     # the pick: the first simulated (composed ranking order) whose full prediction fits
@@ -130,7 +120,7 @@ def test_layouts_one_after_another_each_in_a_fresh_world():
     """The search simulates one layout after another in one process; DTensor caches sharding
     decisions by device meshes that compare equal across fake worlds, so each layout runs in
     a forked child of its own (planning/search/child.in_child), or the next TP layout would name a
-    destroyed process group."""
+    destroyed process group. Float8 layouts (the search's float8 choice) too."""
     code = f"""
 import torch.distributed as dist
 from torchtitan.checks import load_config
@@ -143,8 +133,9 @@ from torchtitan.distributed.job_shape import Degrees, degrees
 from torchtitan.training.planned_job import PlannedJob
 cfg, _ = load_config({[*TINY, "--job.dry_run=true"]!r}, 4)
 meta = model_on_meta(cfg)
-for tp, cp in ((2, 1), (2, 2), (2, 1)):
-    lay = layout_space.Layout(Degrees(1, 4 // (tp * cp), tp, 1, 1, 4, cp), "", 1, "op", "auto", 2)
+for tp, cp, f8 in ((2, 1, None), (2, 2, None), (2, 1, None), (2, 1, True), (1, 2, True)):
+    d = Degrees(1, 4 // (tp * cp), tp, 1, 1, 4, cp)
+    lay = layout_space.Layout(d, "", 1, "op", "auto", 2, (), f8)
     c = layout_search.Candidate(lay, compose.Composed(1.0, 1.0, 0, {{}}), 1, 0)
     layout_search._full(PlannedJob(cfg, meta, degrees(cfg, 4), "cpu"), PROFILES["h100_sxm"], c)
     print("TPS", repr(c.tokens_per_second), dist.is_initialized())
@@ -157,5 +148,8 @@ for tp, cp in ((2, 1), (2, 2), (2, 1)):
     lines = [line.split() for line in done.stdout.splitlines() if line.startswith("TPS ")]
     assert [line[2] for line in lines] == [
         "False"
-    ] * 3  # the search's own process never joins a world
+    ] * 5  # the search's own process never joins a world
     assert float(lines[0][1]) == float(lines[2][1]) > 0
+    # the float8 choice (planning.layout_float8=choose) simulated in full: TP 2 with torchao's
+    # float8 styles, CP 2; at the tiny model's sizes its casts cost more than its GEMMs save
+    assert 0 < float(lines[3][1]) != float(lines[0][1]) and float(lines[4][1]) > 0

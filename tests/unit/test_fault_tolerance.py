@@ -134,6 +134,21 @@ def test_the_weights_digest_tells_bitwise_equal_weights_apart():
     assert ft.digest([a]) != ft.digest([b])
 
 
+def test_buckets_keep_one_dtype_and_the_order_and_put_large_tensors_alone():
+    f32 = [torch.zeros(4) for _ in range(5)]  # 16 bytes each
+    big = torch.zeros(16)  # 64 bytes: alone
+    half = torch.zeros(4, dtype=torch.bfloat16)
+    got = ft.buckets([f32[0], f32[1], half, big, f32[2], f32[3], f32[4]], cap=40)
+    ids = [[id(t) for t in b] for b in got]
+    assert ids == [
+        [id(big)],  # at once
+        [id(f32[0]), id(f32[1])],  # 32 bytes; a third would pass 40
+        [id(f32[2]), id(f32[3])],
+        [id(f32[4])],
+        [id(half)],
+    ]
+
+
 def test_gradients_and_loss_sums_are_averaged_over_the_groups_in_one_all_reduce_per_dtype():
     """A stand-in manager with another group's values: the groups' mean lands in place."""
     other = {torch.float32: None, torch.bfloat16: None}
@@ -163,3 +178,14 @@ def test_gradients_and_loss_sums_are_averaged_over_the_groups_in_one_all_reduce_
     assert torch.equal(half.grad, torch.full((2,), 5.0, dtype=torch.bfloat16))
     assert (sums.main.item(), sums.aux.item(), sums.mtp.item()) == (6.0, 2.0, 1.5)
     assert frozen.grad is None
+    # a gradient of BUCKET_BYTES or more is averaged in place, without a copy
+    calls.clear()
+    large = torch.nn.Parameter(torch.zeros(8))
+    large.grad = torch.full((8,), 1.0)
+    grad = large.grad
+    ft.BUCKET_BYTES, keep = 16, ft.BUCKET_BYTES
+    try:
+        groups.average([large], sums)
+    finally:
+        ft.BUCKET_BYTES = keep
+    assert large.grad is grad and torch.equal(grad, torch.full((8,), 2.0))

@@ -345,3 +345,56 @@ def test_the_certificate_names_the_gap_and_the_ties(monkeypatch):
     floor = r.pick.composed.tokens_per_second_per_device * (1 - band)
     assert all(c.composed.tokens_per_second_per_device >= floor for c in r.ties)
     assert len(r.simulated) == 5  # planning.layout_candidates (the pick among them)
+
+
+def test_choosing_float8_probes_the_block_both_ways_and_composes_each_layout_with_its_own(
+    monkeypatch,
+):
+    """planning.layout_float8=choose: every layout scored with float8 off and on, the block
+    probed once per choice (the job's converters set accordingly), the float8 layouts composed
+    with the converted weights (compose.Float8), the others without."""
+    from torchtitan.distributed.job_shape import degrees
+    from torchtitan.planning.search import probe as block_probe
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
+
+    cfg, _ = load_config(
+        DEBUG
+        + [
+            "--planning.layout_float8=choose",
+            "--quantize.linear.float8.enable_fsdp_float8_all_gather=true",
+            "--quantize.linear.float8.filter_fqns=output",
+        ],
+        4,
+    )
+    job = PlannedJob(cfg, model_on_meta(cfg), degrees(cfg, 4), "cpu")
+    probed, composed = [], []
+    fixed = compose.BlockProbe(
+        tokens=2048, param_memory_s=0, unit_elements=1, memory_s=0, memory_tp2_s=0,
+        memory_cp2_s=0, recompute_s=0, host_s=0, host_tp_s=0, host_cp_s=0, excess_s=0,
+        excess_tp_s=0, excess_cp_s=0, rest_memory_s=0, rest_host_s=0, tail_s=0,
+        tail_block_s=0, kept_per_token=0, kept_tp2_per_token=0, kept_cp2_per_token=0,
+        transient_per_token=0,
+    )  # fmt: skip
+
+    def probe(j, hw, acs, model, **kw):
+        probed.append((list(j.cfg.model.converters), model.float8))
+        return {ac: fixed for ac in acs}
+
+    real = compose.compose
+
+    def spy(lay, m, probes, hw, **kw):
+        composed.append((lay.float8, m.float8))
+        return real(lay, m, probes, hw, **kw)
+
+    monkeypatch.setattr(block_probe, "probe", probe)
+    monkeypatch.setattr(compose, "compose", spy)
+    cands, info = layout_search.score(job, H100, 10**12, log=lambda *a, **k: None)
+    assert [conv for conv, _ in probed] == [[], ["quantize.linear.float8"]]
+    off, on = probed[0][1], probed[1][1]
+    assert off is None and on.gather and on.tp and on.wgrad
+    assert "attention.wq.weight" in on.names and "output.weight" not in on.names  # filtered
+    assert {f8 for f8, _ in composed} == {False, True}
+    assert all((m is None) == (f8 is False) for f8, m in composed)
+    assert info["enumerated"] == 2 * len(
+        {dataclasses.replace(c.layout, float8=None) for c in cands}
+    )

@@ -12,9 +12,9 @@ every step, and each step here runs:
    weights are then bitwise the peer's.
 2. the group's forward/backward (its own gradient reductions, as without FT);
 3. `average`: every local gradient and the step's loss sums averaged over the groups in the
-   quorum in one all-reduce per dtype on torchft's process group (the same rank of every
-   group holds the same shard), so with every group alive the step is HSDP's over
-   groups x the group's data-parallel ranks;
+   quorum on torchft's process group, in buckets of at most 64 MiB (a larger gradient in
+   place) one after another (the same rank of every group holds the same shard), so with
+   every group alive the step is HSDP's over groups x the group's data-parallel ranks;
 4. `commit`: torchft's vote; a step that a group lost during it is not committed anywhere
    and is trained again with the next batches.
 
@@ -45,6 +45,7 @@ REPLICA_PREFIX = "torchtitan_ft_"  # torchft replica ids: this prefix and the re
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # where torchft's manager finds the lighthouse
 STARTUP_WAIT_S = 60.0  # a group's first quorum waits this long for every group to join
 STARTUP_POLL_S = 0.5
+BUCKET_BYTES = 64 * 2**20  # gradients averaged together in one all-reduce, at most
 
 
 def _local(state: dict) -> dict:
@@ -82,6 +83,27 @@ def digest(model_parts) -> str:
     return h.hexdigest()[:16]
 
 
+def buckets(tensors: list[torch.Tensor], cap: int | None = None) -> list[list[torch.Tensor]]:
+    """`tensors` in all-reduce buckets: of one dtype each, in order, up to `cap` bytes
+    (BUCKET_BYTES); a tensor of `cap` bytes or more is a bucket of its own, averaged in place
+    (no copy)."""
+    cap = BUCKET_BYTES if cap is None else cap
+    out: list[list[torch.Tensor]] = []
+    open_: dict[torch.dtype, tuple[list, int]] = {}
+    for t in tensors:
+        size = t.numel() * t.element_size()
+        if size >= cap:
+            out.append([t])
+            continue
+        bucket, used = open_.get(t.dtype, ([], 0))
+        if bucket and used + size > cap:
+            out.append(bucket)
+            bucket, used = [], 0
+        open_[t.dtype] = (bucket + [t], used + size)
+    out += [bucket for bucket, _ in open_.values() if bucket]
+    return out
+
+
 class ReplicaGroups:
     """This rank's part of the replica groups (module docstring); `section`: [fault_tolerance]."""
 
@@ -92,12 +114,15 @@ class ReplicaGroups:
         model_parts,
         optimizers,
         train_state,
+        dataloader=None,
+        positions: DataPositions | None = None,
         log=logger.info,
         paused=lambda activity: contextlib.nullcontext(),
     ):
         """`paused(activity)`: a context in which the hang watchdog is paused (waiting for
         another group, in the quorum or the groups' collectives, is torchft's business: a
-        lost group costs a timeout there, never a hang report)."""
+        lost group costs a timeout there, never a hang report). `positions`: this group's
+        data positions (checkpoint.enable_ft_dataloader_checkpoints), of `dataloader`."""
         # torchft's Rust side logs every quorum and commit at INFO: its warnings are enough
         os.environ.setdefault("RUST_LOG", "warn")
         import torchft
@@ -118,6 +143,7 @@ class ReplicaGroups:
         self.section, self.log, self.paused = section, log, paused
         self.model_parts, self.train_state = model_parts, train_state
         self.optimizers = optimizers
+        self.dataloader, self.positions = dataloader, positions
         self.model = ModelState(model_parts)
         self.optim = OptimizerState(model_parts, optimizers)
         self.lr = LRSchedulerState(optimizers)
@@ -136,6 +162,7 @@ class ReplicaGroups:
         )
         # a job resumed from a checkpoint: its groups start at the checkpoint's step, level
         self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
+        self.resume_data()
 
     # ------------------------------------------------------------------ healing
 
@@ -174,14 +201,20 @@ class ReplicaGroups:
 
     # ------------------------------------------------------------------ one step
 
-    def begin_step(self) -> None:
-        """The quorum of this step (a group behind heals inside it). A group's first quorum
-        waits (up to STARTUP_WAIT_S) for every group to be in it: the groups of a job start
-        at different moments, and the first to come would otherwise train alone (and the
-        others heal to its step), where a job of every group trains as HSDP."""
+    def begin_step(self) -> bool:
+        """The quorum of this step (a group behind heals inside it); True when this group
+        healed (its step, weights and data position moved: the caller reads its data anew).
+        A group's first quorum waits (up to STARTUP_WAIT_S) for every group to be in it: the
+        groups of a job start at different moments, and the first to come would otherwise
+        train alone (and the others heal to its step), where a job of every group trains as
+        HSDP."""
         self.healed_from = None
         with self.paused("the replica groups' quorum"):
             self._quorum()
+        if self.healed_from is None:
+            return False
+        self.resume_data()
+        return True
 
     def _quorum(self) -> None:
         self.manager.start_quorum()
@@ -207,21 +240,43 @@ class ReplicaGroups:
 
     def average(self, params, sums) -> None:
         """Every local gradient of `params` and the loss sums (`sums`: training/step.StepSums)
-        averaged over the groups in the quorum: one all-reduce per dtype."""
+        averaged over the groups in the quorum (buckets()): in place, one all-reduce per
+        bucket, one bucket at a time (its copy is the only memory it takes)."""
         tensors = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
         tensors = [t for t in tensors if t is not None]
         tensors += [sums.main, sums.aux, sums.mtp]
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        for group in by_dtype.values():
-            flat = torch.cat([t.reshape(-1) for t in group])
+        for bucket in buckets(tensors):
+            alone = len(bucket) == 1 and bucket[0].is_contiguous()
+            flat = bucket[0] if alone else torch.cat([t.reshape(-1) for t in bucket])
             with self.paused("the average over the replica groups"):
                 self.manager.allreduce(flat).wait()
-            at = 0
-            for t in group:
-                t.copy_(flat[at : at + t.numel()].view_as(t))
-                at += t.numel()
+            if not alone:
+                at = 0
+                for t in bucket:
+                    t.copy_(flat[at : at + t.numel()].view_as(t))
+                    at += t.numel()
+
+    def resume_data(self) -> None:
+        """This group's own data position of the current step (its files), if it has one."""
+        if self.positions is None:
+            return
+        saved = self.positions.load(self.train_state.step)
+        if saved is not None:
+            self.dataloader.load_state_dict(saved["data"])
+            self.log(
+                f"[torchtitan] fault tolerance: data position of replica group"
+                f" {self.section.replica_id} after its step {saved['step']}"
+            )
+
+    def after_step(self, step: int, checkpointed: bool) -> None:
+        """A committed step: this group's data position written (in the background; also as
+        the step's own when a checkpoint is written after it)."""
+        if self.positions is not None:
+            self.positions.save(step, self.dataloader.state_dict(), checkpointed)
+
+    def tokens_of_step(self, tokens: int) -> int:
+        """Of a step's global batch `tokens`, those of the groups that took part."""
+        return tokens * self.participants // self.section.group_size
 
     def commit(self) -> bool:
         """torchft's vote: True when every group in the quorum finished the step."""
@@ -229,6 +284,8 @@ class ReplicaGroups:
             return self.manager.should_commit()
 
     def close(self) -> None:
+        if self.positions is not None:
+            self.positions.wait()
         self.manager.shutdown(wait=False)
 
 
