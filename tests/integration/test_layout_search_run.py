@@ -133,7 +133,7 @@ from torchtitan.distributed.job_shape import Degrees, degrees
 from torchtitan.training.planned_job import PlannedJob
 cfg, _ = load_config({[*TINY, "--job.dry_run=true"]!r}, 4)
 meta = model_on_meta(cfg)
-for tp, cp, f8 in ((2, 1, None), (2, 2, None), (2, 1, None), (2, 1, True), (1, 2, True)):
+for tp, cp, f8 in ((2, 1, None), (2, 2, None), (2, 1, None), (2, 1, True)):
     d = Degrees(1, 4 // (tp * cp), tp, 1, 1, 4, cp)
     lay = layout_space.Layout(d, "", 1, "op", "auto", 2, (), f8)
     c = layout_search.Candidate(lay, compose.Composed(1.0, 1.0, 0, {{}}), 1, 0)
@@ -148,8 +148,8 @@ for tp, cp, f8 in ((2, 1, None), (2, 2, None), (2, 1, None), (2, 1, True), (1, 2
     lines = [line.split() for line in done.stdout.splitlines() if line.startswith("TPS ")]
     assert [line[2] for line in lines] == [
         "False"
-    ] * 5  # the search's own process never joins a world
+    ] * 4  # the search's own process never joins a world
     assert float(lines[0][1]) == float(lines[2][1]) > 0
     # the float8 choice (planning.layout_float8=choose) simulated in full: TP 2 with torchao's
-    # float8 styles, CP 2; at the tiny model's sizes its casts cost more than its GEMMs save
-    assert 0 < float(lines[3][1]) != float(lines[0][1]) and float(lines[4][1]) > 0
+    # float8 styles (at the tiny model's sizes its casts cost more than its GEMMs save)
+    assert 0 < float(lines[3][1]) != float(lines[0][1])
