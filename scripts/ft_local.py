@@ -60,6 +60,48 @@ def kill_all(pid: int) -> None:
             pass
 
 
+def group_args(g: int, args, overrides: list[str]) -> list[str]:
+    """run_train.sh's arguments for replica group `g`."""
+    return [
+        "--fault_tolerance.enable=true",
+        f"--fault_tolerance.replica_id={g}",
+        f"--fault_tolerance.group_size={args.groups}",
+        f"--job.dump_folder={os.path.join(args.dump, f'group_{g}')}",
+        f"--checkpoint.folder={os.path.abspath(os.path.join(args.dump, 'checkpoint'))}",
+        *overrides,
+    ]
+
+
+def kill_spec(text: str) -> tuple[int, int]:
+    """--kill G@S -> (G, S)."""
+    group, _, step = text.partition("@")
+    if not (group.isdigit() and step.isdigit() and int(step) >= 1):
+        raise argparse.ArgumentTypeError(f"'{text}': give G@S, a group and a step >= 1 (e.g. 1@20)")
+    return int(group), int(step)
+
+
+def check(ap, args) -> None:
+    """Every bad input in one line (argparse's error: exit 2) before anything starts or is
+    written: this script's own, then the groups' config (group 0's, as a dry run's check)."""
+    if args.groups < 1 or args.ranks < 1:
+        ap.error(f"--groups={args.groups} --ranks={args.ranks}: both must be >= 1")
+    if args.kill is not None and args.kill[0] >= args.groups:
+        ap.error(f"--kill={args.kill[0]}@{args.kill[1]}: there are groups 0..{args.groups - 1}")
+    if args.restart_at and args.kill is None:
+        ap.error("--restart-at: restarts the group --kill stops; give --kill too")
+    sys.path.insert(0, ROOT)
+    from torchtitan.checks import load_config
+    from torchtitan.config import ConfigError
+
+    try:
+        config = os.environ.get("CONFIG_FILE", "train_configs/llama3_debug.toml")  # run_train.sh's
+        path = config if os.path.isfile(config) else os.path.join(ROOT, config)
+        argv = [f"--job.config_file={path}", *group_args(0, args, args.overrides)]
+        load_config([*argv, "--job.dry_run=true"], args.ranks)
+    except ConfigError as e:
+        ap.error(str(e))
+
+
 class Group:
     """One replica group's run_train.sh, its console lines watched."""
 
@@ -80,15 +122,7 @@ class Group:
             "TORCHFT_LIGHTHOUSE": self.lighthouse,
             "LOG_RANK": os.environ.get("LOG_RANK", "0"),
         }
-        cmd = [
-            os.path.join(ROOT, "run_train.sh"),
-            "--fault_tolerance.enable=true",
-            f"--fault_tolerance.replica_id={self.g}",
-            f"--fault_tolerance.group_size={self.args.groups}",
-            f"--job.dump_folder={self.folder}",
-            f"--checkpoint.folder={os.path.abspath(os.path.join(self.args.dump, 'checkpoint'))}",
-            *self.overrides,
-        ]
+        cmd = [os.path.join(ROOT, "run_train.sh"), *group_args(self.g, self.args, self.overrides)]
         self.launches += 1
         self.steps = {}
         self.started = time.monotonic()
@@ -163,7 +197,9 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=2, help="ranks per group (NGPU)")
     ap.add_argument("--dump", default="outputs/ft")
     ap.add_argument("--min-replicas", type=int, default=1)
-    ap.add_argument("--kill", default="", help="G@S: SIGKILL group G once it logs step S")
+    ap.add_argument(
+        "--kill", type=kill_spec, default=None, help="G@S: SIGKILL group G once it logs step S"
+    )
     ap.add_argument(
         "--restart-at", type=int, default=0, help="restart it once group 0 logs this step"
     )
@@ -176,6 +212,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("overrides", nargs="*", help="run_train.sh overrides, after --")
     args = ap.parse_args()
+    check(ap, args)
     # torchft's Rust side logs every quorum and commit at INFO; its warnings are enough here
     os.environ.setdefault("RUST_LOG", "warn")
     from torchft._torchft import LighthouseServer
@@ -192,7 +229,7 @@ def main() -> int:
         f"[ft_local] lighthouse at {address}; {args.groups} groups x {args.ranks} ranks", flush=True
     )
     groups = [Group(g, args, address, args.overrides) for g in range(args.groups)]
-    kill_g, kill_s = (int(x) for x in args.kill.split("@")) if args.kill else (None, None)
+    kill_g, kill_s = args.kill if args.kill is not None else (None, None)
     killed_at = restarted_at = None
     around: dict[int, float] = {}
     try:

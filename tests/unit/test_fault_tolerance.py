@@ -189,3 +189,32 @@ def test_gradients_and_loss_sums_are_averaged_over_the_groups_in_one_all_reduce_
     finally:
         ft.BUCKET_BYTES = keep
     assert large.grad is grad and torch.equal(grad, torch.full((8,), 2.0))
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--kill", "1-20"],
+            "argument --kill: '1-20': give G@S, a group and a step >= 1 (e.g. 1@20)",
+        ),
+        (["--kill", "2@5"], "--kill=2@5: there are groups 0..1"),
+        (["--restart-at", "5"], "--restart-at: restarts the group --kill stops; give --kill too"),
+        (["--", "--training.steps=0"], "--training.steps=0: must be >= 1"),
+    ],
+)
+def test_ft_local_refuses_bad_input_in_one_line_before_starting_anything(
+    argv, expected, tmp_path, monkeypatch, capsys
+):
+    import sys
+
+    sys.path.insert(0, "scripts")
+    import ft_local
+
+    dump = tmp_path / "ft"
+    monkeypatch.setattr(sys, "argv", ["ft_local.py", f"--dump={dump}", *argv])
+    with pytest.raises(SystemExit) as info:
+        ft_local.main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"ft_local.py: error: {expected}"
+    assert not dump.exists()  # nothing written, no lighthouse, no group started

@@ -327,3 +327,16 @@ def test_a_float8_all_gather_job_is_simulated_with_precomputed_scales(monkeypatc
     assert bound["float8_scales"] is True
     assert StepPhase.FLOAT8_SCALES in phases
     assert calls == [1]  # before the step; the tail's own runs inside step_tail
+
+
+def test_the_simulation_runs_the_replica_groups_buckets_of_a_fault_tolerant_job(monkeypatch):
+    """Under fault tolerance the simulated step makes the trainer's bucket copies
+    (fault_tolerance.in_buckets) in its tail, so the memory prediction holds them."""
+    from torchtitan.training.fault_tolerance import PlannedReplicaGroups
+
+    ft = ["--job.dry_run=true", "--fault_tolerance.enable", "--fault_tolerance.group_size=2"]
+    ((args, phases),) = _simulated_tail(monkeypatch, ["--model.flavor=tiny", *ft], 2, 0)
+    assert isinstance(args["replicas"], PlannedReplicaGroups)
+    assert phases.index(StepPhase.REPLICA_GROUPS) < phases.index(StepPhase.CLIP)
+    ((args, phases),) = _simulated_tail(monkeypatch, ["--model.flavor=tiny"], 2, 0)
+    assert args.get("replicas") is None and StepPhase.REPLICA_GROUPS not in phases

@@ -104,6 +104,35 @@ def buckets(tensors: list[torch.Tensor], cap: int | None = None) -> list[list[to
     return out
 
 
+def in_buckets(params, sums, reduce) -> None:
+    """`reduce(flat)` in place on every local gradient of `params` and the loss sums, bucket
+    by bucket (buckets()), one at a time: a bucket's copy is the only memory it takes."""
+    tensors = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    tensors = [t for t in tensors if t is not None]
+    tensors += [sums.main, sums.aux, sums.mtp]
+    for bucket in buckets(tensors):
+        alone = len(bucket) == 1 and bucket[0].is_contiguous()
+        flat = bucket[0] if alone else torch.cat([t.reshape(-1) for t in bucket])
+        reduce(flat)
+        if not alone:
+            at = 0
+            for t in bucket:
+                t.copy_(flat[at : at + t.numel()].view_as(t))
+                at += t.numel()
+
+
+class PlannedReplicaGroups:
+    """The replica groups in a simulated step (planning/simulate/step.py): the same buckets and
+    copies as ReplicaGroups.average, so the memory prediction holds them; no collective (the
+    other groups are not simulated), every step committed."""
+
+    def average(self, params, sums) -> None:
+        in_buckets(params, sums, lambda flat: None)
+
+    def commit(self) -> bool:
+        return True
+
+
 class ReplicaGroups:
     """This rank's part of the replica groups (module docstring); `section`: [fault_tolerance]."""
 
@@ -240,21 +269,13 @@ class ReplicaGroups:
 
     def average(self, params, sums) -> None:
         """Every local gradient of `params` and the loss sums (`sums`: training/step.StepSums)
-        averaged over the groups in the quorum (buckets()): in place, one all-reduce per
-        bucket, one bucket at a time (its copy is the only memory it takes)."""
-        tensors = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
-        tensors = [t for t in tensors if t is not None]
-        tensors += [sums.main, sums.aux, sums.mtp]
-        for bucket in buckets(tensors):
-            alone = len(bucket) == 1 and bucket[0].is_contiguous()
-            flat = bucket[0] if alone else torch.cat([t.reshape(-1) for t in bucket])
+        averaged over the groups in the quorum (in_buckets)."""
+
+        def all_reduce(flat: torch.Tensor) -> None:
             with self.paused("the average over the replica groups"):
                 self.manager.allreduce(flat).wait()
-            if not alone:
-                at = 0
-                for t in bucket:
-                    t.copy_(flat[at : at + t.numel()].view_as(t))
-                    at += t.numel()
+
+        in_buckets(params, sums, all_reduce)
 
     def resume_data(self) -> None:
         """This group's own data position of the current step (its files), if it has one."""

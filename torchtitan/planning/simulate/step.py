@@ -36,6 +36,7 @@ from torchtitan.planning.simulate import patches as simulation_patches
 from torchtitan.planning.simulate.tracker import LiveBytes
 from torchtitan.training.build import build_parts, plan_records, step_runner
 from torchtitan.training.expert_balance import ExpertBalancer
+from torchtitan.training.fault_tolerance import PlannedReplicaGroups
 from torchtitan.training.nonfinite import NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.phases import BACKWARD, TAIL, StepPhase, label, phase_of
@@ -334,6 +335,7 @@ def simulate_pp_rank(
                 tied=tied,
                 balancer=balancer,
                 float8_scales=float8_scales,
+                replicas=PlannedReplicaGroups() if cfg.fault_tolerance.enable else None,
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
     breakdown = tracker.breakdown_at_peak()
