@@ -600,6 +600,8 @@ class Trainer:
                 )
                 continue
             self.watchdog.progress(f"step {step}: metrics")
+            if self.replicas is not None:  # semi-synchronous: a heal in the sync moved it
+                step = self.replicas.step_number(step)
             self.train_state.step = step
             tokens = self.shape.global_batch * t.seq_len
             comm = self._comm_figures()
@@ -679,7 +681,7 @@ class Trainer:
         """step_time: observe/step_clock.py's (the mean over the steps since the last sync point)."""
         t = self.cfg.training
         tps = self.shape.global_batch * t.seq_len / step_time
-        per_device = tps / self.dims.world_size
+        per_device = tps / (self.dims.world_size * replica_groups(self.cfg))  # every group's
         mfu = (
             per_device * self.flops_per_token / (self.peak_flops * 1e12)
             if self.peak_flops

@@ -51,9 +51,52 @@ TINY = ["--model.flavor=tiny", "--training.device=cpu", "--training.local_batch_
             " --fault_tolerance.num_fragments=2 (torchft syncs one fragment at a time)",
         ),
         (
-            ["--fault_tolerance.semi_sync_method=diloco"],
-            "--fault_tolerance.semi_sync_method=diloco: LocalSGD and DiLoCo are not in this fork"
-            " yet; leave it empty (every step averaged over the replica groups)",
+            ["--fault_tolerance.semi_sync_method=local_sgd", "--fault_tolerance.num_fragments=2",
+             "--fault_tolerance.sync_steps=4"],
+            "--fault_tolerance.num_fragments=2: fragments are DiLoCo's; set"
+            " --fault_tolerance.semi_sync_method=diloco, or 1 fragment",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.num_fragments=2",
+             "--fault_tolerance.sync_steps=4", "--fault_tolerance.fragment_sync_delay=2"],
+            "--fault_tolerance.fragment_sync_delay=2: must be in 0..1 (a fragment syncs every"
+            " sync_steps / num_fragments = 2 steps)",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.fragment_update_alpha=2"],
+            "--fault_tolerance.fragment_update_alpha=2.0: must be in 0..1",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.num_fragments=2",
+             "--fault_tolerance.sync_steps=4",
+             '--fault_tolerance.module_fqns_per_model_fragment=[["layers.0"]]'],
+            "--fault_tolerance.module_fqns_per_model_fragment: 1 lists for"
+            " --fault_tolerance.num_fragments=2; give one list per fragment",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.num_fragments=2",
+             "--fault_tolerance.sync_steps=4", "--parallelism.pipeline_parallel_degree=2"],
+            "--fault_tolerance.num_fragments=2 with --parallelism.pipeline_parallel_degree=2: a"
+            " stage would hold no part of some fragment; use 1 fragment with pipeline parallel",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.outer_lr=0"],
+            "--fault_tolerance.outer_lr=0.0: must be > 0",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.outer_momentum=1"],
+            "--fault_tolerance.outer_momentum=1.0: must be in [0, 1)",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.outer_momentum=0"],
+            "--fault_tolerance.outer_nesterov=true with --fault_tolerance.outer_momentum=0:"
+            " Nesterov needs momentum; set outer_momentum > 0 or outer_nesterov=false",
+        ),
+        (
+            ["--fault_tolerance.semi_sync_method=diloco", "--checkpoint.enable"],
+            "--checkpoint.enable with --fault_tolerance.semi_sync_method=diloco: the global"
+            " weights and outer state of semi-synchronous training are not in this fork's"
+            " checkpoint yet; turn checkpoints off (a restarted group heals from a live one)",
         ),
         (
             ["--fault_tolerance.semi_sync_method=sgd"],
@@ -162,7 +205,7 @@ def test_gradients_and_loss_sums_are_averaged_over_the_groups_in_one_all_reduce_
             return NS(wait=lambda: None)
 
     groups = ft.ReplicaGroups.__new__(ft.ReplicaGroups)
-    groups.manager = Manager()
+    groups.manager, groups.semi = Manager(), ""
     groups.paused = lambda activity: contextlib.nullcontext()
     params = [torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.zeros(4))]
     params[0].grad = torch.full((2, 3), 1.0)

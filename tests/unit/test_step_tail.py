@@ -2,6 +2,7 @@
 memory simulation both call: what it does, in the phases of training/phases.py, and that
 each caller runs it (a caller that stops calling it fails here)."""
 
+import contextlib
 import inspect
 from types import SimpleNamespace as NS
 
@@ -193,6 +194,10 @@ def test_replica_groups_average_before_the_clip_and_an_uncommitted_step_is_not_t
             calls.append(("commit",))
             return committed
 
+        def stepping(self):
+            calls.append(("stepping",))
+            return contextlib.nullcontext()
+
     optimizers = PartOptimizers(parts, cfg.optimizer, 10, cfg.lr_scheduler)
     seen = []
     result = tail_module.step_tail(
@@ -207,7 +212,8 @@ def test_replica_groups_average_before_the_clip_and_an_uncommitted_step_is_not_t
         on_phase=seen.append,
     )
     n = sum(1 for m in parts for _ in m.parameters())
-    assert calls == [("average", n, 1.5), ("commit",)]
+    # the optimizers step inside the groups' context (a semi-synchronous sync runs there)
+    assert calls == [("average", n, 1.5), ("commit",)] + [("stepping",)] * committed
     assert seen[:2] == [StepPhase.REPLICA_GROUPS, StepPhase.CLIP]
     assert result.committed is committed
     grads = torch.cat([p.grad.reshape(-1) for m in parts for p in m.parameters()])

@@ -5,8 +5,10 @@ What runs: G replica groups of the same layout (any the framework has: FSDP2, Si
 PP, CP, EP inside a group), averaged every step over the groups alive. Refused: torchft not
 installed; replica_id outside the groups; min_replica_size outside 1..group_size; the
 replicate dimension inside a group (the groups are it); NCCL between groups of CPU ranks;
-semi-synchronous training (LocalSGD, DiLoCo: not in this fork yet); the lighthouse not
-reachable (after a bounded wait, naming the address).
+semi-synchronous training's keys out of range (sync_steps not a multiple of num_fragments,
+fragments without DiLoCo or with PP, the outer SGD's keys), or with checkpoints (its global
+weights are not in the checkpoint yet); the lighthouse not reachable (after a bounded wait,
+naming the address).
 """
 
 import importlib.util
@@ -82,15 +84,54 @@ def check_semi_sync(cfg: JobConfig) -> None:
             f"{FT}.semi_sync_method={f.semi_sync_method}: use {' or '.join(SEMI_SYNC)}, or leave"
             " it empty (every step synchronous)"
         )
-    if f.num_fragments < 1 or f.sync_steps < 1 or f.sync_steps % f.num_fragments:
+    if f.sync_steps < 1 or f.num_fragments < 1 or f.sync_steps % f.num_fragments:
         raise ConfigError(
             f"{FT}.sync_steps={f.sync_steps}: must be a positive multiple of"
             f" {FT}.num_fragments={f.num_fragments} (torchft syncs one fragment at a time)"
         )
-    raise ConfigError(
-        f"{FT}.semi_sync_method={f.semi_sync_method}: LocalSGD and DiLoCo are not in this fork"
-        " yet; leave it empty (every step averaged over the replica groups)"
-    )
+    diloco = f.semi_sync_method == "diloco"
+    fragmented = f.num_fragments > 1 or f.module_fqns_per_model_fragment
+    if fragmented and not diloco:
+        raise ConfigError(
+            f"{FT}.num_fragments={f.num_fragments}: fragments are DiLoCo's; set"
+            f" {FT}.semi_sync_method=diloco, or 1 fragment"
+        )
+    per_fragment = f.sync_steps // f.num_fragments
+    if not 0 <= f.fragment_sync_delay < per_fragment:
+        raise ConfigError(
+            f"{FT}.fragment_sync_delay={f.fragment_sync_delay}: must be in 0..{per_fragment - 1}"
+            f" (a fragment syncs every sync_steps / num_fragments = {per_fragment} steps)"
+        )
+    if not 0.0 <= f.fragment_update_alpha <= 1.0:
+        raise ConfigError(f"{FT}.fragment_update_alpha={f.fragment_update_alpha}: must be in 0..1")
+    if f.module_fqns_per_model_fragment and (
+        len(f.module_fqns_per_model_fragment) != f.num_fragments
+    ):
+        raise ConfigError(
+            f"{FT}.module_fqns_per_model_fragment: {len(f.module_fqns_per_model_fragment)}"
+            f" lists for {FT}.num_fragments={f.num_fragments}; give one list per fragment"
+        )
+    if fragmented and cfg.parallelism.pipeline_parallel_degree > 1:
+        raise ConfigError(
+            f"{FT}.num_fragments={f.num_fragments} with --parallelism.pipeline_parallel_degree="
+            f"{cfg.parallelism.pipeline_parallel_degree}: a stage would hold no part of some"
+            " fragment; use 1 fragment with pipeline parallel"
+        )
+    if diloco and f.outer_lr <= 0:
+        raise ConfigError(f"{FT}.outer_lr={f.outer_lr}: must be > 0")
+    if diloco and not 0.0 <= f.outer_momentum < 1.0:
+        raise ConfigError(f"{FT}.outer_momentum={f.outer_momentum}: must be in [0, 1)")
+    if diloco and f.outer_nesterov and f.outer_momentum == 0:
+        raise ConfigError(
+            f"{FT}.outer_nesterov=true with {FT}.outer_momentum=0: Nesterov needs momentum;"
+            " set outer_momentum > 0 or outer_nesterov=false"
+        )
+    if cfg.checkpoint.enable:
+        raise ConfigError(
+            f"--checkpoint.enable with {FT}.semi_sync_method={f.semi_sync_method}: the global"
+            " weights and outer state of semi-synchronous training are not in this fork's"
+            " checkpoint yet; turn checkpoints off (a restarted group heals from a live one)"
+        )
 
 
 def check_lighthouse(environ=os.environ, wait_s: float = LIGHTHOUSE_WAIT_S) -> None:

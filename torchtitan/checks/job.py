@@ -48,6 +48,7 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_upstream_only(cfg)
     check_fault_tolerance(cfg)
     args = check_model(cfg)
+    check_model_fragments(cfg, args)
     check_attention_backend(cfg, args)
     dp_shard = check_layout(cfg, args, world_size)
     global_batch = check_training(cfg, args, dp_shard)
@@ -65,6 +66,19 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_hardware_keys(cfg)
     check_model_states(cfg, args, world_size)
     check_lighthouse_of(cfg)
+
+
+def check_model_fragments(cfg: JobConfig, args) -> None:
+    """DiLoCo's fragments (fault_tolerance.num_fragments > 1, or named modules) on the model
+    built on meta: each named module exists, every parameter in exactly one fragment."""
+    f = cfg.fault_tolerance
+    if not (f.enable and f.semi_sync_method == "diloco"):
+        return
+    if f.num_fragments > 1 or f.module_fqns_per_model_fragment:
+        from torchtitan.training.planned_job import model_on_meta
+        from torchtitan.training.semi_sync import fragments
+
+        fragments([model_on_meta(cfg, args).model], f)
 
 
 def accepts(world_size: int) -> Callable[[JobConfig], bool]:

@@ -362,8 +362,9 @@ class FaultTolerance:
     """Fewest replica groups a step needs to be committed (1: any group alone trains on)."""
 
     semi_sync_method: str = ""
-    """Semi-synchronous training between replica groups: local_sgd or diloco (not in this fork
-    yet: refused); empty: every step averaged over the groups."""
+    """Semi-synchronous training between replica groups (training/semi_sync.py): local_sgd
+    (the weights averaged every sync_steps) or diloco (the pseudo-gradients averaged and an
+    outer optimizer stepped every sync_steps); empty: every step's gradients averaged."""
 
     sync_steps: int = 5
     """Steps between synchronisations (semi_sync_method); a multiple of num_fragments."""
@@ -381,7 +382,18 @@ class FaultTolerance:
     """Module names of each model fragment, one list per fragment (DiLoCo)."""
 
     num_fragments: int = 1
-    """Fragments the model is split into (DiLoCo)."""
+    """Fragments the model is split into (DiLoCo; Streaming DiLoCo when > 1): without
+    module_fqns_per_model_fragment, contiguous runs of the transformer blocks."""
+
+    outer_lr: float = 0.7
+    """DiLoCo's outer optimizer (SGD over the averaged pseudo-gradients): its learning rate
+    (upstream hardcodes 0.7, the DiLoCo paper's)."""
+
+    outer_momentum: float = 0.9
+    """DiLoCo's outer SGD momentum (upstream: 0.9)."""
+
+    outer_nesterov: bool = True
+    """DiLoCo's outer SGD with Nesterov momentum (upstream: true)."""
 
 
 @dataclass

@@ -20,11 +20,16 @@ every step, and each step here runs:
 
 Nothing of the group's own mesh changes: FSDP2, SimpleFSDP, TP, PP, CP and EP inside a group
 work as without FT (the averaging follows the local shards, whatever they are).
+
+With semi_sync_method (LocalSGD, DiLoCo: training/semi_sync.py) no step averages gradients:
+the groups meet in a quorum only every sync_steps, inside the optimizer's step (torchft's
+hooks), where a group behind heals; a fresh job's groups still meet once before step 1.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -38,6 +43,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from torchtitan.checkpoint.states import LRSchedulerState, ModelState, OptimizerState
+from torchtitan.training.semi_sync import semi_sync
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +128,52 @@ def in_buckets(params, sums, reduce) -> None:
 
 
 class PlannedReplicaGroups:
-    """The replica groups in a simulated step (planning/simulate/step.py): the same buckets and
-    copies as ReplicaGroups.average, so the memory prediction holds them; no collective (the
-    other groups are not simulated), every step committed."""
+    """The replica groups in a simulated step (planning/simulate/step.py), so that the memory
+    and step-time predictions hold what they add: the same buckets and copies as
+    ReplicaGroups.average, or (semi-synchronous) torchft's own LocalSGD / DiLoCo on a stand-in
+    manager (semi_sync.PlannedManager), syncing in every simulated step (its copies are at
+    their largest then) with DiLoCo's outer momentum as after a first sync. Each all-reduce
+    over the groups is told to `on_all_reduce(nbytes, share)`, a sync's with the share of
+    the steps it runs in (the step-time model prices the average step); every step
+    committed."""
+
+    def __init__(self, section, model_parts, optimizers, on_all_reduce=lambda n, share: None):
+        from torchtitan.training.semi_sync import PlannedManager
+
+        self.semi = section.semi_sync_method
+        self.on_all_reduce = on_all_reduce
+        self.outer = None
+        if self.semi:
+            every = section.sync_steps // section.num_fragments  # one fragment's sync interval
+            planned = dataclasses.replace(
+                section, sync_steps=section.num_fragments, fragment_sync_delay=0
+            )
+            manager = PlannedManager(lambda nbytes: on_all_reduce(nbytes, 1 / every))
+            self.outer = semi_sync(planned, manager, model_parts, optimizers)
+
+    def host_copies(self) -> list[torch.Tensor]:
+        """DiLoCo's copy of the global weights (torchft keeps it in host memory)."""
+        frags = getattr(self.outer, "_fragments", [])
+        return [t for f in frags for t in f.original_parameters.values()]
+
+    def outer_states(self) -> list[torch.Tensor]:
+        """DiLoCo's outer momentum, as after the first sync (alive through every step)."""
+        out = []
+        for f in getattr(self.outer, "_fragments", []):
+            opt = f._outer_optimizer
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if group["momentum"]:
+                        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                        out.append(opt.state[p]["momentum_buffer"])
+        return out
 
     def average(self, params, sums) -> None:
-        in_buckets(params, sums, lambda flat: None)
+        if not self.semi:
+            in_buckets(params, sums, lambda flat: self.on_all_reduce(flat.nbytes, 1.0))
+
+    def stepping(self):
+        return contextlib.nullcontext()
 
     def commit(self) -> bool:
         return True
@@ -178,6 +224,7 @@ class ReplicaGroups:
         self.lr = LRSchedulerState(optimizers)
         self.healed_from: int | None = None  # the step a heal brought this group to
         self.first = True  # the group's first quorum (begin_step)
+        self.semi = section.semi_sync_method  # "" (every step averaged), local_sgd, diloco
         self.manager = torchft.Manager(
             pg=pg,
             load_state_dict=self._load,
@@ -187,11 +234,18 @@ class ReplicaGroups:
             replica_id=f"{REPLICA_PREFIX}{section.replica_id}",
             timeout=timeout,
             quorum_timeout=max(timeout, timedelta(seconds=60)),
-            init_sync=True,  # a group that starts late takes the weights of those running
+            # a group that starts late takes the weights of those running; semi-synchronous,
+            # the first sync is still torchft's step 0 (it counts syncs), where init_sync would
+            # heal every group but one: their weights are equal already (one seed)
+            init_sync=not section.semi_sync_method,
         )
         # a job resumed from a checkpoint: its groups start at the checkpoint's step, level
         self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
-        self.resume_data()
+        self.resumed = self.resume_data() or train_state.step > 0
+        # LocalSGD / DiLoCo: torchft's own, hooked on the optimizers' step
+        self.outer = (
+            semi_sync(section, self.manager, model_parts, optimizers) if self.semi else None
+        )
 
     # ------------------------------------------------------------------ healing
 
@@ -238,6 +292,8 @@ class ReplicaGroups:
         train alone (and the others heal to its step), where a job of every group trains as
         HSDP."""
         self.healed_from = None
+        if self.semi and not (self.first and not self.resumed):
+            return False  # semi-synchronous: the quorums are the syncs (a fresh job meets once)
         with self.paused("the replica groups' quorum"):
             self._quorum()
         if self.healed_from is None:
@@ -259,8 +315,9 @@ class ReplicaGroups:
 
     @property
     def participants(self) -> int:
-        """Replica groups in this step's quorum."""
-        return self.manager.num_participants()
+        """Replica groups in this step's quorum (semi-synchronous: in the last sync's; every
+        group before the first)."""
+        return self.manager.num_participants() or self.section.group_size
 
     @property
     def writes_checkpoints(self) -> bool:
@@ -275,19 +332,35 @@ class ReplicaGroups:
             with self.paused("the average over the replica groups"):
                 self.manager.allreduce(flat).wait()
 
-        in_buckets(params, sums, all_reduce)
+        if not self.semi:
+            in_buckets(params, sums, all_reduce)
 
-    def resume_data(self) -> None:
-        """This group's own data position of the current step (its files), if it has one."""
+    def stepping(self):
+        """The context of the optimizers' step: semi-synchronous, a sync (a quorum, the
+        groups' all-reduce) may run in it, which the hang watchdog leaves to torchft."""
+        if self.semi:
+            return self.paused(f"the replica groups' sync ({self.semi})")
+        return contextlib.nullcontext()
+
+    def step_number(self, step: int) -> int:
+        """The number of the step just trained as `step`: semi-synchronous, a heal inside its
+        sync moved this group to its peer's step (the peer was training the next one)."""
+        return step if self.healed_from is None else self.healed_from + 1
+
+    def resume_data(self) -> bool:
+        """This group's own data position of the current step (its files), if it has one
+        (True then)."""
         if self.positions is None:
-            return
+            return False
         saved = self.positions.load(self.train_state.step)
-        if saved is not None:
-            self.dataloader.load_state_dict(saved["data"])
-            self.log(
-                f"[torchtitan] fault tolerance: data position of replica group"
-                f" {self.section.replica_id} after its step {saved['step']}"
-            )
+        if saved is None:
+            return False
+        self.dataloader.load_state_dict(saved["data"])
+        self.log(
+            f"[torchtitan] fault tolerance: data position of replica group"
+            f" {self.section.replica_id} after its step {saved['step']}"
+        )
+        return True
 
     def after_step(self, step: int, checkpointed: bool) -> None:
         """A committed step: this group's data position written (in the background; also as
@@ -300,11 +373,16 @@ class ReplicaGroups:
         return tokens * self.participants // self.section.group_size
 
     def commit(self) -> bool:
-        """torchft's vote: True when every group in the quorum finished the step."""
+        """torchft's vote: True when every group in the quorum finished the step (semi-
+        synchronous: every step is the group's own; the syncs vote inside the optimizer step)."""
+        if self.semi:
+            return True
         with self.paused("the replica groups' commit vote"):
             return self.manager.should_commit()
 
     def close(self) -> None:
+        if self.outer is not None:
+            self.outer.__exit__(None, None, None)
         if self.positions is not None:
             self.positions.wait()
         self.manager.shutdown(wait=False)

@@ -1,9 +1,12 @@
 """AdamW over the model's (possibly sharded) parameters, and the warmup + decay schedule;
 optionally stepped inside backward, one parameter at a time (optimizer.early_step_in_backward)."""
 
+from collections import OrderedDict
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
+from torch.utils.hooks import RemovableHandle
 
 from torchtitan.training.lr_schedule import build_lr_scheduler
 from torchtitan.training.lr_schedule import lr_factor as lr_factor  # re-exported (importers)
@@ -57,11 +60,30 @@ class PartOptimizers:
             ]
             each = self.optimizers
         self.schedulers = [build_lr_scheduler(o, total_steps, lr_cfg) for o in each]
+        self.pre_hooks: OrderedDict = OrderedDict()
+        self.post_hooks: OrderedDict = OrderedDict()
+
+    def register_step_pre_hook(self, hook) -> RemovableHandle:
+        """`hook(self, args, kwargs)` before every step, as on a torch optimizer (torchft's
+        LocalSGD and DiLoCo hook the step: training/semi_sync.py)."""
+        handle = RemovableHandle(self.pre_hooks)
+        self.pre_hooks[handle.id] = hook
+        return handle
+
+    def register_step_post_hook(self, hook) -> RemovableHandle:
+        """`hook(self, args, kwargs)` after every step's update, before the schedules step."""
+        handle = RemovableHandle(self.post_hooks)
+        self.post_hooks[handle.id] = hook
+        return handle
 
     def step(self) -> None:
+        for hook in list(self.pre_hooks.values()):
+            hook(self, (), {})
         if not self.in_backward:  # in backward the gradient hooks stepped already
             for o in self.optimizers:
                 o.step()
+        for hook in list(self.post_hooks.values()):
+            hook(self, (), {})
         for s in self.schedulers:
             s.step()
 

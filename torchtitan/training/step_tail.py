@@ -14,6 +14,7 @@ device (nonfinite.py, expert_balance.py).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -87,7 +88,8 @@ def step_tail(
     if not committed:  # a group was lost during the step: no group takes it
         return StepResult(sums, grad_norm, None, committed=False)
     mark(StepPhase.OPTIMIZER)
-    optimizers.step()
+    with replicas.stepping() if replicas is not None else contextlib.nullcontext():
+        optimizers.step()  # semi-synchronous replica groups sync inside it (its hooks)
     if float8_scales:
         mark(StepPhase.FLOAT8_SCALES)
         precompute_scales(model_parts)

@@ -68,6 +68,7 @@ def excess_seconds(device_s: float, host_s: float, busy_s: float, hw) -> float:
 
 def _simulate(job: PlannedJob, hw, ac: str, blocks: int, *, tp: int = 1, cp: int = 1) -> dict:
     """One probe simulation: the step time's parts and the peak's categories."""
+    from torchtitan.distributed.job_shape import replica_groups
     from torchtitan.planning.memory import predict
     from torchtitan.planning.search.child import in_child
     from torchtitan.training.build import fake_world
@@ -75,7 +76,8 @@ def _simulate(job: PlannedJob, hw, ac: str, blocks: int, *, tp: int = 1, cp: int
 
     world = SHARDS * tp * cp
     lay = layout_space.Layout(Degrees(1, SHARDS, tp, 1, 1, world, cp), "", 1, ac, "auto", 1)
-    cfg = layout_space.apply(job.cfg, lay, SHARDS)
+    # under fault tolerance every replica group reads its own rows of the global batch
+    cfg = layout_space.apply(job.cfg, lay, SHARDS * replica_groups(job.cfg))
     args = probe_args(job.args, blocks)
 
     def run() -> dict:

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 
 from torchtitan.config.quantize_sections import FLOAT8_LINEAR, float8_linear_on
+from torchtitan.distributed.job_shape import replica_groups
 from torchtitan.dtypes import param_dtype
 from torchtitan.planning.search import compose
 from torchtitan.planning.search import space as layout_space
@@ -128,13 +129,16 @@ def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate],
 
     cfg, args = job.cfg, job.args
     global_batch = job.batch.global_batch
+    # under fault tolerance a layout is one replica group's, training its share of the batch
+    group_batch = global_batch // replica_groups(cfg)
     t0 = time.perf_counter()
     shapes = model_shapes(cfg.model.name, args)
     float8 = (False, True) if cfg.planning.layout_float8 == "choose" else (None,)
     layouts = layout_space.enumerate_layouts(
         job.dims.world_size,
         hw.gpus_per_node,
-        global_batch=global_batch,
+        global_batch=group_batch,
+        replicate=not cfg.fault_tolerance.enable,
         seq_len=cfg.training.seq_len,
         n_layers=args.n_layers,
         n_experts=args.moe.n_routed_experts if args.moe else 0,
@@ -171,7 +175,7 @@ def score(job: PlannedJob, hw, budget: int, log=print) -> tuple[list[Candidate],
             probes[lay.float8],
             hw,
             seq=cfg.training.seq_len,
-            global_batch=global_batch,
+            global_batch=group_batch,
             states_bytes=states,
             compiled=cfg.compile.enable,
             skew=cfg.planning.memory_skew,
@@ -226,9 +230,11 @@ def _full(job: PlannedJob, hw, cand: Candidate) -> None:
         # same), the step timed through the real count's order (predict_roles' timed_as)
         fewest = d.pp * (2 if lay.schedule == "Interleaved1F1B" else 1)
         if lay.local_batch // lay.microbatch > fewest:
-            accum = global_batch // (d.dp * lay.local_batch)
+            groups = replica_groups(cfg)
+            accum = global_batch // (d.dp * groups * lay.local_batch)
             fewer = dataclasses.replace(lay, local_batch=fewest * lay.microbatch)
-            sim, timed_as = layout_space.apply(cfg, fewer, fewer.local_batch * d.dp * accum), c
+            rows = fewer.local_batch * d.dp * groups * accum
+            sim, timed_as = layout_space.apply(cfg, fewer, rows), c
 
     def predicted() -> tuple:
         with fake_world(sim, job.dims.world_size) as dims:

@@ -183,8 +183,10 @@ def enumerate_layouts(
     n_layers: int,
     n_experts: int = 0,
     float8: tuple[bool | None, ...] = (None,),
+    replicate: bool = True,
 ) -> list[Layout]:
-    """Every layout of the module docstring for `world` devices (before the checks)."""
+    """Every layout of the module docstring for `world` devices (before the checks);
+    `replicate` False: no replicate dimension (fault tolerance's replica groups are it)."""
     out = []
     for tp in _powers(min(gpus_per_node, world)):
         for cp in _powers(world // tp):
@@ -200,6 +202,8 @@ def enumerate_layouts(
                 replicates = {1, dp}
                 if gpus_per_node % (tp * cp) == 0 and dp % (gpus_per_node // (tp * cp)) == 0:
                     replicates.add(dp // (gpus_per_node // (tp * cp)))
+                if not replicate:
+                    replicates = {1}
                 schedules = [("", 1, ())]
                 if pp > 1:
                     schedules = [("1F1B", mb, split_points(n_layers, pp)) for mb in (1, 2)]

@@ -295,6 +295,23 @@ def simulate_pp_rank(
         del model
         gc.collect()
         states = [v for o in optimizers.optimizers for s in o.state.values() for v in s.values()]
+        replicas = None
+        if cfg.fault_tolerance.enable:  # the trainer's (training/fault_tolerance.py), simulated
+            replicas = PlannedReplicaGroups(
+                cfg.fault_tolerance,
+                parts.modules,
+                optimizers,
+                on_all_reduce=(
+                    (lambda n, share: trace.replica_groups_all_reduce(n, share, tracker))
+                    if trace is not None
+                    else (lambda n, share: None)
+                ),
+            )
+            states += replicas.outer_states()
+        # DiLoCo's global weights: host memory beside a GPU (not the device's); on CPU the same
+        host_only = (
+            {id(t) for t in replicas.host_copies()} if replicas and target != "cpu" else set()
+        )
         tracker.adopt(_storages(params), "parameters")
         tracker.adopt(_storages(states), "optimizer_states")
         with warnings.catch_warnings():  # isinstance on deprecated torch.distributed names warns
@@ -304,6 +321,7 @@ def simulate_pp_rank(
                 for o in gc.get_objects()
                 if isinstance(o, torch.Tensor)
                 and (profile or isinstance(o, FakeTensor) and o.fake_mode is mode)
+                and id(o) not in host_only
             ]
         # FSDP2's unsharded parameters are freed storages (size 0) that it resizes to gather
         empty = [t for t in _storages(live) if t.untyped_storage().nbytes() == 0]
@@ -335,7 +353,7 @@ def simulate_pp_rank(
                 tied=tied,
                 balancer=balancer,
                 float8_scales=float8_scales,
-                replicas=PlannedReplicaGroups() if cfg.fault_tolerance.enable else None,
+                replicas=replicas,
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
     breakdown = tracker.breakdown_at_peak()

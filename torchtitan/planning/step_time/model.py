@@ -185,7 +185,7 @@ class Streams:
             return  # pipeline P2P: pipeline_seconds
         dim = self.groups.dims.get(c.group, "world")
         ranks = self.groups.ranks.get(c.group, [0])
-        duration = collective_seconds(c.kind, c.nbytes, ranks, self.p, self.world)
+        duration = collective_seconds(c.kind, c.nbytes, ranks, self.p, self.world) * c.share
         if duration <= 0:
             return
         duration += self.skew * self.computed

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchtitan.distributed.job_shape import replica_groups
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.step_time import cpu_sharing
 from torchtitan.planning.step_time import model as step_time
 from torchtitan.planning.step_time import pipeline as pipeline_time
-from torchtitan.planning.step_time.trace import OpTrace
+from torchtitan.planning.step_time.trace import REPLICA_GROUPS, OpTrace
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,17 @@ class RankTimer:
         times = step_time.rank_times(
             trace.segments,
             self.hardware,
-            _groups(dims, trace),
+            _groups(dims, trace, replica_groups(cfg)),
             _stretch(self.hardware, dims),
             simple_fsdp_eager,
         )
         return times, pipeline_time.schedule_order(pipeline) if pipeline is not None else None
 
 
-def _groups(dims, trace: OpTrace) -> step_time.Groups:
-    """The process groups the traced collectives ran on: mesh dim and global ranks."""
+def _groups(dims, trace: OpTrace, groups: int = 1) -> step_time.Groups:
+    """The process groups the traced collectives ran on: mesh dim and global ranks; with
+    `groups` fault-tolerance replica groups, theirs: one rank of each, every group a job of
+    dims.world_size ranks of its own (each its own nodes when a group fills one)."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -55,6 +58,9 @@ def _groups(dims, trace: OpTrace) -> step_time.Groups:
                     ranks[name] = dist.get_process_group_ranks(_resolve_process_group(name))
                 except (RuntimeError, ValueError, KeyError):
                     ranks[name] = [0]
+    if groups > 1:
+        ranks[REPLICA_GROUPS] = [g * dims.world_size for g in range(groups)]
+        named = {**named, REPLICA_GROUPS: "ft"}
     fsdp = frozenset(dims.fsdp_group_names())
     dp = frozenset(n for n, d in named.items() if d.startswith("dp")) | fsdp
     return step_time.Groups({n: named.get(n, f"group:{n}") for n in ranks} | named, ranks, fsdp, dp)

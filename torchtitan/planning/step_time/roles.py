@@ -6,6 +6,7 @@ schedule's order (planning/step_time/model.py)."""
 
 from __future__ import annotations
 
+from torchtitan.distributed.job_shape import replica_groups
 from torchtitan.dtypes import param_dtype
 from torchtitan.hardware import HardwareProfile
 from torchtitan.planning.simulate import pool as simulation_pool
@@ -65,7 +66,7 @@ def add_times(
     peak = hardware.datasheet_flops(dtype)
     step_shape = step_time.StepShape(
         shape.global_batch * cfg.training.seq_len,
-        dims.world_size,
+        dims.world_size * replica_groups(cfg),  # fault tolerance: the batch spans every group
         job.model.flops_per_token(cfg.training.seq_len),
         peak,
         shape.accum_steps,

@@ -59,6 +59,7 @@ UNCOMPILED = frozenset(
     }
 )
 
+REPLICA_GROUPS = "torchft_replica_groups"  # the process group name of the groups' all-reduces
 _GEMM = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 _ATTENTION_FWD = {aten._scaled_dot_product_flash_attention_for_cpu.default}
 _ATTENTION_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
@@ -244,6 +245,7 @@ class Comm:
     group: str | None  # process-group name
     nbytes: int
     api: str  # "c10d" (eager process-group calls: FSDP2, DDP, pipelining), "torchtitan" (SimpleFSDP's gather), "functional"
+    share: float = 1.0  # the share of steps it runs in (a semi-synchronous sync: 1 / its interval)
 
 
 @dataclass
@@ -307,6 +309,15 @@ class OpTrace:
         """An op on DTensors: DTensor's own host time, then its local ops come through `seen`."""
         if self.active:
             self._host(self.profile.dtensor_us_per_op * 1e-6, label, action)
+
+    def replica_groups_all_reduce(self, nbytes: int, share: float, tracker) -> None:
+        """An all-reduce over the fault-tolerance replica groups (torchft's process group,
+        outside the simulated world: training/fault_tolerance.PlannedReplicaGroups), in
+        `share` of the steps (semi-synchronous syncs), at the tracker's phase."""
+        if self.active:
+            self._segment(tracker.phase, tracker.action).events.append(
+                Comm("all_reduce", REPLICA_GROUPS, nbytes, "c10d", share)
+            )
 
     def seen(self, func, args, kwargs, out, *, label: str, action) -> None:
         self.last_kind = None
