@@ -76,6 +76,7 @@ from torchtitan.training.nonfinite import NonFiniteLossError, NonFiniteWatch
 from torchtitan.training.optimizer import PartOptimizers
 from torchtitan.training.plan_report import report_plan
 from torchtitan.training.planned_job import PlannedJob, model_on_meta
+from torchtitan.training.semi_sync import SemiSyncState, semi_sync_of
 from torchtitan.training.step import StepResult
 from torchtitan.training.step_tail import step_tail, tied_copies
 from torchtitan.units import GIB
@@ -324,8 +325,19 @@ class Trainer:
             role.time.predicted_step_seconds if role is not None and role.time else None
         )
         self.nonfinite = NonFiniteWatch(self.device)
+        # semi-synchronous groups differ between syncs: each keeps its own checkpoint, with
+        # where it is in the sync period (and DiLoCo's global weights)
+        diloco = semi_sync_of(cfg) == "diloco"
+        self.semi_state = SemiSyncState(self.model_parts) if diloco else None
         self.checkpoint = CheckpointManager(
-            cfg.checkpoint,
+            (
+                dataclasses.replace(
+                    cfg.checkpoint,
+                    folder=os.path.join(cfg.checkpoint.folder, f"replica_{ft.replica_id}"),
+                )
+                if semi_sync_of(cfg)
+                else cfg.checkpoint
+            ),
             cfg.job.dump_folder,
             self.model_parts,
             run_info(cfg, self.dims, self.tokenizer, self.job.args, self.shape.global_batch),
@@ -337,6 +349,7 @@ class Trainer:
             device_type=self.device.type,
             log=self.log,
             hf_assets_path=cfg.model.hf_assets_path,
+            extra_states={"semi_sync": self.semi_state} if self.semi_state is not None else None,
         )
         load_note = self.checkpoint.load()
         self.replicas = (
@@ -353,6 +366,8 @@ class Trainer:
                 ),
                 log=self.log,
                 paused=self.watchdog.paused,
+                semi_state=self.semi_state,
+                step_seconds=self.time_check.predicted_s,
             )
             if ft.enable
             else None

@@ -93,12 +93,6 @@ TINY = ["--model.flavor=tiny", "--training.device=cpu", "--training.local_batch_
             " Nesterov needs momentum; set outer_momentum > 0 or outer_nesterov=false",
         ),
         (
-            ["--fault_tolerance.semi_sync_method=diloco", "--checkpoint.enable"],
-            "--checkpoint.enable with --fault_tolerance.semi_sync_method=diloco: the global"
-            " weights and outer state of semi-synchronous training are not in this fork's"
-            " checkpoint yet; turn checkpoints off (a restarted group heals from a live one)",
-        ),
-        (
             ["--fault_tolerance.semi_sync_method=sgd"],
             "--fault_tolerance.semi_sync_method=sgd: use local_sgd or diloco, or leave it empty"
             " (every step synchronous)",

@@ -101,6 +101,7 @@ class CheckpointManager:
         device_type: str = "cpu",
         log=lambda line: None,
         hf_assets_path: str = "",
+        extra_states: dict | None = None,
     ):
         """`run_info`: what every marker records (files.run_record). The training state
         (optimizers, dataloader, train_state) is what a full checkpoint holds besides the model;
@@ -123,6 +124,8 @@ class CheckpointManager:
             )
             if dataloader is not None:  # fault tolerance: each group keeps its own (ft/)
                 self.states["dataloader"] = DataloaderState(dataloader)
+            # semi-synchronous fault tolerance: "semi_sync" (training/semi_sync.SemiSyncState)
+            self.states.update(extra_states or {})
         self.train_state = train_state
         self.run_info = run_info  # world_size, global_batch, model, mesh: written into each marker
         self._io_timeout = timedelta(seconds=io_timeout_seconds)
@@ -212,6 +215,8 @@ class CheckpointManager:
         without the parts in exclude_from_loading, which start fresh; the log line."""
         skipped = [k for k in LOADABLE_PARTS if k in self.cfg.exclude_from_loading]
         states = {k: v for k, v in self.states.items() if k not in skipped}
+        if "semi_sync" in states and not _holds(info.path, "semi_sync"):
+            del states["semi_sync"]  # written without semi-synchronous training: it starts here
         # Per-rank RNG states mean something only for the same rank layout.
         same_layout = (info.marker.get("world_size"), info.marker.get("mesh")) == (
             self.run_info["world_size"],
@@ -468,3 +473,9 @@ class CheckpointManager:
             self.async_saves.close()
         if self._deleting is not None:
             self._deleting.join()
+
+
+def _holds(path: str, key: str) -> bool:
+    """Whether the DCP checkpoint at `path` has entries under `key`."""
+    meta = dcp.FileSystemReader(path).read_metadata()
+    return any(k == key or k.startswith(f"{key}.") for k in meta.state_dict_metadata)

@@ -6,9 +6,8 @@ PP, CP, EP inside a group), averaged every step over the groups alive. Refused: 
 installed; replica_id outside the groups; min_replica_size outside 1..group_size; the
 replicate dimension inside a group (the groups are it); NCCL between groups of CPU ranks;
 semi-synchronous training's keys out of range (sync_steps not a multiple of num_fragments,
-fragments without DiLoCo or with PP, the outer SGD's keys), or with checkpoints (its global
-weights are not in the checkpoint yet); the lighthouse not reachable (after a bounded wait,
-naming the address).
+fragments without DiLoCo or with PP, the outer SGD's keys); the lighthouse not reachable
+(after a bounded wait, naming the address).
 """
 
 import importlib.util
@@ -117,6 +116,11 @@ def check_semi_sync(cfg: JobConfig) -> None:
             f"{cfg.parallelism.pipeline_parallel_degree}: a stage would hold no part of some"
             " fragment; use 1 fragment with pipeline parallel"
         )
+    if f.fragment_sync_delay and cfg.checkpoint.enable:
+        raise ConfigError(
+            f"{FT}.fragment_sync_delay={f.fragment_sync_delay} with --checkpoint.enable: a"
+            " fragment's all-reduce would be in flight at a save; use 0 with checkpoints"
+        )
     if diloco and f.outer_lr <= 0:
         raise ConfigError(f"{FT}.outer_lr={f.outer_lr}: must be > 0")
     if diloco and not 0.0 <= f.outer_momentum < 1.0:
@@ -125,12 +129,6 @@ def check_semi_sync(cfg: JobConfig) -> None:
         raise ConfigError(
             f"{FT}.outer_nesterov=true with {FT}.outer_momentum=0: Nesterov needs momentum;"
             " set outer_momentum > 0 or outer_nesterov=false"
-        )
-    if cfg.checkpoint.enable:
-        raise ConfigError(
-            f"--checkpoint.enable with {FT}.semi_sync_method={f.semi_sync_method}: the global"
-            " weights and outer state of semi-synchronous training are not in this fork's"
-            " checkpoint yet; turn checkpoints off (a restarted group heals from a live one)"
         )
 
 

@@ -43,7 +43,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from torchtitan.checkpoint.states import LRSchedulerState, ModelState, OptimizerState
-from torchtitan.training.semi_sync import semi_sync
+from torchtitan.training.semi_sync import SyncSchedule, semi_sync
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ REPLICA_PREFIX = "torchtitan_ft_"  # torchft replica ids: this prefix and the re
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # where torchft's manager finds the lighthouse
 STARTUP_WAIT_S = 60.0  # a group's first quorum waits this long for every group to join
 STARTUP_POLL_S = 0.5
+SEMI_RESTART_WAIT_S = 1800.0  # ... semi-synchronous, resumed, without a predicted step time
 BUCKET_BYTES = 64 * 2**20  # gradients averaged together in one all-reduce, at most
 
 
@@ -132,7 +133,7 @@ class PlannedReplicaGroups:
     and step-time predictions hold what they add: the same buckets and copies as
     ReplicaGroups.average, or (semi-synchronous) torchft's own LocalSGD / DiLoCo on a stand-in
     manager (semi_sync.PlannedManager), syncing in every simulated step (its copies are at
-    their largest then) with DiLoCo's outer momentum as after a first sync. Each all-reduce
+    their largest then) with DiLoCo's outer momentum (alive from the start). Each all-reduce
     over the groups is told to `on_all_reduce(nbytes, share)`, a sync's with the share of
     the steps it runs in (the step-time model prices the average step); every step
     committed."""
@@ -157,16 +158,12 @@ class PlannedReplicaGroups:
         return [t for f in frags for t in f.original_parameters.values()]
 
     def outer_states(self) -> list[torch.Tensor]:
-        """DiLoCo's outer momentum, as after the first sync (alive through every step)."""
-        out = []
-        for f in getattr(self.outer, "_fragments", []):
-            opt = f._outer_optimizer
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    if group["momentum"]:
-                        opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
-                        out.append(opt.state[p]["momentum_buffer"])
-        return out
+        """DiLoCo's outer momentum (made with the wrapper: semi_sync.outer_momentum)."""
+        return [
+            s["momentum_buffer"]
+            for f in getattr(self.outer, "_fragments", [])
+            for s in f._outer_optimizer.state.values()
+        ]
 
     def average(self, params, sums) -> None:
         if not self.semi:
@@ -193,11 +190,16 @@ class ReplicaGroups:
         positions: DataPositions | None = None,
         log=logger.info,
         paused=lambda activity: contextlib.nullcontext(),
+        semi_state=None,
+        step_seconds: float | None = None,
     ):
         """`paused(activity)`: a context in which the hang watchdog is paused (waiting for
         another group, in the quorum or the groups' collectives, is torchft's business: a
         lost group costs a timeout there, never a hang report). `positions`: this group's
-        data positions (checkpoint.enable_ft_dataloader_checkpoints), of `dataloader`."""
+        data positions (checkpoint.enable_ft_dataloader_checkpoints), of `dataloader`.
+        `semi_state`: semi-synchronous, the checkpoint's part (semi_sync.SemiSyncState).
+        `step_seconds`: the predicted step time (how long a resumed semi-synchronous group
+        waits for a running one's sync: 3 sync periods, at least STARTUP_WAIT_S)."""
         # torchft's Rust side logs every quorum and commit at INFO: its warnings are enough
         os.environ.setdefault("RUST_LOG", "warn")
         import torchft
@@ -225,6 +227,11 @@ class ReplicaGroups:
         self.healed_from: int | None = None  # the step a heal brought this group to
         self.first = True  # the group's first quorum (begin_step)
         self.semi = section.semi_sync_method  # "" (every step averaged), local_sgd, diloco
+        self.restart_wait_s = (
+            max(STARTUP_WAIT_S, 3 * section.sync_steps * step_seconds)
+            if step_seconds
+            else SEMI_RESTART_WAIT_S
+        )
         self.manager = torchft.Manager(
             pg=pg,
             load_state_dict=self._load,
@@ -243,9 +250,11 @@ class ReplicaGroups:
         self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
         self.resumed = self.resume_data() or train_state.step > 0
         # LocalSGD / DiLoCo: torchft's own, hooked on the optimizers' step
-        self.outer = (
-            semi_sync(section, self.manager, model_parts, optimizers) if self.semi else None
-        )
+        self.outer = None
+        if self.semi:
+            self.outer = SyncSchedule(section, self.manager, model_parts, optimizers, train_state)
+            if semi_state is not None:
+                semi_state.attach(self.outer.wrapper)
 
     # ------------------------------------------------------------------ healing
 
@@ -292,22 +301,37 @@ class ReplicaGroups:
         train alone (and the others heal to its step), where a job of every group trains as
         HSDP."""
         self.healed_from = None
-        if self.semi and not (self.first and not self.resumed):
-            return False  # semi-synchronous: the quorums are the syncs (a fresh job meets once)
+        if self.semi and not self.first:
+            return False  # semi-synchronous: the later quorums are the syncs (in the hooks)
         with self.paused("the replica groups' quorum"):
             self._quorum()
         if self.healed_from is None:
             return False
+        if self.semi:  # the peer it healed from is syncing: take part, then go on from there
+            with self.paused(f"the replica groups' sync ({self.semi})"):
+                self.outer.join()
+            self.healed_from = None  # its step is the peer's now (step_number: nothing to move)
         self.resume_data()
         return True
 
     def _quorum(self) -> None:
+        wait = STARTUP_WAIT_S
+        if self.semi:
+            self.outer.level()
+            # semi-synchronous, a group that resumes or restarts meets the running ones at
+            # their next sync, up to a sync period away
+            if self.resumed:
+                wait = self.restart_wait_s
+                self.log(
+                    "[torchtitan] fault tolerance: waiting for the other replica groups (a"
+                    f" running one's next sync; up to {wait:.0f} s, then alone)"
+                )
         self.manager.start_quorum()
         if self.first:
             self.first = False
             # a count of tries, not a clock: every rank of the group sees the same quorums
             # and must leave the loop at the same one (each start_quorum is collective)
-            for _ in range(int(STARTUP_WAIT_S / STARTUP_POLL_S)):
+            for _ in range(int(wait / STARTUP_POLL_S)):
                 if self.participants >= self.section.group_size:
                     break
                 time.sleep(STARTUP_POLL_S)
@@ -321,8 +345,9 @@ class ReplicaGroups:
 
     @property
     def writes_checkpoints(self) -> bool:
-        """The full checkpoint is written by one group: the lowest in the quorum."""
-        return self.manager.participating_rank() == 0
+        """The full checkpoint is written by one group: the lowest in the quorum; semi-
+        synchronous, every group writes its own (they differ between syncs)."""
+        return bool(self.semi) or self.manager.participating_rank() == 0
 
     def average(self, params, sums) -> None:
         """Every local gradient of `params` and the loss sums (`sums`: training/step.StepSums)
@@ -382,7 +407,7 @@ class ReplicaGroups:
 
     def close(self) -> None:
         if self.outer is not None:
-            self.outer.__exit__(None, None, None)
+            self.outer.close()
         if self.positions is not None:
             self.positions.wait()
         self.manager.shutdown(wait=False)

@@ -22,10 +22,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 
 from torchtitan.config.manager import ConfigError
 
 FT = "--fault_tolerance"
+
+
+def semi_sync_of(cfg) -> str:
+    """The job's semi-synchronous method ("" without: every step synchronous, or no FT)."""
+    f = cfg.fault_tolerance
+    return f.semi_sync_method if f.enable else ""
 
 
 def fragments(model_parts: list[nn.Module], section) -> list[nn.Module]:
@@ -121,6 +129,16 @@ def outer_optimizer(fragment: nn.Module, section) -> torch.optim.Optimizer:
     )
 
 
+def outer_momentum(opt: torch.optim.Optimizer) -> None:
+    """The outer SGD's momentum buffers made now, as zeros: the first sync then computes what
+    torch's first step does (0 x momentum + d = d, exactly), and the buffers exist from the
+    start, for the checkpoint to load into and the memory to be what every step holds."""
+    for group in opt.param_groups:
+        if group["momentum"]:
+            for p in group["params"]:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p, requires_grad=False)
+
+
 def semi_sync(section, manager, model_parts: list[nn.Module], optimizers):
     """torchft's LocalSGD or DiLoCo over `model_parts`, entered: its hooks on `optimizers`
     (training/optimizer.PartOptimizers) sync every sync_steps; leave it with `__exit__`."""
@@ -130,17 +148,145 @@ def semi_sync(section, manager, model_parts: list[nn.Module], optimizers):
         wrapper = LocalSGD(manager, nn.ModuleList(model_parts), optimizers, section.sync_steps)
     else:
         frags = fragments(model_parts, section)
+        outer = [outer_optimizer(f, section) for f in frags]
+        for opt in outer:
+            outer_momentum(opt)
         wrapper = DiLoCo(
             manager,
             frags,
             optimizers,
-            [outer_optimizer(f, section) for f in frags],
+            outer,
             section.sync_steps,
             should_quantize=section.should_quantize,
             fragment_sync_delay=section.fragment_sync_delay,
             fragment_update_alpha=section.fragment_update_alpha,
         )
     return wrapper.__enter__()
+
+
+class SyncSchedule:
+    """torchft's LocalSGD / DiLoCo kept in step with the trainer's step count, so that groups
+    that start apart (a whole job resumed, one group restarted) sync at the same steps:
+
+    - where a wrapper is in its period (its local step) is the trainer's step modulo the
+      period (a fragment's: sync_steps / num_fragments), set when it starts and after a heal;
+    - torchft's step (which decides who heals: a group whose step is behind) is the
+      trainer's, set before every quorum: a restarted group is behind the running ones;
+    - DiLoCo's fragment of a sync is the number of periods so far modulo the fragments
+      (torchft takes its own step modulo the fragments, which is now the trainer's step).
+    """
+
+    def __init__(self, section, manager, model_parts, optimizers, train_state):
+        self.wrapper = semi_sync(section, manager, model_parts, optimizers)
+        self.manager, self.train_state, self.optimizers = manager, train_state, optimizers
+        self.diloco = section.semi_sync_method == "diloco"
+        self.period = section.sync_steps // (section.num_fragments if self.diloco else 1)
+        self.delay = section.fragment_sync_delay if self.diloco else 0
+        if self.diloco:
+            n = len(self.wrapper._fragments)
+            self.wrapper._current_fragment = lambda: (self.train_state.step // self.period) % n
+        # every step, before its post-hook's quorum (torchft's own pre-hook only locks state)
+        self.handle = optimizers.register_step_pre_hook(lambda *a: self.level())
+        self.align()
+
+    def level(self) -> None:
+        """torchft's step is the trainer's (before any quorum of this step)."""
+        self.manager.load_state_dict(
+            {"step": self.train_state.step, "batches_committed": self.manager.batches_committed()}
+        )
+
+    def align(self) -> None:
+        """The wrapper's place in its period from the trainer's step."""
+        self.wrapper._local_step = self.train_state.step % self.period
+
+    def join(self) -> None:
+        """This group healed in its first quorum from a peer that is syncing (inside its
+        optimizer step of the next step): take part in that sync as the peer does (without a
+        quorum of its own: this one is it), then stand where the peer will after its step."""
+        if self.diloco:
+            fragment = self.wrapper._fragments[self.wrapper._current_fragment()]
+            fragment.prepare_sync()
+            if self.delay == 0:
+                fragment.perform_sync()
+        else:
+            self.wrapper._perform_sync()
+        self.train_state.step += 1  # the peer's step, which this sync ends
+        for sched in self.optimizers.schedulers:
+            sched.step()
+        # after the sync the period starts again (a delayed fragment: its perform is ahead)
+        self.wrapper._local_step = self.period - self.delay if self.delay else 0
+
+    def close(self) -> None:
+        self.handle.remove()
+        self.wrapper.__exit__(None, None, None)
+
+
+class SemiSyncState(Stateful):
+    """What a DiLoCo group's checkpoint holds besides the model and optimizer
+    (checkpoint/manager.py, key "semi_sync"): DiLoCo's global weights and outer momentum, by
+    parameter name (sharded as the parameter is); where it is in its period follows from
+    the step (SyncSchedule). The checkpoint is loaded before the wrapper exists (`attach`
+    applies what was loaded)."""
+
+    def __init__(self, model_parts: list[nn.Module]):
+        from torchtitan.models.common.init import clean_fqn
+
+        self.names = {
+            id(p): clean_fqn(n) for part in model_parts for n, p in part.named_parameters()
+        }
+        self.params = {clean_fqn(n): p for part in model_parts for n, p in part.named_parameters()}
+        self.wrapper = self.loaded = None
+
+    def attach(self, wrapper) -> None:
+        self.wrapper = wrapper
+        if self.loaded is not None:
+            self._apply(self.loaded)
+            self.loaded = None
+
+    def _pairs(self):
+        """(name, parameter, DiLoCo's global copy, outer momentum) of every synced weight."""
+        for frag in self.wrapper._fragments:
+            state = frag._outer_optimizer.state
+            for name, p in frag._model_fragment.named_parameters():
+                momentum = state.get(p, {}).get("momentum_buffer")
+                yield self.names[id(p)], p, frag.original_parameters[name], momentum
+
+    def state_dict(self) -> dict:
+        out = {}
+        if self.wrapper is None:  # a template for the checkpoint to be loaded into
+            for name, p in self.params.items():
+                out[f"global.{name}"] = torch.zeros_like(p.detach())
+                out[f"momentum.{name}"] = torch.zeros_like(p.detach())
+            return out
+        for name, p, copy, momentum in self._pairs():
+            out[f"global.{name}"] = _like(p, copy)
+            if momentum is not None:
+                out[f"momentum.{name}"] = momentum
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.wrapper is None:
+            self.loaded = state
+        else:
+            self._apply(state)
+
+    def _apply(self, state: dict) -> None:
+        with torch.no_grad():
+            for name, _, copy, momentum in self._pairs():
+                loaded = state[f"global.{name}"]
+                copy.copy_(loaded.to_local() if isinstance(loaded, DTensor) else loaded)
+                if momentum is not None and f"momentum.{name}" in state:
+                    momentum.copy_(state[f"momentum.{name}"])
+
+
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` (a host copy of p's local shard) as a tensor sharded as `p` on p's device."""
+    local = local.to(p.device)
+    if isinstance(p, DTensor):
+        return DTensor.from_local(
+            local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+        )
+    return local
 
 
 class PlannedManager:
