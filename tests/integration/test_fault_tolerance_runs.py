@@ -30,6 +30,9 @@ TINY = [
     "--lr_scheduler.warmup_steps=0",
     "--lr_scheduler.decay_ratio=0",
     "--training.gc_freq=1000",
+    # no start-up prediction (no budget; no local profile: TITAN_PROFILE_CACHE below): nothing
+    # here reads it, and it is a process of its own per launch
+    "--planning.memory_budget_gib=none",
 ]
 
 
@@ -39,7 +42,7 @@ def _rows(path: str) -> dict[int, dict]:
 
 
 def _ft_local(dump, *script_args: str, slow: bool = True) -> tuple[dict, str]:
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": ROOT, "TITAN_PROFILE_CACHE": "none"}
     if slow:  # ~0.1 s more per step on every rank, so that group 0 is still training when the
         env["TORCHTITAN_FAULT"] = "sleep=0.1@data"  # restarted group 1 has started (~10 s)
     done = subprocess.run(

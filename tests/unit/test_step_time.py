@@ -546,3 +546,53 @@ def test_float8_gemms_run_at_the_float8_peak_and_compiled_casts_fuse():
     eager_ops = sum(e.ops for s in eager for e in s.events if isinstance(e, Compute))
     assert ops < eager_ops / 3
     assert device_s(compiled) < device_s(eager)
+
+
+def _ft_role(*ft: str):
+    from torchtitan.checks import load_config
+    from torchtitan.planning.memory.predict import predict
+    from torchtitan.training.build import fake_world
+    from torchtitan.training.planned_job import PlannedJob, model_on_meta
+
+    argv = ["--model.flavor=tiny", "--training.seq_len=64", "--planning.memory_budget_gib=none"]
+    argv.append("--job.dry_run=true")  # no lighthouse needed
+    cfg, _ = load_config([*argv, *ft], 2)
+    with fake_world(cfg, 2) as dims:
+        (role,) = predict(PlannedJob(cfg, model_on_meta(cfg), dims, "cuda"), hardware=H100).roles
+    return role
+
+
+def test_replica_groups_all_reduce_is_priced_and_a_diloco_sync_shared_by_its_steps():
+    """Fault tolerance: the groups' all-reduce on torchft's process group (one rank of each
+    group, on the NIC) in the step time as comm_ft; every step's gradients synchronously, a
+    DiLoCo sync's pseudo-gradients times 1 / sync_steps; tokens per device over every group's
+    devices. DiLoCo's outer momentum (fp32, one per weight) in the memory peak; its copy of
+    the global weights is host memory beside a GPU (not in the peak)."""
+    alone = _ft_role()
+    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size=4"]
+    sync = _ft_role(*ft)
+    every4 = _ft_role(
+        *ft, "--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.sync_steps=4"
+    )
+    every8 = _ft_role(
+        *ft, "--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.sync_steps=8"
+    )
+    assert "comm_ft" not in alone.time.breakdown
+    assert sync.time.breakdown["comm_ft"] > 0
+    # a sync's all-reduces (one per weight, latency and bytes) over 4 and 8 steps
+    assert every4.time.breakdown["comm_ft"] == pytest.approx(2 * every8.time.breakdown["comm_ft"])
+    # the same step: tokens over 4 groups' devices, each group's share of the global batch
+    assert sync.time.tokens_per_second_per_device == pytest.approx(
+        4 * 2 * 8 * 64 / sync.time.predicted_step_seconds / (2 * 4)
+    )
+    params = sum(p.numel() for p in model_on_meta_tiny().parameters()) * 4 // 2  # fp32, FSDP 2
+    momentum = every4.breakdown["optimizer_states"] - sync.breakdown["optimizer_states"]
+    assert momentum == pytest.approx(params, rel=0.02)
+
+
+def model_on_meta_tiny():
+    from torchtitan.checks import load_config
+    from torchtitan.training.planned_job import model_on_meta
+
+    cfg, _ = load_config(["--model.flavor=tiny"], 1)
+    return model_on_meta(cfg).model

@@ -76,7 +76,7 @@ def _split_blocks(model_parts, n: int) -> list[nn.ModuleList]:
     before, blocks, after = [], [], []
     for part in model_parts:
         for child in part.children():
-            if isinstance(child, nn.ModuleDict | nn.ModuleList) and len(child) >= n:
+            if isinstance(child, nn.ModuleDict | nn.ModuleList) and len(child):
                 blocks += list(child.children())
             elif not list(child.parameters()):
                 continue
