@@ -2,7 +2,8 @@
 refused in one line before launch. Torch-free (the lighthouse is reached with a plain socket).
 
 What runs: G replica groups of the same layout (any the framework has: FSDP2, SimpleFSDP, TP,
-PP, CP, EP inside a group), averaged every step over the groups alive. Refused: torchft not
+PP, CP, EP inside a group), averaged every step over the groups alive, or every sync_steps
+with LocalSGD or DiLoCo (training/semi_sync.py). Refused: torchft not
 installed; replica_id outside the groups; min_replica_size outside 1..group_size; the
 replicate dimension inside a group (the groups are it); NCCL between groups of CPU ranks;
 semi-synchronous training's keys out of range (sync_steps not a multiple of num_fragments,

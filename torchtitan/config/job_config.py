@@ -336,8 +336,9 @@ class Validation:
 class FaultTolerance:
     """Replica-group fault tolerance with torchft ([fault_tolerance]; training/fault_tolerance.py,
     docs/reliability.md): the job runs as group_size launches of the same layout (replica
-    groups, the replicate dimension), averaged every step over the groups alive; a lost group
-    does not stop the others, and one that restarts heals from a live peer. Needs the
+    groups, the replicate dimension), averaged every step over the groups alive, or every
+    sync_steps (semi_sync_method: LocalSGD, DiLoCo); a lost group does not stop the others,
+    and one that restarts heals from a live peer. Needs the
     optional extra (pip install -e '.[ft]') and a lighthouse (TORCHFT_LIGHTHOUSE;
     scripts/ft_local.py starts one)."""
 

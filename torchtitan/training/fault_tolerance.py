@@ -133,24 +133,32 @@ class PlannedReplicaGroups:
     and step-time predictions hold what they add: the same buckets and copies as
     ReplicaGroups.average, or (semi-synchronous) torchft's own LocalSGD / DiLoCo on a stand-in
     manager (semi_sync.PlannedManager), syncing in every simulated step (its copies are at
-    their largest then) with DiLoCo's outer momentum (alive from the start). Each all-reduce
-    over the groups is told to `on_all_reduce(nbytes, share)`, a sync's with the share of
-    the steps it runs in (the step-time model prices the average step); every step
-    committed."""
+    their largest then) with DiLoCo's outer momentum (alive from the start). `trace`: the
+    step-time trace (planning/step_time/trace.OpTrace; None: memory only), told each
+    all-reduce over the groups, and whose `share` is 1 / (steps between syncs) while a sync
+    runs (its ops and all-reduces count for the average step); every step committed."""
 
-    def __init__(self, section, model_parts, optimizers, on_all_reduce=lambda n, share: None):
+    def __init__(self, section, model_parts, optimizers, trace=None, where=None):
         from torchtitan.training.semi_sync import PlannedManager
 
-        self.semi = section.semi_sync_method
-        self.on_all_reduce = on_all_reduce
+        self.semi, self.trace, self.where = section.semi_sync_method, trace, where
         self.outer = None
         if self.semi:
             every = section.sync_steps // section.num_fragments  # one fragment's sync interval
             planned = dataclasses.replace(
                 section, sync_steps=section.num_fragments, fragment_sync_delay=0
             )
-            manager = PlannedManager(lambda nbytes: on_all_reduce(nbytes, 1 / every))
+
+            def sync_starts() -> None:
+                if trace is not None:
+                    trace.share = 1 / every
+
+            manager = PlannedManager(self._all_reduce, on_sync=sync_starts)
             self.outer = semi_sync(planned, manager, model_parts, optimizers)
+
+    def _all_reduce(self, nbytes: int) -> None:
+        if self.trace is not None:
+            self.trace.replica_groups_all_reduce(nbytes, self.where)
 
     def host_copies(self) -> list[torch.Tensor]:
         """DiLoCo's copy of the global weights (torchft keeps it in host memory)."""
@@ -167,10 +175,15 @@ class PlannedReplicaGroups:
 
     def average(self, params, sums) -> None:
         if not self.semi:
-            in_buckets(params, sums, lambda flat: self.on_all_reduce(flat.nbytes, 1.0))
+            in_buckets(params, sums, lambda flat: self._all_reduce(flat.nbytes))
 
+    @contextlib.contextmanager
     def stepping(self):
-        return contextlib.nullcontext()
+        try:
+            yield
+        finally:  # the sync (inside the optimizers' step) is over
+            if self.trace is not None:
+                self.trace.share = 1.0
 
     def commit(self) -> bool:
         return True

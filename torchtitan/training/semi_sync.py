@@ -292,13 +292,13 @@ def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 class PlannedManager:
     """torchft's Manager as the simulated step needs it (planning/simulate/step.py): one group,
     every sync committed, each all-reduce reported to `on_all_reduce(nbytes)` (the step-time
-    model prices it over the groups); so torchft's own LocalSGD / DiLoCo code runs in the
-    simulation and its copies are measured."""
+    model prices it over the groups) and each sync's start to `on_sync()`; so torchft's own
+    LocalSGD / DiLoCo code runs in the simulation and its copies are measured."""
 
     _use_async_quorum = False
 
-    def __init__(self, on_all_reduce=lambda nbytes: None):
-        self.on_all_reduce = on_all_reduce
+    def __init__(self, on_all_reduce=lambda nbytes: None, on_sync=lambda: None):
+        self.on_all_reduce, self.on_sync = on_all_reduce, on_sync
         self.step = 0
 
     def allreduce(self, tensor, should_quantize=False, reduce_op=None):
@@ -308,7 +308,7 @@ class PlannedManager:
         return _Done(fut)
 
     def start_quorum(self, *args, **kwargs) -> None:
-        pass
+        self.on_sync()  # a sync starts (torchft's wrappers take a quorum first)
 
     def should_commit(self, *args, **kwargs) -> bool:
         self.step += 1

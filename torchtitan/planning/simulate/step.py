@@ -298,14 +298,7 @@ def simulate_pp_rank(
         replicas = None
         if cfg.fault_tolerance.enable:  # the trainer's (training/fault_tolerance.py), simulated
             replicas = PlannedReplicaGroups(
-                cfg.fault_tolerance,
-                parts.modules,
-                optimizers,
-                on_all_reduce=(
-                    (lambda n, share: trace.replica_groups_all_reduce(n, share, tracker))
-                    if trace is not None
-                    else (lambda n, share: None)
-                ),
+                cfg.fault_tolerance, parts.modules, optimizers, trace=trace, where=tracker
             )
             states += replicas.outer_states()
         # DiLoCo's global weights: host memory beside a GPU (not the device's); on CPU the same

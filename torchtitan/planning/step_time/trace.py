@@ -270,6 +270,9 @@ class OpTrace:
         self.last_bytes = 0
         self.records: list = []  # open record_functions: a float8 cast's bytes, else None
         self.casts = 0  # float8 casts open now
+        # the share of the steps what runs now runs in: 1, or a semi-synchronous sync's
+        # 1 / (steps between syncs) (training/fault_tolerance.PlannedReplicaGroups)
+        self.share = 1.0
 
     def _segment(self, label: str, action) -> Segment:
         if (
@@ -288,6 +291,7 @@ class OpTrace:
         if last is None:
             last = Compute()
             seg.events.append(last)
+        device_s, host_s, flops = device_s * self.share, host_s * self.share, flops * self.share
         if self.recomputing:
             last.recompute_s += device_s
         else:
@@ -303,20 +307,20 @@ class OpTrace:
         if last is None:
             last = Compute()
             seg.events.append(last)
-        last.host_s += seconds
+        last.host_s += seconds * self.share
 
     def dtensor_op(self, label: str, action) -> None:
         """An op on DTensors: DTensor's own host time, then its local ops come through `seen`."""
         if self.active:
             self._host(self.profile.dtensor_us_per_op * 1e-6, label, action)
 
-    def replica_groups_all_reduce(self, nbytes: int, share: float, tracker) -> None:
+    def replica_groups_all_reduce(self, nbytes: int, tracker) -> None:
         """An all-reduce over the fault-tolerance replica groups (torchft's process group,
-        outside the simulated world: training/fault_tolerance.PlannedReplicaGroups), in
-        `share` of the steps (semi-synchronous syncs), at the tracker's phase."""
+        outside the simulated world: training/fault_tolerance.PlannedReplicaGroups), at the
+        tracker's phase, in `share` of the steps."""
         if self.active:
             self._segment(tracker.phase, tracker.action).events.append(
-                Comm("all_reduce", REPLICA_GROUPS, nbytes, "c10d", share)
+                Comm("all_reduce", REPLICA_GROUPS, nbytes, "c10d", self.share)
             )
 
     def seen(self, func, args, kwargs, out, *, label: str, action) -> None:
