@@ -307,6 +307,8 @@ class Trainer:
             cfg.lr_scheduler,
             self.device.type,
         )
+        if (split := self.optimizers.split_line()) is not None:
+            self.log(split)
         self.train_state = TrainState(self.rank)
         self.watchdog = HangWatchdog(
             hang_timeout(cfg.comm),

@@ -639,11 +639,13 @@ CASES = [
 # import Case from here, so they come in after it is defined).
 import feature_cases  # noqa: E402
 import float8_cases  # noqa: E402
+import muon_cases  # noqa: E402
 import pipeline_cases  # noqa: E402
 
 MODELS.update(pipeline_cases.MODELS)
 MODELS.update(float8_cases.MODELS)
-CASES += pipeline_cases.CASES + feature_cases.CASES + float8_cases.CASES
+MODELS.update(muon_cases.MODELS)
+CASES += pipeline_cases.CASES + feature_cases.CASES + float8_cases.CASES + muon_cases.CASES
 
 COMPILED_IN_MAKE_TEST = {"qwen3_moe_ep", "float8_fsdp_all_gather"}
 COMPILE_RTOL = 2e-5

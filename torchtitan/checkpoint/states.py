@@ -98,7 +98,8 @@ class OptimizerState(Stateful):
 
 
 class LRSchedulerState(Stateful):
-    """Every part's schedule is the same function of the step: save one, load into all."""
+    """Every part's schedule is the same function of the step: save one, load into all (each
+    scheduler keeps its own base lr: Muon's and AdamW's differ)."""
 
     def __init__(self, optimizers):
         self.schedulers = optimizers.schedulers
@@ -108,7 +109,11 @@ class LRSchedulerState(Stateful):
 
     def load_state_dict(self, state):
         for s in self.schedulers:
+            # the step is shared; each keeps its own base lr (Muon's and AdamW's differ)
+            own = list(s.base_lrs)
             s.load_state_dict(state)
+            s.base_lrs = own
+            s._last_lr = [b * f(s.last_epoch) for b, f in zip(own, s.lr_lambdas)]
 
     def apply(self) -> None:
         """Set every optimizer's lr to its schedule's current value, after a load: a loaded

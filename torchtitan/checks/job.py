@@ -28,7 +28,7 @@ from torchtitan.checks.layout import (
     check_layout,
     check_model,
 )
-from torchtitan.checks.optimizer import check_optimizer_placement
+from torchtitan.checks.optimizer import check_muon_keys, check_optimizer_placement
 from torchtitan.checks.outputs import check_outputs, check_wandb
 from torchtitan.checks.quantize import check_converters
 from torchtitan.checks.upstream_keys import check_upstream_keys
@@ -49,6 +49,8 @@ def check_job(cfg: JobConfig, world_size: int) -> None:
     check_fault_tolerance(cfg)
     args = check_model(cfg)
     check_model_fragments(cfg, args)
+    check_muon_keys(cfg)
+    check_muon_split(cfg, args)
     check_attention_backend(cfg, args)
     dp_shard = check_layout(cfg, args, world_size)
     global_batch = check_training(cfg, args, dp_shard)
@@ -79,6 +81,21 @@ def check_model_fragments(cfg: JobConfig, args) -> None:
         from torchtitan.training.semi_sync import fragments
 
         fragments([model_on_meta(cfg, args).model], f)
+
+
+def check_muon_split(cfg: JobConfig, args) -> None:
+    """optimizer.name = Muon with name patterns: each matches a parameter of the model built on
+    meta, and Muon's are matrices (training/muon.py)."""
+    o = cfg.optimizer
+    if o.name.lower() != "muon" or not (o.muon_params or o.adamw_params):
+        return
+    from torchtitan.models.common.init import clean_fqn
+    from torchtitan.training.muon import check_patterns, split
+    from torchtitan.training.planned_job import model_on_meta
+
+    named = [(clean_fqn(n), p) for n, p in model_on_meta(cfg, args).model.named_parameters()]
+    check_patterns([n for n, _ in named], o)
+    split(named, o)
 
 
 def accepts(world_size: int) -> Callable[[JobConfig], bool]:

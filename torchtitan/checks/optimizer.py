@@ -1,5 +1,6 @@
 """Where the optimizer steps: in backward (optimizer.early_step_in_backward) and on the host
-(training.enable_cpu_offload). Torch-free; one ConfigError line naming the key and the fix."""
+(training.enable_cpu_offload); Muon's keys (check_muon_keys). Torch-free; one ConfigError
+line naming the key and the fix."""
 
 from torchtitan.config.job_config import JobConfig
 from torchtitan.config.manager import ConfigError
@@ -64,3 +65,35 @@ def early_step_clip_warning(cfg: JobConfig) -> str | None:
         " way); the logged grad_norm is the unclipped norm. Set --training.max_norm=0 to"
         " silence this"
     )
+
+
+def check_muon_keys(cfg: JobConfig) -> None:
+    """optimizer.name = Muon: its keys in range, and where it cannot step (its parameter
+    split against the model: checks/job.check_muon_split)."""
+    o = cfg.optimizer
+    if o.name.lower() != "muon":
+        return
+    key = "--optimizer"
+    if len(o.muon_ns_coefficients) != 3:
+        raise ConfigError(
+            f"{key}.muon_ns_coefficients={o.muon_ns_coefficients}: give the quintic's 3"
+            " coefficients (a, b, c), e.g. [3.4445, -4.775, 2.0315]"
+        )
+    if o.muon_ns_steps < 1:
+        raise ConfigError(f"{key}.muon_ns_steps={o.muon_ns_steps}: must be >= 1")
+    if not 0.0 <= o.muon_momentum < 1.0:
+        raise ConfigError(f"{key}.muon_momentum={o.muon_momentum}: must be in [0, 1)")
+    if o.muon_lr < 0 or o.muon_weight_decay < 0:
+        raise ConfigError(
+            f"{key}.muon_lr={o.muon_lr}, muon_weight_decay={o.muon_weight_decay}: must be >= 0"
+        )
+    if o.early_step_in_backward:
+        raise ConfigError(
+            f"{EARLY} with {key}.name={o.name}: Muon orthogonalizes each whole matrix after the"
+            " step's gradients are reduced; turn early_step_in_backward off"
+        )
+    if cfg.training.enable_cpu_offload:
+        raise ConfigError(
+            f"--training.enable_cpu_offload with {key}.name={o.name}: Muon's gathers run on"
+            " the device; turn offload off or use AdamW"
+        )

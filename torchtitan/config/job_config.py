@@ -223,13 +223,16 @@ class Training:
 
 @dataclass
 class Optimizer:
-    """AdamW."""
+    """AdamW, or Muon for the hidden matrices and AdamW for the rest (training/muon.py)."""
 
-    name: Literal["AdamW", "Adam"] = "AdamW"
-    """Optimizer class."""
+    name: Literal["AdamW", "Adam", "Muon", "muon"] = "AdamW"
+    """Optimizer class. Muon: Muon for the 2-D hidden matrices (attention projections, MLPs),
+    AdamW with the keys below for the rest (embeddings, output layer, norms, routers, biases,
+    3-D expert weights); the split is printed at start (muon_params / adamw_params move
+    parameters by name)."""
 
     lr: float = 8e-4
-    """Peak learning rate."""
+    """Peak learning rate (with Muon: AdamW's, for the parameters Muon does not take)."""
 
     eps: float = 1e-8
     """AdamW epsilon."""
@@ -247,6 +250,43 @@ class Optimizer:
     """AdamW's kernels: fused (one kernel for every tensor of a group; CUDA's fastest), foreach
     (a few multi-tensor kernels), or auto = fused on CUDA, foreach elsewhere. Same math; the
     last bits of the update may differ between the two."""
+
+    muon_lr: float = 1e-3
+    """Muon's peak learning rate (torch.optim.Muon's default; the schedule scales it as lr),
+    before the per-matrix adjustment (muon_adjust_lr_fn)."""
+
+    muon_momentum: float = 0.95
+    """Muon's momentum (an exponential moving average of the gradients)."""
+
+    muon_nesterov: bool = True
+    """Muon's Nesterov update (the gradient moved toward the momentum by muon_momentum)."""
+
+    muon_weight_decay: float = 0.1
+    """Muon's decoupled weight decay (multiplied by the unadjusted lr)."""
+
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations orthogonalizing each matrix's update."""
+
+    muon_ns_coefficients: list[float] = field(default_factory=lambda: [3.4445, -4.775, 2.0315])
+    """The quintic's (a, b, c) of each Newton-Schulz iteration (Keller Jordan's, torch's)."""
+
+    muon_eps: float = 1e-7
+    """Floor of the Frobenius norm each update is divided by before the iterations."""
+
+    muon_adjust_lr_fn: Literal["original", "match_rms_adamw"] = "original"
+    """Muon's lr per matrix of global shape (rows, cols): original = lr x sqrt(max(1, rows /
+    cols)); match_rms_adamw = lr x 0.2 x sqrt(max(rows, cols)) (Moonshot's: AdamW's lr and
+    weight decay carry over)."""
+
+    ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Precision of the Newton-Schulz iterations: bfloat16 (torch's) or float32."""
+
+    muon_params: list[str] = field(default_factory=list)
+    """Parameter name patterns (fnmatch, e.g. "layers.*.attention.wq.weight") Muon takes
+    whatever the default rule says; each must match a 2-D parameter."""
+
+    adamw_params: list[str] = field(default_factory=list)
+    """Parameter name patterns left to AdamW though the default rule gives them to Muon."""
 
     early_step_in_backward: bool = False
     """Step the optimizer for each parameter inside its gradient hook, as soon as its gradient

@@ -24,7 +24,7 @@ def build_optimizer(params, opt_cfg, device_type: str = "cpu") -> torch.optim.Op
     the gradient, as torch.optim.Adam does) with its kernels (`kernels`): fused, foreach, or
     for-loop (one tensor at a time: neither)."""
     impl = kernels(opt_cfg, device_type)
-    cls = torch.optim.Adam if opt_cfg.name == "Adam" else torch.optim.AdamW
+    cls = torch.optim.Adam if opt_cfg.name == "Adam" else torch.optim.AdamW  # (Muon's rest too)
     return cls(
         params,
         lr=opt_cfg.lr,
@@ -51,8 +51,15 @@ class PartOptimizers:
     def __init__(self, model_parts, opt_cfg, total_steps: int, lr_cfg, device_type: str = "cpu"):
         # getattr: the unit tests' stand-in configs predate the key
         self.in_backward = bool(getattr(opt_cfg, "early_step_in_backward", False))
+        self.muon = str(getattr(opt_cfg, "name", "")).lower() == "muon"
         if self.in_backward:
             self.optimizers = [InBackward(m, opt_cfg, device_type) for m in model_parts]
+            each = [o for part in self.optimizers for o in part]
+        elif self.muon:  # Muon's matrices, AdamW's rest: two optimizers per part
+            from torchtitan.training.muon import MuonAndAdamW
+
+            adamw = lambda params: build_optimizer(params, opt_cfg, device_type)  # noqa: E731
+            self.optimizers = [MuonAndAdamW(m, opt_cfg, adamw) for m in model_parts]
             each = [o for part in self.optimizers for o in part]
         else:
             self.optimizers = [
@@ -97,6 +104,20 @@ class PartOptimizers:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sq)
         return sq.sqrt()
+
+    def split_line(self) -> str | None:
+        """Muon: how many parameters each optimizer takes on this rank's parts (one line)."""
+        if not self.muon:
+            return None
+        mt = sum(part.tensors[0] for part in self.optimizers)
+        at = sum(part.tensors[1] for part in self.optimizers)
+        mn = sum(part.counts[0] for part in self.optimizers)
+        an = sum(part.counts[1] for part in self.optimizers)
+        return (
+            f"[torchtitan] optimizer: Muon for {mt} matrices ({mn:,} parameters on this rank),"
+            f" AdamW for {at} other tensors ({an:,}); optimizer.muon_params / adamw_params move"
+            " them by name"
+        )
 
     def last_lr(self) -> float:
         return self.schedulers[0].get_last_lr()[0]

@@ -192,7 +192,9 @@ class Streams:
         self.computed = 0.0
         link = link_of(ranks, self.p).name
         free = self.link_free[link]
-        gather = c.kind == "all_gather" and c.group in self.groups.fsdp
+        # FSDP's parameter gathers (forward, backward); one in the tail (an optimizer's, Muon's
+        # whole matrices) is waited for where it is issued
+        gather = c.kind == "all_gather" and c.group in self.groups.fsdp and label not in TAIL_LABELS
         reduction = (
             self.overlap
             and phase_of(label) in BACKWARD

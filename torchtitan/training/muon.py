@@ -1,0 +1,168 @@
+"""Muon for the hidden 2-D matrices, AdamW for the rest ([optimizer] name = "Muon").
+
+Muon (torch 2.13's torch.optim.Muon semantics, written here for sharded parameters): per
+matrix, an EMA momentum buffer (buf <- buf + (1 - momentum) (grad - buf)), the Nesterov
+update grad + momentum (buf - grad), orthogonalized by `ns_steps` Newton-Schulz iterations
+of the quintic (a, b, c), decoupled weight decay with the unadjusted lr, and the update
+scaled by the lr adjusted from the matrix's global shape ("original": sqrt(max(1, rows /
+cols)); "match_rms_adamw": 0.2 sqrt(max(rows, cols))).
+
+Newton-Schulz needs the whole matrix, and FSDP, TP and HSDP hold shards: this stop gathers
+each matrix's update on every rank of its mesh (one all-gather per matrix and mesh dim,
+DTensor's full_tensor), computes the iteration there, and keeps this rank's shard of the
+result (no communication back): every matrix is orthogonalized whole, exactly as on one rank,
+by every rank of its mesh. (Owners spread over the ranks, each computing a share and
+scattering the result, are the next step.)
+
+Which parameters: 2-D ones, except the embeddings, the output layer and MoE routers (AdamW,
+as the Muon authors advise), and those optimizer.adamw_params names; optimizer.muon_params
+names are Muon's whatever the rule says (they must be 2-D). Norms, biases and 3-D expert
+weights are AdamW's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from torchtitan.config.manager import ConfigError
+
+OPT = "--optimizer"
+# parameters the rule leaves to AdamW though 2-D (the token embedding, the output layer, the
+# MoE router; tied embeddings are both)
+ADAMW_BY_DEFAULT = ("tok_embeddings.*", "output.*", "*.router.*", "*.gate.weight")
+NS_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+ADJUST_LR = ("original", "match_rms_adamw")
+
+
+def split(named: list[tuple[str, torch.nn.Parameter]], opt_cfg) -> tuple[list, list]:
+    """(Muon's, AdamW's) (name, parameter) pairs of one model part (module docstring)."""
+    muon, adamw = [], []
+    for name, p in named:
+        if not p.requires_grad:
+            continue
+        if any(fnmatch.fnmatchcase(name, pat) for pat in opt_cfg.muon_params):
+            if p.ndim != 2:
+                raise ConfigError(
+                    f"{OPT}.muon_params: {name} is {p.ndim}-D {tuple(p.shape)}; Muon takes"
+                    " matrices only: drop it from the patterns"
+                )
+            muon.append((name, p))
+        elif (
+            p.ndim == 2
+            and not any(fnmatch.fnmatchcase(name, pat) for pat in ADAMW_BY_DEFAULT)
+            and not any(fnmatch.fnmatchcase(name, pat) for pat in opt_cfg.adamw_params)
+        ):
+            muon.append((name, p))
+        else:
+            adamw.append((name, p))
+    return muon, adamw
+
+
+def check_patterns(names: list[str], opt_cfg) -> None:
+    """Every muon_params / adamw_params pattern names at least one parameter of the model."""
+    for key in ("muon_params", "adamw_params"):
+        for pat in getattr(opt_cfg, key):
+            if not any(fnmatch.fnmatchcase(n, pat) for n in names):
+                raise ConfigError(
+                    f"{OPT}.{key}: {pat!r} matches no parameter of the model (e.g."
+                    f" {names[0]}, {names[len(names) // 2]}); fix the pattern"
+                )
+
+
+def newton_schulz(g: torch.Tensor, coefficients, steps: int, eps: float, dtype) -> torch.Tensor:
+    """`steps` iterations of X <- a X + (b A + c A A) X, A = X X^T, from X = g / |g|_F (in
+    `dtype`, on the wide orientation): near the orthogonal factor of g's polar decomposition."""
+    a, b, c = coefficients
+    x = g.to(dtype)
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, poly, x, beta=a)
+    return x.T if tall else x
+
+
+def adjusted_lr(lr: float, how: str, shape) -> float:
+    rows, cols = shape[0], shape[1]
+    if how == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr * math.sqrt(max(1.0, rows / cols))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon over (possibly sharded) 2-D parameters (module docstring)."""
+
+    def __init__(self, params, opt_cfg):
+        defaults = {
+            "lr": opt_cfg.muon_lr,
+            "momentum": opt_cfg.muon_momentum,
+            "nesterov": opt_cfg.muon_nesterov,
+            "weight_decay": opt_cfg.muon_weight_decay,
+            "ns_steps": opt_cfg.muon_ns_steps,
+            "ns_coefficients": tuple(opt_cfg.muon_ns_coefficients),
+            "eps": opt_cfg.muon_eps,
+            "adjust_lr_fn": opt_cfg.muon_adjust_lr_fn,
+        }
+        super().__init__(params, defaults)
+        self.ns_dtype = NS_DTYPES[opt_cfg.ns_dtype]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, mom = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mom)
+                update = p.grad.lerp(buf, mom) if group["nesterov"] else buf
+                ortho = self._orthogonalized(update, group)
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(ortho, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
+
+    def _orthogonalized(self, update: torch.Tensor, group) -> torch.Tensor:
+        """Newton-Schulz of the whole matrix; a DTensor's gathered on every rank of its mesh
+        and this rank's shard of the result kept (as a DTensor of the same placements)."""
+        args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+        if not isinstance(update, DTensor):
+            return newton_schulz(update, *args).to(update.dtype)
+        whole = newton_schulz(update.full_tensor(), *args).to(update.dtype)
+        return distribute_tensor(whole, update.device_mesh, update.placements, src_data_rank=None)
+
+
+class MuonAndAdamW(list):
+    """One model part's optimizers under optimizer.name = Muon: Muon over its matrices and
+    AdamW over the rest (either left out when it has no parameter). A list of torch
+    optimizers, as torch's get/set_optimizer_state_dict take for one model (states keyed by
+    parameter name); `step` steps both, `state` is theirs merged."""
+
+    def __init__(self, model, opt_cfg, adamw):
+        from torchtitan.models.common.init import clean_fqn
+
+        super().__init__()
+        named = [(clean_fqn(n), p) for n, p in model.named_parameters()]
+        muon, rest = split(named, opt_cfg)
+        self.counts = (sum(p.numel() for _, p in muon), sum(p.numel() for _, p in rest))
+        self.tensors = (len(muon), len(rest))
+        if muon:
+            self.append(Muon([p for _, p in muon], opt_cfg))
+        if rest:
+            self.append(adamw([p for _, p in rest]))
+
+    @property
+    def state(self) -> dict:
+        return {p: s for o in self for p, s in o.state.items()}
+
+    def step(self) -> None:
+        for o in self:
+            o.step()
