@@ -29,6 +29,7 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from torchtitan.config.manager import ConfigError
+from torchtitan.training.optimizer_list import OptimizerList
 
 OPT = "--optimizer"
 # parameters the rule leaves to AdamW though 2-D (the token embedding, the output layer, the
@@ -140,11 +141,9 @@ class Muon(torch.optim.Optimizer):
         return distribute_tensor(whole, update.device_mesh, update.placements, src_data_rank=None)
 
 
-class MuonAndAdamW(list):
+class MuonAndAdamW(OptimizerList):
     """One model part's optimizers under optimizer.name = Muon: Muon over its matrices and
-    AdamW over the rest (either left out when it has no parameter). A list of torch
-    optimizers, as torch's get/set_optimizer_state_dict take for one model (states keyed by
-    parameter name); `step` steps both, `state` is theirs merged."""
+    AdamW over the rest (either left out when it has no parameter)."""
 
     def __init__(self, model, opt_cfg, adamw):
         from torchtitan.models.common.init import clean_fqn
@@ -158,11 +157,3 @@ class MuonAndAdamW(list):
             self.append(Muon([p for _, p in muon], opt_cfg))
         if rest:
             self.append(adamw([p for _, p in rest]))
-
-    @property
-    def state(self) -> dict:
-        return {p: s for o in self for p, s in o.state.items()}
-
-    def step(self) -> None:
-        for o in self:
-            o.step()

@@ -10,6 +10,7 @@ from torch.utils.hooks import RemovableHandle
 
 from torchtitan.training.lr_schedule import build_lr_scheduler
 from torchtitan.training.lr_schedule import lr_factor as lr_factor  # re-exported (importers)
+from torchtitan.training.optimizer_list import OptimizerList
 
 
 def kernels(opt_cfg, device_type: str) -> str:
@@ -123,7 +124,7 @@ class PartOptimizers:
         return self.schedulers[0].get_last_lr()[0]
 
 
-class InBackward(list):
+class InBackward(OptimizerList):
     """One model part's optimizers in backward: an AdamW per trainable parameter, stepped and
     its gradient freed by the parameter's post-accumulate-grad hook (FSDP2 calls it once the
     reduce-scattered shard is in place), so that no rank holds every gradient at once.
@@ -148,14 +149,6 @@ class InBackward(list):
 
         for p in by_param:
             p.register_post_accumulate_grad_hook(hook)
-
-    @property
-    def state(self) -> dict:
-        return {p: s for o in self for p, s in o.state.items()}
-
-    def step(self) -> None:
-        for o in self:
-            o.step()
 
     def take_squares(self, device: torch.device) -> torch.Tensor:
         total = sum((s.to(device) for s in self.squares), torch.zeros((), device=device))
