@@ -17,7 +17,7 @@ PP = "--parallelism.pipeline_parallel_degree=2"
 
 CASES = [
     Case("muon_fsdp", 2, [], model=LLAMA_MUON),
-    Case("muon_tp", 2, [TP, "--training.local_batch_size=8"], model=LLAMA_MUON),
+    Case("muon_tp", 2, [TP, "--training.local_batch_size=8"], model=LLAMA_MUON, slow=True),
     Case(
         "muon_hsdp+tp",
         8,
