@@ -138,6 +138,10 @@ llama_cp2                               2      cp=2
 llama_cp2_fsdp2_ac_op                   4      cp=2 ac=op
 llama_cp2_block_causal                  2      cp=2 mask=block_causal
 llama_pp_cp2_1F1B_mb4                   4      pp=2 cp=2 schedule=1F1B lbs=4 mbs=1
+llama_fsdp2_muon                        2      optimizer.name=Muon
+llama_tp_muon                           2      tp=2 optimizer.name=Muon
+llama_hsdp_muon                         4      rep=2 shard=2 optimizer.name=Muon
+ds_fsdp2_ep_muon                        4      ep=2 optimizer.name=Muon
 ds_cp2_ep                               4      cp=2 ep=2
 # Qwen3: QK-norm, tied embeddings (one root parameter; under PP a copy on the last stage), MoE
 qwen_fsdp2                              2

@@ -5,72 +5,35 @@ without a long stall and completes every step, and group 1 restarted heals from 
 weights bitwise group 0's (the digests both sides log), then both train in step; the whole
 job resumed from the checkpoint written under fault tolerance repeats its last steps bitwise."""
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 
+import ft_runs
 import pytest
 import run_tests
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 70
 RESUME_AT = 60  # the checkpoint the whole job resumes from (group 1 healed long before)
 KILL_AT, RESTART_AT = 6, 10
 INTERVAL = 20  # checkpoint steps (written by group 0, the lowest group in every quorum)
-TINY = [
-    "--model.flavor=tiny",
-    "--training.seq_len=64",
-    "--training.local_batch_size=2",
-    "--training.device=cpu",
-    "--training.mixed_precision_param=float32",
-    "--metrics.log_freq=1",
-    "--metrics.enable_tensorboard=false",
-    # a constant lr: the first steps of a shorter run are those of this one
-    "--lr_scheduler.warmup_steps=0",
-    "--lr_scheduler.decay_ratio=0",
-    "--training.gc_freq=1000",
-    # no start-up prediction (no budget; no local profile: TITAN_PROFILE_CACHE below): nothing
-    # here reads it, and it is a process of its own per launch
-    "--planning.memory_budget_gib=none",
-]
+TINY = [*ft_runs.TINY, "--training.gc_freq=1000"]
 
 
 def _rows(path: str) -> dict[int, dict]:
-    with open(path) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+    return ft_runs.rows(path)
 
 
 def _ft_local(dump, *script_args: str, slow: bool = True) -> tuple[dict, str]:
-    env = {**os.environ, "PYTHONPATH": ROOT, "TITAN_PROFILE_CACHE": "none"}
-    if slow:  # ~0.1 s more per step on every rank, so that group 0 is still training when the
-        env["TORCHTITAN_FAULT"] = "sleep=0.1@data"  # restarted group 1 has started (~10 s)
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "scripts", "ft_local.py"),
-            "--groups=2",
-            "--ranks=2",
-            f"--dump={dump}",
-            "--timeout=400",
-            *script_args,
-            "--",
-            f"--training.steps={STEPS}",
-            "--checkpoint.enable=true",
-            f"--checkpoint.interval={INTERVAL}",
-            *TINY,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=500,
-    )
-    out = done.stdout + done.stderr
-    line = [ln for ln in out.splitlines() if ln.startswith("[ft_local] summary ")]
-    assert done.returncode == 0 and line, out[-5000:]
-    return json.loads(line[-1].split(" ", 2)[2]), out
+    # slow: ~0.1 s more per step on every rank, so that group 0 is still training when the
+    # restarted group 1 has started (~10 s)
+    job = [
+        f"--training.steps={STEPS}",
+        "--checkpoint.enable=true",
+        f"--checkpoint.interval={INTERVAL}",
+        *TINY,
+    ]
+    env = {"TORCHTITAN_FAULT": "sleep=0.1@data"} if slow else None
+    return ft_runs.ft_local(dump, *script_args, "--", *job, ranks=2, env=env, timeout=500)
 
 
 @pytest.fixture(scope="module")

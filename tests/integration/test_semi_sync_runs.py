@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 
+import ft_runs
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,15 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, SYNC = 5, 2  # syncs after steps 2 and 4: the second with the outer momentum
 OUTER_LR, OUTER_M = 0.7, 0.9  # the outer SGD's defaults ([fault_tolerance] outer_*)
 TINY = [
-    "--model.flavor=tiny",
-    "--training.seq_len=64",
-    "--training.local_batch_size=2",
-    "--training.device=cpu",
-    "--training.mixed_precision_param=float32",
-    "--metrics.log_freq=1",
-    "--metrics.enable_tensorboard=false",
-    "--lr_scheduler.warmup_steps=0",  # a constant lr: the reference steps the schedule twice
-    "--lr_scheduler.decay_ratio=0",
+    *ft_runs.TINY,
     f"--training.steps={STEPS}",
 ]
 
@@ -38,43 +31,18 @@ TINY = [
 METHODS = {  # the reference's method: the run's keys
     "diloco": ["--fault_tolerance.semi_sync_method=diloco", f"--fault_tolerance.sync_steps={SYNC}"],
 }
-# no start-up prediction (no budget, no local profile): nothing here reads it, and it is a
-# process of its own per launch
-QUICK = ["--planning.memory_budget_gib=none"]
-QUICK_ENV = {"TITAN_PROFILE_CACHE": "none"}
 
 
-def _ft_local(dump: str, *args: str, ranks: int = 1, env: dict | None = None) -> tuple[dict, str]:
-    env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "scripts", "ft_local.py"),
-            "--groups=2",
-            f"--ranks={ranks}",
-            f"--dump={dump}",
-            "--timeout=200",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
-    out = done.stdout + done.stderr
-    line = [ln for ln in out.splitlines() if ln.startswith("[ft_local] summary ")]
-    assert done.returncode == 0 and line, out[-5000:]
-    return json.loads(line[-1].split(" ", 2)[2]), out
+def _ft_local(dump: str, *args: str, ranks: int = 1, env: dict | None = None):
+    return ft_runs.ft_local(dump, *args, ranks=ranks, env=env)
 
 
 def _rows(dump: str, g: int, name: str = "metrics.jsonl") -> dict[int, dict]:
-    with open(os.path.join(dump, f"group_{g}", name)) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+    return ft_runs.rows(os.path.join(dump, f"group_{g}", name))
 
 
 def _group_losses(dump: str, method: str) -> list[list[float]]:
-    _, out = _ft_local(dump, "--", *TINY, *QUICK, *METHODS[method], env=QUICK_ENV)
+    _, out = _ft_local(dump, "--", *TINY, *METHODS[method])
     losses = []
     for g in (0, 1):
         rows = _rows(dump, g)
@@ -100,10 +68,9 @@ def _references(tmp) -> dict[str, list[list[float]]]:
         str(OUTER_LR),
         str(OUTER_M),
         *TINY,
-        *QUICK,
         f"--job.dump_folder={tmp}/reference",
     ]
-    env = {**os.environ, "PYTHONPATH": ROOT, **QUICK_ENV}
+    env = {**os.environ, "PYTHONPATH": ROOT, **ft_runs.QUICK_ENV}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     with open(out) as f:
@@ -131,7 +98,6 @@ KILLED_STEPS, CHECKPOINT = 30, 26  # a checkpoint mid-period (syncs at 24 and 28
 KILLED = [  # DiLoCo, 2 groups of 2 ranks (FSDP)
     f"--training.steps={KILLED_STEPS}",
     *TINY[:-1],
-    *QUICK,
     "--fault_tolerance.semi_sync_method=diloco",
     "--fault_tolerance.sync_steps=4",
     "--checkpoint.enable",
@@ -150,7 +116,7 @@ def diloco_killed(tmp_path_factory):
         "--",
         *KILLED,
         ranks=2,
-        env={"TORCHTITAN_FAULT": "sleep=0.5@data", **QUICK_ENV},
+        env={"TORCHTITAN_FAULT": "sleep=0.5@data"},
     )
     return summary, dump, out
 
@@ -189,7 +155,7 @@ def test_diloco_whole_job_resumes_bitwise_from_a_checkpoint_mid_period(diloco_ki
             os.path.join(dump, f"group_{g}", "metrics.jsonl"),
             os.path.join(dump, f"group_{g}", "first.jsonl"),
         )
-    summary, out = _ft_local(dump, "--", *KILLED, ranks=2, env=QUICK_ENV)
+    summary, out = _ft_local(dump, "--", *KILLED, ranks=2)
     assert summary["exit_codes"] == [0, 0], out[-5000:]
     for g in (0, 1):
         at = f"{ckpt}/replica_{g}/step-{CHECKPOINT}"
