@@ -14,6 +14,7 @@ import logging
 from torchtitan.checks.job import check_job
 from torchtitan.checks.optimizer import early_step_clip_warning
 from torchtitan.config import ConfigError, JobConfig, build_config
+from torchtitan.resilience import exit_status
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ def load_config_or_exit(argv: list[str], world_size: int, quiet: bool = False) -
     try:
         cfg, warnings = load_config(argv, world_size)
     except ConfigError as e:
+        # every rank tells the launcher why (the status file): the first rank to exit may be
+        # a quiet one, and the launcher may stop rank 0 before it prints
+        exit_status.record(exit_status.EXIT_BAD_INPUT, str(e))
         if not quiet:
             logger.error(f"error: {e}")
         raise SystemExit(2) from None
