@@ -1,6 +1,7 @@
 """The parity suite's Muon cases (optimizer.name = Muon, training/muon.py): each layout against
 the 1-rank run of the same split and keys, with float32 Newton-Schulz (ns_dtype), within the
-suite's fp32 bound: every matrix orthogonalized whole on every layout, as on one rank."""
+suite's fp32 bound: every matrix orthogonalized whole on every layout, as on one rank (by its
+owner, muon_owners.py; muon_every_rank_fsdp: by every rank)."""
 
 from parity_cases import Case
 
@@ -14,6 +15,7 @@ MODELS = {
 }
 TP = "--parallelism.tensor_parallel_degree=2"
 PP = "--parallelism.pipeline_parallel_degree=2"
+EP = "--parallelism.expert_parallel_degree=2"
 
 CASES = [
     Case("muon_fsdp", 2, [], model=LLAMA_MUON),
@@ -34,5 +36,22 @@ CASES = [
     ),
     Case("muon_pp", 2, [PP, "--training.local_batch_size=8"], model=LLAMA_MUON, slow=True),
     Case("deepseek_muon_fsdp", 2, [], model=DS_MUON, slow=True),
+    # routed experts with Muon: whole local experts (no exchange), and TP's shards of them
+    Case("deepseek_muon_ep", 2, [EP], model=DS_MUON, slow=True),
+    Case(
+        "deepseek_muon_fsdp+tp+ep",
+        4,
+        [TP, EP, "--training.local_batch_size=4"],
+        model=DS_MUON,
+        slow=True,
+    ),
+    # every rank gathers and iterates every matrix: the same numbers as the owners'
+    Case(
+        "muon_every_rank_fsdp",
+        2,
+        ["--optimizer.muon_orthogonalize=every_rank"],
+        model=LLAMA_MUON,
+        slow=True,
+    ),
     Case("qwen3_muon_fsdp", 2, [], model=QWEN_MUON, slow=True),
 ]

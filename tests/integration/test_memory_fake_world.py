@@ -81,6 +81,16 @@ PREDICTION_CASES = {
         4,
         [*DSV3_TINY, "--training.local_batch_size=2", "--parallelism.expert_parallel_degree=2"],
     ),
+    # Muon over FSDP2 x TP2: one momentum buffer per matrix, the owners' two-hop exchange
+    "muon_fsdp2_tp2": (
+        4,
+        [
+            *TINY,
+            "--training.local_batch_size=2",
+            "--parallelism.tensor_parallel_degree=2",
+            "--optimizer.name=Muon",
+        ],
+    ),
     # context parallel (gathered K/V, chunk masks) with the document mask
     "cp2_block_causal": (
         2,

@@ -78,12 +78,35 @@ def test_the_split_gives_muon_the_hidden_matrices():
     muon, adamw = split(params, _opt_cfg())
     assert [n for n, _ in muon] == [
         "layers.0.attention.wq.weight",
+        "layers.0.moe.experts.w1",
         "layers.0.feed_forward.w2.weight",
     ]
-    assert len(adamw) == 5
-    moved = _opt_cfg(adamw_params='["*.wq.weight"]', muon_params='["output.weight"]')
+    assert len(adamw) == 4
+    moved = _opt_cfg(
+        adamw_params='["*.wq.weight", "*.experts.*"]', muon_params='["output.weight"]'
+    )
     muon, _ = split(params, moved)
     assert [n for n, _ in muon] == ["layers.0.feed_forward.w2.weight", "output.weight"]
+
+
+def test_a_stack_of_expert_matrices_steps_as_torchs_muon_per_matrix():
+    """Routed experts' (experts, rows, cols) weight: each expert's matrix updated bitwise as
+    torch.optim.Muon updates it alone (batched GEMMs, the lr of one expert's shape)."""
+    torch.manual_seed(3)
+    stack = torch.nn.Parameter(torch.randn(4, 16, 8))
+    alone = [torch.nn.Parameter(m.detach().clone()) for m in stack]
+    a = Muon([stack], _opt_cfg(muon_lr=0.02))
+    b = torch.optim.Muon(alone, lr=0.02)
+    for _ in range(3):
+        g = torch.randn(4, 16, 8)
+        stack.grad = g.clone()
+        for q, gq in zip(alone, g):
+            q.grad = gq.clone()
+        a.step()
+        b.step()
+    assert torch.equal(stack.detach(), torch.stack([q.detach() for q in alone]))
+    mom = torch.stack([b.state[q]["momentum_buffer"] for q in alone])
+    assert torch.equal(a.state[stack]["momentum_buffer"], mom)
 
 
 def test_part_optimizers_step_muon_and_adamw_and_print_the_split():
@@ -112,7 +135,7 @@ TINY = ["--model.flavor=tiny", "--training.device=cpu", "--optimizer.name=muon"]
         (
             ['--optimizer.muon_params=["layers.*.attention_norm.weight"]'],
             "--optimizer.muon_params: layers.0.attention_norm.weight is 1-D (64,); Muon takes"
-            " matrices only: drop it from the patterns",
+            " matrices only (2-D, or 3-D stacks of them): drop it from the patterns",
         ),
         (
             ['--optimizer.adamw_params=["nothing.*"]'],

@@ -226,10 +226,10 @@ class Optimizer:
     """AdamW, or Muon for the hidden matrices and AdamW for the rest (training/muon.py)."""
 
     name: Literal["AdamW", "Adam", "Muon", "muon"] = "AdamW"
-    """Optimizer class. Muon: Muon for the 2-D hidden matrices (attention projections, MLPs),
-    AdamW with the keys below for the rest (embeddings, output layer, norms, routers, biases,
-    3-D expert weights); the split is printed at start (muon_params / adamw_params move
-    parameters by name)."""
+    """Optimizer class. Muon: Muon for the hidden matrices (attention projections, MLPs, and
+    each routed expert's matrices, a 3-D stack orthogonalized matrix by matrix), AdamW with
+    the keys below for the rest (embeddings, output layer, norms, routers, biases); the split
+    is printed at start (muon_params / adamw_params move parameters by name)."""
 
     lr: float = 8e-4
     """Peak learning rate (with Muon: AdamW's, for the parameters Muon does not take)."""
@@ -279,11 +279,21 @@ class Optimizer:
     weight decay carry over)."""
 
     ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    """Precision of the Newton-Schulz iterations: bfloat16 (torch's) or float32."""
+    """Precision of the Newton-Schulz iterations: bfloat16 (torch's) or float32. Sharded
+    matrices also travel to their owners in it (the iterations' first step is that cast)."""
+
+    muon_orthogonalize: Literal["owner", "every_rank"] = "owner"
+    """Where each sharded matrix is orthogonalized (training/muon_owners.py). owner: the
+    matrices are dealt round-robin over the ranks that shard them; an all_to_all brings each
+    owner its matrices' shards, it iterates, a second all_to_all returns the shards (each rank
+    iterates on 1/n of the matrices, and moves 2(n-1)/n of its shards instead of gathering n-1).
+    every_rank: every rank gathers every matrix whole and iterates on all of them (no second
+    exchange; the simplest form, for comparison). Unsharded matrices (DDP, whole local experts)
+    iterate where they are in either."""
 
     muon_params: list[str] = field(default_factory=list)
     """Parameter name patterns (fnmatch, e.g. "layers.*.attention.wq.weight") Muon takes
-    whatever the default rule says; each must match a 2-D parameter."""
+    whatever the default rule says; each must match a matrix (2-D, or a 3-D stack of them)."""
 
     adamw_params: list[str] = field(default_factory=list)
     """Parameter name patterns left to AdamW though the default rule gives them to Muon."""

@@ -1,4 +1,4 @@
-"""Muon for the hidden 2-D matrices, AdamW for the rest ([optimizer] name = "Muon").
+"""Muon for the hidden matrices, AdamW for the rest ([optimizer] name = "Muon").
 
 Muon (torch 2.13's torch.optim.Muon semantics, written here for sharded parameters): per
 matrix, an EMA momentum buffer (buf <- buf + (1 - momentum) (grad - buf)), the Nesterov
@@ -7,17 +7,16 @@ of the quintic (a, b, c), decoupled weight decay with the unadjusted lr, and the
 scaled by the lr adjusted from the matrix's global shape ("original": sqrt(max(1, rows /
 cols)); "match_rms_adamw": 0.2 sqrt(max(rows, cols))).
 
-Newton-Schulz needs the whole matrix, and FSDP, TP and HSDP hold shards: this stop gathers
-each matrix's update on every rank of its mesh (one all-gather per matrix and mesh dim,
-DTensor's full_tensor), computes the iteration there, and keeps this rank's shard of the
-result (no communication back): every matrix is orthogonalized whole, exactly as on one rank,
-by every rank of its mesh. (Owners spread over the ranks, each computing a share and
-scattering the result, are the next step.)
+Newton-Schulz needs the whole matrix, and FSDP, TP and EP hold shards: muon_owners.py
+decides where each matrix is iterated (by default on one owner per matrix, round-robin over
+the ranks that shard it) and moves the shards there and back. Every matrix is orthogonalized
+whole, exactly once per mesh replica, as on one rank.
 
-Which parameters: 2-D ones, except the embeddings, the output layer and MoE routers (AdamW,
-as the Muon authors advise), and those optimizer.adamw_params names; optimizer.muon_params
-names are Muon's whatever the rule says (they must be 2-D). Norms, biases and 3-D expert
-weights are AdamW's.
+Which parameters: 2-D ones and 3-D stacks of matrices (MoE routed experts, one matrix per
+expert: the iterations run batched, the lr adjusted from one expert's shape), except the
+embeddings, the output layer and MoE routers (AdamW, as the Muon authors advise), and those
+optimizer.adamw_params names; optimizer.muon_params names are Muon's whatever the rule says
+(they must be matrices). Norms and biases are AdamW's.
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ import fnmatch
 import math
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from torchtitan.config.manager import ConfigError
+from torchtitan.training.muon_owners import Orthogonalizer
 from torchtitan.training.optimizer_list import OptimizerList
 
 OPT = "--optimizer"
@@ -46,14 +45,14 @@ def split(named: list[tuple[str, torch.nn.Parameter]], opt_cfg) -> tuple[list, l
         if not p.requires_grad:
             continue
         if any(fnmatch.fnmatchcase(name, pat) for pat in opt_cfg.muon_params):
-            if p.ndim != 2:
+            if p.ndim not in (2, 3):
                 raise ConfigError(
                     f"{OPT}.muon_params: {name} is {p.ndim}-D {tuple(p.shape)}; Muon takes"
-                    " matrices only: drop it from the patterns"
+                    " matrices only (2-D, or 3-D stacks of them): drop it from the patterns"
                 )
             muon.append((name, p))
         elif (
-            p.ndim == 2
+            p.ndim in (2, 3)
             and not any(fnmatch.fnmatchcase(name, pat) for pat in ADAMW_BY_DEFAULT)
             and not any(fnmatch.fnmatchcase(name, pat) for pat in opt_cfg.adamw_params)
         ):
@@ -76,22 +75,31 @@ def check_patterns(names: list[str], opt_cfg) -> None:
 
 def newton_schulz(g: torch.Tensor, coefficients, steps: int, eps: float, dtype) -> torch.Tensor:
     """`steps` iterations of X <- a X + (b A + c A A) X, A = X X^T, from X = g / |g|_F (in
-    `dtype`, on the wide orientation): near the orthogonal factor of g's polar decomposition."""
+    `dtype`, on the wide orientation): near the orthogonal factor of g's polar decomposition.
+    A 3-D g is a stack of matrices, each iterated alone (batched GEMMs, a norm per matrix)."""
     a, b, c = coefficients
     x = g.to(dtype)
-    tall = g.size(0) > g.size(1)
+    tall = g.size(-2) > g.size(-1)
     if tall:
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(steps):
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.addmm(x, poly, x, beta=a)
-    return x.T if tall else x
+        x = x.mT
+    if x.ndim == 2:  # torch.optim.Muon's ops, so one rank's update is torch's bitwise
+        x = x / x.norm().clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.T
+            poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.addmm(x, poly, x, beta=a)
+    else:
+        x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.mT
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.baddbmm(x, poly, x, beta=a)
+    return x.mT if tall else x
 
 
 def adjusted_lr(lr: float, how: str, shape) -> float:
-    rows, cols = shape[0], shape[1]
+    """The lr of one matrix of global shape (..., rows, cols)."""
+    rows, cols = shape[-2], shape[-1]
     if how == "match_rms_adamw":
         return lr * 0.2 * math.sqrt(max(rows, cols))
     return lr * math.sqrt(max(1.0, rows / cols))
@@ -113,11 +121,13 @@ class Muon(torch.optim.Optimizer):
         }
         super().__init__(params, defaults)
         self.ns_dtype = NS_DTYPES[opt_cfg.ns_dtype]
+        self.orthogonalize = Orthogonalizer(opt_cfg.muon_orthogonalize, self.ns_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
             lr, mom = group["lr"], group["momentum"]
+            params, updates = [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -126,19 +136,13 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p.grad)
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - mom)
-                update = p.grad.lerp(buf, mom) if group["nesterov"] else buf
-                ortho = self._orthogonalized(update, group)
+                params.append(p)
+                updates.append(p.grad.lerp(buf, mom) if group["nesterov"] else buf)
+            args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+            orthogonal = self.orthogonalize(updates, lambda g: newton_schulz(g, *args))
+            for p, u, ortho in zip(params, updates, orthogonal):
                 p.mul_(1 - lr * group["weight_decay"])
-                p.add_(ortho, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
-
-    def _orthogonalized(self, update: torch.Tensor, group) -> torch.Tensor:
-        """Newton-Schulz of the whole matrix; a DTensor's gathered on every rank of its mesh
-        and this rank's shard of the result kept (as a DTensor of the same placements)."""
-        args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
-        if not isinstance(update, DTensor):
-            return newton_schulz(update, *args).to(update.dtype)
-        whole = newton_schulz(update.full_tensor(), *args).to(update.dtype)
-        return distribute_tensor(whole, update.device_mesh, update.placements, src_data_rank=None)
+                p.add_(ortho.to(u.dtype), alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
 class MuonAndAdamW(OptimizerList):
@@ -153,7 +157,15 @@ class MuonAndAdamW(OptimizerList):
         muon, rest = split(named, opt_cfg)
         self.counts = (sum(p.numel() for _, p in muon), sum(p.numel() for _, p in rest))
         self.tensors = (len(muon), len(rest))
+        self.muon = Muon([p for _, p in muon], opt_cfg) if muon else None
         if muon:
-            self.append(Muon([p for _, p in muon], opt_cfg))
+            self.append(self.muon)
         if rest:
             self.append(adamw([p for _, p in rest]))
+
+    def where(self) -> str:
+        """Where Muon iterates this part's matrices (muon_owners.Orthogonalizer.describe)."""
+        if self.muon is None:
+            return "Muon has no matrix here"
+        params = [p for g in self.muon.param_groups for p in g["params"]]
+        return self.muon.orthogonalize.describe(params)

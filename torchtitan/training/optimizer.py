@@ -114,10 +114,11 @@ class PartOptimizers:
         at = sum(part.tensors[1] for part in self.optimizers)
         mn = sum(part.counts[0] for part in self.optimizers)
         an = sum(part.counts[1] for part in self.optimizers)
+        where = "; ".join(part.where() for part in self.optimizers)
         return (
             f"[torchtitan] optimizer: Muon for {mt} matrices ({mn:,} parameters on this rank),"
             f" AdamW for {at} other tensors ({an:,}); optimizer.muon_params / adamw_params move"
-            " them by name"
+            f" them by name. {where}"
         )
 
     def last_lr(self) -> float:

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from torchtitan.planning.simulate.patches import PipelineStartup
 from torchtitan.planning.simulate.step import SimulatedStep, simulate_pp_rank
 from torchtitan.training.planned_job import PlannedJob
+
+# FSDP2 warns once per process that the embeddings return a view (the models never write into
+# it); every forked worker is a new process, so a dry run would print it once per simulation
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
 @dataclass(frozen=True)
