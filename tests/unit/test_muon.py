@@ -82,9 +82,7 @@ def test_the_split_gives_muon_the_hidden_matrices():
         "layers.0.feed_forward.w2.weight",
     ]
     assert len(adamw) == 4
-    moved = _opt_cfg(
-        adamw_params='["*.wq.weight", "*.experts.*"]', muon_params='["output.weight"]'
-    )
+    moved = _opt_cfg(adamw_params='["*.wq.weight", "*.experts.*"]', muon_params='["output.weight"]')
     muon, _ = split(params, moved)
     assert [n for n, _ in muon] == ["layers.0.feed_forward.w2.weight", "output.weight"]
 

@@ -22,6 +22,7 @@ optimizer.adamw_params names; optimizer.muon_params names are Muon's whatever th
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 
 import torch
@@ -105,6 +106,10 @@ def adjusted_lr(lr: float, how: str, shape) -> float:
     return lr * math.sqrt(max(1.0, rows / cols))
 
 
+def _ns(g: torch.Tensor, args) -> torch.Tensor:
+    return newton_schulz(g, *args)
+
+
 class Muon(torch.optim.Optimizer):
     """Muon over (possibly sharded) 2-D parameters (module docstring)."""
 
@@ -138,8 +143,10 @@ class Muon(torch.optim.Optimizer):
                 buf.lerp_(p.grad, 1 - mom)
                 params.append(p)
                 updates.append(p.grad.lerp(buf, mom) if group["nesterov"] else buf)
-            args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
-            orthogonal = self.orthogonalize(updates, lambda g: newton_schulz(g, *args))
+            ns = functools.partial(
+                _ns, args=(group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+            )
+            orthogonal = self.orthogonalize(updates, ns)
             for p, u, ortho in zip(params, updates, orthogonal):
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(ortho.to(u.dtype), alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
