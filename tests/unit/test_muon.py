@@ -9,7 +9,14 @@ import pytest
 import torch
 from config_helpers import cfg_of, config_error
 
-from torchtitan.training.muon import Muon, MuonAndAdamW, adjusted_lr, newton_schulz, split
+from torchtitan.training.muon import (
+    Muon,
+    MuonAndAdamW,
+    adjusted_lr,
+    cpu_has_bf16_gemm,
+    newton_schulz,
+    split,
+)
 from torchtitan.training.optimizer import PartOptimizers
 
 
@@ -114,9 +121,13 @@ def test_part_optimizers_step_muon_and_adamw_and_print_the_split():
     (part,) = opt.optimizers
     assert isinstance(part, MuonAndAdamW) and [type(o).__name__ for o in part] == ["Muon", "AdamW"]
     assert len(opt.schedulers) == 2
-    assert opt.split_line().startswith(
+    line = opt.split_line()
+    assert line.startswith(
         "[torchtitan] optimizer: Muon for 1 matrices (64 parameters on this rank), AdamW for 3"
     )
+    assert "Muon orthogonalizes (owner): 1 whole where they are (no exchange)" in line
+    # bfloat16 Newton-Schulz on a CPU without bf16 GEMMs: said at start
+    assert ("no bf16 instructions" in line) == (not cpu_has_bf16_gemm())
     model(torch.randn(2, 8)).sum().backward()
     opt.step()
     assert set(part.state) == set(model.parameters())

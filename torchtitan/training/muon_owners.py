@@ -46,7 +46,9 @@ def _shard_dims(t: DTensor) -> list[int]:
     return [
         i
         for i, pl in enumerate(t.placements)
-        if isinstance(pl, (Shard, _StridedShard)) and pl.dim % t.ndim >= t.ndim - 2
+        if isinstance(pl, (Shard, _StridedShard))
+        and pl.dim % t.ndim >= t.ndim - 2
+        and t.device_mesh.size(i) > 1  # FSDP's mesh of one rank (TP alone) splits nothing
     ]
 
 

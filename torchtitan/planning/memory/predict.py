@@ -43,6 +43,9 @@ class RolePrediction:
     peak_at: str
     breakdown: dict[str, int]
     time: step_time.RoleTime | None = None  # the step-time prediction (with a hardware profile)
+    # the simulated peaks before the step tail and in it: (bytes, breakdown, phase) (not in
+    # plan.json: the block extrapolation follows each)
+    points: dict | None = None
 
     def record(self) -> dict:
         """The plan.json `memory_per_rank_role` entry (a stable format: tools read it)."""
@@ -170,6 +173,7 @@ def predict_roles(
                 max(worst.peak_bytes, planned.peak_bytes),
                 planned.peak_at,
                 planned.breakdown,
+                points=planned.points,
             )
 
         roles = {r: role(r) for r in plan.simulated}

@@ -104,13 +104,33 @@ def extrapolated(r1, r2, blocks: list[int]):
     def line(a: int, b: int) -> int:
         return max(0, round(a + x * (b - a)))
 
+    peak, at, breakdown = r2.predicted_peak_bytes, r2.peak_at, r2.breakdown
+    peak = line(r1.predicted_peak_bytes, peak)
+    breakdown = {k: line(r1.breakdown.get(k, 0), v) for k, v in breakdown.items()}
+    if r1.points and r2.points:
+        # the peak before the step tail and the one in it, each along its own line: the
+        # larger at the real block count (Muon's exchange buffers grow per block faster than
+        # a backward peak does, so the small variants may peak in the tail, the real job not)
+        lines = {
+            name: (
+                line(r1.points[name][0], r2.points[name][0]),
+                r2.points[name][2],
+                {k: line(r1.points[name][1].get(k, 0), v) for k, v in r2.points[name][1].items()},
+            )
+            for name in r2.points
+        }
+        name = max(lines, key=lambda n: lines[n][0])
+        peak, at, breakdown = lines[name]
+        if name == max(r2.points, key=lambda n: r2.points[n][0]):
+            at = r2.peak_at  # where r2 peaks too: its label (with what derived it)
+    worst = line(r1.worst_case_peak_bytes, r2.worst_case_peak_bytes)
     return dataclasses.replace(
         r2,
-        predicted_peak_bytes=line(r1.predicted_peak_bytes, r2.predicted_peak_bytes),
-        worst_case_peak_bytes=line(r1.worst_case_peak_bytes, r2.worst_case_peak_bytes),
-        peak_at=(f"{r2.peak_at[:-1]}; " if r2.peak_at.endswith(")") else f"{r2.peak_at} (")
+        predicted_peak_bytes=peak,
+        worst_case_peak_bytes=max(worst, peak),
+        peak_at=(f"{at[:-1]}; " if at.endswith(")") else f"{at} (")
         + "extrapolated from 1 and 2 blocks per stage)",
-        breakdown={k: line(r1.breakdown.get(k, 0), r2.breakdown.get(k, 0)) for k in r2.breakdown},
+        breakdown=breakdown,
     )
 
 
@@ -212,4 +232,14 @@ def interpolated(roles: dict, plan: RankPlan, pp_rank: int, ranks: list[int]):
         peak_at=f"{_phase(a) if _phase(a) == _phase(b) else _shifted(_phase(a), f - fa)}, stage {pp_rank}"
         f" (interpolated: {f} microbatches in flight)",
         breakdown={k: line(a.breakdown.get(k, 0), b.breakdown.get(k, 0)) for k in a.breakdown},
+        points=None
+        if not (a.points and b.points)
+        else {
+            name: (
+                line(a.points[name][0], b.points[name][0]),
+                {k: line(v, b.points[name][1].get(k, 0)) for k, v in a.points[name][1].items()},
+                a.points[name][2],
+            )
+            for name in a.points
+        },
     )

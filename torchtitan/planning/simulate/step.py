@@ -89,6 +89,8 @@ class SimulatedStep:
     allocator_peak_bytes: int | None = None  # `profile` runs: the CPU allocator's own count
     times: object = None  # what the caller's timer made of the step (planning/step_time/rank.py)
     schedule: tuple | None = None  # (every pipeline rank's actions, number of stages), with a timer
+    # the peaks before the step tail ("body") and in it ("tail"): (bytes, phase, breakdown)
+    points: dict = field(default_factory=dict)
 
 
 # what a storage made in a phase is, unless its op says otherwise; the step tail's are
@@ -349,23 +351,32 @@ def simulate_pp_rank(
                 replicas=replicas,
                 on_phase=lambda phase: setattr(tracker, "phase", phase),
             )
-    breakdown = tracker.breakdown_at_peak()
-    breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(
-        cfg, target, breakdown, params
-    )
-    on_host = host_offloaded_bytes(cfg, target, breakdown)  # (zeroes those categories)
+
+    def at(peak: int, event: int | None) -> tuple[int, dict]:
+        breakdown = tracker.breakdown_at_peak(event)
+        breakdown["checkpoint_staging"] = staged = checkpoint_staging_bytes(
+            cfg, target, breakdown, params
+        )
+        on_host = host_offloaded_bytes(cfg, target, breakdown)  # (zeroes those categories)
+        return peak + staged - on_host, {k: breakdown.get(k, 0) for k in CATEGORIES}
+
+    peak, breakdown = at(tracker.peak, None)
+    points = {}
+    for name, (nbytes, phase, event) in tracker.points.items():
+        points[name] = (*at(nbytes, event), str(phase))
     times, schedule = timer.times(trace, dims, cfg, pipeline) if timer is not None else (None, None)
     return SimulatedStep(
         pp_rank,
         parts.stage_ids,
-        tracker.peak + staged - on_host,
+        peak,
         str(tracker.peak_phase),
-        {k: breakdown.get(k, 0) for k in CATEGORIES},
+        breakdown,
         start,
         plan_records(parts),
         _end(meter),
         times,
         schedule,
+        points,
     )
 
 

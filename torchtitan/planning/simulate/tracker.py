@@ -29,7 +29,7 @@ from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._pytree import tree_leaves
 
 from torchtitan.observe.plain_tensor_ops import PlainTensorOps
-from torchtitan.training.phases import StepPhase
+from torchtitan.training.phases import TAIL, StepPhase, phase_of
 
 
 class LiveBytes(PlainTensorOps):
@@ -51,6 +51,9 @@ class LiveBytes(PlainTensorOps):
         self.live = 0
         self.peak = 0
         self.peak_phase = ""
+        # the peaks before the step tail and in it, apart: the block extrapolation
+        # (planning/simulate/roles.py) follows each, as one may overtake the other with blocks
+        self.points: dict[str, list] = {"body": [0, "", 0], "tail": [0, "", 0]}
         self._serial: dict[int, int] = {}  # id(storage) -> serial of the live storage
         self._size: dict[int, int] = {}  # serial -> bytes now
         self._category: dict[int, str] = {}  # serial -> category (kept after death)
@@ -89,6 +92,10 @@ class LiveBytes(PlainTensorOps):
             self.peak = self.live
             self.peak_phase = self.phase
             self._peak_event = len(self._log)
+        if delta > 0:
+            point = self.points["tail" if _in_tail(self.phase) else "body"]
+            if self.live > point[0]:
+                point[:] = [self.live, self.phase, len(self._log)]
 
     def adopt(self, tensors, category: str) -> None:
         """Count storages alive before tracking (parameters, optimizer states, ...)."""
@@ -116,9 +123,10 @@ class LiveBytes(PlainTensorOps):
             if isinstance(t, torch.Tensor) and id(t.untyped_storage()) in self._serial:
                 self._category[self._serial[id(t.untyped_storage())]] = category
 
-    def breakdown_at_peak(self) -> dict[str, int]:
+    def breakdown_at_peak(self, event: int | None = None) -> dict[str, int]:
+        """Live bytes per category at the peak (or after log entry `event`)."""
         out: Counter = Counter()
-        for serial, delta in self._log[: self._peak_event]:
+        for serial, delta in self._log[: self._peak_event if event is None else event]:
             out[self._category[serial]] += delta
         return {k: v for k, v in out.items() if v}
 
@@ -187,3 +195,10 @@ class LiveBytes(PlainTensorOps):
             self.bump(
                 self.workspaces[func](out), category or self.categorize(func, self.phase, args)
             )
+
+
+def _in_tail(phase) -> bool:
+    try:
+        return phase_of(str(phase)) in TAIL
+    except ValueError:  # no phase yet
+        return False
