@@ -152,3 +152,29 @@ def test_bad_memory_environment_is_one_line(env, message):
     check_memory_env(
         {"TITAN_MEMORY_WORKERS": "2", "TITAN_MEMORY_EXACT_LIMIT": "0"}
     )  # valid: no error
+
+
+def test_extrapolation_follows_the_peak_before_the_tail_and_the_one_in_it_apart():
+    """Small variants may peak in the optimizer (Muon's exchange grows with the blocks) while
+    the real job peaks in backward: each point along its own line, the larger taken."""
+
+    def role(body: int, tail: int) -> RolePrediction:
+        points = {
+            "body": (body, {"activations": body}, "backward microbatch 1, stage 1"),
+            "tail": (tail, {"optimizer_transients": tail}, "optimizer"),
+        }
+        peak, at = (tail, "optimizer") if tail > body else (body, "backward microbatch 1, stage 1")
+        return RolePrediction("pp1", [1], 1, [1], peak, peak, at, {}, points=points)
+
+    # 1 block: body 100, tail 120; 2 blocks: body 150, tail 140 -> at 16 blocks: body 850
+    # (+50 per block), tail 420 (+20): the backward point, though neither variant peaked there
+    # by as much
+    r1, r2 = role(100, 120), role(150, 140)
+    out = shortcuts.extrapolated(r1, r2, [16])
+    assert out.predicted_peak_bytes == 850 and out.breakdown == {"activations": 850}
+    assert (
+        out.peak_at == "backward microbatch 1, stage 1 (extrapolated from 1 and 2 blocks per stage)"
+    )
+    # both variants peak in the tail and it stays the larger: the tail's line
+    out = shortcuts.extrapolated(role(100, 200), role(110, 300), [4])
+    assert out.predicted_peak_bytes == 500 and out.peak_at.startswith("optimizer (extrapolated")

@@ -238,7 +238,8 @@ def interpolated(roles: dict, plan: RankPlan, pp_rank: int, ranks: list[int]):
             name: (
                 line(a.points[name][0], b.points[name][0]),
                 {k: line(v, b.points[name][1].get(k, 0)) for k, v in a.points[name][1].items()},
-                a.points[name][2],
+                f"{a.points[name][2].split(', stage ')[0]}, stage {pp_rank}"
+                f" (interpolated: {f} microbatches in flight)",
             )
             for name in a.points
         },
