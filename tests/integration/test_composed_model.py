@@ -66,11 +66,12 @@ def _lay(ac="none", **kw):
     "kw, bound",
     [
         # measured (2026-12-06): step -2.5% / -2.0% / -2.0% / -1.3% / +14.7%,
-        # peak +3.9% / +5.1% / -9.6% / -2.4% / +3.7%
+        # peak +3.9% / +5.1% / -9.6% / -2.4% / +3.7%; `make test` runs the two ends of the
+        # bound (FSDP, PP), the rest with --slow (the suite's time)
         ({}, 0.05),  # FSDP 8: what the probe measured, on 4x the ranks
-        ({"ac": "full"}, 0.05),
-        ({"dp_shard": 4, "tp": 2}, 0.10),
-        ({"dp_shard": 4, "cp": 2}, 0.10),
+        pytest.param({"ac": "full"}, 0.05, marks=pytest.mark.slow),
+        pytest.param({"dp_shard": 4, "tp": 2}, 0.10, marks=pytest.mark.slow),
+        pytest.param({"dp_shard": 4, "cp": 2}, 0.10, marks=pytest.mark.slow),
         ({"dp_shard": 4, "pp": 2}, 0.20),  # 1F1B over 2 stages, local 2: mostly bubble
     ],
 )

@@ -118,7 +118,8 @@ def seen(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, path), nprocs=WORLD, join=True)
+    # forked: the ranks inherit the imports (a spawn re-imports torch in each, 4x on 2 cores)
+    mp.start_processes(_worker, args=(port, path), nprocs=WORLD, join=True, start_method="fork")
     with open(path) as f:
         return json.load(f)
 
