@@ -118,8 +118,12 @@ def seen(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # forked: the ranks inherit the imports (a spawn re-imports torch in each, 4x on 2 cores)
-    mp.start_processes(_worker, args=(port, path), nprocs=WORLD, join=True, start_method="fork")
+    # from the fork server (the suite's fast launcher keeps one with torchtitan imported):
+    # a spawn re-imports torch in each rank (4x on 2 cores); a plain fork of this process,
+    # whose threads may hold locks, can hang
+    mp.start_processes(
+        _worker, args=(port, path), nprocs=WORLD, join=True, start_method="forkserver"
+    )
     with open(path) as f:
         return json.load(f)
 
